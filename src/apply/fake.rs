@@ -1,0 +1,79 @@
+//! The in-memory backend for unit tests (knftables' `Fake`, in Rust): applies a whole
+//! transaction or nothing, refuses jumps to missing chains and lookups of missing sets like
+//! the kernel does, counts transactions, and dumps a canonical listing.
+
+use super::{ApplyError, Backend, ObjectInfo};
+use crate::nft::parse::Kind;
+use crate::nft::{NftRuleset, Table};
+use crate::render::names::{FAMILY, TABLE};
+
+/// An in-memory nftables.
+#[derive(Debug, Default, Clone)]
+pub struct FakeNft {
+    state: NftRuleset,
+    /// Committed transactions.
+    pub transactions: usize,
+    /// The last script passed to `run` (committed or not).
+    pub last_script: Option<String>,
+    /// While set, every `run` fails with this message (tests of failure handling).
+    pub fail_with: Option<String>,
+}
+
+impl FakeNft {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// flock's table, if it exists.
+    pub fn table(&self) -> Option<&Table> {
+        self.state.table(FAMILY, TABLE)
+    }
+
+    /// The whole state (every table), for tests that edit it behind flock's back.
+    pub fn state_mut(&mut self) -> &mut NftRuleset {
+        &mut self.state
+    }
+
+    /// Canonical dump of every table.
+    pub fn dump(&self) -> String {
+        self.state.dump()
+    }
+}
+
+fn rejected(context: &str, e: impl std::fmt::Display) -> ApplyError {
+    ApplyError::Rejected { context: context.into(), message: e.to_string() }
+}
+
+impl Backend for FakeNft {
+    fn run(&mut self, script: &str) -> Result<(), ApplyError> {
+        self.last_script = Some(script.to_string());
+        if let Some(m) = &self.fail_with {
+            return Err(rejected("fake nft", m));
+        }
+        self.state.apply_script(script).map_err(|e| rejected("fake nft", e))?;
+        self.transactions += 1;
+        Ok(())
+    }
+
+    fn check(&mut self, script: &str) -> Result<(), ApplyError> {
+        self.state.clone().apply_script(script).map_err(|e| rejected("fake nft --check", e))
+    }
+
+    fn list_table(&mut self) -> Result<Option<String>, ApplyError> {
+        Ok(self.table().map(Table::dump))
+    }
+
+    fn list_objects(&mut self) -> Result<Vec<ObjectInfo>, ApplyError> {
+        let Some(t) = self.table() else { return Ok(Vec::new()) };
+        Ok(t.objects()
+            .into_iter()
+            .map(|(kind, name)| {
+                let (handle, is_base) = match kind {
+                    Kind::Chain => (t.chains[&name].handle, t.chains[&name].spec.hook.is_some()),
+                    Kind::Set | Kind::Map => (t.sets[&name].handle, false),
+                };
+                ObjectInfo { kind, name, handle, is_base }
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,243 @@
+//! Stage 4, the edge: commits a rendered [`Ruleset`] to nftables as one atomic transaction.
+//!
+//! The [`Backend`] trait is the I/O seam: [`kernel::NftCli`] runs the real `nft` (in a given
+//! network namespace), [`fake::FakeNft`] applies scripts to an in-memory table with the
+//! kernel's checks. [`Applier`] holds the sync logic and works with either:
+//!
+//! - The table and its base chain are created once and never deleted: deleting a base chain
+//!   unregisters its hook and packets are dropped meanwhile (kube-network-policies #402). A
+//!   full sync declares every object (`add` is idempotent), flushes flock's chains, sets and
+//!   maps, flushes and deletes stale ones, and writes the rendered table — all in one
+//!   transaction, so packets see the old ruleset or the new one, never a mix.
+//! - A render equal to the last one applied is a no-op.
+//! - A failed transaction leaves the previous ruleset in force and returns the error with
+//!   nft's message; the next sync is a full one that re-reads which objects exist.
+//! - [`Applier::check_drift`] compares the kernel's listing with what was applied (both in
+//!   canonical form) so a periodic resync can repair edits made behind flock's back.
+//!
+//! It touches no table but `inet flock`.
+
+pub mod fake;
+pub mod kernel;
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use crate::nft::parse::Kind;
+use crate::render::names::{FAMILY, TABLE};
+use crate::render::{Object, Ruleset};
+
+/// An object of the kernel's table.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectInfo {
+    pub kind: Kind,
+    pub name: String,
+    /// The kernel's handle (stable for the object's lifetime).
+    pub handle: u64,
+    /// Base chains have a hook.
+    pub is_base: bool,
+}
+
+/// Why an apply, a check or a listing failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("nft rejected the transaction ({context}): {message}")]
+    Rejected { context: String, message: String },
+    #[error("cannot run nft in {netns}: {source}")]
+    Spawn {
+        netns: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Netns(#[from] crate::netns::NetnsError),
+    #[error("cannot read table inet flock from nft: {0}")]
+    List(String),
+}
+
+impl ApplyError {
+    /// A short, stable label for the sync-failures metric.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Rejected { .. } => "nft_rejected",
+            Self::Spawn { .. } => "nft_spawn",
+            Self::Netns(_) => "netns",
+            Self::List(_) => "nft_list",
+        }
+    }
+}
+
+/// The I/O seam: what the applier needs from nft.
+pub trait Backend {
+    /// Runs `script` as one atomic transaction (`nft -f -`).
+    fn run(&mut self, script: &str) -> Result<(), ApplyError>;
+    /// Validates `script` without committing it (`nft -c -f -`).
+    fn check(&mut self, script: &str) -> Result<(), ApplyError>;
+    /// The stateless listing of table `inet flock`, or `None` when the table does not exist.
+    fn list_table(&mut self) -> Result<Option<String>, ApplyError>;
+    /// The chains, sets and maps of table `inet flock` (empty when it does not exist).
+    fn list_objects(&mut self) -> Result<Vec<ObjectInfo>, ApplyError>;
+}
+
+/// What an apply did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Equal to the last applied content: nothing sent.
+    Unchanged,
+    /// One transaction committed.
+    Applied { stale_deleted: usize },
+}
+
+/// Result of comparing the kernel's table with what was applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drift {
+    /// Nothing applied yet: nothing to compare.
+    NotApplied,
+    /// The kernel holds what flock applied.
+    InSync,
+    /// The table is gone.
+    Missing,
+    /// The table differs; the first differing line of the canonical listings.
+    Changed { first_difference: String },
+}
+
+struct Applied {
+    text: String,
+    canonical: String,
+    objects: BTreeSet<(Kind, String)>,
+}
+
+/// Applies rulesets through a [`Backend`], de-duplicated against the last applied one.
+pub struct Applier<B> {
+    backend: B,
+    last: Option<Applied>,
+    /// Set after any failure or drift: the next apply re-reads which objects exist.
+    full: bool,
+}
+
+impl<B: Backend> Applier<B> {
+    pub fn new(backend: B) -> Self {
+        Self { backend, last: None, full: true }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Forces the next [`apply`](Self::apply) to be a full sync that re-reads the kernel.
+    pub fn invalidate(&mut self) {
+        self.full = true;
+    }
+
+    /// Commits `rs` unless it equals the last applied ruleset.
+    pub fn apply(&mut self, rs: &Ruleset) -> Result<Outcome, ApplyError> {
+        let text = rs.to_text();
+        if !self.full && self.last.as_ref().is_some_and(|l| l.text == text) {
+            return Ok(Outcome::Unchanged);
+        }
+        let existing: BTreeSet<(Kind, String)> = match (&self.last, self.full) {
+            (Some(last), false) => last.objects.clone(),
+            _ => self.backend.list_objects()?.into_iter().map(|o| (o.kind, o.name)).collect(),
+        };
+        let desired: BTreeSet<(Kind, String)> = rs.objects.iter().map(object_key).collect();
+        let stale: Vec<(Kind, String)> = existing.difference(&desired).cloned().collect();
+        let script = transaction(rs, &existing, &stale, &text);
+        let result = self.backend.run(&script).or_else(|first| {
+            // The kernel's table is not what flock believed (edited by hand, left by another
+            // version, an object with other attributes): rebuild everything but the base
+            // chain from a fresh listing, in one transaction, before giving up.
+            let listed = self.backend.list_objects()?;
+            let existing: BTreeSet<(Kind, String)> = listed.iter().map(|o| (o.kind, o.name.clone())).collect();
+            let stale: Vec<(Kind, String)> = listed
+                .into_iter()
+                .filter(|o| !(o.is_base && desired.contains(&(o.kind, o.name.clone()))))
+                .map(|o| (o.kind, o.name))
+                .collect();
+            self.backend.run(&transaction(rs, &existing, &stale, &text)).map_err(|_| first)
+        });
+        match result {
+            Ok(()) => {
+                let canonical = crate::nft::canonical(&text).unwrap_or_default();
+                self.last = Some(Applied { text, canonical, objects: desired });
+                self.full = false;
+                Ok(Outcome::Applied { stale_deleted: stale.len() })
+            }
+            Err(e) => {
+                self.full = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Validates `rs` against the current kernel state without committing.
+    pub fn check(&mut self, rs: &Ruleset) -> Result<(), ApplyError> {
+        let existing: BTreeSet<(Kind, String)> = self.backend.list_objects()?.into_iter().map(|o| (o.kind, o.name)).collect();
+        let desired: BTreeSet<(Kind, String)> = rs.objects.iter().map(object_key).collect();
+        let stale: Vec<(Kind, String)> = existing.difference(&desired).cloned().collect();
+        let text = rs.to_text();
+        self.backend.check(&transaction(rs, &existing, &stale, &text))
+    }
+
+    /// Compares the kernel's table with the last applied ruleset.
+    pub fn check_drift(&mut self) -> Result<Drift, ApplyError> {
+        let Some(last) = &self.last else { return Ok(Drift::NotApplied) };
+        let Some(listing) = self.backend.list_table()? else { return Ok(Drift::Missing) };
+        let current = match crate::nft::canonical(&listing) {
+            Ok(c) => c,
+            Err(e) => return Ok(Drift::Changed { first_difference: format!("listing not understood: {e}") }),
+        };
+        if current == last.canonical {
+            return Ok(Drift::InSync);
+        }
+        let first_difference = current
+            .lines()
+            .zip(last.canonical.lines())
+            .find(|(a, b)| a != b)
+            .map(|(a, b)| format!("kernel has {:?}, flock applied {:?}", a.trim(), b.trim()))
+            .unwrap_or_else(|| "one listing is longer".into());
+        Ok(Drift::Changed { first_difference })
+    }
+
+    /// The text of the last applied ruleset.
+    pub fn last_applied(&self) -> Option<&str> {
+        self.last.as_ref().map(|l| l.text.as_str())
+    }
+}
+
+fn object_key(o: &Object) -> (Kind, String) {
+    let kind = match o.keyword() {
+        "chain" => Kind::Chain,
+        "map" => Kind::Map,
+        _ => Kind::Set,
+    };
+    (kind, o.name().to_string())
+}
+
+/// The full-sync transaction, in an order the kernel accepts whatever references exist:
+/// flush every existing object (rules and elements are what hold references), delete the
+/// stale ones (chains before maps and sets), declare the desired ones (`add` leaves existing
+/// objects alone), then write the table's content.
+pub fn transaction(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>, stale: &[(Kind, String)], text: &str) -> String {
+    let mut s = String::with_capacity(text.len() + 64 * (rs.objects.len() + existing.len()));
+    let _ = writeln!(s, "add table {FAMILY} {TABLE} {{ comment \"{}\"; }}", rs.comment);
+    for (kind, name) in existing {
+        let _ = writeln!(s, "flush {kind} {FAMILY} {TABLE} {name}");
+    }
+    for wanted in [Kind::Chain, Kind::Map, Kind::Set] {
+        for (kind, name) in stale.iter().filter(|(k, _)| *k == wanted) {
+            let _ = writeln!(s, "delete {kind} {FAMILY} {TABLE} {name}");
+        }
+    }
+    for o in &rs.objects {
+        let _ = writeln!(s, "{}", o.declaration());
+    }
+    s.push_str(text);
+    s
+}
+
+#[cfg(test)]
+mod tests;

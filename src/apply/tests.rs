@@ -1,0 +1,129 @@
+//! Applier tests over the in-memory backend: no-op de-duplication, stale objects, atomic
+//! failure, drift detection and repair, base chain kept across updates.
+
+use super::fake::FakeNft;
+use super::*;
+use crate::model::Snapshot;
+use crate::render::{BASE_CHAIN, render};
+use crate::testkit;
+use crate::translate::{Options, translate};
+
+fn ruleset(s: &Snapshot) -> Ruleset {
+    render(&translate(s, &s.derived_endpoints("node-1"), &Options::default()))
+}
+
+fn with(policies: &str) -> Snapshot {
+    let mut s = testkit::base_cluster();
+    for p in testkit::policies(policies) {
+        s.upsert_policy(p);
+    }
+    s
+}
+
+const DENY_X: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: x}
+spec: {podSelector: {}}";
+
+#[test]
+fn equal_render_is_a_noop() {
+    let mut a = Applier::new(FakeNft::new());
+    let rs = ruleset(&testkit::base_cluster());
+    assert!(matches!(a.apply(&rs).unwrap(), Outcome::Applied { .. }));
+    assert_eq!(a.apply(&rs).unwrap(), Outcome::Unchanged);
+    assert_eq!(a.backend().transactions, 1);
+}
+
+#[test]
+fn updates_delete_stale_objects_and_keep_the_base_chain() {
+    let mut a = Applier::new(FakeNft::new());
+    a.apply(&ruleset(&with(DENY_X))).unwrap();
+    let handle = a.backend().table().unwrap().chains[BASE_CHAIN].handle;
+    let before: Vec<String> = a.backend().table().unwrap().chains.keys().cloned().collect();
+    assert!(before.iter().any(|c| c.starts_with("ingress-")));
+
+    let out = a.apply(&ruleset(&testkit::base_cluster())).unwrap();
+    assert!(matches!(out, Outcome::Applied { stale_deleted } if stale_deleted >= 2), "{out:?}");
+    let t = a.backend().table().unwrap();
+    assert!(!t.chains.keys().any(|c| c.starts_with("ingress-")));
+    assert_eq!(t.chains[BASE_CHAIN].handle, handle, "base chain was re-created");
+    // The table now holds exactly the new render.
+    assert_eq!(t.dump(), crate::nft::canonical(&ruleset(&testkit::base_cluster()).to_text()).unwrap());
+}
+
+#[test]
+fn a_failed_transaction_changes_nothing_and_forces_a_full_sync() {
+    let mut a = Applier::new(FakeNft::new());
+    a.apply(&ruleset(&testkit::base_cluster())).unwrap();
+    let before = a.backend().dump();
+    a.backend_mut().fail_with = Some("injected".into());
+    let err = a.apply(&ruleset(&with(DENY_X))).unwrap_err();
+    assert!(err.to_string().contains("injected"), "{err}");
+    assert_eq!(a.backend().dump(), before);
+    a.backend_mut().fail_with = None;
+    // The next apply of the *old* render is not a no-op: after a failure nothing is assumed.
+    assert!(matches!(a.apply(&ruleset(&testkit::base_cluster())).unwrap(), Outcome::Applied { .. }));
+}
+
+#[test]
+fn drift_is_detected_and_repaired() {
+    let mut a = Applier::new(FakeNft::new());
+    assert_eq!(a.check_drift().unwrap(), Drift::NotApplied);
+    let rs = ruleset(&with(DENY_X));
+    a.apply(&rs).unwrap();
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+
+    // Someone flushes a policy chain and adds a rule to the base chain.
+    let chain = rs.objects.iter().map(|o| o.name().to_string()).find(|n| n.starts_with("ingress-")).unwrap();
+    a.backend_mut().state_mut().apply_script(&format!("flush chain inet flock {chain}\nadd rule inet flock forward accept")).unwrap();
+    assert!(matches!(a.check_drift().unwrap(), Drift::Changed { .. }));
+    a.invalidate();
+    a.apply(&rs).unwrap();
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+
+    // Someone deletes the whole table.
+    a.backend_mut().state_mut().apply_script("delete table inet flock").unwrap();
+    assert_eq!(a.check_drift().unwrap(), Drift::Missing);
+    a.invalidate();
+    a.apply(&rs).unwrap();
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+}
+
+#[test]
+fn conflicting_objects_are_rebuilt_in_one_transaction() {
+    let mut a = Applier::new(FakeNft::new());
+    let rs = ruleset(&testkit::base_cluster());
+    a.apply(&rs).unwrap();
+    // Another version left a set with flock's name but another type, and an unknown chain.
+    a.backend_mut()
+        .state_mut()
+        .apply_script("flush chain inet flock from-pods\ndelete set inet flock pod-addrs-v4\nadd set inet flock pod-addrs-v4 { type ipv4_addr; }\nadd chain inet flock leftover")
+        .unwrap();
+    let base_handle = a.backend().table().unwrap().chains[BASE_CHAIN].handle;
+    a.invalidate();
+    a.apply(&rs).unwrap();
+    let t = a.backend().table().unwrap();
+    assert!(!t.chains.contains_key("leftover"));
+    assert_eq!(t.chains[BASE_CHAIN].handle, base_handle);
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+}
+
+#[test]
+fn other_tables_are_never_touched() {
+    let mut fake = FakeNft::new();
+    fake.state_mut().apply_script("table ip kube-proxy {\n\tchain c {\n\t\tcounter\n\t}\n}\n").unwrap();
+    let mut a = Applier::new(fake);
+    a.apply(&ruleset(&with(DENY_X))).unwrap();
+    a.apply(&ruleset(&testkit::base_cluster())).unwrap();
+    let script = a.backend().last_script.clone().unwrap();
+    assert!(script.lines().all(|l| !l.contains("kube-proxy")));
+    assert!(a.backend().dump().contains("table ip kube-proxy"));
+}
+
+#[test]
+fn check_validates_without_committing() {
+    let mut a = Applier::new(FakeNft::new());
+    a.check(&ruleset(&with(DENY_X))).unwrap();
+    assert!(a.backend().table().is_none());
+}

@@ -1,0 +1,38 @@
+//! flockctl: the operator's tool. Renders a node's ruleset offline from manifests.
+
+mod render;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "flockctl", version, about = "flock's operator tool: render, simulate and check NetworkPolicy enforcement")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Render the nftables ruleset flock enforces on one node, from Kubernetes manifests.
+    Render(render::RenderArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FLOCK_LOG").unwrap_or_else(|_| "warn".into()))
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Render(args) => render::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

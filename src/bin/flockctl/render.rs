@@ -1,0 +1,61 @@
+//! `flockctl render`: manifests → one node's nft ruleset on stdout (warnings on stderr).
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use flock::apply::Backend;
+use flock::apply::kernel::NftCli;
+use flock::model::manifest;
+use flock::netns::Netns;
+use flock::translate::{self, Options};
+
+#[derive(Args)]
+pub struct RenderArgs {
+    /// Manifest file or directory (multi-document YAML, List kinds); repeatable.
+    #[arg(long = "manifests", short = 'f', required = true, value_name = "PATH")]
+    manifests: Vec<PathBuf>,
+    /// The node to render for: its pods (by spec.nodeName) are the local endpoints.
+    #[arg(long, value_name = "NAME")]
+    node: String,
+    /// Also validate the ruleset with `nft -c` in a new, empty network namespace (root).
+    #[arg(long)]
+    check: bool,
+    /// Do not isolate the egress of pods labelled flock.dev/run that no policy selects.
+    #[arg(long)]
+    no_run_pod_isolation: bool,
+}
+
+pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
+    let m = manifest::load_paths(&args.manifests).context("reading manifests")?;
+    for w in &m.warnings {
+        eprintln!("warning: {w}");
+    }
+    let snapshot = m.to_snapshot();
+    let known_node = snapshot.node(&args.node).is_some() || snapshot.pods().any(|p| p.node.as_deref() == Some(&args.node));
+    if !known_node {
+        let mut nodes: Vec<String> =
+            snapshot.nodes().map(|n| n.name.clone()).chain(snapshot.pods().filter_map(|p| p.node.clone())).collect();
+        nodes.sort();
+        nodes.dedup();
+        bail!("node {:?} is neither a Node in the manifests nor the spec.nodeName of a pod (known nodes: {})", args.node, nodes.join(", "));
+    }
+    for p in translate::validate_all(&snapshot) {
+        eprintln!("warning: {p}");
+    }
+    let endpoints = snapshot.derived_endpoints(&args.node);
+    let options = Options { isolate_run_pods: !args.no_run_pod_isolation };
+    let policy = translate::translate(&snapshot, &endpoints, &options);
+    let ruleset = flock::render::render(&policy);
+    let text = ruleset.to_text();
+    if args.check {
+        NftCli::new(Netns::Fresh).check(&text).context("nft -c rejected the rendered ruleset")?;
+        let st = ruleset.stats();
+        eprintln!("nft -c: ok ({} chains, {} rules, {} sets, {} elements)", st.chains, st.rules, st.sets, st.elements);
+    }
+    std::io::stdout().write_all(text.as_bytes()).context("writing to stdout")?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,24 @@
+//! flock: a Kubernetes CNI agent and NetworkPolicy enforcer on nftables.
+//!
+//! The pipeline, one module per stage:
+//!
+//! ```text
+//!  source ──► model (snapshot) ──► translate ──► render ──► apply
+//!  (manifests,  plain data         pure:           pure,        nft -f -, one
+//!   informers,  the stages share   NetworkPolicy → deterministic atomic transaction,
+//!   CNI ADD)                       per-pod IR      IR → nft text skipped when equal
+//! ```
+//!
+//! [`translate`] and [`render`] are pure functions (no I/O, clock, process or async runtime),
+//! so they are unit-tested, golden-tested and fuzzed directly. [`nft`] models the subset of
+//! nft syntax flock writes: it backs the in-memory fake applier and the packet tracer used by
+//! tests. [`apply`] is the edge that runs `nft`.
+
+pub mod apply;
+pub mod conformance;
+pub mod model;
+pub mod netns;
+pub mod nft;
+pub mod render;
+pub mod testkit;
+pub mod translate;

@@ -1,0 +1,509 @@
+//! The snapshot: flock's plain-data view of the cluster, the only shape the later stages see.
+//!
+//! Kubernetes objects become these types in exactly one place per source ([`manifest`] for
+//! files; the informer source for a live cluster), keeping only what policy needs: namespace
+//! labels; per pod its key, uid, labels, node, phase, addresses, `hostNetwork` and container
+//! ports; NetworkPolicies; Nodes (pod CIDRs, InternalIPs) for routing; and this node's local
+//! endpoints (pod → host interface, addresses), which come from the CNI plugin.
+//!
+//! NetworkPolicies are kept *as written* (strings for protocols, CIDRs and operators) because
+//! a policy the API server would reject must still be representable: the translator isolates
+//! its pods and reports the problem instead of guessing. Everything is ordered (`BTreeMap`) so
+//! no hash order can leak into rendered output.
+
+pub mod convert;
+pub mod manifest;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+
+/// Labels of a namespace or pod.
+pub type Labels = BTreeMap<String, String>;
+
+/// `namespace/name` of a namespaced object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectRef {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A namespace: its name and labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    pub name: String,
+    pub labels: Labels,
+}
+
+/// The phase of a pod (`status.phase`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum PodPhase {
+    #[default]
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl PodPhase {
+    /// Parses `status.phase`; anything unrecognised is `Unknown` (still a live pod).
+    pub fn parse(phase: &str) -> Self {
+        match phase {
+            "Pending" => Self::Pending,
+            "Running" => Self::Running,
+            "Succeeded" => Self::Succeeded,
+            "Failed" => Self::Failed,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// Succeeded and Failed pods have released their sandbox; their IP may already belong to
+    /// another pod.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+}
+
+/// A transport protocol NetworkPolicy can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+
+    /// Parses the Kubernetes spelling (`TCP`, `UDP`, `SCTP`; case-sensitive like the API).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "TCP" => Some(Self::Tcp),
+            "UDP" => Some(Self::Udp),
+            "SCTP" => Some(Self::Sctp),
+            _ => None,
+        }
+    }
+
+    /// The Kubernetes spelling.
+    pub fn as_k8s(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+            Self::Sctp => "SCTP",
+        }
+    }
+
+    /// The nft keyword (`tcp`, `udp`, `sctp`).
+    pub fn as_nft(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+            Self::Sctp => "sctp",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_k8s())
+    }
+}
+
+/// A container port declared by a pod (`spec.containers[].ports[]`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ContainerPort {
+    pub name: Option<String>,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// A pod, reduced to what policy needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub labels: Labels,
+    /// `spec.nodeName`; `None` while unscheduled.
+    pub node: Option<String>,
+    pub phase: PodPhase,
+    /// `status.podIPs`, IPv4 and IPv6 (dual-stack pods have both).
+    pub ips: Vec<IpAddr>,
+    pub host_network: bool,
+    pub ports: Vec<ContainerPort>,
+}
+
+impl Pod {
+    pub fn key(&self) -> ObjectRef {
+        ObjectRef::new(self.namespace.clone(), self.name.clone())
+    }
+
+    /// Whether this pod can be a policy peer: NetworkPolicy peers are pods with addresses that
+    /// are not terminal (their IPs may already be reused) and not host-networked (their
+    /// address is the node's, which upstream leaves undefined; flock never treats a node
+    /// address as a pod).
+    pub fn is_peer(&self) -> bool {
+        !self.phase.is_terminal() && !self.host_network && !self.ips.is_empty()
+    }
+}
+
+/// A uid for a pod from a manifest that has none: deterministic in `namespace/name`, shaped
+/// like a Kubernetes uid so it can stand in for one everywhere (interface naming included).
+pub fn derived_uid(namespace: &str, name: &str) -> String {
+    let digest = Sha256::new()
+        .chain_update(b"flock-derived-uid/")
+        .chain_update(namespace.as_bytes())
+        .chain_update(b"\0")
+        .chain_update(name.as_bytes())
+        .finalize();
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+/// A `LabelSelector` as written (`matchLabels` and `matchExpressions`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct LabelSelector {
+    pub match_labels: BTreeMap<String, String>,
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+/// One `matchExpressions` entry as written; the operator is validated by the translator.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LabelSelectorRequirement {
+    pub key: String,
+    pub operator: String,
+    pub values: Vec<String>,
+}
+
+/// `port` of a NetworkPolicyPort: a number or a container port name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PortRef {
+    Number(i32),
+    Name(String),
+}
+
+/// One entry of a rule's `ports`, as written.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct PolicyPort {
+    pub protocol: Option<String>,
+    pub port: Option<PortRef>,
+    pub end_port: Option<i32>,
+}
+
+/// `ipBlock` as written.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct IpBlock {
+    pub cidr: String,
+    pub except: Vec<String>,
+}
+
+/// One entry of `from`/`to`, as written.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct PolicyPeer {
+    pub pod_selector: Option<LabelSelector>,
+    pub namespace_selector: Option<LabelSelector>,
+    pub ip_block: Option<IpBlock>,
+}
+
+/// One ingress or egress rule. An empty or missing `peers` list means every peer; an empty
+/// or missing `ports` list means every port of every protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PolicyRule {
+    pub peers: Vec<PolicyPeer>,
+    pub ports: Vec<PolicyPort>,
+}
+
+/// A NetworkPolicy, kept as written (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NetworkPolicy {
+    pub namespace: String,
+    pub name: String,
+    pub pod_selector: LabelSelector,
+    /// `spec.policyTypes`; empty means "default from the rules" (the API omits empty lists).
+    pub policy_types: Vec<String>,
+    pub ingress: Vec<PolicyRule>,
+    pub egress: Vec<PolicyRule>,
+}
+
+impl NetworkPolicy {
+    pub fn key(&self) -> ObjectRef {
+        ObjectRef::new(self.namespace.clone(), self.name.clone())
+    }
+}
+
+/// A node: where its pods' addresses are routed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub name: String,
+    /// `spec.podCIDRs` (or `spec.podCIDR`).
+    pub pod_cidrs: Vec<IpNet>,
+    /// `status.addresses` of type InternalIP.
+    pub internal_ips: Vec<IpAddr>,
+}
+
+/// A pod attachment on this node, as the CNI plugin reported it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LocalEndpoint {
+    /// Host-side interface (`flk` + 12 hex digits, from `flock_cni::host_interface_name`).
+    pub interface: String,
+    /// The sandbox's container id, or the pod uid where none is known (offline render).
+    pub container_id: String,
+    pub pod: ObjectRef,
+    /// The pod uid the runtime passed (`K8S_POD_UID`), if any.
+    pub pod_uid: Option<String>,
+    pub addrs: Vec<IpAddr>,
+}
+
+impl LocalEndpoint {
+    /// The endpoint a runtime would create for `pod` on its node, where no container id is
+    /// known (offline render, simulations from manifests): the pod uid stands in for the
+    /// container id, and the interface is `eth0`.
+    pub fn for_pod(pod: &Pod) -> Self {
+        Self {
+            interface: flock_cni::host_interface_name(&pod.uid, "eth0"),
+            container_id: pod.uid.clone(),
+            pod: pod.key(),
+            pod_uid: Some(pod.uid.clone()),
+            addrs: pod.ips.clone(),
+        }
+    }
+}
+
+/// The whole cluster state the pipeline works from. Pods are keyed by uid (two pods may
+/// briefly share a namespace/name across a delete and re-create); an index by namespace keeps
+/// selector evaluation proportional to the namespaces a selector can reach.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    namespaces: BTreeMap<String, Namespace>,
+    pods: BTreeMap<String, Pod>,
+    pods_by_namespace: BTreeMap<String, BTreeSet<String>>,
+    policies: BTreeMap<ObjectRef, NetworkPolicy>,
+    nodes: BTreeMap<String, Node>,
+}
+
+impl Snapshot {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn upsert_namespace(&mut self, ns: Namespace) {
+        self.namespaces.insert(ns.name.clone(), ns);
+    }
+
+    pub fn remove_namespace(&mut self, name: &str) -> Option<Namespace> {
+        self.namespaces.remove(name)
+    }
+
+    /// Inserts or replaces the pod with this uid.
+    pub fn upsert_pod(&mut self, pod: Pod) {
+        if let Some(old) = self.pods.get(&pod.uid)
+            && old.namespace != pod.namespace
+        {
+            let (ns, uid) = (old.namespace.clone(), old.uid.clone());
+            self.unindex(&ns, &uid);
+        }
+        self.pods_by_namespace.entry(pod.namespace.clone()).or_default().insert(pod.uid.clone());
+        self.pods.insert(pod.uid.clone(), pod);
+    }
+
+    pub fn remove_pod(&mut self, uid: &str) -> Option<Pod> {
+        let pod = self.pods.remove(uid)?;
+        self.unindex(&pod.namespace, uid);
+        Some(pod)
+    }
+
+    fn unindex(&mut self, namespace: &str, uid: &str) {
+        if let Some(set) = self.pods_by_namespace.get_mut(namespace) {
+            set.remove(uid);
+            if set.is_empty() {
+                self.pods_by_namespace.remove(namespace);
+            }
+        }
+    }
+
+    pub fn upsert_policy(&mut self, policy: NetworkPolicy) {
+        self.policies.insert(policy.key(), policy);
+    }
+
+    pub fn remove_policy(&mut self, key: &ObjectRef) -> Option<NetworkPolicy> {
+        self.policies.remove(key)
+    }
+
+    pub fn upsert_node(&mut self, node: Node) {
+        self.nodes.insert(node.name.clone(), node);
+    }
+
+    pub fn remove_node(&mut self, name: &str) -> Option<Node> {
+        self.nodes.remove(name)
+    }
+
+    pub fn namespace(&self, name: &str) -> Option<&Namespace> {
+        self.namespaces.get(name)
+    }
+
+    pub fn namespaces(&self) -> impl Iterator<Item = &Namespace> {
+        self.namespaces.values()
+    }
+
+    pub fn pod(&self, uid: &str) -> Option<&Pod> {
+        self.pods.get(uid)
+    }
+
+    /// All pods, in uid order.
+    pub fn pods(&self) -> impl Iterator<Item = &Pod> {
+        self.pods.values()
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Pods of one namespace, in uid order.
+    pub fn pods_in(&self, namespace: &str) -> impl Iterator<Item = &Pod> {
+        self.pods_by_namespace.get(namespace).into_iter().flatten().filter_map(|uid| self.pods.get(uid))
+    }
+
+    /// The live pod named `namespace/name`. Where a terminal and a live pod share the name
+    /// (a re-created pod), the live one wins; among equals, the lowest uid.
+    pub fn pod_by_name(&self, key: &ObjectRef) -> Option<&Pod> {
+        let mut found: Option<&Pod> = None;
+        for pod in self.pods_in(&key.namespace).filter(|p| p.name == key.name) {
+            match found {
+                Some(f) if !f.phase.is_terminal() || pod.phase.is_terminal() => {}
+                _ => found = Some(pod),
+            }
+        }
+        found
+    }
+
+    pub fn policies(&self) -> impl Iterator<Item = &NetworkPolicy> {
+        self.policies.values()
+    }
+
+    pub fn policy(&self, key: &ObjectRef) -> Option<&NetworkPolicy> {
+        self.policies.get(key)
+    }
+
+    pub fn policy_count(&self) -> usize {
+        self.policies.len()
+    }
+
+    /// Policies of one namespace, in name order.
+    pub fn policies_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a NetworkPolicy> + 'a {
+        let start = ObjectRef::new(namespace, "");
+        self.policies.range(start..).take_while(move |(k, _)| k.namespace == namespace).map(|(_, p)| p)
+    }
+
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.get(name)
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
+    }
+
+    /// The endpoints a runtime would have created on `node` for the pods scheduled there
+    /// (live, not host-networked, with addresses), for offline render and simulation.
+    pub fn derived_endpoints(&self, node: &str) -> Vec<LocalEndpoint> {
+        let mut eps: Vec<LocalEndpoint> =
+            self.pods().filter(|p| p.node.as_deref() == Some(node) && p.is_peer()).map(LocalEndpoint::for_pod).collect();
+        eps.sort();
+        eps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: &str, name: &str, uid: &str, phase: PodPhase) -> Pod {
+        Pod {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: uid.into(),
+            labels: Labels::new(),
+            node: Some("n1".into()),
+            phase,
+            ips: vec!["198.18.1.1".parse().unwrap()],
+            host_network: false,
+            ports: vec![],
+        }
+    }
+
+    #[test]
+    fn derived_uid_is_stable_and_uid_shaped() {
+        let a = derived_uid("x", "a");
+        assert_eq!(a, derived_uid("x", "a"));
+        assert_ne!(a, derived_uid("x", "b"));
+        assert_ne!(derived_uid("x", "a/b"), derived_uid("x/a", "b"));
+        assert_eq!(a.len(), 36);
+        assert_eq!(a.matches('-').count(), 4);
+    }
+
+    #[test]
+    fn index_follows_upserts_and_removals() {
+        let mut s = Snapshot::new();
+        s.upsert_pod(pod("x", "a", "u1", PodPhase::Running));
+        s.upsert_pod(pod("y", "b", "u2", PodPhase::Running));
+        assert_eq!(s.pods_in("x").count(), 1);
+        // Same uid moving namespace (impossible in Kubernetes, possible in a bad manifest).
+        s.upsert_pod(pod("y", "a", "u1", PodPhase::Running));
+        assert_eq!(s.pods_in("x").count(), 0);
+        assert_eq!(s.pods_in("y").count(), 2);
+        s.remove_pod("u1");
+        s.remove_pod("u2");
+        assert_eq!(s.pods_in("y").count(), 0);
+        assert_eq!(s.pod_count(), 0);
+    }
+
+    #[test]
+    fn live_pod_wins_name_lookup_over_terminal_one() {
+        let mut s = Snapshot::new();
+        s.upsert_pod(pod("x", "a", "u1", PodPhase::Succeeded));
+        s.upsert_pod(pod("x", "a", "u2", PodPhase::Running));
+        assert_eq!(s.pod_by_name(&ObjectRef::new("x", "a")).unwrap().uid, "u2");
+        s.remove_pod("u2");
+        assert_eq!(s.pod_by_name(&ObjectRef::new("x", "a")).unwrap().uid, "u1");
+    }
+
+    #[test]
+    fn terminal_hostnetwork_and_addressless_pods_are_not_peers() {
+        let mut p = pod("x", "a", "u", PodPhase::Running);
+        assert!(p.is_peer());
+        p.phase = PodPhase::Failed;
+        assert!(!p.is_peer());
+        p.phase = PodPhase::Running;
+        p.host_network = true;
+        assert!(!p.is_peer());
+        p.host_network = false;
+        p.ips.clear();
+        assert!(!p.is_peer());
+    }
+
+    #[test]
+    fn policies_in_namespace_range() {
+        let mut s = Snapshot::new();
+        for (ns, name) in [("x", "p1"), ("x", "p2"), ("xa", "p"), ("w", "p")] {
+            s.upsert_policy(NetworkPolicy { namespace: ns.into(), name: name.into(), ..Default::default() });
+        }
+        let names: Vec<_> = s.policies_in("x").map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["p1", "p2"]);
+    }
+}

@@ -1,0 +1,539 @@
+//! Stage 3, pure: [`NodePolicy`] → the complete desired content of table `inet flock`.
+//!
+//! A pure, deterministic function (no I/O, clock, process or async runtime; only ordered
+//! collections): equal input gives byte-equal output. The output is nft text in the exact
+//! form `nft list` prints it back (so a listing of the kernel's table can be compared with
+//! it), and it is what the applier sends. Text rather than nft's JSON: nft 1.0.6's JSON input
+//! drops table, chain and set comments, which are half of the point of this ruleset.
+//!
+//! The ruleset (design.md §2):
+//!
+//! ```text
+//! chain forward            filter hook forward, priority filter (after kube-proxy's DNAT)
+//!   ct state established,related accept; ct state invalid drop
+//!   iifname "flk*" jump from-pods        a packet leaving a local pod
+//!   oifname "flk*" jump to-pods          a packet entering a local pod
+//! chain from-pods
+//!   iifname . ip saddr != @pod-addrs-v4 drop      unknown interface or spoofed source
+//!   iifname vmap @egress-chains                   jump egress-…: `return` on allow, else drop
+//! chain to-pods
+//!   oifname vmap @ingress-chains                  goto ingress-…: final verdict, or accept
+//!   drop                                          unknown pod interface (fail closed)
+//! ```
+//!
+//! Per isolated endpoint and direction one chain of allow rules; peers are shared sets (one
+//! per peer definition and family, `flags interval` for ipBlocks, `addr . proto . port`
+//! concatenations for egress named ports), so the rule count of a pod never depends on how
+//! many addresses its peers have. Object order in the text satisfies nft's references:
+//! sets, policy chains, the verdict maps that jump to them, then the dispatch and base chains.
+
+pub mod names;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::translate::{
+    AllowRule, Direction, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef, PeerMatch, PortMatch, PortRanges,
+};
+use names::{comment, quoted};
+
+/// The base chain and the static objects (names are part of flock's contract with operators).
+pub const BASE_CHAIN: &str = "forward";
+pub const FROM_PODS: &str = "from-pods";
+pub const TO_PODS: &str = "to-pods";
+pub const POD_ADDRS_V4: &str = "pod-addrs-v4";
+pub const POD_ADDRS_V6: &str = "pod-addrs-v6";
+pub const EGRESS_MAP: &str = "egress-chains";
+pub const INGRESS_MAP: &str = "ingress-chains";
+/// Host-side pod interfaces flock owns (see `flock_cni::HOST_INTERFACE_PREFIX`).
+pub const POD_INTERFACES: &str = "flk*";
+
+const TABLE_COMMENT: &str = "flock: NetworkPolicy enforcement for the pods of this node; managed by flock-agent, edits are reverted";
+
+/// The base chain's hook; never changed once created (a changed hook would need a delete).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hook {
+    pub type_: &'static str,
+    pub hook: &'static str,
+    pub priority: &'static str,
+    pub policy: &'static str,
+}
+
+/// A chain and its rules (nft text, one statement each).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    pub name: String,
+    pub comment: String,
+    pub hook: Option<Hook>,
+    pub rules: Vec<String>,
+}
+
+/// An element of a set or map, as nft text.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Element {
+    pub key: String,
+    pub comment: String,
+    /// For verdict maps: `accept`, `jump <chain>`, `goto <chain>`.
+    pub verdict: Option<String>,
+}
+
+/// A named set, or a verdict map when `data` is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Set {
+    pub name: String,
+    pub comment: String,
+    /// Key types, concatenated with ` . `.
+    pub key: Vec<&'static str>,
+    /// `Some("verdict")` for verdict maps.
+    pub data: Option<&'static str>,
+    pub interval: bool,
+    pub elements: Vec<Element>,
+}
+
+/// An object of the table, in the order it is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Object {
+    Set(Set),
+    Chain(Chain),
+}
+
+impl Object {
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Set(s) => &s.name,
+            Self::Chain(c) => &c.name,
+        }
+    }
+
+    /// `chain`, `set` or `map`: the nft keyword for this object.
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            Self::Set(s) if s.data.is_some() => "map",
+            Self::Set(_) => "set",
+            Self::Chain(_) => "chain",
+        }
+    }
+
+    /// An `add` command declaring this object with all its attributes and no content.
+    pub fn declaration(&self) -> String {
+        let (kw, name) = (self.keyword(), self.name());
+        let mut s = format!("add {kw} {} {} {name} {{ ", names::FAMILY, names::TABLE);
+        match self {
+            Self::Chain(c) => {
+                if let Some(h) = &c.hook {
+                    let _ = write!(s, "type {} hook {} priority {}; policy {}; ", h.type_, h.hook, h.priority, h.policy);
+                }
+                let _ = write!(s, "comment \"{}\"; ", c.comment);
+            }
+            Self::Set(set) => {
+                let _ = write!(s, "type {}; ", set.type_text());
+                if set.interval {
+                    s.push_str("flags interval; ");
+                }
+                let _ = write!(s, "comment \"{}\"; ", set.comment);
+            }
+        }
+        s.push('}');
+        s
+    }
+}
+
+impl Set {
+    fn type_text(&self) -> String {
+        let key = self.key.join(" . ");
+        match self.data {
+            Some(d) => format!("{key} : {d}"),
+            None => key,
+        }
+    }
+}
+
+/// The complete desired content of the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ruleset {
+    pub comment: String,
+    /// In writing order (see the module doc).
+    pub objects: Vec<Object>,
+}
+
+/// Sizes of a ruleset, for logs, metrics and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub chains: usize,
+    pub rules: usize,
+    pub sets: usize,
+    pub elements: usize,
+}
+
+impl Ruleset {
+    pub fn stats(&self) -> Stats {
+        let mut st = Stats::default();
+        for o in &self.objects {
+            match o {
+                Object::Chain(c) => {
+                    st.chains += 1;
+                    st.rules += c.rules.len();
+                }
+                Object::Set(s) => {
+                    st.sets += 1;
+                    st.elements += s.elements.len();
+                }
+            }
+        }
+        st
+    }
+
+    pub fn object(&self, name: &str) -> Option<&Object> {
+        self.objects.iter().find(|o| o.name() == name)
+    }
+
+    /// The table as nft text: `table inet flock { ... }`, formatted as `nft list` prints it.
+    pub fn to_text(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let _ = writeln!(out, "table {} {} {{", names::FAMILY, names::TABLE);
+        let _ = writeln!(out, "\tcomment \"{}\"", self.comment);
+        for (i, o) in self.objects.iter().enumerate() {
+            if i > 0 {
+                out.push('\n');
+            }
+            match o {
+                Object::Set(s) => write_set(&mut out, o.keyword(), s),
+                Object::Chain(c) => write_chain(&mut out, c),
+            }
+        }
+        out.push_str("}\n");
+        out
+    }
+}
+
+fn write_set(out: &mut String, keyword: &str, s: &Set) {
+    let _ = writeln!(out, "\t{keyword} {} {{", s.name);
+    let _ = writeln!(out, "\t\ttype {}", s.type_text());
+    if s.interval {
+        out.push_str("\t\tflags interval\n");
+    }
+    let _ = writeln!(out, "\t\tcomment \"{}\"", s.comment);
+    for (i, e) in s.elements.iter().enumerate() {
+        out.push_str(if i == 0 { "\t\telements = { " } else { ",\n\t\t\t     " });
+        out.push_str(&e.key);
+        let _ = write!(out, " comment \"{}\"", e.comment);
+        if let Some(v) = &e.verdict {
+            let _ = write!(out, " : {v}");
+        }
+    }
+    if !s.elements.is_empty() {
+        out.push_str(" }\n");
+    }
+    out.push_str("\t}\n");
+}
+
+fn write_chain(out: &mut String, c: &Chain) {
+    let _ = writeln!(out, "\tchain {} {{", c.name);
+    let _ = writeln!(out, "\t\tcomment \"{}\"", c.comment);
+    if let Some(h) = &c.hook {
+        let _ = writeln!(out, "\t\ttype {} hook {} priority {}; policy {};", h.type_, h.hook, h.priority, h.policy);
+    }
+    for r in &c.rules {
+        let _ = writeln!(out, "\t\t{r}");
+    }
+    out.push_str("\t}\n");
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn tag(self) -> &'static str {
+        match self {
+            Self::V4 => "v4",
+            Self::V6 => "v6",
+        }
+    }
+
+    /// The nft payload protocol (`ip`, `ip6`).
+    fn proto(self) -> &'static str {
+        match self {
+            Self::V4 => "ip",
+            Self::V6 => "ip6",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::V4 => "IPv4",
+            Self::V6 => "IPv6",
+        }
+    }
+
+    fn addr_type(self) -> &'static str {
+        match self {
+            Self::V4 => "ipv4_addr",
+            Self::V6 => "ipv6_addr",
+        }
+    }
+}
+
+/// Renders the node's table.
+pub fn render(np: &NodePolicy) -> Ruleset {
+    let mut r = Renderer { np, peer_sets: BTreeMap::new(), port_sets: BTreeMap::new() };
+    let mut policy_chains = Vec::new();
+    let mut addrs = [Vec::new(), Vec::new()];
+    let (mut egress_map, mut ingress_map) = (Vec::new(), Vec::new());
+
+    for ep in &np.endpoints {
+        let pod = ep.pod.to_string();
+        let iface = quoted(&ep.interface);
+        for ip in &ep.addrs {
+            let slot = usize::from(ip.is_ipv6());
+            addrs[slot].push(Element { key: format!("{iface} . {ip}"), comment: comment(&pod), verdict: None });
+        }
+        if ep.egress.is_isolated() {
+            let chain = r.endpoint_chain(ep, Direction::Egress);
+            egress_map.push(Element { key: iface.clone(), comment: comment(&pod), verdict: Some(format!("jump {}", chain.name)) });
+            policy_chains.push(chain);
+        }
+        let verdict = if ep.ingress.is_isolated() {
+            let chain = r.endpoint_chain(ep, Direction::Ingress);
+            let v = format!("goto {}", chain.name);
+            policy_chains.push(chain);
+            v
+        } else {
+            "accept".to_string()
+        };
+        ingress_map.push(Element { key: iface, comment: comment(&pod), verdict: Some(verdict) });
+    }
+
+    let mut objects: Vec<Object> = Vec::new();
+    let mut sets: Vec<Set> = r.peer_sets.into_values().chain(r.port_sets.into_values()).collect();
+    let [v4, v6] = addrs;
+    for (name, fam, elements) in [(POD_ADDRS_V4, Family::V4, v4), (POD_ADDRS_V6, Family::V6, v6)] {
+        sets.push(Set {
+            name: name.into(),
+            comment: format!(
+                "host interface and {} address of every pod on this node; other sources from a pod interface are dropped",
+                fam.name()
+            ),
+            key: vec!["ifname", fam.addr_type()],
+            data: None,
+            interval: false,
+            elements: sorted(elements),
+        });
+    }
+    sets.sort_by(|a, b| a.name.cmp(&b.name));
+    objects.extend(sets.into_iter().map(Object::Set));
+    policy_chains.sort_by(|a, b| a.name.cmp(&b.name));
+    objects.extend(policy_chains.into_iter().map(Object::Chain));
+    objects.push(Object::Set(Set {
+        name: EGRESS_MAP.into(),
+        comment: "pod interface -> its egress policy chain (egress-isolated pods only)".into(),
+        key: vec!["ifname"],
+        data: Some("verdict"),
+        interval: false,
+        elements: sorted(egress_map),
+    }));
+    objects.push(Object::Set(Set {
+        name: INGRESS_MAP.into(),
+        comment: "pod interface -> its ingress policy chain, or accept when not isolated".into(),
+        key: vec!["ifname"],
+        data: Some("verdict"),
+        interval: false,
+        elements: sorted(ingress_map),
+    }));
+    objects.extend(skeleton().into_iter().map(Object::Chain));
+    Ruleset { comment: TABLE_COMMENT.into(), objects }
+}
+
+fn sorted(mut v: Vec<Element>) -> Vec<Element> {
+    v.sort();
+    v.dedup_by(|a, b| a.key == b.key);
+    v
+}
+
+/// The static chains: dispatch and the base chain.
+fn skeleton() -> Vec<Chain> {
+    vec![
+        Chain {
+            name: FROM_PODS.into(),
+            comment: "packets from a pod on this node: source check, then the pod's egress policy".into(),
+            hook: None,
+            rules: vec![
+                format!("iifname . ip saddr != @{POD_ADDRS_V4} counter drop comment \"unknown pod interface or spoofed source address\""),
+                format!("iifname . ip6 saddr != @{POD_ADDRS_V6} counter drop comment \"unknown pod interface or spoofed source address\""),
+                format!("iifname vmap @{EGRESS_MAP}"),
+            ],
+        },
+        Chain {
+            name: TO_PODS.into(),
+            comment: "packets to a pod on this node: the pod's ingress policy".into(),
+            hook: None,
+            rules: vec![
+                format!("oifname vmap @{INGRESS_MAP}"),
+                "counter drop comment \"unknown pod interface: no policy programmed yet\"".into(),
+            ],
+        },
+        Chain {
+            name: BASE_CHAIN.into(),
+            comment: "routed pod traffic, after DNAT: policy sees pod addresses, not service addresses".into(),
+            hook: Some(Hook { type_: "filter", hook: "forward", priority: "filter", policy: "accept" }),
+            rules: vec![
+                "ct state established,related accept".into(),
+                "ct state invalid drop".into(),
+                format!("iifname \"{POD_INTERFACES}\" jump {FROM_PODS}"),
+                format!("oifname \"{POD_INTERFACES}\" jump {TO_PODS}"),
+            ],
+        },
+    ]
+}
+
+struct Renderer<'a> {
+    np: &'a NodePolicy,
+    /// Referenced address sets by (definition, family).
+    peer_sets: BTreeMap<(PeerDef, Family), Set>,
+    port_sets: BTreeMap<(NamedPortDef, Family), Set>,
+}
+
+impl Renderer<'_> {
+    fn endpoint_chain(&mut self, ep: &EndpointPolicy, dir: Direction) -> Chain {
+        let pod = ep.pod.to_string();
+        let d = ep.direction(dir);
+        let chain_comment = comment(&format!("{dir} policy of pod {pod} ({})", ep.interface));
+        let name = names::dynamic(dir.as_field(), &[&ep.interface, &pod, &chain_comment], &pod);
+        let verdict = match dir {
+            Direction::Ingress => "accept",
+            Direction::Egress => "return",
+        };
+        let mut rules = Vec::new();
+        let families: Vec<Family> =
+            [(ep.has_v4(), Family::V4), (ep.has_v6(), Family::V6)].into_iter().filter(|(has, _)| *has).map(|(_, f)| f).collect();
+        for rule in &d.rules {
+            self.allow_rule(rule, dir, &families, verdict, &mut rules);
+        }
+        let why = if d.isolated_by.contains(&Isolation::UnknownPod) {
+            format!("{pod} is unknown to flock: closed until its Pod is seen")
+        } else {
+            let by: Vec<String> = d.isolated_by.iter().map(ToString::to_string).collect();
+            format!("{dir} of {pod} not allowed (isolated by {})", by.join(", "))
+        };
+        rules.push(format!("counter drop comment \"{}\"", comment(&why)));
+        Chain { name, comment: chain_comment, hook: None, rules }
+    }
+
+    fn allow_rule(&mut self, rule: &AllowRule, dir: Direction, families: &[Family], verdict: &str, out: &mut Vec<String>) {
+        let origins: Vec<String> = rule.origins.iter().map(ToString::to_string).collect();
+        let note = comment(&origins.join(", "));
+        let ports = port_match(&rule.ports);
+        let addr = match dir {
+            Direction::Ingress => "saddr",
+            Direction::Egress => "daddr",
+        };
+        match &rule.peer {
+            PeerMatch::Any => out.push(join(&[&ports, verdict, &format!("comment \"{note}\"")])),
+            PeerMatch::Addresses(def) => {
+                for fam in families {
+                    if let Some(set) = self.peer_set(def, *fam) {
+                        let m = format!("{} {addr} @{set}", fam.proto());
+                        out.push(join(&[&m, &ports, verdict, &format!("comment \"{note}\"")]));
+                    }
+                }
+            }
+            PeerMatch::NamedPort(def) => {
+                for fam in families {
+                    if let Some(set) = self.port_set(def, *fam) {
+                        out.push(format!("{} {addr} . meta l4proto . th dport @{set} {verdict} comment \"{note}\"", fam.proto()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The name of the set for `def` in `fam`, or `None` when it has no address of that
+    /// family (a rule matching an empty set matches nothing and is left out).
+    fn peer_set(&mut self, def: &PeerDef, fam: Family) -> Option<String> {
+        let key = (def.clone(), fam);
+        if let Some(s) = self.peer_sets.get(&key) {
+            return Some(s.name.clone());
+        }
+        let addrs = self.np.peer_sets.get(def)?;
+        let elements: Vec<Element> = match fam {
+            Family::V4 => addrs.v4.iter().map(|(n, c)| element_of(&host_or_net(&(*n).into()), c)).collect(),
+            Family::V6 => addrs.v6.iter().map(|(n, c)| element_of(&host_or_net(&(*n).into()), c)).collect(),
+        };
+        if elements.is_empty() {
+            return None;
+        }
+        let interval = matches!(def, PeerDef::Block(_));
+        let purpose = format!("{}-{}", if interval { "cidr" } else { "peers" }, fam.tag());
+        let set_comment = comment(&def.to_string());
+        let name = names::dynamic(&purpose, &[&format!("{def:?}"), &set_comment], &def.short());
+        self.peer_sets.insert(
+            key,
+            // Elements stay in address order (the IR's), which is how nft lists intervals.
+            Set { name: name.clone(), comment: set_comment, key: vec![fam.addr_type()], data: None, interval, elements },
+        );
+        Some(name)
+    }
+
+    fn port_set(&mut self, def: &NamedPortDef, fam: Family) -> Option<String> {
+        let key = (def.clone(), fam);
+        if let Some(s) = self.port_sets.get(&key) {
+            return Some(s.name.clone());
+        }
+        let set = self.np.port_sets.get(def)?;
+        let elements: Vec<Element> = match fam {
+            Family::V4 => set.v4.iter().map(|((a, p, n), c)| element_of(&format!("{a} . {} . {n}", p.as_nft()), c)).collect(),
+            Family::V6 => set.v6.iter().map(|((a, p, n), c)| element_of(&format!("{a} . {} . {n}", p.as_nft()), c)).collect(),
+        };
+        if elements.is_empty() {
+            return None;
+        }
+        let set_comment = comment(&def.to_string());
+        let name = names::dynamic(&format!("nport-{}", fam.tag()), &[&format!("{def:?}"), &set_comment], &def.short());
+        self.port_sets.insert(
+            key,
+            Set {
+                name: name.clone(),
+                comment: set_comment,
+                key: vec![fam.addr_type(), "inet_proto", "inet_service"],
+                data: None,
+                interval: false,
+                elements,
+            },
+        );
+        Some(name)
+    }
+}
+
+fn element_of(key: &str, c: &str) -> Element {
+    Element { key: key.to_string(), comment: comment(c), verdict: None }
+}
+
+/// A host prefix prints as its address (as nft lists it); others as CIDR.
+fn host_or_net(n: &ipnet::IpNet) -> String {
+    if n.prefix_len() == n.max_prefix_len() { n.addr().to_string() } else { n.to_string() }
+}
+
+/// `tcp dport 80`, `tcp dport { 80, 8000-9000 }`, `meta l4proto udp`, or nothing.
+fn port_match(m: &PortMatch) -> String {
+    match m {
+        PortMatch::Any => String::new(),
+        PortMatch::Protocol(p, PortRanges::All) => format!("meta l4proto {}", p.as_nft()),
+        PortMatch::Protocol(p, PortRanges::Ranges(rs)) => {
+            let items: Vec<String> = rs.iter().map(|(s, e)| if s == e { s.to_string() } else { format!("{s}-{e}") }).collect();
+            if items.len() == 1 {
+                format!("{} dport {}", p.as_nft(), items[0])
+            } else {
+                format!("{} dport {{ {} }}", p.as_nft(), items.join(", "))
+            }
+        }
+    }
+}
+
+fn join(parts: &[&str]) -> String {
+    parts.iter().filter(|p| !p.is_empty()).copied().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests;

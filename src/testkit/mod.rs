@@ -1,0 +1,229 @@
+//! Test support shared by unit tests, integration tests, benchmarks and fuzz targets: the
+//! upstream NetworkPolicy e2e model as a snapshot, manifest helpers, and readable summaries
+//! of the translator's output.
+//!
+//! Test conventions (like kube-proxy's proxier tests): the base cluster of
+//! `tests/conformance/base-cluster.yaml` — namespaces x, y, z; pods a, b, c in each; node-1
+//! (198.18.1.0/24) and node-2 (198.18.2.0/24); every pod serving 80 and 81 on TCP, UDP and
+//! SCTP with ports named `serve-<port>-<proto>`.
+
+pub mod kernel;
+
+use std::path::Path;
+
+use crate::model::manifest::{self, Manifests, Object};
+use crate::model::{NetworkPolicy, ObjectRef, Snapshot};
+use crate::translate::{Direction, NodePolicy, PeerMatch, PortMatch, PortRanges};
+
+/// The conformance base cluster's manifest text.
+pub const BASE_CLUSTER_YAML: &str = include_str!("../../tests/conformance/base-cluster.yaml");
+
+/// The nine pods of the base cluster, in the conformance matrix order.
+pub const BASE_PODS: [&str; 9] = ["x/a", "x/b", "x/c", "y/a", "y/b", "y/c", "z/a", "z/b", "z/c"];
+
+/// Parses manifest text, panicking with the error (test input is trusted).
+#[allow(clippy::panic)]
+pub fn parse_manifests(text: &str) -> Manifests {
+    match manifest::parse_str(Path::new("<test>"), text) {
+        Ok(m) => m,
+        Err(e) => panic!("bad test manifest: {e}"),
+    }
+}
+
+/// The base cluster as a snapshot.
+pub fn base_cluster() -> Snapshot {
+    parse_manifests(BASE_CLUSTER_YAML).to_snapshot()
+}
+
+/// NetworkPolicies from YAML text (one or more documents).
+#[allow(clippy::panic)]
+pub fn policies(text: &str) -> Vec<NetworkPolicy> {
+    parse_manifests(text)
+        .objects
+        .into_iter()
+        .map(|o| match o {
+            Object::NetworkPolicy(p) => p,
+            other => panic!("expected only NetworkPolicies, got {:?}", other.kind()),
+        })
+        .collect()
+}
+
+/// `"x/a"` → `ObjectRef`.
+pub fn pod_ref(s: &str) -> ObjectRef {
+    let (ns, name) = s.split_once('/').unwrap_or(("default", s));
+    ObjectRef::new(ns, name)
+}
+
+/// A one-line summary of what `pod` allows in `dir`, for table-driven assertions:
+/// `open`, or `isolated: ` followed by the rules, `;`-separated, each as
+/// `<peers> <ports>`. Peers are `*` (any), the sorted pod names of a pod set, the prefixes of
+/// an ipBlock, or `<pod>:<proto>/<port>` entries of a named-port set (which carries its own
+/// ports, so none follow). Ports are `*` (any
+/// protocol) or `TCP:80-81`, `UDP:*`.
+pub fn summary(np: &NodePolicy, pod: &str, dir: Direction) -> String {
+    let key = pod_ref(pod);
+    let Some(ep) = np.endpoints.iter().find(|e| e.pod == key) else {
+        return format!("no endpoint for {pod}");
+    };
+    let d = ep.direction(dir);
+    if !d.is_isolated() {
+        return "open".into();
+    }
+    let rules: Vec<String> = d
+        .rules
+        .iter()
+        .map(|r| {
+            let peers = match &r.peer {
+                PeerMatch::Any => "*".to_string(),
+                PeerMatch::Addresses(def) => {
+                    let set = &np.peer_sets[def];
+                    let mut names: Vec<String> = if matches!(def, crate::translate::PeerDef::Block(_)) {
+                        set.v4.keys().map(ToString::to_string).chain(set.v6.keys().map(ToString::to_string)).collect()
+                    } else {
+                        set.v4.values().chain(set.v6.values()).cloned().collect()
+                    };
+                    names.sort();
+                    names.dedup();
+                    format!("[{}]", names.join(","))
+                }
+                PeerMatch::NamedPort(def) => {
+                    let set = &np.port_sets[def];
+                    let mut names: Vec<String> = set
+                        .v4
+                        .iter()
+                        .map(|((_, p, n), c)| format!("{c}:{}/{n}", p.as_nft()))
+                        .chain(set.v6.iter().map(|((_, p, n), c)| format!("{c}:{}/{n}", p.as_nft())))
+                        .collect();
+                    names.sort();
+                    names.dedup();
+                    format!("[{}]", names.join(","))
+                }
+            };
+            let ports = match &r.ports {
+                PortMatch::Any => "*".to_string(),
+                PortMatch::Protocol(p, PortRanges::All) => format!("{p}:*"),
+                PortMatch::Protocol(p, PortRanges::Ranges(rs)) => {
+                    let rs: Vec<String> = rs.iter().map(|(s, e)| if s == e { s.to_string() } else { format!("{s}-{e}") }).collect();
+                    format!("{p}:{}", rs.join(","))
+                }
+            };
+            if matches!(r.peer, PeerMatch::NamedPort(_)) { peers } else { format!("{peers} {ports}") }
+        })
+        .collect();
+    format!("isolated: {}", rules.join("; "))
+}
+
+/// Where a pod lives in a [`TracedCluster`].
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub node: String,
+    pub interface: String,
+    pub ips: Vec<std::net::IpAddr>,
+}
+
+/// A cluster whose nodes' rulesets live in fake nft tables and whose reachability is decided
+/// by the packet tracer: the whole pure pipeline (translate → render → fake apply → trace),
+/// checked against expected matrices without a kernel.
+pub struct TracedCluster {
+    pub nodes: std::collections::BTreeMap<String, crate::nft::Table>,
+    pub pods: std::collections::BTreeMap<String, Placement>,
+}
+
+/// The name of the node uplink in traced packets (anything that is not a pod interface).
+pub const UPLINK: &str = "eth0";
+
+impl TracedCluster {
+    /// Translates, renders and applies (to a fake nft) every node of the snapshot.
+    #[allow(clippy::panic)]
+    pub fn build(snapshot: &Snapshot) -> Self {
+        use crate::apply::{Applier, fake::FakeNft};
+        let mut node_names: Vec<String> = snapshot.nodes().map(|n| n.name.clone()).collect();
+        node_names.extend(snapshot.pods().filter_map(|p| p.node.clone()));
+        node_names.sort();
+        node_names.dedup();
+        let mut nodes = std::collections::BTreeMap::new();
+        let mut pods = std::collections::BTreeMap::new();
+        for node in node_names {
+            let eps = snapshot.derived_endpoints(&node);
+            let np = crate::translate::translate(snapshot, &eps, &crate::translate::Options::default());
+            let rs = crate::render::render(&np);
+            let mut applier = Applier::new(FakeNft::new());
+            if let Err(e) = applier.apply(&rs) {
+                panic!("node {node}: the fake nft refused the ruleset: {e}\n{}", rs.to_text());
+            }
+            let Some(table) = applier.backend().table().cloned() else { panic!("node {node}: no table after apply") };
+            for ep in eps {
+                pods.insert(ep.pod.to_string(), Placement { node: node.clone(), interface: ep.interface.clone(), ips: ep.addrs.clone() });
+            }
+            nodes.insert(node, table);
+        }
+        Self { nodes, pods }
+    }
+
+    /// Whether a new connection from `from` to `to` passes every node's ruleset.
+    pub fn connected(
+        &self,
+        from: &str,
+        to: &str,
+        protocol: crate::model::Protocol,
+        port: u16,
+        family: Option<crate::conformance::Family>,
+    ) -> Result<bool, String> {
+        use crate::conformance::Family;
+        use crate::nft::trace::{Ct, L4, Packet, Verdict, trace};
+        let src = self.pods.get(from).ok_or(format!("no pod {from}"))?;
+        let dst = self.pods.get(to).ok_or(format!("no pod {to}"))?;
+        let fam = match family {
+            Some(f) => f,
+            None => Family::of(*dst.ips.first().ok_or(format!("{to} has no address"))?),
+        };
+        let pick = |p: &Placement, name: &str| {
+            p.ips.iter().copied().find(|ip| Family::of(*ip) == fam).ok_or(format!("{name} has no {} address", fam.as_str()))
+        };
+        let (s, d) = (pick(src, from)?, pick(dst, to)?);
+        let l4 = match protocol {
+            crate::model::Protocol::Tcp => L4::Tcp,
+            crate::model::Protocol::Udp => L4::Udp,
+            crate::model::Protocol::Sctp => L4::Sctp,
+        };
+        let hops: Vec<(&str, &str, &str)> = if src.node == dst.node {
+            vec![(&src.node, &src.interface, &dst.interface)]
+        } else {
+            vec![(&src.node, &src.interface, UPLINK), (&dst.node, UPLINK, &dst.interface)]
+        };
+        for (node, iif, oif) in hops {
+            let table = &self.nodes[node];
+            let pkt = Packet { iif: iif.into(), oif: oif.into(), src: s, dst: d, l4, dport: port, ct: Ct::New };
+            let t = trace(table, crate::render::BASE_CHAIN, &pkt).map_err(|e| format!("node {node}: {e}"))?;
+            if t.verdict == Verdict::Drop {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Runs a conformance case from `base`, returning every mismatching cell (and errors for
+    /// probes the tracer cannot perform).
+    pub fn run_case(base: &Snapshot, case: &crate::conformance::Case) -> Result<Vec<crate::conformance::Mismatch>, String> {
+        let mut snapshot = base.clone();
+        let mut mismatches = Vec::new();
+        for (i, step) in case.steps.iter().enumerate() {
+            crate::conformance::apply_step(&mut snapshot, step);
+            let cluster = Self::build(&snapshot);
+            for probe in &step.probes {
+                let mut observed = std::collections::BTreeMap::new();
+                for from in &probe.order {
+                    for to in &probe.order {
+                        if from == to || probe.expect(from, to) == crate::conformance::Expect::Unchecked {
+                            continue;
+                        }
+                        let c = cluster.connected(from, to, probe.protocol, probe.port, probe.family)?;
+                        observed.insert((from.clone(), to.clone()), c);
+                    }
+                }
+                mismatches.extend(crate::conformance::compare(i, probe, &observed));
+            }
+        }
+        Ok(mismatches)
+    }
+}

@@ -1,0 +1,442 @@
+//! NetworkPolicy as written → a validated, canonical policy the translator can evaluate.
+//!
+//! Validation mirrors the API server's (`ValidateNetworkPolicySpec`): peers, ipBlocks,
+//! ports, protocols, selectors and policyTypes. A policy that fails it is not trusted, but it
+//! is not ignored either (that would open pods its author meant to close):
+//! - an invalid rule allows nothing; the policy's other rules still apply;
+//! - an invalid `podSelector` selects every pod of the namespace (fail closed);
+//! - an unknown `policyTypes` entry isolates both directions (fail closed).
+//!
+//! Every problem is reported with the policy's `namespace/name`, the field and the reason.
+
+use std::fmt;
+
+use ipnet::IpNet;
+
+use super::ir::{Direction, IpBlockDef, NsScope, PeerDef};
+use super::selector::Selector;
+use crate::model::{NetworkPolicy, ObjectRef, PolicyPeer, PolicyPort, PolicyRule, PortRef, Protocol};
+
+/// Something in a policy the API server would have rejected.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PolicyProblem {
+    pub policy: ObjectRef,
+    /// Field path inside the object, e.g. `spec.ingress[0].from[1].ipBlock.except[0]`.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NetworkPolicy {}: {}: {}", self.policy, self.field, self.message)
+    }
+}
+
+/// One entry of a rule's `ports`, validated.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PortSpec {
+    /// Every port of one protocol (`protocol` without `port`).
+    AllOf(Protocol),
+    /// A port or an `endPort` range.
+    Range(Protocol, u16, u16),
+    /// A named container port, resolved on the destination pod.
+    Named(Protocol, String),
+}
+
+/// A valid rule. `None` means "all" for peers and ports alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledRule {
+    pub index: usize,
+    pub peers: Option<Vec<PeerDef>>,
+    pub ports: Option<Vec<PortSpec>>,
+}
+
+/// A validated policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledPolicy {
+    pub key: ObjectRef,
+    pub selector: Selector,
+    pub ingress: bool,
+    pub egress: bool,
+    /// Valid ingress rules (invalid ones are dropped: they allow nothing).
+    pub ingress_rules: Vec<CompiledRule>,
+    pub egress_rules: Vec<CompiledRule>,
+}
+
+impl CompiledPolicy {
+    pub fn affects(&self, dir: Direction) -> bool {
+        match dir {
+            Direction::Ingress => self.ingress,
+            Direction::Egress => self.egress,
+        }
+    }
+
+    pub fn rules(&self, dir: Direction) -> &[CompiledRule] {
+        match dir {
+            Direction::Ingress => &self.ingress_rules,
+            Direction::Egress => &self.egress_rules,
+        }
+    }
+}
+
+/// Validates and compiles `policy`, appending what is wrong with it to `problems`.
+pub fn compile(policy: &NetworkPolicy, problems: &mut Vec<PolicyProblem>) -> CompiledPolicy {
+    let key = policy.key();
+    let mut report = |field: String, message: String| problems.push(PolicyProblem { policy: key.clone(), field, message });
+
+    let selector = Selector::compile(&policy.pod_selector).unwrap_or_else(|m| {
+        report(
+            format!("spec.podSelector.{}", field_of(&m)),
+            format!("{}; selecting every pod in the namespace (fail closed)", message_of(&m)),
+        );
+        Selector::everything()
+    });
+
+    let (mut ingress, mut egress) = (false, false);
+    if policy.policy_types.is_empty() {
+        ingress = true;
+        egress = !policy.egress.is_empty();
+    } else {
+        if policy.policy_types.len() > 2 {
+            report("spec.policyTypes".into(), format!("must have at most 2 items, has {}", policy.policy_types.len()));
+        }
+        for (i, t) in policy.policy_types.iter().enumerate() {
+            match t.as_str() {
+                "Ingress" => ingress = true,
+                "Egress" => egress = true,
+                other => {
+                    report(
+                        format!("spec.policyTypes[{i}]"),
+                        format!("{other:?} is not Ingress or Egress; isolating both directions (fail closed)"),
+                    );
+                    ingress = true;
+                    egress = true;
+                }
+            }
+        }
+    }
+
+    let mut compile_rules = |dir: Direction, rules: &[PolicyRule]| -> Vec<CompiledRule> {
+        rules
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match compile_rule(&policy.namespace, dir, i, r) {
+                Ok(rule) => Some(rule),
+                Err((field, message)) => {
+                    report(field, format!("{message}; this rule allows nothing"));
+                    None
+                }
+            })
+            .collect()
+    };
+    let ingress_rules = compile_rules(Direction::Ingress, &policy.ingress);
+    let egress_rules = compile_rules(Direction::Egress, &policy.egress);
+
+    CompiledPolicy { key, selector, ingress, egress, ingress_rules, egress_rules }
+}
+
+/// Splits a selector error `"field: message"` (see [`Selector::compile`]).
+fn field_of(m: &str) -> &str {
+    m.split_once(": ").map_or("", |(f, _)| f)
+}
+
+fn message_of(m: &str) -> &str {
+    m.split_once(": ").map_or(m, |(_, msg)| msg)
+}
+
+type FieldError = (String, String);
+
+fn compile_rule(namespace: &str, dir: Direction, index: usize, rule: &PolicyRule) -> Result<CompiledRule, FieldError> {
+    let base = format!("spec.{}[{index}]", dir.as_field());
+    let peers_field = match dir {
+        Direction::Ingress => "from",
+        Direction::Egress => "to",
+    };
+    let peers = if rule.peers.is_empty() {
+        None
+    } else {
+        let mut defs = Vec::with_capacity(rule.peers.len());
+        for (j, peer) in rule.peers.iter().enumerate() {
+            defs.push(compile_peer(namespace, peer).map_err(|(f, m)| (format!("{base}.{peers_field}[{j}]{f}"), m))?);
+        }
+        defs.sort();
+        defs.dedup();
+        Some(defs)
+    };
+    let ports = if rule.ports.is_empty() {
+        None
+    } else {
+        let mut specs = Vec::with_capacity(rule.ports.len());
+        for (j, port) in rule.ports.iter().enumerate() {
+            specs.push(compile_port(port).map_err(|(f, m)| (format!("{base}.ports[{j}]{f}"), m))?);
+        }
+        Some(specs)
+    };
+    Ok(CompiledRule { index, peers, ports })
+}
+
+fn compile_peer(namespace: &str, peer: &PolicyPeer) -> Result<PeerDef, FieldError> {
+    let count =
+        usize::from(peer.pod_selector.is_some()) + usize::from(peer.namespace_selector.is_some()) + usize::from(peer.ip_block.is_some());
+    if count == 0 {
+        return Err((String::new(), "must specify a peer (podSelector, namespaceSelector or ipBlock)".into()));
+    }
+    if let Some(block) = &peer.ip_block {
+        if count > 1 {
+            return Err((String::new(), "may not specify both ipBlock and another peer".into()));
+        }
+        let cidr = parse_cidr(&block.cidr).map_err(|m| (".ipBlock.cidr".to_string(), m))?;
+        let mut except = Vec::with_capacity(block.except.len());
+        for (k, e) in block.except.iter().enumerate() {
+            let field = format!(".ipBlock.except[{k}]");
+            let net = parse_cidr(e).map_err(|m| (field.clone(), m))?;
+            if !cidr.contains(&net) || net.prefix_len() <= cidr.prefix_len() {
+                return Err((field, format!("{e} must be a strict subset of cidr {}", block.cidr)));
+            }
+            except.push(net);
+        }
+        except.sort();
+        except.dedup();
+        return Ok(PeerDef::Block(IpBlockDef { cidr, except }));
+    }
+    let namespaces = match &peer.namespace_selector {
+        None => NsScope::Named(namespace.to_string()),
+        Some(s) => NsScope::Matching(
+            Selector::compile(s).map_err(|m| (format!(".namespaceSelector.{}", field_of(&m)), message_of(&m).to_string()))?,
+        ),
+    };
+    let pods = match &peer.pod_selector {
+        None => None,
+        Some(s) => {
+            let sel = Selector::compile(s).map_err(|m| (format!(".podSelector.{}", field_of(&m)), message_of(&m).to_string()))?;
+            (!sel.is_everything()).then_some(sel)
+        }
+    };
+    Ok(PeerDef::Pods { namespaces, pods })
+}
+
+/// Parses a CIDR as the API server does: an address and a prefix length are both required;
+/// host bits are cleared.
+fn parse_cidr(s: &str) -> Result<IpNet, String> {
+    s.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| format!("{s:?} is not a valid CIDR"))
+}
+
+fn compile_port(port: &PolicyPort) -> Result<PortSpec, FieldError> {
+    let protocol = match port.protocol.as_deref() {
+        None => Protocol::Tcp,
+        Some(p) => Protocol::parse(p).ok_or_else(|| (".protocol".to_string(), format!("{p:?} is not TCP, UDP or SCTP")))?,
+    };
+    match &port.port {
+        None => match port.end_port {
+            Some(_) => Err((".endPort".into(), "may not be specified when port is not specified".into())),
+            None => Ok(PortSpec::AllOf(protocol)),
+        },
+        Some(PortRef::Number(n)) => {
+            let start = port_number(*n).ok_or_else(|| (".port".to_string(), format!("{n} is not a port number (1-65535)")))?;
+            let end = match port.end_port {
+                None => start,
+                Some(e) => {
+                    let end = port_number(e).ok_or_else(|| (".endPort".to_string(), format!("{e} is not a port number (1-65535)")))?;
+                    if end < start {
+                        return Err((".endPort".into(), format!("{e} must be greater than or equal to port {n}")));
+                    }
+                    end
+                }
+            };
+            Ok(PortSpec::Range(protocol, start, end))
+        }
+        Some(PortRef::Name(name)) => {
+            if port.end_port.is_some() {
+                return Err((".endPort".into(), "may not be specified when port is non-numeric".into()));
+            }
+            validate_port_name(name).map_err(|m| (".port".to_string(), format!("{name:?}: {m}")))?;
+            Ok(PortSpec::Named(protocol, name.clone()))
+        }
+    }
+}
+
+fn port_number(n: i32) -> Option<u16> {
+    u16::try_from(n).ok().filter(|n| *n != 0)
+}
+
+/// An IANA service name, as the API server checks a named port (`IsValidPortName`).
+pub fn validate_port_name(name: &str) -> Result<(), &'static str> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() > 15 {
+        return Err("a port name must be 1 to 15 characters");
+    }
+    if !b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-') {
+        return Err("a port name may contain only lowercase alphanumerics and '-'");
+    }
+    if !b.iter().any(u8::is_ascii_lowercase) {
+        return Err("a port name must contain at least one letter");
+    }
+    if b[0] == b'-' || b[b.len() - 1] == b'-' || name.contains("--") {
+        return Err("a port name may not begin or end with '-' or contain '--'");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{IpBlock, LabelSelector, LabelSelectorRequirement};
+
+    fn policy() -> NetworkPolicy {
+        NetworkPolicy { namespace: "x".into(), name: "p".into(), ..Default::default() }
+    }
+
+    fn port(protocol: Option<&str>, port: Option<PortRef>, end_port: Option<i32>) -> PolicyPort {
+        PolicyPort { protocol: protocol.map(str::to_string), port, end_port }
+    }
+
+    fn rule_with_port(p: PolicyPort) -> PolicyRule {
+        PolicyRule { peers: vec![], ports: vec![p] }
+    }
+
+    fn problems_of(p: &NetworkPolicy) -> (CompiledPolicy, Vec<PolicyProblem>) {
+        let mut problems = Vec::new();
+        let c = compile(p, &mut problems);
+        (c, problems)
+    }
+
+    #[test]
+    fn policy_types_default_from_rules() {
+        let mut p = policy();
+        let (c, _) = problems_of(&p);
+        assert!(c.ingress && !c.egress);
+        p.egress = vec![PolicyRule::default()];
+        let (c, _) = problems_of(&p);
+        assert!(c.ingress && c.egress);
+        p.policy_types = vec!["Egress".into()];
+        let (c, probs) = problems_of(&p);
+        assert!(!c.ingress && c.egress && probs.is_empty());
+    }
+
+    #[test]
+    fn unknown_policy_type_fails_closed() {
+        let mut p = policy();
+        p.policy_types = vec!["Sideways".into()];
+        let (c, probs) = problems_of(&p);
+        assert!(c.ingress && c.egress);
+        assert_eq!(probs[0].field, "spec.policyTypes[0]");
+    }
+
+    #[test]
+    fn port_validation_matches_the_api_server() {
+        let bad = [
+            (port(Some("QUIC"), Some(PortRef::Number(80)), None), "spec.ingress[0].ports[0].protocol"),
+            (port(Some("tcp"), Some(PortRef::Number(80)), None), "spec.ingress[0].ports[0].protocol"),
+            (port(None, Some(PortRef::Number(0)), None), "spec.ingress[0].ports[0].port"),
+            (port(None, Some(PortRef::Number(65536)), None), "spec.ingress[0].ports[0].port"),
+            (port(None, Some(PortRef::Number(90)), Some(80)), "spec.ingress[0].ports[0].endPort"),
+            (port(None, Some(PortRef::Number(90)), Some(70000)), "spec.ingress[0].ports[0].endPort"),
+            (port(None, Some(PortRef::Name("http".into())), Some(90)), "spec.ingress[0].ports[0].endPort"),
+            (port(None, None, Some(90)), "spec.ingress[0].ports[0].endPort"),
+            (port(None, Some(PortRef::Name("HTTP".into())), None), "spec.ingress[0].ports[0].port"),
+            (port(None, Some(PortRef::Name("a-very-long-port-name".into())), None), "spec.ingress[0].ports[0].port"),
+            (port(None, Some(PortRef::Name("123".into())), None), "spec.ingress[0].ports[0].port"),
+            (port(None, Some(PortRef::Name("a--b".into())), None), "spec.ingress[0].ports[0].port"),
+        ];
+        for (bad_port, field) in bad {
+            let mut p = policy();
+            p.ingress = vec![rule_with_port(bad_port.clone()), PolicyRule::default()];
+            let (c, probs) = problems_of(&p);
+            assert_eq!(probs.len(), 1, "{bad_port:?}");
+            assert_eq!(probs[0].field, field, "{bad_port:?}");
+            assert!(probs[0].message.ends_with("this rule allows nothing"));
+            // The invalid rule is dropped, the valid one stays, the pod stays isolated.
+            assert_eq!(c.ingress_rules.len(), 1);
+            assert_eq!(c.ingress_rules[0].index, 1);
+            assert!(c.ingress);
+        }
+        let good = [
+            (port(None, Some(PortRef::Number(80)), None), PortSpec::Range(Protocol::Tcp, 80, 80)),
+            (port(Some("UDP"), Some(PortRef::Number(80)), Some(90)), PortSpec::Range(Protocol::Udp, 80, 90)),
+            (port(Some("SCTP"), None, None), PortSpec::AllOf(Protocol::Sctp)),
+            (port(None, Some(PortRef::Name("serve-80-tcp".into())), None), PortSpec::Named(Protocol::Tcp, "serve-80-tcp".into())),
+        ];
+        for (good_port, want) in good {
+            let mut p = policy();
+            p.ingress = vec![rule_with_port(good_port)];
+            let (c, probs) = problems_of(&p);
+            assert!(probs.is_empty(), "{probs:?}");
+            assert_eq!(c.ingress_rules[0].ports, Some(vec![want]));
+        }
+    }
+
+    fn peer_rule(peer: PolicyPeer) -> PolicyRule {
+        PolicyRule { peers: vec![peer], ports: vec![] }
+    }
+
+    fn block(cidr: &str, except: &[&str]) -> PolicyPeer {
+        PolicyPeer {
+            ip_block: Some(IpBlock { cidr: cidr.into(), except: except.iter().map(|s| s.to_string()).collect() }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn peer_validation_matches_the_api_server() {
+        let sel = || Some(LabelSelector::default());
+        let bad = [
+            (PolicyPeer::default(), "spec.egress[0].to[0]"),
+            (
+                PolicyPeer { pod_selector: sel(), ip_block: block("198.18.0.0/15", &[]).ip_block, ..Default::default() },
+                "spec.egress[0].to[0]",
+            ),
+            (block("198.18.0.0", &[]), "spec.egress[0].to[0].ipBlock.cidr"),
+            (block("nope/8", &[]), "spec.egress[0].to[0].ipBlock.cidr"),
+            (block("198.18.0.0/15", &["198.20.0.0/16"]), "spec.egress[0].to[0].ipBlock.except[0]"),
+            (block("198.18.0.0/15", &["198.18.0.0/15"]), "spec.egress[0].to[0].ipBlock.except[0]"),
+            (block("198.18.0.0/15", &["2001:db8::/64"]), "spec.egress[0].to[0].ipBlock.except[0]"),
+            (
+                PolicyPeer {
+                    namespace_selector: Some(LabelSelector {
+                        match_expressions: vec![LabelSelectorRequirement { key: "k".into(), operator: "Matches".into(), values: vec![] }],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                "spec.egress[0].to[0].namespaceSelector.matchExpressions[0].operator",
+            ),
+        ];
+        for (peer, field) in bad {
+            let mut p = policy();
+            p.egress = vec![peer_rule(peer.clone())];
+            let (c, probs) = problems_of(&p);
+            assert_eq!(probs.len(), 1, "{peer:?}: {probs:?}");
+            assert_eq!(probs[0].field, field, "{peer:?}");
+            assert!(c.egress && c.egress_rules.is_empty());
+        }
+    }
+
+    #[test]
+    fn peers_are_canonical() {
+        let mut p = policy();
+        p.ingress = vec![PolicyRule {
+            peers: vec![
+                PolicyPeer { pod_selector: Some(LabelSelector::default()), ..Default::default() },
+                block("198.18.1.7/24", &["198.18.1.128/25"]),
+            ],
+            ports: vec![],
+        }];
+        let (c, probs) = problems_of(&p);
+        assert!(probs.is_empty());
+        let peers = c.ingress_rules[0].peers.clone().unwrap();
+        assert!(peers.contains(&PeerDef::Pods { namespaces: NsScope::Named("x".into()), pods: None }));
+        assert!(peers.contains(&PeerDef::Block(IpBlockDef {
+            cidr: "198.18.1.0/24".parse().unwrap(),
+            except: vec!["198.18.1.128/25".parse().unwrap()]
+        })));
+    }
+
+    #[test]
+    fn invalid_pod_selector_selects_the_whole_namespace() {
+        let mut p = policy();
+        p.pod_selector.match_expressions = vec![LabelSelectorRequirement { key: "k".into(), operator: "In".into(), values: vec![] }];
+        let (c, probs) = problems_of(&p);
+        assert!(c.selector.is_everything());
+        assert_eq!(probs[0].field, "spec.podSelector.matchExpressions[0].values");
+    }
+}

@@ -1,0 +1,433 @@
+//! The translator's output: per local endpoint and direction, whether it is isolated and the
+//! allow rules that apply, with peers as shared, de-duplicated address sets.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use super::compile::PolicyProblem;
+use super::selector::Selector;
+use crate::model::{ObjectRef, Protocol};
+
+/// Traffic direction, from the point of view of the local pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+impl Direction {
+    /// The field name in a NetworkPolicy spec.
+    pub fn as_field(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Egress => "egress",
+        }
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_field())
+    }
+}
+
+/// Which namespaces a pod peer reaches.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NsScope {
+    /// The policy's own namespace (a `podSelector` without `namespaceSelector`).
+    Named(String),
+    /// Namespaces whose labels match.
+    Matching(Selector),
+}
+
+/// A validated `ipBlock`: host bits cleared, `except` sorted.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IpBlockDef {
+    pub cidr: IpNet,
+    pub except: Vec<IpNet>,
+}
+
+impl IpBlockDef {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.cidr.contains(&ip) && !self.except.iter().any(|e| e.contains(&ip))
+    }
+
+    /// `cidr` minus every `except`, as disjoint prefixes in address order.
+    pub fn prefixes(&self) -> Vec<IpNet> {
+        let mut out = vec![self.cidr];
+        for e in &self.except {
+            out = out.into_iter().flat_map(|p| subtract(p, *e)).collect();
+        }
+        out.sort();
+        out
+    }
+}
+
+/// `p` minus `e` as disjoint prefixes.
+fn subtract(p: IpNet, e: IpNet) -> Vec<IpNet> {
+    if e.contains(&p) {
+        return Vec::new();
+    }
+    if !p.contains(&e) {
+        return vec![p];
+    }
+    let mut out = Vec::new();
+    let mut cur = p;
+    while cur.prefix_len() < e.prefix_len() {
+        let Ok(halves) = cur.subnets(cur.prefix_len() + 1) else { break };
+        for half in halves {
+            if half.contains(&e) {
+                cur = half;
+            } else {
+                out.push(half);
+            }
+        }
+    }
+    out
+}
+
+/// A peer definition: the key of a shared address set. Two rules with equal definitions
+/// (in any policy, for any pod) share one nft set.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PeerDef {
+    /// Pods selected by `pods` (`None`: all) in the namespaces of `namespaces`.
+    Pods { namespaces: NsScope, pods: Option<Selector> },
+    /// Addresses in an ipBlock (pod addresses included).
+    Block(IpBlockDef),
+}
+
+impl PeerDef {
+    /// A short, readable summary for object names (`x/pod=a`, `ns-team=a/all`, `10.0.0.0/8`).
+    pub fn short(&self) -> String {
+        match self {
+            Self::Pods { namespaces, pods } => {
+                let ns = match namespaces {
+                    NsScope::Named(n) => n.clone(),
+                    NsScope::Matching(s) if s.is_everything() => "all-ns".to_string(),
+                    NsScope::Matching(s) => format!("ns-{s}"),
+                };
+                let pods = pods.as_ref().map_or_else(|| "all".to_string(), ToString::to_string);
+                format!("{ns}/{pods}")
+            }
+            Self::Block(b) => b.cidr.to_string(),
+        }
+    }
+}
+
+/// Human description, used in nft comments.
+impl fmt::Display for PeerDef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pods { namespaces, pods } => {
+                match pods {
+                    None => f.write_str("all pods")?,
+                    Some(s) => write!(f, "pods {s}")?,
+                }
+                match namespaces {
+                    NsScope::Named(n) => write!(f, " in namespace {n}"),
+                    NsScope::Matching(s) if s.is_everything() => f.write_str(" in all namespaces"),
+                    NsScope::Matching(s) => write!(f, " in namespaces {s}"),
+                }
+            }
+            Self::Block(b) => {
+                write!(f, "ipBlock {}", b.cidr)?;
+                if !b.except.is_empty() {
+                    let ex: Vec<String> = b.except.iter().map(ToString::to_string).collect();
+                    write!(f, " except {}", ex.join(","))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Destinations of an egress rule with a named port: the port number depends on each
+/// destination pod, so the set holds (address, protocol, port) triples.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NamedPortDef {
+    /// `None`: every pod (the rule has no `to`).
+    pub dest: Option<PeerDef>,
+    pub protocol: Protocol,
+    pub name: String,
+}
+
+impl NamedPortDef {
+    pub fn short(&self) -> String {
+        let dest = self.dest.as_ref().map_or_else(|| "all".to_string(), PeerDef::short);
+        format!("{}/{}/{dest}", self.name, self.protocol.as_nft())
+    }
+}
+
+impl fmt::Display for NamedPortDef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "port {} ({}) of ", self.name, self.protocol)?;
+        match &self.dest {
+            None => f.write_str("all pods"),
+            Some(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+/// The addresses of a [`PeerDef`], per family, each with a comment naming its source
+/// (`namespace/pod`, or the ipBlock it belongs to).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AddressSet {
+    pub v4: BTreeMap<Ipv4Net, String>,
+    pub v6: BTreeMap<Ipv6Net, String>,
+}
+
+impl AddressSet {
+    pub fn insert(&mut self, net: IpNet, comment: &str) {
+        match net {
+            IpNet::V4(n) => {
+                self.v4.entry(n).or_insert_with(|| comment.to_string());
+            }
+            IpNet::V6(n) => {
+                self.v6.entry(n).or_insert_with(|| comment.to_string());
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => self.v4.keys().any(|n| n.contains(&a)),
+            IpAddr::V6(a) => self.v6.keys().any(|n| n.contains(&a)),
+        }
+    }
+}
+
+/// The (address, protocol, port) triples of a [`NamedPortDef`], per family.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PortAddressSet {
+    pub v4: BTreeMap<(Ipv4Addr, Protocol, u16), String>,
+    pub v6: BTreeMap<(Ipv6Addr, Protocol, u16), String>,
+}
+
+impl PortAddressSet {
+    pub fn insert(&mut self, ip: IpAddr, protocol: Protocol, port: u16, comment: &str) {
+        match ip {
+            IpAddr::V4(a) => {
+                self.v4.entry((a, protocol, port)).or_insert_with(|| comment.to_string());
+            }
+            IpAddr::V6(a) => {
+                self.v6.entry((a, protocol, port)).or_insert_with(|| comment.to_string());
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Which peers a rule admits.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PeerMatch {
+    /// Every address.
+    Any,
+    /// The addresses of a shared set.
+    Addresses(PeerDef),
+    /// (address, protocol, port) of a shared named-port set; the rule's ports are in the set.
+    NamedPort(NamedPortDef),
+}
+
+/// Ports of one protocol.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PortRanges {
+    All,
+    /// Sorted, merged, non-overlapping inclusive ranges.
+    Ranges(Vec<(u16, u16)>),
+}
+
+impl PortRanges {
+    /// Sorts and merges `ranges` (overlapping or adjacent ones become one).
+    pub fn from_ranges(mut ranges: Vec<(u16, u16)>) -> Self {
+        ranges.sort_unstable();
+        let mut merged: Vec<(u16, u16)> = Vec::with_capacity(ranges.len());
+        for (s, e) in ranges {
+            match merged.last_mut() {
+                Some(last) if u32::from(s) <= u32::from(last.1) + 1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        if merged == [(1, u16::MAX)] { Self::All } else { Self::Ranges(merged) }
+    }
+
+    pub fn contains(&self, port: u16) -> bool {
+        match self {
+            Self::All => true,
+            Self::Ranges(r) => r.iter().any(|(s, e)| (*s..=*e).contains(&port)),
+        }
+    }
+}
+
+/// Which traffic a rule admits, besides the peer.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PortMatch {
+    /// Every protocol and port (ICMP included).
+    Any,
+    /// One transport protocol, some or all of its ports.
+    Protocol(Protocol, PortRanges),
+}
+
+/// Where an allow rule comes from.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RuleOrigin {
+    pub policy: ObjectRef,
+    pub direction: Direction,
+    pub index: usize,
+}
+
+impl fmt::Display for RuleOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}[{}]", self.policy, self.direction, self.index)
+    }
+}
+
+/// One allow rule: admitted if both the peer and the ports match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowRule {
+    pub peer: PeerMatch,
+    pub ports: PortMatch,
+    /// Every policy rule that produced this exact rule, first one first.
+    pub origins: Vec<RuleOrigin>,
+}
+
+/// Why a direction of an endpoint is isolated.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isolation {
+    /// A policy selects the pod for this direction.
+    Policy(ObjectRef),
+    /// The endpoint's pod is not in the snapshot (yet): nothing is known about it, so it is
+    /// closed in both directions until it is.
+    UnknownPod,
+    /// The pod carries the `flock.dev/run` label: sandboxed runs are egress-isolated even
+    /// before their per-run policy exists.
+    RunPod,
+}
+
+impl fmt::Display for Isolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Policy(p) => write!(f, "policy {p}"),
+            Self::UnknownPod => f.write_str("unknown pod"),
+            Self::RunPod => f.write_str("run pod"),
+        }
+    }
+}
+
+/// One direction of one endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DirectionPolicy {
+    /// Empty: not isolated, everything is allowed.
+    pub isolated_by: Vec<Isolation>,
+    /// The union of what the selecting policies allow (only meaningful when isolated).
+    pub rules: Vec<AllowRule>,
+}
+
+impl DirectionPolicy {
+    pub fn is_isolated(&self) -> bool {
+        !self.isolated_by.is_empty()
+    }
+}
+
+/// A local endpoint and its policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointPolicy {
+    /// Host-side interface name.
+    pub interface: String,
+    pub pod: ObjectRef,
+    /// The endpoint's own addresses (its traffic may only come from these).
+    pub addrs: Vec<IpAddr>,
+    pub ingress: DirectionPolicy,
+    pub egress: DirectionPolicy,
+}
+
+impl EndpointPolicy {
+    pub fn direction(&self, dir: Direction) -> &DirectionPolicy {
+        match dir {
+            Direction::Ingress => &self.ingress,
+            Direction::Egress => &self.egress,
+        }
+    }
+
+    pub fn has_v4(&self) -> bool {
+        self.addrs.iter().any(IpAddr::is_ipv4)
+    }
+
+    pub fn has_v6(&self) -> bool {
+        self.addrs.iter().any(IpAddr::is_ipv6)
+    }
+}
+
+/// Everything one node enforces.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodePolicy {
+    /// In interface-name order.
+    pub endpoints: Vec<EndpointPolicy>,
+    /// Every address set a rule refers to.
+    pub peer_sets: BTreeMap<PeerDef, AddressSet>,
+    /// Every named-port set a rule refers to.
+    pub port_sets: BTreeMap<NamedPortDef, PortAddressSet>,
+    /// Problems in the policies that apply to this node's pods.
+    pub problems: Vec<PolicyProblem>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ip_block_minus_excepts_is_exact() {
+        let b = IpBlockDef { cidr: net("0.0.0.0/0"), except: vec![net("10.0.0.0/8"), net("198.18.0.0/15")] };
+        let p = b.prefixes();
+        for ip in ["10.1.2.3", "198.18.5.5", "198.19.255.255"] {
+            assert!(!p.iter().any(|n| n.contains(&ip.parse::<IpAddr>().unwrap())), "{ip}");
+            assert!(!b.contains(ip.parse().unwrap()));
+        }
+        for ip in ["0.0.0.0", "9.255.255.255", "11.0.0.0", "198.17.255.255", "198.20.0.0", "255.255.255.255"] {
+            assert_eq!(p.iter().filter(|n| n.contains(&ip.parse::<IpAddr>().unwrap())).count(), 1, "{ip}");
+            assert!(b.contains(ip.parse().unwrap()));
+        }
+        // Disjoint and sorted.
+        for w in p.windows(2) {
+            assert!(w[0] < w[1] && !w[0].contains(&w[1]) && !w[1].contains(&w[0]));
+        }
+        let b = IpBlockDef { cidr: net("2001:db8::/32"), except: vec![net("2001:db8::/33"), net("2001:db8:8000::/33")] };
+        assert!(b.prefixes().is_empty());
+    }
+
+    #[test]
+    fn port_ranges_merge() {
+        assert_eq!(PortRanges::from_ranges(vec![(81, 81), (80, 80), (90, 100), (95, 120)]), PortRanges::Ranges(vec![(80, 81), (90, 120)]));
+        assert_eq!(PortRanges::from_ranges(vec![(1, 100), (101, 65535)]), PortRanges::All);
+    }
+
+    #[test]
+    fn descriptions() {
+        let d = PeerDef::Pods { namespaces: NsScope::Named("x".into()), pods: None };
+        assert_eq!(d.to_string(), "all pods in namespace x");
+        assert_eq!(d.short(), "x/all");
+        let b = PeerDef::Block(IpBlockDef { cidr: net("0.0.0.0/0"), except: vec![net("10.0.0.0/8")] });
+        assert_eq!(b.to_string(), "ipBlock 0.0.0.0/0 except 10.0.0.0/8");
+    }
+}

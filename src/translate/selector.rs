@@ -1,0 +1,264 @@
+//! Label selectors: validation exactly as the API server does it, a canonical form (so equal
+//! selectors written differently share one nft set), and matching.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use crate::model::{LabelSelector, Labels};
+
+/// One requirement in canonical form. `matchLabels` entries become `In` with one value.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Requirement {
+    In(String, BTreeSet<String>),
+    NotIn(String, BTreeSet<String>),
+    Exists(String),
+    DoesNotExist(String),
+}
+
+impl Requirement {
+    fn key(&self) -> &str {
+        match self {
+            Self::In(k, _) | Self::NotIn(k, _) | Self::Exists(k) | Self::DoesNotExist(k) => k,
+        }
+    }
+
+    fn matches(&self, labels: &Labels) -> bool {
+        match self {
+            Self::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
+            // NotIn matches pods without the key, as in Kubernetes.
+            Self::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
+            Self::Exists(k) => labels.contains_key(k),
+            Self::DoesNotExist(k) => !labels.contains_key(k),
+        }
+    }
+}
+
+/// A validated label selector in canonical form (requirements sorted and de-duplicated).
+/// The empty selector selects everything.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Selector {
+    reqs: Vec<Requirement>,
+}
+
+impl Selector {
+    /// The selector that matches every label set.
+    pub fn everything() -> Self {
+        Self::default()
+    }
+
+    pub fn is_everything(&self) -> bool {
+        self.reqs.is_empty()
+    }
+
+    /// Validates and canonicalises `sel`. The error names the offending sub-field
+    /// (`matchExpressions[1].operator: ...`), relative to the selector.
+    pub fn compile(sel: &LabelSelector) -> Result<Self, String> {
+        let mut reqs = Vec::with_capacity(sel.match_labels.len() + sel.match_expressions.len());
+        for (k, v) in &sel.match_labels {
+            validate_label_key(k).map_err(|m| format!("matchLabels: key {k:?}: {m}"))?;
+            validate_label_value(v).map_err(|m| format!("matchLabels[{k}]: value {v:?}: {m}"))?;
+            reqs.push(Requirement::In(k.clone(), BTreeSet::from([v.clone()])));
+        }
+        for (i, e) in sel.match_expressions.iter().enumerate() {
+            let at = |m: String| format!("matchExpressions[{i}].{m}");
+            validate_label_key(&e.key).map_err(|m| at(format!("key: {:?}: {m}", e.key)))?;
+            let values = || -> Result<BTreeSet<String>, String> {
+                if e.values.is_empty() {
+                    return Err(at(format!("values: must be specified when operator is {}", e.operator)));
+                }
+                for (j, v) in e.values.iter().enumerate() {
+                    validate_label_value(v).map_err(|m| at(format!("values[{j}]: {v:?}: {m}")))?;
+                }
+                Ok(e.values.iter().cloned().collect())
+            };
+            let no_values = || -> Result<(), String> {
+                if e.values.is_empty() { Ok(()) } else { Err(at(format!("values: may not be specified when operator is {}", e.operator))) }
+            };
+            let req = match e.operator.as_str() {
+                "In" => Requirement::In(e.key.clone(), values()?),
+                "NotIn" => Requirement::NotIn(e.key.clone(), values()?),
+                "Exists" => no_values().map(|()| Requirement::Exists(e.key.clone()))?,
+                "DoesNotExist" => no_values().map(|()| Requirement::DoesNotExist(e.key.clone()))?,
+                other => {
+                    return Err(at(format!("operator: {other:?} is not In, NotIn, Exists or DoesNotExist")));
+                }
+            };
+            reqs.push(req);
+        }
+        reqs.sort();
+        reqs.dedup();
+        Ok(Self { reqs })
+    }
+
+    pub fn matches(&self, labels: &Labels) -> bool {
+        self.reqs.iter().all(|r| r.matches(labels))
+    }
+
+    /// The keys this selector looks at (for indexes).
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.reqs.iter().map(Requirement::key)
+    }
+
+    pub fn requirements(&self) -> &[Requirement] {
+        &self.reqs
+    }
+}
+
+/// Kubernetes' selector string syntax: `app=web,tier in (a,b),!legacy`; `<all>` when empty.
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.reqs.is_empty() {
+            return f.write_str("<all>");
+        }
+        for (i, r) in self.reqs.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            let list = |vs: &BTreeSet<String>| vs.iter().cloned().collect::<Vec<_>>().join(",");
+            match r {
+                Requirement::In(k, vs) if vs.len() == 1 => write!(f, "{k}={}", list(vs))?,
+                Requirement::In(k, vs) => write!(f, "{k} in ({})", list(vs))?,
+                Requirement::NotIn(k, vs) => write!(f, "{k} notin ({})", list(vs))?,
+                Requirement::Exists(k) => write!(f, "{k}")?,
+                Requirement::DoesNotExist(k) => write!(f, "!{k}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63
+/// characters (alphanumerics, `-`, `_`, `.`; alphanumeric at both ends).
+pub fn validate_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        if p.is_empty() {
+            return Err("prefix part must be non-empty".into());
+        }
+        if p.len() > 253 || !p.split('.').all(is_dns_label) {
+            return Err("prefix part must be a DNS subdomain (lowercase alphanumerics, '-', '.')".into());
+        }
+    }
+    if name.is_empty() {
+        return Err("name part must be non-empty".into());
+    }
+    if !is_label_name(name) {
+        return Err(
+            "name part must be at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric".into()
+        );
+    }
+    Ok(())
+}
+
+/// A label value: empty, or at most 63 characters like a key's name part.
+pub fn validate_label_value(value: &str) -> Result<(), String> {
+    if value.is_empty() || is_label_name(value) {
+        Ok(())
+    } else {
+        Err("must be empty or at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric".into())
+    }
+}
+
+fn is_label_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::LabelSelectorRequirement;
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn expr(key: &str, op: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement { key: key.into(), operator: op.into(), values: values.iter().map(|s| s.to_string()).collect() }
+    }
+
+    fn sel(ml: &[(&str, &str)], me: Vec<LabelSelectorRequirement>) -> Result<Selector, String> {
+        Selector::compile(&LabelSelector { match_labels: labels(ml).into_iter().collect(), match_expressions: me })
+    }
+
+    #[test]
+    fn operators_match_like_kubernetes() {
+        type Case<'a> = (LabelSelectorRequirement, &'a [(&'a str, &'a str)], bool);
+        let cases: &[Case<'_>] = &[
+            (expr("a", "In", &["1", "2"]), &[("a", "2")], true),
+            (expr("a", "In", &["1"]), &[("a", "3")], false),
+            (expr("a", "In", &["1"]), &[], false),
+            (expr("a", "NotIn", &["1"]), &[("a", "2")], true),
+            (expr("a", "NotIn", &["1"]), &[("a", "1")], false),
+            (expr("a", "NotIn", &["1"]), &[], true),
+            (expr("a", "Exists", &[]), &[("a", "")], true),
+            (expr("a", "Exists", &[]), &[("b", "x")], false),
+            (expr("a", "DoesNotExist", &[]), &[("b", "x")], true),
+            (expr("a", "DoesNotExist", &[]), &[("a", "x")], false),
+        ];
+        for (e, l, want) in cases {
+            let s = sel(&[], vec![e.clone()]).unwrap();
+            assert_eq!(s.matches(&labels(l)), *want, "{e:?} on {l:?}");
+        }
+    }
+
+    #[test]
+    fn match_labels_and_expressions_are_anded() {
+        let s = sel(&[("pod", "a")], vec![expr("tier", "In", &["web"])]).unwrap();
+        assert!(s.matches(&labels(&[("pod", "a"), ("tier", "web")])));
+        assert!(!s.matches(&labels(&[("pod", "a")])));
+        assert!(!s.matches(&labels(&[("pod", "b"), ("tier", "web")])));
+    }
+
+    #[test]
+    fn empty_selector_selects_everything() {
+        let s = sel(&[], vec![]).unwrap();
+        assert!(s.is_everything());
+        assert!(s.matches(&labels(&[])));
+        assert_eq!(s.to_string(), "<all>");
+    }
+
+    #[test]
+    fn canonical_form_makes_equivalent_selectors_equal() {
+        let a = sel(&[("pod", "a")], vec![expr("x", "In", &["2", "1"])]).unwrap();
+        let b = sel(&[], vec![expr("x", "In", &["1", "2", "1"]), expr("pod", "In", &["a"])]).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.to_string(), "pod=a,x in (1,2)");
+        let c = sel(&[], vec![expr("k", "NotIn", &["v"]), expr("e", "Exists", &[]), expr("d", "DoesNotExist", &[])]).unwrap();
+        assert_eq!(c.to_string(), "k notin (v),e,!d");
+    }
+
+    #[test]
+    fn invalid_selectors_are_rejected_with_the_field() {
+        let e = sel(&[], vec![expr("a", "Equals", &["1"])]).unwrap_err();
+        assert!(e.starts_with("matchExpressions[0].operator"), "{e}");
+        let e = sel(&[], vec![expr("a", "In", &[])]).unwrap_err();
+        assert!(e.contains("values: must be specified"), "{e}");
+        let e = sel(&[], vec![expr("a", "Exists", &["x"])]).unwrap_err();
+        assert!(e.contains("may not be specified"), "{e}");
+        assert!(sel(&[("bad key", "v")], vec![]).is_err());
+        assert!(sel(&[("k", "bad value!")], vec![]).is_err());
+        assert!(sel(&[("Example.COM/k", "v")], vec![]).is_err());
+        assert!(sel(&[("example.com/k", "v")], vec![]).is_ok());
+        assert!(sel(&[("/k", "v")], vec![]).is_err());
+        assert!(sel(&[(&"k".repeat(64), "v")], vec![]).is_err());
+        assert!(sel(&[("k", "")], vec![]).is_ok());
+        assert!(sel(&[], vec![expr("k", "In", &["ok", "-bad"])]).is_err());
+    }
+}

@@ -1,0 +1,428 @@
+//! Table-driven translator tests on the upstream e2e model (see `testkit`). Each case names
+//! the semantics item it covers and asserts the IR through `testkit::summary`.
+
+use super::*;
+use crate::model::{LocalEndpoint, PodPhase, Snapshot};
+use crate::testkit::{self, summary};
+
+/// Translates with every base pod as a local endpoint (the translator does not care which
+/// node an endpoint is on).
+fn run(snapshot: &Snapshot) -> NodePolicy {
+    let eps: Vec<LocalEndpoint> = snapshot.pods().filter(|p| p.is_peer()).map(LocalEndpoint::for_pod).collect();
+    translate(snapshot, &eps, &Options::default())
+}
+
+fn with(policies: &str) -> Snapshot {
+    let mut s = testkit::base_cluster();
+    for p in testkit::policies(policies) {
+        s.upsert_policy(p);
+    }
+    s
+}
+
+struct Case {
+    name: &'static str,
+    policies: &'static str,
+    /// (pod, direction, expected summary)
+    expect: &'static [(&'static str, Direction, &'static str)],
+}
+
+const I: Direction = Direction::Ingress;
+const E: Direction = Direction::Egress;
+
+const CASES: &[Case] = &[
+    Case { name: "no policy: nothing isolated", policies: "", expect: &[("x/a", I, "open"), ("x/a", E, "open")] },
+    Case {
+        name: "default deny ingress isolates every pod of the namespace, not egress, not other namespaces",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: x}
+spec: {podSelector: {}}",
+        expect: &[("x/a", I, "isolated: "), ("x/c", I, "isolated: "), ("x/a", E, "open"), ("y/a", I, "open")],
+    },
+    Case {
+        name: "policyTypes defaults: Egress only when egress rules exist",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  egress: [{}]",
+        expect: &[("x/a", I, "isolated: "), ("x/a", E, "isolated: * *"), ("x/b", I, "open")],
+    },
+    Case {
+        name: "explicit policyTypes Egress with no rules denies all egress and leaves ingress open",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  ingress: [{}]",
+        expect: &[("x/a", I, "open"), ("x/a", E, "isolated: ")],
+    },
+    Case {
+        name: "empty from and empty ports allow everything (ICMP included)",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {}
+  ingress: [{from: [], ports: []}]",
+        expect: &[("x/b", I, "isolated: * *")],
+    },
+    Case {
+        name: "podSelector peer selects in the policy's namespace only",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}]}]",
+        expect: &[("x/a", I, "isolated: [x/b] *")],
+    },
+    Case {
+        name: "namespaceSelector peer selects every pod of the matching namespaces",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}]}]",
+        expect: &[("x/a", I, "isolated: [y/a,y/b,y/c] *")],
+    },
+    Case {
+        name: "namespaceSelector and podSelector in one peer are ANDed; in two peers ORed",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: and, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: b}}}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: or, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: b}}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}, {podSelector: {matchLabels: {pod: b}}}]}]",
+        expect: &[("x/a", I, "isolated: [y/b] *"), ("x/b", I, "isolated: [x/b] *; [y/a,y/b,y/c] *")],
+    },
+    Case {
+        name: "empty namespaceSelector means all namespaces",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{namespaceSelector: {}, podSelector: {matchLabels: {pod: c}}}]}]",
+        expect: &[("x/a", I, "isolated: [x/c,y/c,z/c] *")],
+    },
+    Case {
+        name: "matchExpressions In, NotIn, Exists, DoesNotExist",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchExpressions: [{key: pod, operator: In, values: [a, b]}]}
+  ingress:
+  - from: [{namespaceSelector: {matchExpressions: [{key: ns, operator: NotIn, values: [x, y]}]}}]
+  - from: [{podSelector: {matchExpressions: [{key: pod, operator: Exists}, {key: missing, operator: DoesNotExist}]}}]",
+        expect: &[
+            ("x/a", I, "isolated: [z/a,z/b,z/c] *; [x/a,x/b,x/c] *"),
+            ("x/b", I, "isolated: [z/a,z/b,z/c] *; [x/a,x/b,x/c] *"),
+            ("x/c", I, "open"),
+        ],
+    },
+    Case {
+        name: "allows are the union over every selecting policy",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p1, namespace: x}
+spec:
+  podSelector: {}
+  ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}], ports: [{port: 80}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p2, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{podSelector: {matchLabels: {pod: c}}}], ports: [{port: 81, protocol: UDP}]}]",
+        expect: &[("x/a", I, "isolated: [x/b] TCP:80; [x/c] UDP:81"), ("x/b", I, "isolated: [x/b] TCP:80")],
+    },
+    Case {
+        name: "ports: default TCP, protocol-only, endPort ranges, SCTP",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{ports: [{port: 80}, {port: 81}, {protocol: UDP}, {protocol: SCTP, port: 8000, endPort: 9000}]}]",
+        expect: &[("x/a", I, "isolated: * TCP:80-81; * UDP:*; * SCTP:8000-9000")],
+    },
+    Case {
+        name: "ingress named ports resolve on the local pod by name and protocol",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress:
+  - ports: [{port: serve-81-udp, protocol: UDP}]
+  - ports: [{port: serve-81-udp}]
+  - ports: [{port: no-such-port}]",
+        expect: &[("x/a", I, "isolated: * UDP:81")],
+    },
+    Case {
+        name: "egress named ports resolve on each destination pod",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{podSelector: {matchLabels: {pod: b}}}]
+    ports: [{port: serve-80-tcp}]",
+        expect: &[("x/a", E, "isolated: [x/b:tcp/80]")],
+    },
+    Case {
+        name: "egress named port without peers reaches every pod declaring it",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: y}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress: [{ports: [{port: serve-81-sctp, protocol: SCTP}]}]",
+        expect: &[(
+            "y/a",
+            E,
+            "isolated: [x/a:sctp/81,x/b:sctp/81,x/c:sctp/81,y/a:sctp/81,y/b:sctp/81,y/c:sctp/81,z/a:sctp/81,z/b:sctp/81,z/c:sctp/81]",
+        )],
+    },
+    Case {
+        name: "ipBlock with except, applied to pod addresses too",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{ipBlock: {cidr: 198.18.2.0/24, except: [198.18.2.12/32]}}]}]",
+        expect: &[(
+            "x/a",
+            I,
+            "isolated: [198.18.2.0/29,198.18.2.128/25,198.18.2.13/32,198.18.2.14/31,198.18.2.16/28,198.18.2.32/27,198.18.2.64/26,198.18.2.8/30] *",
+        )],
+    },
+    Case {
+        name: "egress ipBlock with a named port admits only the pods inside the block",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress: [{to: [{ipBlock: {cidr: 198.18.1.0/24, except: [198.18.1.11/32]}}], ports: [{port: serve-80-tcp}]}]",
+        expect: &[("x/a", E, "isolated: [x/c:tcp/80,y/b:tcp/80,z/a:tcp/80,z/c:tcp/80]")],
+    },
+    Case {
+        name: "an identical rule in two policies is one rule",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p1, namespace: x}
+spec:
+  podSelector: {}
+  ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p2, namespace: x}
+spec:
+  podSelector: {}
+  ingress: [{from: [{podSelector: {matchExpressions: [{key: pod, operator: In, values: [b]}]}}]}]",
+        expect: &[("x/a", I, "isolated: [x/b] *")],
+    },
+    Case {
+        name: "an invalid rule allows nothing but the policy still isolates",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress:
+  - from: [{ipBlock: {cidr: 198.18.0.0/16, except: [10.0.0.0/8]}}]
+  - ports: [{port: 80, endPort: 79}]
+  - from: [{podSelector: {matchLabels: {pod: b}}}]",
+        expect: &[("x/a", I, "isolated: [x/b] *")],
+    },
+];
+
+#[test]
+fn semantics_table() {
+    for case in CASES {
+        let np = run(&with(case.policies));
+        for (pod, dir, want) in case.expect {
+            assert_eq!(summary(&np, pod, *dir), *want, "case {:?}: {pod} {dir}", case.name);
+        }
+    }
+}
+
+#[test]
+fn invalid_policies_are_reported_with_namespace_name_and_reason() {
+    let np = run(&with(CASES.iter().find(|c| c.name.starts_with("an invalid rule")).unwrap().policies));
+    let msgs: Vec<String> = np.problems.iter().map(ToString::to_string).collect();
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert!(
+        msgs[0].starts_with("NetworkPolicy x/p: spec.ingress[0].from[0].ipBlock.except[0]: 10.0.0.0/8 must be a strict subset"),
+        "{msgs:?}"
+    );
+    assert!(msgs[1].starts_with("NetworkPolicy x/p: spec.ingress[1].ports[0].endPort: 79 must be greater"), "{msgs:?}");
+}
+
+#[test]
+fn terminal_hostnetwork_and_addressless_pods_are_not_peers() {
+    let mut s = with(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}]}]",
+    );
+    let uids: Vec<String> = s.pods_in("y").map(|p| p.uid.clone()).collect();
+    let [ya, yb, yc] = <[String; 3]>::try_from(uids).unwrap();
+    let mut edit = |uid: &str, f: &dyn Fn(&mut crate::model::Pod)| {
+        let mut p = s.pod(uid).unwrap().clone();
+        f(&mut p);
+        s.upsert_pod(p);
+    };
+    edit(&ya, &|p| p.phase = PodPhase::Succeeded);
+    edit(&yb, &|p| p.host_network = true);
+    edit(&yc, &|p| p.ips.clear());
+    let np = run(&s);
+    assert_eq!(summary(&np, "x/a", I), "isolated: [] *");
+}
+
+#[test]
+fn dual_stack_pods_contribute_both_families() {
+    let mut s = with(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}]}]",
+    );
+    let mut b = s.pod_by_name(&testkit::pod_ref("x/b")).unwrap().clone();
+    b.ips.push("2001:db8:2::12".parse().unwrap());
+    s.upsert_pod(b);
+    let np = run(&s);
+    let (def, set) = np.peer_sets.iter().next().unwrap();
+    assert!(matches!(def, PeerDef::Pods { .. }));
+    assert_eq!(set.v4.len(), 1);
+    assert_eq!(set.v6.len(), 1);
+}
+
+#[test]
+fn endpoint_of_an_unknown_pod_is_closed_both_ways() {
+    let s = testkit::base_cluster();
+    let ep = LocalEndpoint {
+        interface: flock_cni::host_interface_name("cid", "eth0"),
+        container_id: "cid".into(),
+        pod: testkit::pod_ref("x/ghost"),
+        pod_uid: None,
+        addrs: vec!["198.18.1.99".parse().unwrap()],
+    };
+    let np = translate(&s, &[ep], &Options::default());
+    assert_eq!(np.endpoints[0].ingress.isolated_by, vec![Isolation::UnknownPod]);
+    assert_eq!(np.endpoints[0].egress.isolated_by, vec![Isolation::UnknownPod]);
+    assert!(np.endpoints[0].ingress.rules.is_empty());
+}
+
+#[test]
+fn endpoint_uid_must_match_the_pod() {
+    let s = testkit::base_cluster();
+    let pod = s.pod_by_name(&testkit::pod_ref("x/a")).unwrap();
+    let mut ep = LocalEndpoint::for_pod(pod);
+    ep.pod_uid = Some("another-sandbox-of-a-deleted-pod".into());
+    let np = translate(&s, &[ep], &Options::default());
+    assert_eq!(np.endpoints[0].ingress.isolated_by, vec![Isolation::UnknownPod]);
+}
+
+#[test]
+fn run_pods_are_egress_isolated_until_a_policy_allows() {
+    let mut s = testkit::base_cluster();
+    let mut a = s.pod_by_name(&testkit::pod_ref("x/a")).unwrap().clone();
+    a.labels.insert(RUN_LABEL.into(), "r1".into());
+    s.upsert_pod(a);
+    let np = run(&s);
+    assert_eq!(summary(&np, "x/a", E), "isolated: ");
+    assert_eq!(summary(&np, "x/a", I), "open");
+    let eps: Vec<LocalEndpoint> = s.pods().map(LocalEndpoint::for_pod).collect();
+    let np = translate(&s, &eps, &Options { isolate_run_pods: false });
+    assert_eq!(summary(&np, "x/a", E), "open");
+
+    for p in testkit::policies(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: r1-egress, namespace: x}
+spec:
+  podSelector: {matchLabels: {flock.dev/run: r1}}
+  policyTypes: [Egress]
+  egress: [{to: [{podSelector: {matchLabels: {pod: b}}}]}]",
+    ) {
+        s.upsert_policy(p);
+    }
+    let np = run(&s);
+    assert_eq!(summary(&np, "x/a", E), "isolated: [x/b] *");
+}
+
+#[test]
+fn equal_peer_definitions_share_one_set() {
+    let np = run(&with(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p1, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}], ports: [{port: 80}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p2, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: b}}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}], ports: [{port: 81}]}]",
+    ));
+    assert_eq!(np.peer_sets.len(), 1);
+}
+
+#[test]
+fn translation_is_deterministic() {
+    let s = with(CASES[10].policies);
+    assert_eq!(run(&s), run(&s));
+}

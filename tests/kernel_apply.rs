@@ -1,0 +1,298 @@
+//! The applier against the real kernel, in throwaway network namespaces (root only; see
+//! `testkit::kernel::require_root`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use flock::apply::kernel::NftCli;
+use flock::apply::{Applier, Backend, Drift, Outcome};
+use flock::model::{LocalEndpoint, Pod, PodPhase, Snapshot};
+use flock::render::{BASE_CHAIN, Ruleset, render};
+use flock::testkit::kernel::{NetnsGuard, Node, require_root};
+use flock::testkit::{self, policies};
+use flock::translate::{Options, translate};
+
+const POLICIES: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: default-deny-ingress, namespace: x}
+spec: {podSelector: {}, policyTypes: [Ingress]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-web-from-y, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {ns: y}}}]
+    ports: [{port: 80}, {port: 81, protocol: UDP}, {port: serve-80-sctp, protocol: SCTP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: egress-mix, namespace: z}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{podSelector: {matchLabels: {pod: c}}, namespaceSelector: {}}]
+    ports: [{port: serve-80-tcp}, {port: 8000, endPort: 8100}]
+  - to: [{ipBlock: {cidr: 198.18.0.0/15, except: [198.18.2.0/24]}}, {ipBlock: {cidr: '2001:db8::/32', except: ['2001:db8:2::/48']}}]
+    ports: [{protocol: UDP, port: 53}]
+  - ports: [{protocol: SCTP}]
+";
+
+fn snapshot(with_policies: bool) -> Snapshot {
+    let mut s = testkit::base_cluster();
+    if with_policies {
+        for p in policies(POLICIES) {
+            s.upsert_policy(p);
+        }
+    }
+    for name in ["z/a", "z/c"] {
+        let mut p = s.pod_by_name(&testkit::pod_ref(name)).unwrap().clone();
+        let last = p.ips[0].to_string().rsplit('.').next().unwrap().to_string();
+        p.ips.push(format!("2001:db8:1::{last}").parse().unwrap());
+        s.upsert_pod(p);
+    }
+    s
+}
+
+fn ruleset(s: &Snapshot) -> Ruleset {
+    render(&translate(s, &s.derived_endpoints("node-1"), &Options::default()))
+}
+
+fn base_handle(a: &mut Applier<NftCli>) -> u64 {
+    a.backend_mut().list_objects().unwrap().into_iter().find(|o| o.name == BASE_CHAIN).unwrap().handle
+}
+
+#[test]
+fn apply_readback_noop_update_drift_and_failure() {
+    if !require_root("apply_readback_noop_update_drift_and_failure") {
+        return;
+    }
+    let ns = NetnsGuard::new("apply");
+    let mut a = Applier::new(NftCli::new(ns.netns()));
+
+    // Apply; the kernel's listing equals the render after normalising.
+    let rs1 = ruleset(&snapshot(true));
+    assert!(matches!(a.apply(&rs1).unwrap(), Outcome::Applied { .. }));
+    let listing = a.backend_mut().list_table().unwrap().unwrap();
+    assert_eq!(flock::nft::canonical(&listing).unwrap(), flock::nft::canonical(&rs1.to_text()).unwrap(), "kernel listing:\n{listing}");
+
+    // Re-apply is a no-op.
+    assert_eq!(a.apply(&rs1).unwrap(), Outcome::Unchanged);
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+
+    // An update replaces content, deletes stale objects and keeps the base chain.
+    let handle = base_handle(&mut a);
+    let rs2 = ruleset(&snapshot(false));
+    assert!(matches!(a.apply(&rs2).unwrap(), Outcome::Applied { stale_deleted } if stale_deleted > 0));
+    assert_eq!(base_handle(&mut a), handle, "the base chain was re-created");
+    let listing = a.backend_mut().list_table().unwrap().unwrap();
+    assert_eq!(flock::nft::canonical(&listing).unwrap(), flock::nft::canonical(&rs2.to_text()).unwrap());
+    a.apply(&rs1).unwrap();
+    assert_eq!(base_handle(&mut a), handle);
+
+    // An injected bad transaction leaves the previous ruleset in force, with nft's message.
+    let before = a.backend_mut().list_table().unwrap();
+    let err = a.backend_mut().run("add rule inet flock forward counter\nadd rule inet flock forward jump no-such-chain\n").unwrap_err();
+    assert!(err.to_string().contains("no-such-chain") || err.to_string().contains("No such file"), "{err}");
+    assert_eq!(a.backend_mut().list_table().unwrap(), before);
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+
+    // A table edited behind flock's back is drift; a full sync repairs it.
+    ns.exec(&["nft", "add", "rule", "inet", "flock", "forward", "counter", "accept"]);
+    assert!(matches!(a.check_drift().unwrap(), Drift::Changed { .. }));
+    a.invalidate();
+    a.apply(&rs1).unwrap();
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+    ns.exec(&["nft", "delete", "table", "inet", "flock"]);
+    assert_eq!(a.check_drift().unwrap(), Drift::Missing);
+    a.invalidate();
+    a.apply(&rs1).unwrap();
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+
+    // Other tables are never touched.
+    ns.exec(&["nft", "add", "table", "ip", "someone-else"]);
+    a.apply(&rs2).unwrap();
+    let tables = String::from_utf8_lossy(&ns.exec(&["nft", "list", "tables"]).stdout).to_string();
+    assert!(tables.contains("table ip someone-else"), "{tables}");
+}
+
+#[test]
+fn render_alone_loads_into_an_empty_namespace() {
+    if !require_root("render_alone_loads_into_an_empty_namespace") {
+        return;
+    }
+    let ns = NetnsGuard::new("load");
+    let mut nft = NftCli::new(ns.netns());
+    nft.check(&ruleset(&snapshot(true)).to_text()).unwrap();
+    nft.run(&ruleset(&snapshot(true)).to_text()).unwrap();
+}
+
+/// Two pods on one node: `a` (198.18.10.1) and `b` (198.18.10.2, ingress isolated, allowing
+/// `a` on every port).
+fn two_pods(extra_label: Option<&str>) -> (Snapshot, Pod, Pod) {
+    let mut s = Snapshot::new();
+    s.upsert_namespace(flock::model::convert::implicit_namespace("t"));
+    let mk = |name: &str, ip: &str| Pod {
+        namespace: "t".into(),
+        name: name.into(),
+        uid: flock::model::derived_uid("t", name),
+        labels: [("pod".to_string(), name.to_string())].into(),
+        node: Some("n1".into()),
+        phase: PodPhase::Running,
+        ips: vec![ip.parse().unwrap()],
+        host_network: false,
+        ports: vec![],
+    };
+    let a = mk("a", "198.18.10.1");
+    let mut b = mk("b", "198.18.10.2");
+    if let Some(l) = extra_label {
+        b.labels.insert("extra".into(), l.into());
+    }
+    s.upsert_pod(a.clone());
+    s.upsert_pod(b.clone());
+    for p in policies(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-from-a, namespace: t}
+spec:
+  podSelector: {matchLabels: {pod: b}}
+  ingress: [{from: [{podSelector: {matchLabels: {pod: a}}}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-extra, namespace: t}
+spec:
+  podSelector: {matchExpressions: [{key: extra, operator: Exists}]}
+  ingress: [{from: [{podSelector: {}}], ports: [{port: 9}]}]
+",
+    ) {
+        s.upsert_policy(p);
+    }
+    (s, a, b)
+}
+
+fn node_ruleset(s: &Snapshot) -> Ruleset {
+    render(&translate(s, &s.derived_endpoints("n1"), &Options::default()))
+}
+
+fn received(ping_output: &str) -> (u64, u64) {
+    // "2000 packets transmitted, 2000 received, ..."
+    let line = ping_output.lines().find(|l| l.contains("packets transmitted")).unwrap_or_default();
+    let nums: Vec<u64> = line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+    (nums.first().copied().unwrap_or(0), nums.get(1).copied().unwrap_or(0))
+}
+
+fn tcp_retransmits(ns: &NetnsGuard) -> u64 {
+    let out = String::from_utf8_lossy(&ns.exec(&["cat", "/proc/net/snmp"]).stdout).to_string();
+    let mut tcp = out.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (tcp.next().unwrap(), tcp.next().unwrap());
+    let i = names.split_whitespace().position(|n| n == "RetransSegs").unwrap();
+    values.split_whitespace().nth(i).unwrap().parse().unwrap()
+}
+
+#[test]
+fn flows_survive_100_updates_without_loss() {
+    if !require_root("flows_survive_100_updates_without_loss") {
+        return;
+    }
+    let node = Node::new("node");
+    let (s1, a, b) = two_pods(None);
+    let (s2, _, _) = two_pods(Some("yes"));
+    let ep = |p: &Pod| LocalEndpoint::for_pod(p);
+    let pa = node.add_pod("a", &ep(&a).interface, &a.ips);
+    let pb = node.add_pod("b", &ep(&b).interface, &b.ips);
+    let mut ap = Applier::new(NftCli::new(node.ns.netns()));
+    ap.apply(&node_ruleset(&s1)).unwrap();
+
+    // A TCP flow a → b: the server in b echoes, the client in a writes every millisecond.
+    let listener = flock::netns::run_in(&pb.ns.netns(), || TcpListener::bind("198.18.10.2:7000")).unwrap().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        let mut total = 0usize;
+        loop {
+            match conn.read(&mut buf) {
+                Ok(0) => return total,
+                Ok(n) => {
+                    total += n;
+                    conn.write_all(&buf[..n]).unwrap();
+                }
+                Err(e) => panic!("server read: {e}"),
+            }
+        }
+    });
+    let addr: SocketAddr = "198.18.10.2:7000".parse().unwrap();
+    let mut client = flock::netns::run_in(&pa.ns.netns(), || TcpStream::connect_timeout(&addr, Duration::from_secs(2))).unwrap().unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let retrans_before = tcp_retransmits(&pa.ns);
+    let stop2 = stop.clone();
+    let writer = std::thread::spawn(move || {
+        let mut sent = 0usize;
+        let mut echo = [0u8; 64];
+        while !stop2.load(Ordering::Relaxed) {
+            client.write_all(&[7u8; 64]).unwrap();
+            client.read_exact(&mut echo).unwrap();
+            sent += 64;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(client);
+        sent
+    });
+
+    // ICMP echo a → b every 5 ms while the ruleset is replaced 100 times.
+    let ping_ns = pa.ns.name.clone();
+    let ping = std::thread::spawn(move || {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ping_ns, "ping", "-q", "-i", "0.005", "-w", "30", "-c", "1500", "198.18.10.2"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    for i in 0..100 {
+        let s = if i % 2 == 0 { &s2 } else { &s1 };
+        assert!(matches!(ap.apply(&node_ruleset(s)).unwrap(), Outcome::Applied { .. }));
+    }
+    let ping_out = ping.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let sent = writer.join().unwrap();
+    let echoed = server.join().unwrap();
+
+    let (tx, rx) = received(&ping_out);
+    assert!(tx >= 1000, "{ping_out}");
+    assert_eq!(rx, tx, "ICMP echoes lost across updates:\n{ping_out}");
+    assert_eq!(sent, echoed, "TCP bytes lost");
+    assert_eq!(tcp_retransmits(&pa.ns), retrans_before, "TCP had to retransmit: packets were dropped");
+}
+
+#[test]
+fn unknown_pod_interfaces_are_dropped() {
+    if !require_root("unknown_pod_interfaces_are_dropped") {
+        return;
+    }
+    let node = Node::new("node");
+    let (s, a, b) = two_pods(None);
+    let pa = node.add_pod("a", &LocalEndpoint::for_pod(&a).interface, &a.ips);
+    // A pod whose interface flock does not know (its sandbox is new): nothing passes.
+    let stranger_ip: IpAddr = "198.18.10.3".parse().unwrap();
+    let ps = node.add_pod("s", &flock_cni::host_interface_name("unknown", "eth0"), &[stranger_ip]);
+    let _pb = node.add_pod("b", &LocalEndpoint::for_pod(&b).interface, &b.ips);
+    Applier::new(NftCli::new(node.ns.netns())).apply(&node_ruleset(&s)).unwrap();
+    let ok = |ns: &NetnsGuard, dst: &str| ns.try_exec(&["ping", "-c", "1", "-W", "1", dst]).status.success();
+    assert!(ok(&pa.ns, "198.18.10.2"), "a → b allowed by policy");
+    assert!(!ok(&pa.ns, "198.18.10.3"), "a → unknown interface must be dropped");
+    assert!(!ok(&ps.ns, "198.18.10.1"), "unknown interface → a must be dropped");
+    // A spoofed source from a known interface is dropped too.
+    pa.ns.ip(&["addr", "add", "198.18.10.9/32", "dev", "eth0"]);
+    assert!(!pa.ns.try_exec(&["ping", "-c", "1", "-W", "1", "-I", "198.18.10.9", "198.18.10.2"]).status.success());
+}
