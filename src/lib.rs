@@ -17,7 +17,7 @@
 pub mod apply;
 pub mod conformance;
 pub mod model;
-pub mod netns;
+pub use flock_cni::netns;
 pub mod nft;
 pub mod render;
 pub mod testkit;

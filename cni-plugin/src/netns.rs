@@ -64,13 +64,19 @@ pub fn run_in<T: Send>(ns: &Netns, f: impl FnOnce() -> T + Send) -> Result<T, Ne
         Netns::Path(path) => path,
     };
     let file = File::open(path).map_err(|source| NetnsError::Open { path: path.clone(), source })?;
+    run_in_file(&file, path, f)
+}
+
+/// Runs `f` on a thread that has entered the namespace open as `file` (whose path, for
+/// errors, is `path`).
+pub fn run_in_file<T: Send>(file: &File, path: &Path, f: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
     std::thread::scope(|s| {
-        s.spawn(move || {
-            setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter { path: path.clone(), source })?;
+        s.spawn(|| {
+            setns(file, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter { path: path.to_path_buf(), source })?;
             Ok(f())
         })
         .join()
-        .map_err(|_| NetnsError::Panicked { path: path.clone() })?
+        .map_err(|_| NetnsError::Panicked { path: path.to_path_buf() })?
     })
 }
 

@@ -1,0 +1,248 @@
+//! Real-kernel test support shared by every crate of the workspace: the root gate,
+//! throwaway network namespaces with RAII cleanup, and a sweep of leftovers from crashed
+//! runs. (Test support, not used by the plugin itself; here so that flock-cni's own tests and
+//! flock's can share it — flock-cni is the crate both depend on.)
+//!
+//! Kernel tests call [`require_root`] first. With `FLOCK_REQUIRE_ROOT=1` (CI) a missing
+//! capability fails the test; otherwise the test prints why it is skipped and passes.
+//! Every namespace is named `flkt-<pid>-<n>-<tag>`; [`sweep`] removes those whose process is
+//! gone, so a killed run leaves nothing behind for the next one.
+
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::netns::Netns;
+
+/// Prefix of every namespace tests create.
+pub const PREFIX: &str = "flkt-";
+
+/// Whether kernel tests can run here. Panics (fails the test) when they cannot and
+/// `FLOCK_REQUIRE_ROOT=1`; otherwise prints a skip notice and returns false.
+#[allow(clippy::panic)]
+pub fn require_root(test: &str) -> bool {
+    let required = std::env::var("FLOCK_REQUIRE_ROOT").is_ok_and(|v| v == "1");
+    let problem = capability_problem();
+    match problem {
+        None => {
+            sweep();
+            true
+        }
+        Some(why) if required => panic!("{test}: FLOCK_REQUIRE_ROOT=1 but kernel tests cannot run: {why}"),
+        Some(why) => {
+            eprintln!("SKIP {test}: needs root, ip and nft ({why}); set FLOCK_REQUIRE_ROOT=1 to make this a failure");
+            false
+        }
+    }
+}
+
+fn capability_problem() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not running as root".into());
+    }
+    for (tool, args) in [("ip", &["-V"][..]), ("nft", &["--version"][..])] {
+        match Command::new(tool).args(args).output() {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => return Some(format!("{tool} failed: {}", String::from_utf8_lossy(&o.stderr).trim())),
+            Err(e) => return Some(format!("{tool} not found ({e}); apt-get install -y iproute2 nftables")),
+        }
+    }
+    None
+}
+
+/// Removes `flkt-<pid>-*` namespaces whose process no longer exists.
+pub fn sweep() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let Some(rest) = name.strip_prefix(PREFIX) else { continue };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+        if !alive {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+    }
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A network namespace deleted on drop (links inside it go with it).
+#[derive(Debug)]
+pub struct NetnsGuard {
+    pub name: String,
+}
+
+impl NetnsGuard {
+    /// Creates `flkt-<pid>-<n>-<tag>` with `lo` up.
+    #[allow(clippy::panic)]
+    pub fn new(tag: &str) -> Self {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{PREFIX}{}-{n}-{tag}", std::process::id());
+        run(&["ip", "netns", "add", &name]);
+        let g = Self { name };
+        g.ip(&["link", "set", "lo", "up"]);
+        g
+    }
+
+    pub fn netns(&self) -> Netns {
+        Netns::named(&self.name)
+    }
+
+    /// Runs a command inside the namespace; panics on failure.
+    pub fn exec(&self, args: &[&str]) -> Output {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        run(&full)
+    }
+
+    /// Runs a command inside the namespace, returning its output whatever the status.
+    pub fn try_exec(&self, args: &[&str]) -> Output {
+        let mut full = vec!["ip", "netns", "exec", self.name.as_str()];
+        full.extend_from_slice(args);
+        try_run(&full)
+    }
+
+    /// `ip -n <ns> ...`
+    pub fn ip(&self, args: &[&str]) -> Output {
+        let mut full = vec!["ip", "-n", &self.name];
+        full.extend_from_slice(args);
+        run(&full)
+    }
+
+    /// Sets a sysctl inside the namespace (namespaced sysctls only: the host is untouched).
+    pub fn sysctl(&self, key: &str, value: &str) {
+        self.exec(&["sysctl", "-q", "-w", &format!("{key}={value}")]);
+    }
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+/// Runs a command; panics with its stderr when it fails.
+#[allow(clippy::panic)]
+pub fn run(args: &[&str]) -> Output {
+    let out = try_run(args);
+    if !out.status.success() {
+        panic!("{} failed: {}{}", args.join(" "), String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout));
+    }
+    out
+}
+
+/// Runs a command and returns its output.
+#[allow(clippy::panic)]
+pub fn try_run(args: &[&str]) -> Output {
+    match Command::new(args[0]).args(&args[1..]).output() {
+        Ok(o) => o,
+        Err(e) => panic!("cannot run {}: {e}", args[0]),
+    }
+}
+
+/// A stand-in for flock-agent on a unix socket: answers every request with `handler` and
+/// records what it was asked. Stops (and removes its socket) on drop.
+pub struct FakeAgent {
+    pub socket: std::path::PathBuf,
+    pub requests: std::sync::Arc<std::sync::Mutex<Vec<crate::protocol::Request>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How the fake agent answers.
+pub type Handler = dyn Fn(&crate::protocol::Request) -> crate::protocol::Reply + Send + Sync;
+
+impl FakeAgent {
+    /// Acknowledges everything at once.
+    pub fn acking(socket: &std::path::Path) -> Self {
+        Self::start(socket, std::sync::Arc::new(|_| crate::protocol::Reply::ok()))
+    }
+
+    /// Serves `socket` with `handler` (each connection on its own thread, so parallel ADDs
+    /// are answered in parallel).
+    #[allow(clippy::panic)]
+    pub fn start(socket: &std::path::Path, handler: std::sync::Arc<Handler>) -> Self {
+        use std::io::{BufReader, Write};
+        let _ = std::fs::remove_file(socket);
+        let listener = match std::os::unix::net::UnixListener::bind(socket) {
+            Ok(l) => l,
+            Err(e) => panic!("cannot bind {}: {e}", socket.display()),
+        };
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (log, halt) = (requests.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if halt.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let (log, handler) = (log.clone(), handler.clone());
+                std::thread::spawn(move || {
+                    let Ok(read_half) = conn.try_clone() else { return };
+                    let mut r = BufReader::new(read_half);
+                    let reply = match crate::protocol::read_line(&mut r) {
+                        Ok(Some(line)) => match crate::protocol::decode_request(&line) {
+                            Ok(req) => {
+                                let reply = handler(&req);
+                                if let Ok(mut l) = log.lock() {
+                                    l.push(req);
+                                }
+                                reply
+                            }
+                            Err(e) => crate::protocol::Reply::refused(e),
+                        },
+                        _ => return,
+                    };
+                    let mut w = conn;
+                    let _ = w.write_all(&crate::protocol::encode_reply(&reply));
+                });
+            }
+        });
+        Self { socket: socket.to_path_buf(), requests, stop, thread: Some(thread) }
+    }
+
+    /// The requests received so far.
+    pub fn seen(&self) -> Vec<crate::protocol::Request> {
+        self.requests.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for FakeAgent {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Wake the accept loop.
+        let _ = std::os::unix::net::UnixStream::connect(&self.socket);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir {
+    pub path: std::path::PathBuf,
+}
+
+impl TempDir {
+    #[allow(clippy::panic)]
+    pub fn new(tag: &str) -> Self {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("{PREFIX}{}-{n}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        if let Err(e) = std::fs::create_dir_all(&path) {
+            panic!("cannot create {}: {e}", path.display());
+        }
+        Self { path }
+    }
+
+    pub fn join(&self, p: &str) -> std::path::PathBuf {
+        self.path.join(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

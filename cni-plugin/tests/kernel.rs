@@ -1,0 +1,518 @@
+//! flock-cni on a real kernel, run exactly as a runtime runs it (environment + stdin, through
+//! `flock_cni::runtime`, inside a "node" network namespace) against a fake agent on a
+//! temporary socket, with Debian's host-local and loopback plugins. Root only; everything is
+//! created in throwaway namespaces and temporary directories, and cleaned up on drop.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flock_cni::protocol::{Reply, Request};
+use flock_cni::runtime::{ConfList, Runtime, Sandbox};
+use flock_cni::spec::{Attachment, code};
+use flock_cni::testing::{FakeAgent, NetnsGuard, TempDir, require_root};
+use flock_cni::{host_interface_name, netns};
+use serde_json::{Value, json};
+
+const DEBIAN_CNI: &str = "/usr/lib/cni";
+
+fn plugin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_flock-cni")).parent().unwrap().to_path_buf()
+}
+
+/// A node namespace, a temp dir for sockets, state and leases, and a conflist.
+struct Fixture {
+    node: NetnsGuard,
+    dir: TempDir,
+    runtime: Runtime,
+    subnet4: &'static str,
+}
+
+impl Fixture {
+    fn new(tag: &str, subnet4: &'static str) -> Self {
+        let node = NetnsGuard::new(tag);
+        // A default route, as real nodes have (proxy ARP needs one to answer for the pods'
+        // gateway).
+        node.ip(&["link", "add", "uplink", "type", "veth", "peer", "name", "uplink-peer"]);
+        node.ip(&["link", "set", "uplink", "up"]);
+        node.ip(&["link", "set", "uplink-peer", "up"]);
+        node.ip(&["route", "add", "default", "dev", "uplink"]);
+        let dir = TempDir::new(tag);
+        let runtime = Runtime { cni_path: vec![plugin_dir(), PathBuf::from(DEBIAN_CNI)], netns: node.netns() };
+        Self { node, dir, runtime, subnet4 }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("cni.sock")
+    }
+
+    fn flock_plugin(&self, ranges: Value) -> Value {
+        json!({
+            "type": "flock-cni",
+            "agentSocket": self.socket(),
+            "agentTimeoutSeconds": 5,
+            "pendingDelDir": self.dir.join("pending-del"),
+            "stateDir": self.dir.join("state"),
+            "mtu": 1400,
+            "capabilities": {"ips": true},
+            "ipam": {"type": "host-local", "dataDir": self.dir.join("ipam"), "ranges": ranges}
+        })
+    }
+
+    fn conf(&self, version: &str) -> ConfList {
+        self.conf_with(version, json!([[{"subnet": self.subnet4}]]), false)
+    }
+
+    fn conf_with(&self, version: &str, ranges: Value, loopback: bool) -> ConfList {
+        let mut plugins = vec![];
+        if loopback {
+            plugins.push(json!({"type": "loopback"}));
+        }
+        plugins.push(self.flock_plugin(ranges));
+        ConfList::parse(&json!({"cniVersion": version, "name": "flock-test", "plugins": plugins}).to_string()).unwrap()
+    }
+
+    fn sandbox(&self, pod: &NetnsGuard, name: &str) -> Sandbox {
+        Sandbox {
+            container_id: format!("cid-{name}"),
+            netns: format!("/run/netns/{}", pod.name),
+            ifname: "eth0".into(),
+            args: vec![
+                ("IgnoreUnknown".into(), "1".into()),
+                ("K8S_POD_NAMESPACE".into(), "default".into()),
+                ("K8S_POD_NAME".into(), name.into()),
+                ("K8S_POD_INFRA_CONTAINER_ID".into(), format!("cid-{name}")),
+                ("K8S_POD_UID".into(), format!("uid-{name}")),
+            ],
+            capability_args: Default::default(),
+        }
+    }
+
+    /// Lease files held by host-local.
+    fn leases(&self) -> Vec<String> {
+        let d = self.dir.join("ipam/flock-test");
+        let mut v: Vec<String> = std::fs::read_dir(&d)
+            .map(|r| {
+                r.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .filter(|n| n.contains('.') || n.contains(':'))
+                    .filter(|n| !n.starts_with("last_reserved") && n != "lock")
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    fn host_link_exists(&self, name: &str) -> bool {
+        self.node.try_exec(&["ip", "link", "show", name]).status.success()
+    }
+}
+
+fn pod_ip(result: &Value, family4: bool) -> IpAddr {
+    result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["address"].as_str().unwrap().split('/').next().unwrap().parse::<IpAddr>().unwrap())
+        .find(|a| a.is_ipv4() == family4 && !a.is_loopback())
+        .unwrap()
+}
+
+fn ping(from: &NetnsGuard, to: IpAddr) -> bool {
+    let v6 = if to.is_ipv6() { "-6" } else { "-4" };
+    from.try_exec(&["ping", v6, "-c", "1", "-W", "1", &to.to_string()]).status.success()
+}
+
+#[test]
+fn add_wires_pods_that_reach_each_other_then_del_removes_everything() {
+    if !require_root("add_wires_pods_that_reach_each_other_then_del_removes_everything") {
+        return;
+    }
+    let f = Fixture::new("add", "198.18.50.0/24");
+    let agent = FakeAgent::acking(&f.socket());
+    // Debian's host-local stops at 1.0.0, so the chain says 1.0.0 (flock-cni speaks 1.1.0).
+    let conf = f.conf("1.0.0");
+    let (pa, pb) = (NetnsGuard::new("pa"), NetnsGuard::new("pb"));
+    let (sa, sb) = (f.sandbox(&pa, "a"), f.sandbox(&pb, "b"));
+    let ra = f.runtime.add(&conf, &sa).unwrap();
+    let rb = f.runtime.add(&conf, &sb).unwrap();
+
+    // The result: host and sandbox interfaces, the /32 with the link-local gateway.
+    assert_eq!(ra["cniVersion"], "1.0.0");
+    assert_eq!(ra["interfaces"][0]["name"], host_interface_name("cid-a", "eth0"));
+    assert_eq!(ra["interfaces"][1]["name"], "eth0");
+    assert_eq!(ra["interfaces"][1]["sandbox"], format!("/run/netns/{}", pa.name));
+    assert!(ra["ips"][0]["address"].as_str().unwrap().ends_with("/32"));
+    assert_eq!(ra["ips"][0]["gateway"], "169.254.1.1");
+    assert_eq!(ra["ips"][0]["interface"], 1);
+    assert_eq!(ra["routes"][0]["dst"], "0.0.0.0/0");
+    assert!(ra["interfaces"][1].get("mtu").is_none(), "mtu is a 1.1 field");
+    let mtu = String::from_utf8_lossy(&pa.exec(&["cat", "/sys/class/net/eth0/mtu"]).stdout).trim().to_string();
+    assert_eq!(mtu, "1400");
+
+    // The agent was told who the pod is, before ADD returned.
+    let seen = agent.seen();
+    let Request::Add(add) = &seen[0] else { panic!("{seen:?}") };
+    assert_eq!((add.pod.namespace.as_str(), add.pod.name.as_str(), add.pod.uid.as_deref()), ("default", "a", Some("uid-a")));
+    assert_eq!(add.host_interface, host_interface_name("cid-a", "eth0"));
+    assert_eq!(add.ips, vec![pod_ip(&ra, true)]);
+
+    // Routed through the node: ping and TCP.
+    let (a, b) = (pod_ip(&ra, true), pod_ip(&rb, true));
+    assert!(ping(&pa, b), "a cannot ping b");
+    assert!(ping(&pb, a), "b cannot ping a");
+    let listener = netns::run_in(&pb.netns(), || TcpListener::bind(SocketAddr::new(b, 7070))).unwrap().unwrap();
+    let server = std::thread::spawn(move || listener.accept().map(|(mut s, _)| std::io::copy(&mut s, &mut std::io::sink())).is_ok());
+    let addr = SocketAddr::new(b, 7070);
+    let conn = netns::run_in(&pa.netns(), || TcpStream::connect_timeout(&addr, Duration::from_secs(2))).unwrap();
+    assert!(conn.is_ok(), "TCP a → b: {conn:?}");
+    drop(conn);
+    assert!(server.join().unwrap());
+
+    // CHECK passes right after ADD.
+    f.runtime.check(&conf, &sa, &ra).unwrap();
+
+    // DEL removes the interfaces, the lease, the record; the agent hears of it.
+    assert_eq!(f.leases().len(), 2);
+    f.runtime.del(&conf, &sa, Some(&ra)).unwrap();
+    f.runtime.del(&conf, &sb, Some(&rb)).unwrap();
+    assert!(!f.host_link_exists(&host_interface_name("cid-a", "eth0")));
+    assert!(!pa.try_exec(&["ip", "link", "show", "eth0"]).status.success());
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+    assert!(agent.seen().iter().any(|r| matches!(r, Request::Del(d) if d.container_id == "cid-a")));
+    assert!(std::fs::read_dir(f.dir.join("state/flock-test")).unwrap().next().is_none());
+}
+
+#[test]
+fn add_on_an_existing_interface_fails_without_leaking_a_lease() {
+    if !require_root("add_on_an_existing_interface_fails_without_leaking_a_lease") {
+        return;
+    }
+    let f = Fixture::new("exists", "198.18.51.0/24");
+    let _agent = FakeAgent::acking(&f.socket());
+    let conf = f.conf("1.0.0");
+    let pod = NetnsGuard::new("p");
+    // Another plugin already made eth0 in the pod.
+    pod.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", "other0"]);
+    let e = f.runtime.add(&conf, &f.sandbox(&pod, "x")).unwrap_err();
+    assert_eq!(e.code, code::INTERFACE_EXISTS, "{e}");
+    assert!(f.leases().is_empty(), "IPAM not rolled back: {:?}", f.leases());
+    assert!(!f.host_link_exists(&host_interface_name("cid-x", "eth0")));
+
+    // The same attachment ADDed twice: the second fails and the first keeps its lease.
+    let pod2 = NetnsGuard::new("p2");
+    let sb = f.sandbox(&pod2, "y");
+    let r = f.runtime.add(&conf, &sb).unwrap();
+    let e = f.runtime.add(&conf, &sb).unwrap_err();
+    assert_eq!(e.code, code::INTERFACE_EXISTS, "{e}");
+    assert_eq!(f.leases().len(), 1);
+    // The first attachment is intact.
+    f.runtime.check(&conf, &sb, &r).unwrap();
+    f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+}
+
+#[test]
+fn check_fails_when_the_host_route_is_gone() {
+    if !require_root("check_fails_when_the_host_route_is_gone") {
+        return;
+    }
+    let f = Fixture::new("check", "198.18.52.0/24");
+    let agent = FakeAgent::acking(&f.socket());
+    let conf = f.conf("1.0.0");
+    let pod = NetnsGuard::new("p");
+    let sb = f.sandbox(&pod, "c");
+    let r = f.runtime.add(&conf, &sb).unwrap();
+    f.runtime.check(&conf, &sb, &r).unwrap();
+    assert!(agent.seen().iter().any(|q| matches!(q, Request::Check(_))));
+    f.node.ip(&["route", "del", &format!("{}/32", pod_ip(&r, true))]);
+    let e = f.runtime.check(&conf, &sb, &r).unwrap_err();
+    assert_eq!(e.code, code::CHECK_FAILED, "{e}");
+    assert!(e.msg.contains("host route"), "{e}");
+    // An address removed in the pod is found too.
+    f.node.ip(&["route", "add", &format!("{}/32", pod_ip(&r, true)), "dev", &host_interface_name("cid-c", "eth0")]);
+    f.runtime.check(&conf, &sb, &r).unwrap();
+    pod.ip(&["addr", "flush", "dev", "eth0"]);
+    let e = f.runtime.check(&conf, &sb, &r).unwrap_err();
+    assert!(e.msg.contains("address"), "{e}");
+    f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+}
+
+#[test]
+fn del_is_idempotent_and_needs_neither_netns_nor_prev_result() {
+    if !require_root("del_is_idempotent_and_needs_neither_netns_nor_prev_result") {
+        return;
+    }
+    let f = Fixture::new("del", "198.18.53.0/24");
+    let _agent = FakeAgent::acking(&f.socket());
+    let conf = f.conf("1.0.0");
+
+    let p1 = NetnsGuard::new("p1");
+    let s1 = f.sandbox(&p1, "one");
+    let r1 = f.runtime.add(&conf, &s1).unwrap();
+    f.runtime.del(&conf, &s1, Some(&r1)).unwrap();
+    f.runtime.del(&conf, &s1, None).unwrap(); // repeated, no prevResult (libcni's cache is gone)
+
+    // The netns vanished before DEL.
+    let p2 = NetnsGuard::new("p2");
+    let s2 = f.sandbox(&p2, "two");
+    let r2 = f.runtime.add(&conf, &s2).unwrap();
+    drop(p2);
+    f.runtime.del(&conf, &s2, Some(&r2)).unwrap();
+
+    // Empty CNI_NETNS and no prevResult.
+    let p3 = NetnsGuard::new("p3");
+    let s3 = f.sandbox(&p3, "three");
+    f.runtime.add(&conf, &s3).unwrap();
+    let mut gone = s3.clone();
+    gone.netns = String::new();
+    f.runtime.del(&conf, &gone, None).unwrap();
+    assert!(!f.host_link_exists(&host_interface_name("cid-three", "eth0")));
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+}
+
+#[test]
+fn agent_down_add_fails_11_del_spools_check_11_status_50() {
+    if !require_root("agent_down_add_fails_11_del_spools_check_11_status_50") {
+        return;
+    }
+    let f = Fixture::new("down", "198.18.54.0/24");
+    let conf = f.conf("1.0.0");
+    let pod = NetnsGuard::new("p");
+    let sb = f.sandbox(&pod, "d");
+
+    // No agent: ADD fails with 11 and leaves nothing behind.
+    let e = f.runtime.add(&conf, &sb).unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+    assert!(!f.host_link_exists(&host_interface_name("cid-d", "eth0")));
+    assert!(!pod.try_exec(&["ip", "link", "show", "eth0"]).status.success());
+    assert!(f.leases().is_empty());
+
+    // An agent that refuses: same.
+    {
+        let _refusing = FakeAgent::start(&f.socket(), Arc::new(|_| Reply::refused("pod unknown")));
+        let e = f.runtime.add(&conf, &sb).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+        assert!(e.details.contains("pod unknown"), "{e:?}");
+        assert!(f.leases().is_empty());
+    }
+
+    // With the agent up the pod is added; then the agent goes away.
+    let r = {
+        let _agent = FakeAgent::acking(&f.socket());
+        f.runtime.add(&conf, &sb).unwrap()
+    };
+    let e = f.runtime.check(&conf, &sb, &r).unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+    let e = f.runtime.status(&conf).unwrap_err();
+    assert_eq!(e.code, code::NOT_AVAILABLE, "{e}");
+    f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+    let spooled = f.dir.join("pending-del/cid-d-eth0.json");
+    assert!(spooled.exists());
+    let spool = flock_cni::protocol::read_spool(&f.dir.join("pending-del")).unwrap();
+    assert_eq!(spool.len(), 1);
+    assert_eq!(spool[0].1.as_ref().unwrap().host_interface, host_interface_name("cid-d", "eth0"));
+    assert!(f.leases().is_empty());
+
+    let _agent = FakeAgent::acking(&f.socket());
+    f.runtime.status(&conf).unwrap();
+}
+
+#[test]
+fn gc_removes_stale_links_records_and_leases() {
+    if !require_root("gc_removes_stale_links_records_and_leases") {
+        return;
+    }
+    let f = Fixture::new("gc", "198.18.55.0/24");
+    let agent = FakeAgent::acking(&f.socket());
+    let conf = f.conf("1.0.0");
+    let (pa, pb) = (NetnsGuard::new("pa"), NetnsGuard::new("pb"));
+    let (sa, sb) = (f.sandbox(&pa, "keep"), f.sandbox(&pb, "stale"));
+    f.runtime.add(&conf, &sa).unwrap();
+    f.runtime.add(&conf, &sb).unwrap();
+    // A flock interface no record explains (an ADD that crashed half-way).
+    let ghost = host_interface_name("ghost", "eth0");
+    f.node.ip(&["link", "add", &ghost, "type", "veth", "peer", "name", "ghost-peer"]);
+    assert_eq!(f.leases().len(), 2);
+
+    f.runtime.gc(&conf, &[Attachment { container_id: "cid-keep".into(), ifname: "eth0".into() }]).unwrap();
+    assert!(f.host_link_exists(&host_interface_name("cid-keep", "eth0")));
+    assert!(!f.host_link_exists(&host_interface_name("cid-stale", "eth0")));
+    assert!(!f.host_link_exists(&ghost));
+    assert_eq!(f.leases().len(), 1, "the stale lease was not released: {:?}", f.leases());
+    let seen = agent.seen();
+    assert!(seen.iter().any(|r| matches!(r, Request::Del(d) if d.container_id == "cid-stale")), "{seen:?}");
+    assert!(seen.iter().any(|r| matches!(r, Request::Gc(g) if g.valid.len() == 1)), "{seen:?}");
+    f.runtime.del(&conf, &sa, None).unwrap();
+}
+
+#[test]
+fn twenty_parallel_adds() {
+    if !require_root("twenty_parallel_adds") {
+        return;
+    }
+    let f = Fixture::new("par", "198.18.56.0/24");
+    let _agent = FakeAgent::acking(&f.socket());
+    let conf = f.conf("1.0.0");
+    let pods: Vec<NetnsGuard> = (0..20).map(|i| NetnsGuard::new(&format!("p{i}"))).collect();
+    let results: Vec<Result<Value, _>> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (f, conf) = (&f, &conf);
+                s.spawn(move || f.runtime.add(conf, &f.sandbox(p, &format!("par{i}"))))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut ips: Vec<IpAddr> = results.iter().map(|r| pod_ip(r.as_ref().unwrap(), true)).collect();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), 20);
+    assert!(ping(&pods[0], ips[19]) || ping(&pods[0], ips[0]));
+    for (i, p) in pods.iter().enumerate() {
+        f.runtime.del(&conf, &f.sandbox(p, &format!("par{i}")), None).unwrap();
+    }
+    assert!(f.leases().is_empty());
+}
+
+#[test]
+fn dual_stack_add() {
+    if !require_root("dual_stack_add") {
+        return;
+    }
+    let f = Fixture::new("dual", "198.18.57.0/24");
+    let _agent = FakeAgent::acking(&f.socket());
+    let conf = f.conf_with("1.0.0", json!([[{"subnet": "198.18.57.0/24"}], [{"subnet": "2001:db8:57::/64"}]]), false);
+    let (pa, pb) = (NetnsGuard::new("pa"), NetnsGuard::new("pb"));
+    let ra = f.runtime.add(&conf, &f.sandbox(&pa, "a")).unwrap();
+    let rb = f.runtime.add(&conf, &f.sandbox(&pb, "b")).unwrap();
+    assert_eq!(ra["ips"].as_array().unwrap().len(), 2);
+    let v6 = pod_ip(&ra, false);
+    assert!(ra["ips"][1]["address"].as_str().unwrap().ends_with("/128"));
+    assert_eq!(ra["ips"][1]["gateway"], "fe80::1");
+    assert!(ra["routes"].as_array().unwrap().iter().any(|r| r["dst"] == "::/0"));
+    assert!(ping(&pb, v6), "IPv6 b → a");
+    assert!(ping(&pa, pod_ip(&rb, true)), "IPv4 a → b");
+    f.runtime.del(&conf, &f.sandbox(&pa, "a"), Some(&ra)).unwrap();
+    f.runtime.del(&conf, &f.sandbox(&pb, "b"), Some(&rb)).unwrap();
+    assert!(f.leases().is_empty());
+}
+
+#[test]
+fn interop_with_debian_loopback_and_host_local_across_versions() {
+    if !require_root("interop_with_debian_loopback_and_host_local_across_versions") {
+        return;
+    }
+    let f = Fixture::new("interop", "198.18.58.0/24");
+    let _agent = FakeAgent::acking(&f.socket());
+    for (i, version) in ["0.3.0", "0.3.1", "0.4.0", "1.0.0"].iter().enumerate() {
+        let conf = f.conf_with(version, json!([[{"subnet": "198.18.58.0/24"}]]), true);
+        let pod = NetnsGuard::new("p");
+        let mut sb = f.sandbox(&pod, &format!("v{i}"));
+        // Requested addresses pass through to host-local: CNI_ARGS IP= and the ips capability.
+        let wanted: IpAddr = format!("198.18.58.{}", 100 + i).parse().unwrap();
+        if i % 2 == 0 {
+            sb.args.push(("IP".into(), wanted.to_string()));
+        } else {
+            sb.capability_args.insert("ips".into(), json!([format!("{wanted}/24")]));
+        }
+        let r = f.runtime.add(&conf, &sb).unwrap();
+        assert_eq!(r["cniVersion"], *version);
+        assert_eq!(pod_ip(&r, true), wanted, "{version}");
+        // Old versions carry ips[].version; loopback's lo comes first in the chain's result.
+        assert_eq!(r["ips"].as_array().unwrap().iter().any(|ip| ip.get("version").is_some()), version.starts_with("0."));
+        assert!(r["interfaces"].as_array().unwrap().iter().any(|i| i["name"] == "lo"));
+        assert!(pod.exec(&["ip", "-br", "link", "show", "lo"]).stdout.windows(7).any(|w| w == b"UNKNOWN" || w.starts_with(b"UP")));
+        if *version != "0.3.0" && *version != "0.3.1" {
+            f.runtime.check(&conf, &sb, &r).unwrap();
+        } else {
+            // CHECK does not exist before 0.4.0.
+            assert_eq!(f.runtime.check(&conf, &sb, &r).unwrap_err().code, code::INCOMPATIBLE_VERSION);
+        }
+        f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+    }
+    // Debian's plugins stop at 1.0.0: a 1.1.0 chain fails at them, not at flock-cni.
+    let conf = f.conf_with("1.1.0", json!([[{"subnet": "198.18.58.0/24"}]]), false);
+    let pod = NetnsGuard::new("p");
+    let e = f.runtime.add(&conf, &f.sandbox(&pod, "v11")).unwrap_err();
+    assert!(e.msg.starts_with("flock-cni ADD: host-local"), "{e}");
+    assert!(f.leases().is_empty());
+}
+
+/// Runs the binary directly with the given environment and stdin.
+fn raw(vars: &[(&str, &str)], stdin: &str) -> (i32, Value, String) {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flock-cni"));
+    cmd.env_clear().stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let v = if stdout.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}"))
+    };
+    (out.status.code().unwrap_or(-1), v, String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+#[test]
+fn errors_are_json_on_stdout_with_the_right_code() {
+    // No root needed: these fail before touching anything.
+    let conf = r#"{"cniVersion":"1.0.0","name":"n","type":"flock-cni","ipam":{"type":"host-local"}}"#;
+    let (rc, v, _) = raw(&[("CNI_COMMAND", "ADD"), ("CNI_CONTAINERID", "c"), ("CNI_IFNAME", "eth0")], conf);
+    assert_eq!((rc, v["code"].as_u64()), (1, Some(4)));
+    assert!(v["details"].as_str().unwrap().contains("CNI_NETNS"));
+    assert_eq!(v["cniVersion"], "1.0.0");
+    let (rc, v, _) = raw(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c"), ("CNI_IFNAME", "eth0")], "not json");
+    assert_eq!((rc, v["code"].as_u64()), (1, Some(6)));
+    let (_, v, _) =
+        raw(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c"), ("CNI_IFNAME", "eth0")], r#"{"cniVersion":"0.2.0","name":"n"}"#);
+    assert_eq!(v["code"], 1);
+    let (_, v, _) = raw(&[("CNI_COMMAND", "ADD"), ("CNI_CONTAINERID", "c"), ("CNI_IFNAME", "bad/name"), ("CNI_NETNS", "/x")], conf);
+    assert_eq!(v["code"], 4);
+    assert!(v["msg"].as_str().unwrap().contains("CNI_IFNAME"));
+    let (_, v, _) = raw(
+        &[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "/nonexistent/netns"),
+            ("CNI_PATH", DEBIAN_CNI),
+            ("CNI_ARGS", "K8S_POD_NAMESPACE=x;K8S_POD_NAME=a"),
+        ],
+        conf,
+    );
+    assert_eq!(v["code"], 4);
+    assert!(v["details"].as_str().unwrap().contains("CNI_NETNS"), "{v}");
+    let (_, v, _) = raw(
+        &[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "/proc/self/ns/net"),
+            ("CNI_ARGS", "Foo=1"),
+        ],
+        conf,
+    );
+    assert_eq!(v["code"], 2);
+    let (_, v, _) = raw(&[("CNI_COMMAND", "GC")], r#"{"cniVersion":"1.1.0","name":"n"}"#);
+    assert_eq!(v["code"], 4);
+    // VERSION, with and without stdin.
+    let (rc, v, _) = raw(&[("CNI_COMMAND", "VERSION")], r#"{"cniVersion":"0.4.0"}"#);
+    assert_eq!(rc, 0);
+    assert_eq!(v, json!({"cniVersion": "0.4.0", "supportedVersions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]}));
+    let (_, v, _) = raw(&[("CNI_COMMAND", "VERSION")], "");
+    assert_eq!(v["cniVersion"], "1.1.0");
+    // Nothing but JSON on stdout, logs on stderr.
+    let (_, _, stderr) = raw(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c"), ("CNI_IFNAME", "eth0")], "{");
+    assert!(stderr.contains("CNI error"), "{stderr}");
+}

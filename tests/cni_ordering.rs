@@ -1,0 +1,162 @@
+//! flock-cni ADD returns only after the agent acknowledges, and no packet reaches or leaves
+//! a new pod before its rules are committed: the node's forward hook drops unknown pod
+//! interfaces (flock's ruleset, applied with real nft), and an agent that takes its time
+//! commits the pod's rules before acknowledging.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flock::apply::Applier;
+use flock::apply::kernel::NftCli;
+use flock::model::{LocalEndpoint, ObjectRef, Pod, PodPhase, Snapshot};
+use flock::testkit::kernel::{FakeAgent, NetnsGuard, TempDir, flock_cni_binary, require_root};
+use flock::translate::{Options, translate};
+use flock_cni::protocol::{Reply, Request};
+use flock_cni::runtime::{ConfList, Runtime, Sandbox};
+use serde_json::json;
+
+fn pod(name: &str, ip: IpAddr) -> Pod {
+    Pod {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        labels: [("app".to_string(), name.to_string())].into(),
+        node: Some("n1".into()),
+        phase: PodPhase::Running,
+        ips: vec![ip],
+        host_network: false,
+        ports: vec![],
+    }
+}
+
+/// The agent's work for one ADD: register the endpoint, render the node, commit.
+fn program(
+    applier: &Mutex<Applier<NftCli>>,
+    snapshot: &Snapshot,
+    endpoints: &Mutex<Vec<LocalEndpoint>>,
+    req: &flock_cni::protocol::AddRequest,
+) {
+    let mut eps = endpoints.lock().unwrap();
+    eps.push(LocalEndpoint {
+        interface: req.host_interface.clone(),
+        container_id: req.container_id.clone(),
+        pod: ObjectRef::new(req.pod.namespace.clone(), req.pod.name.clone()),
+        pod_uid: req.pod.uid.clone(),
+        addrs: req.ips.clone(),
+    });
+    let rs = flock::render::render(&translate(snapshot, &eps, &Options::default()));
+    applier.lock().unwrap().apply(&rs).unwrap();
+}
+
+#[test]
+fn add_waits_for_the_agent_and_nothing_passes_before_the_rules() {
+    if !require_root("add_waits_for_the_agent_and_nothing_passes_before_the_rules") {
+        return;
+    }
+    let node = NetnsGuard::new("node");
+    node.ip(&["link", "add", "uplink", "type", "veth", "peer", "name", "uplink-peer"]);
+    node.ip(&["link", "set", "uplink", "up"]);
+    node.ip(&["link", "set", "uplink-peer", "up"]);
+    node.ip(&["route", "add", "default", "dev", "uplink"]);
+    let dir = TempDir::new("order");
+    let (ip_a, ip_b): (IpAddr, IpAddr) = ("198.18.60.10".parse().unwrap(), "198.18.60.20".parse().unwrap());
+    let mut snapshot = Snapshot::new();
+    snapshot.upsert_namespace(flock::model::convert::implicit_namespace("default"));
+    snapshot.upsert_pod(pod("a", ip_a));
+    snapshot.upsert_pod(pod("b", ip_b));
+
+    // The node's ruleset before any pod: unknown pod interfaces are dropped.
+    let applier = Arc::new(Mutex::new(Applier::new(NftCli::new(node.netns()))));
+    applier.lock().unwrap().apply(&flock::render::render(&translate(&snapshot, &[], &Options::default()))).unwrap();
+
+    let endpoints = Arc::new(Mutex::new(Vec::new()));
+    let committed: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let delay = Duration::from_millis(1500);
+    let (ap, sn, ep, cm) = (applier.clone(), snapshot.clone(), endpoints.clone(), committed.clone());
+    let _agent = FakeAgent::start(
+        &dir.join("cni.sock"),
+        Arc::new(move |req: &Request| {
+            if let Request::Add(add) = req {
+                if add.pod.name == "b" {
+                    std::thread::sleep(delay);
+                    program(&ap, &sn, &ep, add);
+                    *cm.lock().unwrap() = Some(Instant::now());
+                } else {
+                    program(&ap, &sn, &ep, add);
+                }
+            }
+            Reply::ok()
+        }),
+    );
+
+    let runtime =
+        Runtime { cni_path: vec![flock_cni_binary().parent().unwrap().to_path_buf(), PathBuf::from("/usr/lib/cni")], netns: node.netns() };
+    let conf = ConfList::parse(
+        &json!({"cniVersion": "1.0.0", "name": "order", "plugins": [{
+            "type": "flock-cni", "agentSocket": dir.join("cni.sock"), "stateDir": dir.join("state"),
+            "pendingDelDir": dir.join("spool"), "agentTimeoutSeconds": 10,
+            "ipam": {"type": "host-local", "dataDir": dir.join("ipam"), "ranges": [[{"subnet": "198.18.60.0/24"}]]}
+        }]})
+        .to_string(),
+    )
+    .unwrap();
+    let (pa, pb) = (NetnsGuard::new("pa"), NetnsGuard::new("pb"));
+    let sandbox = |p: &NetnsGuard, name: &str, ip: IpAddr| Sandbox {
+        container_id: format!("cid-{name}"),
+        netns: format!("/run/netns/{}", p.name),
+        ifname: "eth0".into(),
+        args: vec![
+            ("IgnoreUnknown".into(), "1".into()),
+            ("K8S_POD_NAMESPACE".into(), "default".into()),
+            ("K8S_POD_NAME".into(), name.into()),
+            ("K8S_POD_UID".into(), format!("uid-{name}")),
+            ("IP".into(), ip.to_string()),
+        ],
+        capability_args: Default::default(),
+    };
+    runtime.add(&conf, &sandbox(&pa, "a", ip_a)).unwrap();
+
+    // Probe both directions every few milliseconds while b is being added.
+    let stop = Arc::new(AtomicBool::new(false));
+    let probe = |from: String, to: IpAddr| {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut log: Vec<(Instant, bool)> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let ok = std::process::Command::new("ip")
+                    .args(["netns", "exec", &from, "ping", "-c", "1", "-W", "0.1", &to.to_string()])
+                    .output()
+                    .is_ok_and(|o| o.status.success());
+                log.push((t, ok));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            log
+        })
+    };
+    let a_to_b = probe(pa.name.clone(), ip_b);
+    let b_to_a = probe(pb.name.clone(), ip_a);
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(100));
+    let result = runtime.add(&conf, &sandbox(&pb, "b", ip_b)).unwrap();
+    let returned = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (ab, ba) = (a_to_b.join().unwrap(), b_to_a.join().unwrap());
+
+    let committed = committed.lock().unwrap().expect("the agent never committed b");
+    assert!(returned >= committed, "ADD returned before the agent committed the rules");
+    assert!(returned - started >= delay, "ADD returned early: {:?}", returned - started);
+    assert_eq!(result["ips"][0]["address"], format!("{ip_b}/32"));
+    for (dir_name, log) in [("a → b", &ab), ("b → a", &ba)] {
+        let early: Vec<_> = log.iter().filter(|(t, ok)| *ok && *t < committed).collect();
+        assert!(early.is_empty(), "{dir_name}: {} probes passed before the rules were committed", early.len());
+        assert!(log.iter().filter(|(t, _)| *t < committed).count() >= 5, "{dir_name}: too few probes during the wait");
+        assert!(log.iter().any(|(t, ok)| *ok && *t > committed), "{dir_name}: never passed after the commit");
+    }
+}
