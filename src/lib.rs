@@ -14,11 +14,20 @@
 //! nft syntax flock writes: it backs the in-memory fake applier and the packet tracer used by
 //! tests. [`apply`] is the edge that runs `nft`.
 
+pub mod agent;
 pub mod apply;
 pub mod conformance;
+pub mod controller;
+pub mod daemon;
+#[cfg(feature = "arbitrary")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod model;
 pub use flock_cni::netns;
 pub mod nft;
 pub mod render;
+pub mod sim;
+pub mod source;
+pub mod synth;
 pub mod testkit;
 pub mod translate;

@@ -31,6 +31,7 @@ fn pod(name: &str, ip: IpAddr) -> Pod {
         ips: vec![ip],
         host_network: false,
         ports: vec![],
+        created: None,
     }
 }
 
@@ -75,7 +76,7 @@ fn add_waits_for_the_agent_and_nothing_passes_before_the_rules() {
     applier.lock().unwrap().apply(&flock::render::render(&translate(&snapshot, &[], &Options::default()))).unwrap();
 
     let endpoints = Arc::new(Mutex::new(Vec::new()));
-    let committed: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let committed: Arc<Mutex<Option<(Instant, Instant)>>> = Arc::new(Mutex::new(None));
     let delay = Duration::from_millis(1500);
     let (ap, sn, ep, cm) = (applier.clone(), snapshot.clone(), endpoints.clone(), committed.clone());
     let _agent = FakeAgent::start(
@@ -84,8 +85,12 @@ fn add_waits_for_the_agent_and_nothing_passes_before_the_rules() {
             if let Request::Add(add) = req {
                 if add.pod.name == "b" {
                     std::thread::sleep(delay);
+                    // Taken before the transaction starts: a probe that *finished* before
+                    // this instant and succeeded passed without rules. (A probe that started
+                    // before but ran during the commit proves nothing either way.)
+                    let begin = Instant::now();
                     program(&ap, &sn, &ep, add);
-                    *cm.lock().unwrap() = Some(Instant::now());
+                    *cm.lock().unwrap() = Some((begin, Instant::now()));
                 } else {
                     program(&ap, &sn, &ep, add);
                 }
@@ -126,14 +131,15 @@ fn add_waits_for_the_agent_and_nothing_passes_before_the_rules() {
     let probe = |from: String, to: IpAddr| {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            let mut log: Vec<(Instant, bool)> = Vec::new();
+            // (started, finished, passed)
+            let mut log: Vec<(Instant, Instant, bool)> = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let ok = std::process::Command::new("ip")
                     .args(["netns", "exec", &from, "ping", "-c", "1", "-W", "0.1", &to.to_string()])
                     .output()
                     .is_ok_and(|o| o.status.success());
-                log.push((t, ok));
+                log.push((t, Instant::now(), ok));
                 std::thread::sleep(Duration::from_millis(20));
             }
             log
@@ -149,14 +155,15 @@ fn add_waits_for_the_agent_and_nothing_passes_before_the_rules() {
     stop.store(true, Ordering::Relaxed);
     let (ab, ba) = (a_to_b.join().unwrap(), b_to_a.join().unwrap());
 
-    let committed = committed.lock().unwrap().expect("the agent never committed b");
+    let (commit_began, committed) = committed.lock().unwrap().expect("the agent never committed b");
     assert!(returned >= committed, "ADD returned before the agent committed the rules");
     assert!(returned - started >= delay, "ADD returned early: {:?}", returned - started);
     assert_eq!(result["ips"][0]["address"], format!("{ip_b}/32"));
     for (dir_name, log) in [("a → b", &ab), ("b → a", &ba)] {
-        let early: Vec<_> = log.iter().filter(|(t, ok)| *ok && *t < committed).collect();
+        let early: Vec<_> = log.iter().filter(|(_, end, ok)| *ok && *end < commit_began).collect();
         assert!(early.is_empty(), "{dir_name}: {} probes passed before the rules were committed", early.len());
-        assert!(log.iter().filter(|(t, _)| *t < committed).count() >= 5, "{dir_name}: too few probes during the wait");
-        assert!(log.iter().any(|(t, ok)| *ok && *t > committed), "{dir_name}: never passed after the commit");
+        let during_wait = log.iter().filter(|(_, end, _)| *end < commit_began).count();
+        assert!(during_wait >= 5, "{dir_name}: too few probes during the wait ({during_wait})");
+        assert!(log.iter().any(|(t, _, ok)| *ok && *t > committed), "{dir_name}: never passed after the commit");
     }
 }

@@ -150,6 +150,7 @@ fn two_pods(extra_label: Option<&str>) -> (Snapshot, Pod, Pod) {
         ips: vec![ip.parse().unwrap()],
         host_network: false,
         ports: vec![],
+        created: None,
     };
     let a = mk("a", "198.18.10.1");
     let mut b = mk("b", "198.18.10.2");

@@ -7,3 +7,4 @@ tests/setup.sh
 export FLOCK_REQUIRE_ROOT=1
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc
+tests/lint-deploy.sh

@@ -1,9 +1,9 @@
 //! The real backend: the `nft` command, in a given network namespace.
 //!
 //! Scripts go to `nft -f -` on stdin (one atomic transaction per call); listings come from
-//! `nft -s list table inet flock` (text, for drift comparison) and `nft -j -t list table`
-//! (JSON without set elements, read with the `nftables` crate's schema types, for object
-//! names and handles). Errors carry nft's own message.
+//! `nft -s list table inet flock` (text, for drift comparison) and `list chains/sets/maps`
+//! in terse JSON (read with the `nftables` crate's schema types, for object names and
+//! handles). Errors carry nft's own message.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -99,16 +99,21 @@ impl Backend for NftCli {
     }
 
     fn list_objects(&mut self) -> Result<Vec<ObjectInfo>, ApplyError> {
-        let out = self.exec(&["-j", "-t", "list", "table", FAMILY, TABLE], None)?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        // Three object listings in one nft run: unlike `list table`, they do not make nft
+        // fetch every rule and set element (10 ms instead of 97 ms for a 150k-pod cluster's
+        // table). They cover the whole family; `parse_objects` keeps flock's table. (On the
+        // command line: with `-j`, `-f -` would be read as JSON input.)
+        let script = format!("list chains {FAMILY}; list sets {FAMILY}; list maps {FAMILY}");
+        let out = self.exec(&["-j", "-t", &script], None)?;
         if !out.status.success() {
-            return if is_missing_table(&stderr) { Ok(Vec::new()) } else { Err(ApplyError::List(stderr.trim().to_string())) };
+            return Err(ApplyError::List(String::from_utf8_lossy(&out.stderr).trim().to_string()));
         }
         parse_objects(&out.stdout)
     }
 }
 
-/// Object names, kinds and handles from `nft -j -t list table` output.
+/// Object names, kinds and handles of table `inet flock` from `nft -j -t` listings: one
+/// JSON document, or several in a row (one per listing command).
 ///
 /// Chains and sets are read with the `nftables` crate's schema types. Maps are read by hand:
 /// crate 0.6.3 has no `verdict` data type, so a verdict map (flock's dispatch maps) does not
@@ -120,9 +125,12 @@ pub fn parse_objects(json: &[u8]) -> Result<Vec<ObjectInfo>, ApplyError> {
         nftables: Vec<serde_json::Value>,
     }
     let bad = |e: String| ApplyError::List(format!("unexpected JSON from nft: {e}"));
-    let doc: Listing = serde_json::from_slice(json).map_err(|e| bad(e.to_string()))?;
+    let mut objects = Vec::new();
+    for doc in serde_json::Deserializer::from_slice(json).into_iter::<Listing>() {
+        objects.extend(doc.map_err(|e| bad(e.to_string()))?.nftables);
+    }
     let mut out = Vec::new();
-    for obj in doc.nftables {
+    for obj in objects {
         if let Some(c) = obj.get("chain") {
             let c: Chain<'_> = serde_json::from_value(c.clone()).map_err(|e| bad(format!("chain: {e}")))?;
             if c.table == TABLE {
@@ -148,6 +156,7 @@ pub fn parse_objects(json: &[u8]) -> Result<Vec<ObjectInfo>, ApplyError> {
         }
     }
     out.sort();
+    out.dedup();
     Ok(out)
 }
 
@@ -171,5 +180,18 @@ mod tests {
             ]
         );
         assert!(parse_objects(b"not json").is_err());
+    }
+
+    #[test]
+    fn parses_one_document_per_listing_and_keeps_only_flocks_table() {
+        // Captured from nft 1.0.6: `nft -j -t 'list chains inet; list sets inet; list maps inet'`.
+        let json = br#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"chain": {"family": "inet", "table": "flock", "name": "forward", "handle": 223, "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}}, {"chain": {"family": "inet", "table": "host", "name": "input", "handle": 1, "type": "filter", "hook": "input", "prio": 0, "policy": "accept"}}]}
+{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"set": {"family": "inet", "name": "pod-addrs-v4", "table": "flock", "type": ["ifname", "ipv4_addr"], "handle": 3, "comment": "c"}}]}
+{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}]}
+"#;
+        let objs = parse_objects(json).unwrap();
+        let names: Vec<(Kind, &str, bool)> = objs.iter().map(|o| (o.kind, o.name.as_str(), o.is_base)).collect();
+        assert_eq!(names, vec![(Kind::Chain, "forward", true), (Kind::Set, "pod-addrs-v4", false)]);
+        assert!(parse_objects(b"{\"nftables\": []}\n{broken").is_err());
     }
 }

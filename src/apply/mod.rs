@@ -8,12 +8,14 @@
 //!   unregisters its hook and packets are dropped meanwhile (kube-network-policies #402). A
 //!   full sync declares every object (`add` is idempotent), flushes flock's chains, sets and
 //!   maps, flushes and deletes stale ones, and writes the rendered table — all in one
-//!   transaction, so packets see the old ruleset or the new one, never a mix.
+//!   transaction, so packets see the old ruleset or the new one, never a mix. Into a table
+//!   that does not exist yet, the render alone is the transaction.
 //! - A render equal to the last one applied is a no-op.
 //! - A failed transaction leaves the previous ruleset in force and returns the error with
 //!   nft's message; the next sync is a full one that re-reads which objects exist.
 //! - [`Applier::check_drift`] compares the kernel's listing with what was applied (both in
-//!   canonical form) so a periodic resync can repair edits made behind flock's back.
+//!   canonical form) so a periodic resync can repair edits made behind flock's back. The
+//!   applied side's canonical form is computed on the first check, not on every apply.
 //!
 //! It touches no table but `inet flock`.
 
@@ -103,8 +105,20 @@ pub enum Drift {
 
 struct Applied {
     text: String,
-    canonical: String,
+    /// The canonical form of `text`, computed when a drift check first needs it: parsing a
+    /// large render costs about as much as a quarter of the nft transaction itself.
+    canonical: Option<String>,
     objects: BTreeSet<(Kind, String)>,
+}
+
+impl Applied {
+    fn new(text: String, objects: BTreeSet<(Kind, String)>) -> Self {
+        Self { text, canonical: None, objects }
+    }
+
+    fn canonical(&mut self) -> &str {
+        self.canonical.get_or_insert_with(|| crate::nft::canonical(&self.text).unwrap_or_default())
+    }
 }
 
 /// Applies rulesets through a [`Backend`], de-duplicated against the last applied one.
@@ -139,14 +153,35 @@ impl<B: Backend> Applier<B> {
         if !self.full && self.last.as_ref().is_some_and(|l| l.text == text) {
             return Ok(Outcome::Unchanged);
         }
+        let desired: BTreeSet<(Kind, String)> = rs.objects.iter().map(object_key).collect();
         let existing: BTreeSet<(Kind, String)> = match (&self.last, self.full) {
             (Some(last), false) => last.objects.clone(),
-            _ => self.backend.list_objects()?.into_iter().map(|o| (o.kind, o.name)).collect(),
+            (None, _) => {
+                // First sync of this process. No table: nothing to flush or delete. A table
+                // with exactly this content (a restart): adopt it instead of rewriting it.
+                match self.backend.list_table()? {
+                    None => BTreeSet::new(),
+                    Some(listing) => {
+                        let canonical = crate::nft::canonical(&text).unwrap_or_default();
+                        if crate::nft::canonical(&listing).is_ok_and(|c| c == canonical) {
+                            self.last = Some(Applied { text, canonical: Some(canonical), objects: desired });
+                            self.full = false;
+                            return Ok(Outcome::Unchanged);
+                        }
+                        self.list_existing()?
+                    }
+                }
+            }
+            (Some(_), true) => self.list_existing()?,
         };
-        let desired: BTreeSet<(Kind, String)> = rs.objects.iter().map(object_key).collect();
         let stale: Vec<(Kind, String)> = existing.difference(&desired).cloned().collect();
-        let script = transaction(rs, &existing, &stale, &text);
-        let result = self.backend.run(&script).or_else(|first| {
+        let result = if existing.is_empty() {
+            // Into a new table the render alone is the whole transaction.
+            self.backend.run(&text)
+        } else {
+            self.backend.run(&transaction(rs, &existing, &stale, &text))
+        };
+        let result = result.or_else(|first| {
             // The kernel's table is not what flock believed (edited by hand, left by another
             // version, an object with other attributes): rebuild everything but the base
             // chain from a fresh listing, in one transaction, before giving up.
@@ -161,8 +196,7 @@ impl<B: Backend> Applier<B> {
         });
         match result {
             Ok(()) => {
-                let canonical = crate::nft::canonical(&text).unwrap_or_default();
-                self.last = Some(Applied { text, canonical, objects: desired });
+                self.last = Some(Applied::new(text, desired));
                 self.full = false;
                 Ok(Outcome::Applied { stale_deleted: stale.len() })
             }
@@ -171,6 +205,10 @@ impl<B: Backend> Applier<B> {
                 Err(e)
             }
         }
+    }
+
+    fn list_existing(&mut self) -> Result<BTreeSet<(Kind, String)>, ApplyError> {
+        Ok(self.backend.list_objects()?.into_iter().map(|o| (o.kind, o.name)).collect())
     }
 
     /// Validates `rs` against the current kernel state without committing.
@@ -184,18 +222,22 @@ impl<B: Backend> Applier<B> {
 
     /// Compares the kernel's table with the last applied ruleset.
     pub fn check_drift(&mut self) -> Result<Drift, ApplyError> {
-        let Some(last) = &self.last else { return Ok(Drift::NotApplied) };
+        if self.last.is_none() {
+            return Ok(Drift::NotApplied);
+        }
         let Some(listing) = self.backend.list_table()? else { return Ok(Drift::Missing) };
+        let Some(last) = self.last.as_mut() else { return Ok(Drift::NotApplied) };
+        let applied = last.canonical();
         let current = match crate::nft::canonical(&listing) {
             Ok(c) => c,
             Err(e) => return Ok(Drift::Changed { first_difference: format!("listing not understood: {e}") }),
         };
-        if current == last.canonical {
+        if current == applied {
             return Ok(Drift::InSync);
         }
         let first_difference = current
             .lines()
-            .zip(last.canonical.lines())
+            .zip(applied.lines())
             .find(|(a, b)| a != b)
             .map(|(a, b)| format!("kernel has {:?}, flock applied {:?}", a.trim(), b.trim()))
             .unwrap_or_else(|| "one listing is longer".into());

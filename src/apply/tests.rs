@@ -127,3 +127,17 @@ fn check_validates_without_committing() {
     a.check(&ruleset(&with(DENY_X))).unwrap();
     assert!(a.backend().table().is_none());
 }
+
+#[test]
+fn a_restarted_applier_adopts_identical_kernel_content() {
+    let mut a = Applier::new(FakeNft::new());
+    let rs = ruleset(&with(DENY_X));
+    a.apply(&rs).unwrap();
+    // A new process: same kernel state, fresh applier.
+    let fake = a.backend().clone();
+    let mut b = Applier::new(fake);
+    assert_eq!(b.apply(&rs).unwrap(), Outcome::Unchanged);
+    assert_eq!(b.backend().transactions, 1);
+    // Different content is applied as usual.
+    assert!(matches!(b.apply(&ruleset(&testkit::base_cluster())).unwrap(), Outcome::Applied { .. }));
+}

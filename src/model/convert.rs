@@ -126,6 +126,7 @@ pub fn pod(pod: &core::Pod) -> Result<Pod, ConvertError> {
         ips,
         host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
         ports,
+        created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()),
     })
 }
 

@@ -244,6 +244,13 @@ impl Ruleset {
     }
 }
 
+/// The words of a rule, quoted strings left out: a comment (or any string) that reads
+/// `@set` or `jump chain` refers to nothing, as for nft.
+fn rule_words(rule: &str) -> Vec<String> {
+    let toks = parse::tokenize(rule).unwrap_or_default();
+    toks.into_iter().filter_map(|(t, _)| if let parse::Tok::Word(w) = t { Some(w) } else { None }).collect()
+}
+
 fn verdict_target(v: &str) -> Option<&str> {
     v.strip_prefix("jump ").or_else(|| v.strip_prefix("goto "))
 }
@@ -283,9 +290,10 @@ impl Table {
     fn referrer(&self, kind: Kind, name: &str) -> Option<String> {
         for (cname, c) in &self.chains {
             for r in &c.rules {
+                let words = rule_words(r);
                 let hit = match kind {
-                    Kind::Chain => r.split(' ').collect::<Vec<_>>().windows(2).any(|w| (w[0] == "jump" || w[0] == "goto") && w[1] == name),
-                    Kind::Set | Kind::Map => r.split(' ').any(|w| w.strip_prefix('@') == Some(name)),
+                    Kind::Chain => words.windows(2).any(|w| (w[0] == "jump" || w[0] == "goto") && w[1] == name),
+                    Kind::Set | Kind::Map => words.iter().any(|w| w.strip_prefix('@') == Some(name)),
                 };
                 if hit {
                     return Some(format!("a rule in chain {cname}"));
@@ -304,14 +312,14 @@ impl Table {
 
     /// Every `@set` and `jump`/`goto` target of a rule must exist.
     fn check_rule_refs(&self, rule: &str) -> Result<(), String> {
-        let words: Vec<&str> = rule.split(' ').collect();
+        let words = rule_words(rule);
         for (i, w) in words.iter().enumerate() {
             if let Some(set) = w.strip_prefix('@')
                 && !self.sets.contains_key(set)
             {
                 return Err(format!("set {set} does not exist"));
             }
-            if (*w == "jump" || *w == "goto") && i + 1 < words.len() && !self.chains.contains_key(words[i + 1]) {
+            if (w == "jump" || w == "goto") && i + 1 < words.len() && !self.chains.contains_key(&words[i + 1]) {
                 return Err(format!("chain {} does not exist", words[i + 1]));
             }
         }
@@ -425,6 +433,17 @@ mod tests {
         r.apply_script("flush chain inet t b\ndelete chain inet t b\nflush chain inet t a\ndelete chain inet t a\ndelete set inet t s\n")
             .unwrap();
         assert!(r.table("inet", "t").unwrap().objects().is_empty());
+    }
+
+    #[test]
+    fn strings_are_not_references() {
+        // Found by the `hostile_strings` fuzzer (fuzz/corpus/hostile_strings/repro-at-sign-in-
+        // comment): a namespace named `@` put `@/db` in a rule comment, which was taken for a
+        // set reference; a comment naming a chain kept the chain from being deleted.
+        let mut r = Ruleset::from_text(BASE).unwrap();
+        r.apply_script("add rule inet t a counter comment \"@nope jump nope, @s goto b\"").unwrap();
+        r.apply_script("flush chain inet t b\ndelete chain inet t b").unwrap();
+        assert!(r.table("inet", "t").unwrap().chains["a"].rules[1].contains("@nope"));
     }
 
     #[test]

@@ -458,8 +458,8 @@ impl Renderer<'_> {
         }
         let addrs = self.np.peer_sets.get(def)?;
         let elements: Vec<Element> = match fam {
-            Family::V4 => addrs.v4.iter().map(|(n, c)| element_of(&host_or_net(&(*n).into()), c)).collect(),
-            Family::V6 => addrs.v6.iter().map(|(n, c)| element_of(&host_or_net(&(*n).into()), c)).collect(),
+            Family::V4 => addrs.v4.iter().map(|(n, c)| element_of(host_or_net(&(*n).into()), c)).collect(),
+            Family::V6 => addrs.v6.iter().map(|(n, c)| element_of(host_or_net(&(*n).into()), c)).collect(),
         };
         if elements.is_empty() {
             return None;
@@ -483,8 +483,8 @@ impl Renderer<'_> {
         }
         let set = self.np.port_sets.get(def)?;
         let elements: Vec<Element> = match fam {
-            Family::V4 => set.v4.iter().map(|((a, p, n), c)| element_of(&format!("{a} . {} . {n}", p.as_nft()), c)).collect(),
-            Family::V6 => set.v6.iter().map(|((a, p, n), c)| element_of(&format!("{a} . {} . {n}", p.as_nft()), c)).collect(),
+            Family::V4 => set.v4.iter().map(|((a, p, n), c)| element_of(format!("{a} . {} . {n}", p.as_nft()), c)).collect(),
+            Family::V6 => set.v6.iter().map(|((a, p, n), c)| element_of(format!("{a} . {} . {n}", p.as_nft()), c)).collect(),
         };
         if elements.is_empty() {
             return None;
@@ -506,8 +506,8 @@ impl Renderer<'_> {
     }
 }
 
-fn element_of(key: &str, c: &str) -> Element {
-    Element { key: key.to_string(), comment: comment(c), verdict: None }
+fn element_of(key: String, c: &str) -> Element {
+    Element { key, comment: comment(c), verdict: None }
 }
 
 /// A host prefix prints as its address (as nft lists it); others as CIDR.

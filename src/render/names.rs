@@ -71,6 +71,9 @@ pub fn human_part(s: &str) -> String {
 /// A comment nft accepts for any input: printable ASCII without `"` and `\`, at most
 /// [`MAX_COMMENT`] bytes (longer text is cut and marked with a hash of the whole).
 pub fn comment(s: &str) -> String {
+    if s.len() <= MAX_COMMENT && s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') {
+        return s.to_string(); // already clean: the common case, without the per-character walk
+    }
     let clean: String = s.chars().map(|c| if (' '..='~').contains(&c) && c != '"' && c != '\\' { c } else { '?' }).collect();
     if clean.len() <= MAX_COMMENT {
         return clean;

@@ -17,6 +17,10 @@
 //! - Peers are pods that have an address, are not terminal and are not host-networked
 //!   ([`Pod::is_peer`]). Host-networked pods are never isolated by flock either: they have no
 //!   flock endpoint (the runtime does not call CNI for them).
+//! - An address belongs to one live pod ([`Addresses`]). This node's endpoints, as flock-cni
+//!   reported them, are authoritative for their pods' addresses (the API's `podIPs` lag
+//!   behind the sandbox); elsewhere, of two live pods reporting one address, the newer owns
+//!   it (the older one's sandbox is gone: its address was released and reused).
 //! - A connection is allowed iff the source's egress allows it and the destination's ingress
 //!   allows it; each node enforces the directions of its own pods.
 //!
@@ -27,6 +31,7 @@ pub mod ir;
 pub mod selector;
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 pub use compile::{CompiledPolicy, PolicyProblem, PortSpec};
 pub use ir::*;
@@ -52,26 +57,31 @@ impl Default for Options {
 
 /// Translates the snapshot into what this node enforces for `endpoints`.
 pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Options) -> NodePolicy {
-    let mut tr = Translator { snapshot, out: NodePolicy::default(), compiled: BTreeMap::new() };
+    // One endpoint per interface. Two endpoints claiming one interface (a stale report next
+    // to a new one) resolve by the endpoints' full order, not by the order they came in, so
+    // the output does not depend on it.
+    let mut eps: Vec<&LocalEndpoint> = endpoints.iter().collect();
+    eps.sort();
+    eps.dedup_by(|a, b| a.interface == b.interface);
+    let addresses = Addresses::new(snapshot, &eps);
+    let mut tr = Translator { snapshot, addresses, out: NodePolicy::default() };
 
     // Only policies in namespaces with a local pod can select one.
     let mut problems = Vec::new();
+    let mut compiled: BTreeMap<&str, Vec<CompiledPolicy>> = BTreeMap::new();
     for ep in endpoints {
         let ns = ep.pod.namespace.as_str();
-        if !tr.compiled.contains_key(ns) {
+        if !compiled.contains_key(ns) {
             let policies: Vec<CompiledPolicy> = snapshot.policies_in(ns).map(|p| compile::compile(p, &mut problems)).collect();
-            tr.compiled.insert(ns.to_string(), policies);
+            compiled.insert(ns, policies);
         }
     }
     problems.sort();
     problems.dedup();
     tr.out.problems = problems;
 
-    let mut eps: Vec<&LocalEndpoint> = endpoints.iter().collect();
-    eps.sort_by(|a, b| a.interface.cmp(&b.interface));
-    eps.dedup_by(|a, b| a.interface == b.interface);
     for ep in eps {
-        let policy = tr.endpoint(ep, options);
+        let policy = tr.endpoint(ep, &compiled, options);
         tr.out.endpoints.push(policy);
     }
     tr.out
@@ -86,23 +96,95 @@ pub fn validate_all(snapshot: &Snapshot) -> Vec<PolicyProblem> {
     problems
 }
 
-struct Translator<'a> {
-    snapshot: &'a Snapshot,
-    out: NodePolicy,
-    compiled: BTreeMap<String, Vec<CompiledPolicy>>,
+/// The pod an endpoint belongs to: by uid when the runtime gave one (and it agrees on the
+/// name), else the live pod with that namespace/name.
+fn pod_of<'s>(snapshot: &'s Snapshot, ep: &LocalEndpoint) -> Option<&'s Pod> {
+    match &ep.pod_uid {
+        Some(uid) => snapshot.pod(uid).filter(|p| p.namespace == ep.pod.namespace && p.name == ep.pod.name),
+        None => snapshot.pod_by_name(&ep.pod),
+    }
 }
 
-impl Translator<'_> {
-    /// The pod an endpoint belongs to: by uid when the runtime gave one (and it agrees on the
-    /// name), else the live pod with that namespace/name.
-    fn pod_of(&self, ep: &LocalEndpoint) -> Option<&Pod> {
-        match &ep.pod_uid {
-            Some(uid) => self.snapshot.pod(uid).filter(|p| p.namespace == ep.pod.namespace && p.name == ep.pod.name),
-            None => self.snapshot.pod_by_name(&ep.pod),
+/// Who owns an address, for peer sets.
+///
+/// - An address of one of this node's endpoints belongs to that endpoint's pod, and a local
+///   pod's addresses are its endpoint's (flock-cni's ADD is authoritative here; the API's
+///   `podIPs` may still be empty or stale). An endpoint whose pod is not in the snapshot yet
+///   still holds its addresses: no other pod gets them.
+/// - Any other address belongs to the newest live (not terminal, not host-networked) pod
+///   reporting it, by `creationTimestamp`, then uid; an address is never in two pods' names.
+pub struct Addresses<'a> {
+    snapshot: &'a Snapshot,
+    /// Local pod uid → its endpoint's addresses.
+    local_pods: BTreeMap<&'a str, &'a [IpAddr]>,
+    /// Local endpoint address → its pod's uid (`None`: a pod not in the snapshot yet).
+    local_addrs: BTreeMap<IpAddr, Option<&'a str>>,
+}
+
+impl<'a> Addresses<'a> {
+    /// `endpoints` de-duplicated by interface, in order (the first claim of an address wins).
+    pub fn new(snapshot: &'a Snapshot, endpoints: &[&'a LocalEndpoint]) -> Self {
+        let mut local_pods = BTreeMap::new();
+        let mut local_addrs = BTreeMap::new();
+        for ep in endpoints {
+            let uid = pod_of(snapshot, ep).map(|p| p.uid.as_str());
+            if let Some(uid) = uid {
+                local_pods.entry(uid).or_insert(ep.addrs.as_slice());
+            }
+            for ip in &ep.addrs {
+                local_addrs.entry(*ip).or_insert(uid);
+            }
         }
+        Self { snapshot, local_pods, local_addrs }
     }
 
-    fn endpoint(&mut self, ep: &LocalEndpoint, options: &Options) -> EndpointPolicy {
+    /// The addresses `pod` reports: its endpoint's on this node, else its `podIPs`.
+    fn reported(&self, pod: &'a Pod) -> &'a [IpAddr] {
+        self.local_pods.get(pod.uid.as_str()).copied().unwrap_or(&pod.ips)
+    }
+
+    /// Whether `pod` owns `ip` (see the type's doc).
+    fn owns(&self, pod: &Pod, ip: &IpAddr) -> bool {
+        if let Some(owner) = self.local_addrs.get(ip) {
+            return *owner == Some(pod.uid.as_str());
+        }
+        // Rivals: other live pods whose reported addresses include `ip`. A local pod's
+        // addresses are its endpoint's, and this one is not among them.
+        let newer_rival = self.snapshot.pods_with_ip(ip).any(|other| {
+            other.uid != pod.uid
+                && !other.phase.is_terminal()
+                && !other.host_network
+                && !self.local_pods.contains_key(other.uid.as_str())
+                && (other.created, &other.uid) > (pod.created, &pod.uid)
+        });
+        !newer_rival
+    }
+
+    /// The addresses of `pod` as a peer: those it reports and owns (none if it cannot be a
+    /// peer at all).
+    pub fn of(&self, pod: &'a Pod) -> impl Iterator<Item = IpAddr> + '_ {
+        let live = !pod.phase.is_terminal() && !pod.host_network;
+        self.reported(pod).iter().filter(move |ip| live && self.owns(pod, ip)).copied()
+    }
+
+    /// Whether `pod` is a peer: live, not host-networked, with an address it owns.
+    pub fn is_peer(&self, pod: &'a Pod) -> bool {
+        self.of(pod).next().is_some()
+    }
+}
+
+struct Translator<'a> {
+    snapshot: &'a Snapshot,
+    addresses: Addresses<'a>,
+    out: NodePolicy,
+}
+
+impl<'a> Translator<'a> {
+    fn pod_of(&self, ep: &LocalEndpoint) -> Option<&'a Pod> {
+        pod_of(self.snapshot, ep)
+    }
+
+    fn endpoint(&mut self, ep: &LocalEndpoint, compiled: &BTreeMap<&str, Vec<CompiledPolicy>>, options: &Options) -> EndpointPolicy {
         let mut policy = EndpointPolicy {
             interface: ep.interface.clone(),
             pod: ep.pod.clone(),
@@ -110,7 +192,7 @@ impl Translator<'_> {
             ingress: DirectionPolicy::default(),
             egress: DirectionPolicy::default(),
         };
-        let Some(pod) = self.pod_of(ep).cloned() else {
+        let Some(pod) = self.pod_of(ep) else {
             policy.ingress.isolated_by.push(Isolation::UnknownPod);
             policy.egress.isolated_by.push(Isolation::UnknownPod);
             return policy;
@@ -118,15 +200,15 @@ impl Translator<'_> {
         if options.isolate_run_pods && pod.labels.contains_key(RUN_LABEL) {
             policy.egress.isolated_by.push(Isolation::RunPod);
         }
-        let selecting: Vec<CompiledPolicy> =
-            self.compiled.get(&pod.namespace).into_iter().flatten().filter(|c| c.selector.matches(&pod.labels)).cloned().collect();
+        let selecting: Vec<&CompiledPolicy> =
+            compiled.get(pod.namespace.as_str()).into_iter().flatten().filter(|c| c.selector.matches(&pod.labels)).collect();
         for dir in [Direction::Ingress, Direction::Egress] {
             let mut rules = RuleList::default();
             let mut isolated_by = Vec::new();
             for c in selecting.iter().filter(|c| c.affects(dir)) {
                 isolated_by.push(Isolation::Policy(c.key.clone()));
                 for rule in c.rules(dir) {
-                    self.rule(&pod, &c.key, dir, rule, &mut rules);
+                    self.rule(pod, &c.key, dir, rule, &mut rules);
                 }
             }
             let slot = match dir {
@@ -208,10 +290,10 @@ impl Translator<'_> {
                 }
             }
             PeerDef::Pods { .. } => {
-                for pod in pods_of(self.snapshot, def) {
+                for pod in self.pods_of(def) {
                     let name = format!("{}/{}", pod.namespace, pod.name);
-                    for ip in &pod.ips {
-                        set.insert(ipnet::IpNet::from(*ip), &name);
+                    for ip in self.addresses.of(pod) {
+                        set.insert(ipnet::IpNet::from(ip), &name);
                     }
                 }
             }
@@ -225,41 +307,47 @@ impl Translator<'_> {
             return;
         }
         let mut set = PortAddressSet::default();
+        let named = |cp: &&crate::model::ContainerPort| cp.protocol == def.protocol && cp.name.as_deref() == Some(def.name.as_str());
         let candidates: Vec<&Pod> = match &def.dest {
-            None => self.snapshot.pods().filter(|p| p.is_peer()).collect(),
-            Some(dest) => pods_of(self.snapshot, dest),
+            // Every pod: those with the port first, the cheaper test.
+            None => self.snapshot.pods().filter(|p| p.ports.iter().any(|cp| named(&cp)) && self.addresses.is_peer(p)).collect(),
+            Some(dest) => self.pods_of(dest),
         };
         for pod in candidates {
             let name = format!("{}/{}", pod.namespace, pod.name);
-            for cp in pod.ports.iter().filter(|cp| cp.protocol == def.protocol && cp.name.as_deref() == Some(def.name.as_str())) {
-                for ip in &pod.ips {
+            for cp in pod.ports.iter().filter(named) {
+                for ip in self.addresses.of(pod) {
                     if let Some(PeerDef::Block(b)) = &def.dest
-                        && !b.contains(*ip)
+                        && !b.contains(ip)
                     {
                         continue;
                     }
-                    set.insert(*ip, cp.protocol, cp.port, &name);
+                    set.insert(ip, cp.protocol, cp.port, &name);
                 }
             }
         }
         self.out.port_sets.insert(def.clone(), set);
     }
-}
 
-/// The peer pods a definition selects. For an ipBlock: the pods with an address inside it.
-fn pods_of<'s>(snapshot: &'s Snapshot, def: &PeerDef) -> Vec<&'s Pod> {
-    match def {
-        PeerDef::Block(b) => snapshot.pods().filter(|p| p.is_peer() && p.ips.iter().any(|ip| b.contains(*ip))).collect(),
-        PeerDef::Pods { namespaces, pods } => {
-            let matches = |p: &Pod| p.is_peer() && pods.as_ref().is_none_or(|s| s.matches(&p.labels));
-            match namespaces {
-                NsScope::Named(ns) => snapshot.pods_in(ns).filter(|p| matches(p)).collect(),
-                NsScope::Matching(sel) => snapshot
-                    .namespaces()
-                    .filter(|ns| sel.matches(&ns.labels))
-                    .flat_map(|ns| snapshot.pods_in(&ns.name))
-                    .filter(|p| matches(p))
-                    .collect(),
+    /// The peer pods a definition selects. For an ipBlock: the pods with an address inside it.
+    fn pods_of(&self, def: &PeerDef) -> Vec<&'a Pod> {
+        let (snapshot, addresses) = (self.snapshot, &self.addresses);
+        match def {
+            PeerDef::Block(b) => snapshot
+                .pods()
+                .filter(|p| addresses.reported(p).iter().any(|ip| b.contains(*ip)) && addresses.of(p).any(|ip| b.contains(ip)))
+                .collect(),
+            PeerDef::Pods { namespaces, pods } => {
+                let matches = |p: &'a Pod| pods.as_ref().is_none_or(|s| s.matches(&p.labels)) && addresses.is_peer(p);
+                match namespaces {
+                    NsScope::Named(ns) => snapshot.pods_in(ns).filter(|p| matches(p)).collect(),
+                    NsScope::Matching(sel) => snapshot
+                        .namespaces()
+                        .filter(|ns| sel.matches(&ns.labels))
+                        .flat_map(|ns| snapshot.pods_in(&ns.name))
+                        .filter(|p| matches(p))
+                        .collect(),
+                }
             }
         }
     }

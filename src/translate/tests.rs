@@ -426,3 +426,128 @@ fn translation_is_deterministic() {
     let s = with(CASES[10].policies);
     assert_eq!(run(&s), run(&s));
 }
+
+#[test]
+fn endpoints_claiming_one_interface_resolve_whatever_their_order() {
+    // Found by the `pipeline` fuzzer (fuzz/corpus/pipeline/repro-duplicate-interface): the
+    // first of two endpoints with one interface used to win, so the input order decided.
+    let s = testkit::base_cluster();
+    let a = LocalEndpoint::for_pod(s.pod_by_name(&testkit::pod_ref("x/a")).unwrap());
+    let mut ghost = a.clone();
+    ghost.container_id = "stale-sandbox".into();
+    ghost.pod = testkit::pod_ref("y/ghost");
+    ghost.pod_uid = None;
+    let forward = translate(&s, &[a.clone(), ghost.clone()], &Options::default());
+    let backward = translate(&s, &[ghost, a], &Options::default());
+    assert_eq!(forward, backward);
+    assert_eq!(forward.endpoints.len(), 1);
+}
+
+const FROM_Y: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}]}]";
+
+/// The addresses (with their pod comment) of x/a's only ingress peer set.
+fn ingress_peers(np: &NodePolicy) -> Vec<(String, String)> {
+    let key = testkit::pod_ref("x/a");
+    let ep = np.endpoints.iter().find(|e| e.pod == key).unwrap();
+    let PeerMatch::Addresses(def) = &ep.ingress.rules[0].peer else { panic!("not a peer set") };
+    let set = &np.peer_sets[def];
+    set.v4
+        .iter()
+        .map(|(n, c)| (n.addr().to_string(), c.clone()))
+        .chain(set.v6.iter().map(|(n, c)| (n.addr().to_string(), c.clone())))
+        .collect()
+}
+
+fn pod_named(s: &Snapshot, name: &str) -> crate::model::Pod {
+    s.pod_by_name(&testkit::pod_ref(name)).unwrap().clone()
+}
+
+#[test]
+fn a_reused_address_belongs_to_the_newer_live_pod_only() {
+    let mut s = with(FROM_Y);
+    let mut old = pod_named(&s, "y/a");
+    old.created = Some(1_000);
+    s.upsert_pod(old.clone());
+    // A new pod in x was given y/a's address while y/a's status has not caught up yet
+    // (y/a is gone or being deleted): the newer pod owns the address.
+    let mut new = pod_named(&s, "x/b");
+    new.uid = "uid-new".into();
+    new.name = "new".into();
+    new.ips = old.ips.clone();
+    new.created = Some(2_000);
+    s.upsert_pod(new.clone());
+    let ip = old.ips[0].to_string();
+    let np = translate(&s, &[], &Options::default());
+    assert!(np.peer_sets.is_empty(), "no local endpoint, nothing computed");
+    let eps = vec![LocalEndpoint::for_pod(&pod_named(&s, "x/a"))];
+    let peers = ingress_peers(&translate(&s, &eps, &Options::default()));
+    assert!(!peers.iter().any(|(a, _)| *a == ip), "y/a no longer owns {ip}: {peers:?}");
+    assert_eq!(peers.len(), 2, "y/b and y/c remain: {peers:?}");
+
+    // Make y/a the newer one: exactly one pod gets the address, whichever order the pods
+    // were upserted in.
+    old.created = Some(3_000);
+    s.upsert_pod(old.clone());
+    let peers = ingress_peers(&translate(&s, &eps, &Options::default()));
+    assert!(peers.contains(&(ip.clone(), "y/a".into())), "{peers:?}");
+
+    // A terminal pod never competes.
+    new.created = Some(4_000);
+    new.phase = PodPhase::Succeeded;
+    s.upsert_pod(new);
+    let peers = ingress_peers(&translate(&s, &eps, &Options::default()));
+    assert!(peers.contains(&(ip, "y/a".into())), "{peers:?}");
+}
+
+#[test]
+fn a_local_endpoint_is_authoritative_for_its_pods_addresses() {
+    let mut s = with(FROM_Y);
+    // y/a's status has no address yet; its endpoint on this node has one. A stale pod in
+    // the API (newer, even) still reports that address.
+    let mut ya = pod_named(&s, "y/a");
+    let cni_ip: std::net::IpAddr = "198.18.7.7".parse().unwrap();
+    ya.ips.clear();
+    s.upsert_pod(ya.clone());
+    let mut stale = pod_named(&s, "y/b");
+    stale.uid = "uid-stale".into();
+    stale.name = "stale".into();
+    stale.ips = vec![cni_ip];
+    stale.created = Some(i64::MAX);
+    s.upsert_pod(stale);
+    let mut ep_ya = LocalEndpoint::for_pod(&ya);
+    ep_ya.addrs = vec![cni_ip];
+    let eps = vec![LocalEndpoint::for_pod(&pod_named(&s, "x/a")), ep_ya];
+    let peers = ingress_peers(&translate(&s, &eps, &Options::default()));
+    assert!(peers.contains(&(cni_ip.to_string(), "y/a".into())), "{peers:?}");
+    assert!(!peers.iter().any(|(_, c)| c == "y/stale"), "{peers:?}");
+
+    // Its API address, if it reports another one, is not used: the endpoint's are.
+    ya.ips = vec!["198.18.7.8".parse().unwrap()];
+    s.upsert_pod(ya);
+    let peers = ingress_peers(&translate(&s, &eps, &Options::default()));
+    assert!(!peers.iter().any(|(a, _)| a == "198.18.7.8"), "{peers:?}");
+}
+
+#[test]
+fn a_local_endpoint_of_an_unknown_pod_holds_its_address() {
+    let mut s = with(FROM_Y);
+    let ya = pod_named(&s, "y/a");
+    // A pod not in the snapshot yet has y/a's address on this node: y/a's status is stale.
+    let ghost = LocalEndpoint {
+        interface: flock_cni::host_interface_name("cid-ghost", "eth0"),
+        container_id: "cid-ghost".into(),
+        pod: testkit::pod_ref("z/ghost"),
+        pod_uid: Some("uid-ghost".into()),
+        addrs: ya.ips.clone(),
+    };
+    s.upsert_pod(ya.clone());
+    let eps = vec![LocalEndpoint::for_pod(&pod_named(&s, "x/a")), ghost];
+    let peers = ingress_peers(&translate(&s, &eps, &Options::default()));
+    assert!(!peers.iter().any(|(_, c)| c == "y/a"), "{peers:?}");
+}

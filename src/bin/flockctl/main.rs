@@ -1,6 +1,10 @@
-//! flockctl: the operator's tool. Renders a node's ruleset offline from manifests.
+//! flockctl: the operator's tool. Renders a node's ruleset offline, runs a simulated
+//! cluster from manifests, and runs conformance cases on it.
 
+mod bench;
+mod conformance;
 mod render;
+mod sim;
 
 use std::process::ExitCode;
 
@@ -17,6 +21,13 @@ struct Cli {
 enum Command {
     /// Render the nftables ruleset flock enforces on one node, from Kubernetes manifests.
     Render(render::RenderArgs),
+    /// Benchmark the pipeline on a synthetic cluster; prints JSON.
+    Bench(bench::BenchArgs),
+    /// Build a simulated cluster from manifests (network namespaces, flock-cni, real nft),
+    /// probe every pair of pods and print what connects.
+    Sim(sim::SimArgs),
+    /// Run conformance cases on a simulated cluster.
+    Conformance(conformance::ConformanceArgs),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +38,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Render(args) => render::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::Sim(args) => sim::run(&args),
+        Command::Conformance(args) => conformance::run(&args),
     };
     match result {
         Ok(code) => code,

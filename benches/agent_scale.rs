@@ -1,0 +1,230 @@
+//! flock-agent at scale, against the in-repo test API server: a synthetic cluster (default
+//! 150,000 pods and 10,000 policies) served over the real list/watch protocol to the real
+//! informer source and node agent core, with 110 local endpoints on one node (real nft in a
+//! network namespace; root). Prints JSON: the agent's memory (RSS growth of this process
+//! once the agent holds the cluster), time from start to the first committed sync, and
+//! event-to-enforced latency p50/p99 for policy changes and for pod adds (CNI ADD).
+//!
+//! `cargo bench --bench agent_scale [-- PODS POLICIES]`
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flock::agent::{Agent, AgentConfig};
+use flock::model::{LabelSelector, NetworkPolicy, ObjectRef, PolicyPeer, PolicyPort, PolicyRule, PortRef, Snapshot};
+use flock::source::SourceWriter;
+use flock::source::kube::ApiHealth;
+use flock_cni::protocol::{self, AddRequest, PodIdentity, Request};
+use flock_cni::testing::{NetnsGuard, TempDir};
+use flock_test_apiserver::{ApiServer, Config};
+use serde_json::{Value, json};
+
+fn rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()).unwrap_or(0.0) / 1024.0
+}
+
+fn selector_json(s: &LabelSelector) -> Value {
+    let exprs: Vec<Value> = s.match_expressions.iter().map(|e| json!({"key": e.key, "operator": e.operator, "values": e.values})).collect();
+    json!({"matchLabels": s.match_labels, "matchExpressions": exprs})
+}
+
+fn rules_json(rules: &[PolicyRule], peers_key: &str) -> Vec<Value> {
+    rules
+        .iter()
+        .map(|r| {
+            let peers: Vec<Value> = r
+                .peers
+                .iter()
+                .map(|p: &PolicyPeer| {
+                    let mut v = json!({});
+                    if let Some(s) = &p.pod_selector {
+                        v["podSelector"] = selector_json(s);
+                    }
+                    if let Some(s) = &p.namespace_selector {
+                        v["namespaceSelector"] = selector_json(s);
+                    }
+                    if let Some(b) = &p.ip_block {
+                        v["ipBlock"] = json!({"cidr": b.cidr, "except": b.except});
+                    }
+                    v
+                })
+                .collect();
+            let ports: Vec<Value> = r
+                .ports
+                .iter()
+                .map(|p: &PolicyPort| {
+                    let mut v = json!({});
+                    if let Some(pr) = &p.protocol {
+                        v["protocol"] = json!(pr);
+                    }
+                    match &p.port {
+                        Some(PortRef::Number(n)) => v["port"] = json!(n),
+                        Some(PortRef::Name(n)) => v["port"] = json!(n),
+                        None => {}
+                    }
+                    if let Some(e) = p.end_port {
+                        v["endPort"] = json!(e);
+                    }
+                    v
+                })
+                .collect();
+            json!({peers_key: peers, "ports": ports})
+        })
+        .collect()
+}
+
+fn policy_json(p: &NetworkPolicy) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": p.name, "namespace": p.namespace},
+           "spec": {"podSelector": selector_json(&p.pod_selector), "policyTypes": p.policy_types,
+                    "ingress": rules_json(&p.ingress, "from"), "egress": rules_json(&p.egress, "to")}})
+}
+
+fn seed(server: &ApiServer, s: &Snapshot) {
+    for n in s.nodes() {
+        let cidrs: Vec<String> = n.pod_cidrs.iter().map(ToString::to_string).collect();
+        let addrs: Vec<Value> = n.internal_ips.iter().map(|a| json!({"type": "InternalIP", "address": a.to_string()})).collect();
+        server.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name}, "spec": {"podCIDRs": cidrs}, "status": {"addresses": addrs}})).unwrap();
+    }
+    for ns in s.namespaces() {
+        server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns.name, "labels": ns.labels}})).unwrap();
+    }
+    for p in s.pods() {
+        let ports: Vec<Value> =
+            p.ports.iter().map(|c| json!({"name": c.name, "containerPort": c.port, "protocol": c.protocol.as_k8s()})).collect();
+        let ips: Vec<Value> = p.ips.iter().map(|i| json!({"ip": i.to_string()})).collect();
+        server
+            .apply(json!({"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": p.name, "namespace": p.namespace, "uid": p.uid, "labels": p.labels},
+                          "spec": {"nodeName": p.node, "containers": [{"name": "c", "image": "x", "ports": ports}]},
+                          "status": {"phase": "Running", "podIPs": ips}}))
+            .unwrap();
+    }
+    for p in s.policies() {
+        server.apply(policy_json(p)).unwrap();
+    }
+}
+
+fn percentiles(mut v: Vec<f64>) -> Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+    json!({"n": v.len(), "p50_ms": at(0.5), "p99_ms": at(0.99), "max_ms": v.last().copied().unwrap_or(0.0)})
+}
+
+fn main() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("agent_scale: needs root (a network namespace and nft); skipped");
+        return;
+    }
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let (pods, policies) = (args.first().copied().unwrap_or(150_000), args.get(1).copied().unwrap_or(10_000));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async move {
+        let cluster = flock::synth::generate(&flock::synth::Params::new(pods, policies));
+        let dir = TempDir::new("scale");
+        let server = ApiServer::start_with(dir.join("api.sock"), Config { bookmark_interval: None, ..Config::default() }).await.unwrap();
+        let t = Instant::now();
+        seed(&server, &cluster.snapshot);
+        let seed_s = t.elapsed().as_secs_f64();
+        let local: Vec<flock::model::Pod> = cluster.snapshot.pods().filter(|p| p.node.as_deref() == Some(cluster.node.as_str())).cloned().collect();
+        drop(cluster);
+        // Let the allocator settle, then measure the process before the agent exists.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rss_before = rss_mb();
+
+        let node = NetnsGuard::new("scale-node");
+        let mut cfg = AgentConfig::new("node-0", node.netns(), dir.join("cni.sock"), dir.join("spool"));
+        cfg.routes = false;
+        cfg.resync = Duration::from_secs(3600);
+        let health = Arc::new(ApiHealth::new(Duration::from_secs(5), Duration::from_secs(60)));
+        let (writer, source) = SourceWriter::new(Snapshot::new(), false);
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        let started = Instant::now();
+        tokio::spawn(flock::source::kube::run(server.client(), writer, health, cfg.metrics.clone(), stop));
+        let agent = Agent::start(cfg, source.clone()).await.unwrap();
+        let mut status = agent.status();
+        status.wait_for(|s| s.ready).await.unwrap();
+        let first_sync_s = started.elapsed().as_secs_f64();
+
+        // 110 local pods come up through flock-cni's socket (10 at a time).
+        let socket = dir.join("cni.sock");
+        let mut add_ms = Vec::new();
+        for chunk in local.chunks(10) {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|p| {
+                    let (socket, p) = (socket.clone(), p.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let cid = format!("cid-{}", p.uid);
+                        let req = Request::Add(AddRequest {
+                            host_interface: flock_cni::host_interface_name(&cid, "eth0"),
+                            container_id: cid,
+                            ifname: "eth0".into(),
+                            netns: String::new(),
+                            pod: PodIdentity { namespace: p.namespace.clone(), name: p.name.clone(), uid: Some(p.uid.clone()) },
+                            ips: p.ips.clone(),
+                        });
+                        let t = Instant::now();
+                        protocol::call(&socket, req, Duration::from_secs(60)).unwrap();
+                        t.elapsed().as_secs_f64() * 1000.0
+                    })
+                })
+                .collect();
+            for h in handles {
+                add_ms.push(h.await.unwrap());
+            }
+        }
+        let st = status.borrow().clone();
+        let rss_after = rss_mb();
+
+        // Policy changes in a local pod's namespace, one at a time.
+        let mut policy_ms = Vec::new();
+        let mut policy_agent_ms = Vec::new();
+        let target = &local[0];
+        for i in 0..40 {
+            let name = format!("bench-change-{i}");
+            let p = NetworkPolicy {
+                namespace: target.namespace.clone(),
+                name: name.clone(),
+                pod_selector: LabelSelector { match_labels: [("app".to_string(), target.labels.get("app").cloned().unwrap_or_default())].into(), ..Default::default() },
+                policy_types: vec!["Ingress".into()],
+                ingress: vec![PolicyRule { peers: vec![], ports: vec![PolicyPort { protocol: None, port: Some(PortRef::Number(9000 + i)), end_port: None }] }],
+                egress: vec![],
+            };
+            let key = ObjectRef::new(p.namespace.clone(), name);
+            let t0 = Instant::now();
+            server.apply(policy_json(&p)).unwrap();
+            let (arrived, version) = loop {
+                let v = {
+                    let r = source.read();
+                    r.snapshot.policy(&key).is_some().then_some(r.version)
+                };
+                if let Some(v) = v {
+                    break (Instant::now(), v);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            };
+            status.wait_for(|s| s.source_version >= version && s.error.is_none()).await.unwrap();
+            let done = Instant::now();
+            policy_ms.push((done - t0).as_secs_f64() * 1000.0);
+            policy_agent_ms.push((done - arrived).as_secs_f64() * 1000.0);
+        }
+        println!(
+            "{}",
+            json!({
+                "pods": pods, "policies": policies, "local_endpoints": local.len(),
+                "seed_api_server_s": seed_s,
+                "start_to_first_committed_sync_s": first_sync_s,
+                "agent_rss_mb": rss_after - rss_before,
+                "process_rss_mb": {"before_agent": rss_before, "after_agent": rss_after},
+                "ruleset": {"rules": st.stats.rules, "set_elements": st.stats.elements, "last_sync_ms": st.last_duration.as_secs_f64() * 1000.0},
+                "pod_add_cni_ms": percentiles(add_ms),
+                "policy_change_api_to_enforced_ms": percentiles(policy_ms),
+                "policy_change_watch_to_enforced_ms": percentiles(policy_agent_ms),
+            })
+        );
+        agent.shutdown().await;
+    });
+}

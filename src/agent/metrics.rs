@@ -1,0 +1,219 @@
+//! The Prometheus metrics operators watch (`/metrics`): sync durations and failures, the
+//! last successful sync, event-to-enforced latency, what is tracked, the ruleset's size,
+//! the watches' state and reconnects, CNI requests, coalesced events, drift repairs.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+fn label(k: &str, v: &str) -> Labels {
+    vec![(k.to_string(), v.to_string())]
+}
+
+/// All of flock-agent's metrics.
+pub struct Metrics {
+    registry: Registry,
+    sync_duration: Family<Labels, Histogram, fn() -> Histogram>,
+    sync_failures: Family<Labels, Counter>,
+    last_success: Gauge<f64, std::sync::atomic::AtomicU64>,
+    enforce_latency: Family<Labels, Histogram, fn() -> Histogram>,
+    pods: Gauge,
+    policies: Gauge,
+    endpoints: Gauge,
+    set_elements: Gauge,
+    rules: Gauge,
+    watch_connected: Family<Labels, Gauge>,
+    watch_reconnects: Family<Labels, Counter>,
+    watch_errors: Family<Labels, Counter>,
+    api_health: Family<Labels, Gauge>,
+    cni_requests: Family<Labels, Counter>,
+    coalesced: Counter,
+    drift_repairs: Counter,
+    policy_problems: Gauge,
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms … ~33 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("flock");
+        let m = Self {
+            sync_duration: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
+            sync_failures: Family::default(),
+            last_success: Gauge::default(),
+            enforce_latency: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
+            pods: Gauge::default(),
+            policies: Gauge::default(),
+            endpoints: Gauge::default(),
+            set_elements: Gauge::default(),
+            rules: Gauge::default(),
+            watch_connected: Family::default(),
+            watch_reconnects: Family::default(),
+            watch_errors: Family::default(),
+            api_health: Family::default(),
+            cni_requests: Family::default(),
+            coalesced: Counter::default(),
+            drift_repairs: Counter::default(),
+            policy_problems: Gauge::default(),
+            registry: Registry::default(),
+        };
+        r.register(
+            "sync_duration_seconds",
+            "Duration of a sync, by outcome (applied: a transaction was committed; unchanged: no-op)",
+            m.sync_duration.clone(),
+        );
+        r.register("sync_failures", "Failed syncs, by reason", m.sync_failures.clone());
+        r.register("last_successful_sync_timestamp_seconds", "Unix time of the last committed sync", m.last_success.clone());
+        r.register(
+            "event_to_enforced_seconds",
+            "From a change (cluster event or CNI ADD) to the committed sync that enforces it",
+            m.enforce_latency.clone(),
+        );
+        r.register("pods_tracked", "Pods in the snapshot (cluster-wide)", m.pods.clone());
+        r.register("policies_tracked", "NetworkPolicies in the snapshot", m.policies.clone());
+        r.register("local_endpoints", "Pod attachments registered on this node", m.endpoints.clone());
+        r.register("ruleset_set_elements", "Set and map elements in table inet flock", m.set_elements.clone());
+        r.register("ruleset_rules", "Rules in table inet flock", m.rules.clone());
+        r.register("watch_connected", "Whether the watch of a resource is healthy (1) or failing (0)", m.watch_connected.clone());
+        r.register("watch_reconnects", "Watches re-established after an error, by resource", m.watch_reconnects.clone());
+        r.register("watch_errors", "Watch errors, by resource", m.watch_errors.clone());
+        r.register(
+            "api_health_state",
+            "API server health: 1 for the current state (Connected, Degraded, Disconnected)",
+            m.api_health.clone(),
+        );
+        r.register("cni_requests", "Requests from flock-cni, by verb and result", m.cni_requests.clone());
+        r.register("coalesced_events", "Changes folded into a sync started for an earlier change", m.coalesced.clone());
+        r.register("drift_repairs", "Times the kernel's table differed from what was applied and was rewritten", m.drift_repairs.clone());
+        r.register(
+            "policy_problems",
+            "Problems in NetworkPolicies that apply to this node's pods (not enforceable as written)",
+            m.policy_problems.clone(),
+        );
+        Self { registry: r, ..m }
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        let _ = encode(&mut s, &self.registry);
+        s
+    }
+
+    pub fn sync(&self, applied: bool, seconds: f64) {
+        self.sync_duration.get_or_create(&label("outcome", if applied { "applied" } else { "unchanged" })).observe(seconds);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default();
+        self.last_success.set(now);
+    }
+
+    pub fn sync_failed(&self, reason: &str) {
+        self.sync_failures.get_or_create(&label("reason", reason)).inc();
+    }
+
+    pub fn enforced(&self, trigger: &str, seconds: f64) {
+        self.enforce_latency.get_or_create(&label("trigger", trigger)).observe(seconds);
+    }
+
+    pub fn tracked(&self, pods: usize, policies: usize, endpoints: usize) {
+        self.pods.set(i64::try_from(pods).unwrap_or(i64::MAX));
+        self.policies.set(i64::try_from(policies).unwrap_or(i64::MAX));
+        self.endpoints.set(i64::try_from(endpoints).unwrap_or(i64::MAX));
+    }
+
+    pub fn ruleset(&self, rules: usize, elements: usize) {
+        self.rules.set(i64::try_from(rules).unwrap_or(i64::MAX));
+        self.set_elements.set(i64::try_from(elements).unwrap_or(i64::MAX));
+    }
+
+    pub fn watch(&self, resource: &str, connected: bool) {
+        self.watch_connected.get_or_create(&label("resource", resource)).set(i64::from(connected));
+    }
+
+    pub fn watch_error(&self, resource: &str) {
+        self.watch_errors.get_or_create(&label("resource", resource)).inc();
+    }
+
+    pub fn watch_reconnected(&self, resource: &str) {
+        self.watch_reconnects.get_or_create(&label("resource", resource)).inc();
+    }
+
+    pub fn health(&self, state: &str) {
+        for s in ["Connected", "Degraded", "Disconnected"] {
+            self.api_health.get_or_create(&label("state", s)).set(i64::from(s == state));
+        }
+    }
+
+    pub fn cni(&self, verb: &str, ok: bool) {
+        self.cni_requests
+            .get_or_create(&vec![
+                ("verb".to_string(), verb.to_string()),
+                ("result".to_string(), if ok { "ok" } else { "refused" }.to_string()),
+            ])
+            .inc();
+    }
+
+    pub fn coalesced(&self, n: u64) {
+        self.coalesced.inc_by(n);
+    }
+
+    pub fn drift_repaired(&self) {
+        self.drift_repairs.inc();
+    }
+
+    pub fn problems(&self, n: usize) {
+        self.policy_problems.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_metric() {
+        let m = Metrics::new();
+        m.sync(true, 0.01);
+        m.sync_failed("nft_rejected");
+        m.enforced("source", 0.02);
+        m.tracked(3, 2, 1);
+        m.watch("pods", true);
+        m.health("Connected");
+        m.cni("add", true);
+        m.coalesced(4);
+        let text = m.encode();
+        for name in [
+            "flock_sync_duration_seconds_bucket",
+            "flock_sync_failures_total{reason=\"nft_rejected\"} 1",
+            "flock_last_successful_sync_timestamp_seconds",
+            "flock_event_to_enforced_seconds_count{trigger=\"source\"} 1",
+            "flock_pods_tracked 3",
+            "flock_watch_connected{resource=\"pods\"} 1",
+            "flock_api_health_state{state=\"Connected\"} 1",
+            "flock_api_health_state{state=\"Degraded\"} 0",
+            "flock_cni_requests_total{verb=\"add\",result=\"ok\"} 1",
+            "flock_coalesced_events_total 4",
+        ] {
+            assert!(text.contains(name), "{name} missing in\n{text}");
+        }
+    }
+}

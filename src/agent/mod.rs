@@ -1,0 +1,538 @@
+//! The node agent core: everything one node does, fed by a [`crate::source`] of cluster
+//! state. The daemon (`flock-agent`, informer source) and the simulated cluster (`flockctl
+//! sim`, static source) both run it unchanged.
+//!
+//! It owns the node's endpoint registry (filled by flock-cni's ADD/DEL over the unix socket,
+//! persisted so a restart keeps it), runs translate → render → apply into the node's
+//! network namespace (one nft transaction per sync, skipped when unchanged), programs routes
+//! to the other nodes' pod CIDRs, and acknowledges an ADD only once a sync that includes the
+//! new endpoint has committed.
+//!
+//! Syncs are level-triggered and coalesced: any change (source, endpoints) bumps a
+//! generation and wakes one loop, which waits a few milliseconds for more changes, then
+//! renders the complete desired state from the latest inputs. A periodic resync reads the
+//! kernel's table back and repairs drift. Nothing is programmed before the source is
+//! complete (its initial list finished). Rules stay in the kernel when the agent stops.
+
+pub mod cni;
+pub mod cniconf;
+pub mod http;
+pub mod metrics;
+pub mod routes;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::apply::kernel::NftCli;
+use crate::apply::{Applier, Drift, Outcome};
+use crate::model::LocalEndpoint;
+use crate::netns::Netns;
+use crate::render::{self, Stats};
+use crate::source::Source;
+use crate::translate;
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// This node's name (pods with this `spec.nodeName` are local).
+    pub node: String,
+    /// Where the node's nftables and routes live.
+    pub netns: Netns,
+    /// flock-cni's socket.
+    pub socket: PathBuf,
+    /// DELs flock-cni queued while the agent was down.
+    pub spool_dir: PathBuf,
+    /// Where the endpoint registry is persisted (`None`: memory only).
+    pub state_dir: Option<PathBuf>,
+    /// How long an ADD waits for its Pod object to appear in the source.
+    pub pod_wait: Duration,
+    /// How long an ADD waits for the sync that includes it.
+    pub ack_timeout: Duration,
+    /// A sync starts once no change arrived for this long...
+    pub coalesce: Duration,
+    /// ...or this long after the first change, whichever comes first: a lone change is
+    /// enforced within milliseconds, a burst of thousands makes a handful of syncs.
+    pub max_coalesce: Duration,
+    /// Period of the drift check and full resync.
+    pub resync: Duration,
+    /// Program routes to other nodes' pod CIDRs.
+    pub routes: bool,
+    pub translate: translate::Options,
+    /// The `nft` binary.
+    pub nft: PathBuf,
+    /// Where to count what happens.
+    pub metrics: Arc<metrics::Metrics>,
+    /// Each change of this counter forces a full sync (the API came back after failing).
+    pub full_resync: Option<watch::Receiver<u64>>,
+}
+
+impl AgentConfig {
+    /// Defaults for `node` in `netns` with the socket at `socket`.
+    pub fn new(node: &str, netns: Netns, socket: PathBuf, spool_dir: PathBuf) -> Self {
+        Self {
+            node: node.to_string(),
+            netns,
+            socket,
+            spool_dir,
+            state_dir: None,
+            pod_wait: Duration::from_secs(10),
+            ack_timeout: Duration::from_secs(25),
+            coalesce: Duration::from_millis(20),
+            max_coalesce: Duration::from_millis(250),
+            resync: Duration::from_secs(30),
+            routes: true,
+            translate: translate::Options::default(),
+            nft: PathBuf::from("nft"),
+            metrics: Arc::new(metrics::Metrics::new()),
+            full_resync: None,
+        }
+    }
+}
+
+/// What the sync loop has done, published after every attempt.
+#[derive(Debug, Clone, Default)]
+pub struct SyncStatus {
+    /// The input generation of the last attempt.
+    pub attempted: u64,
+    /// The input generation of the last committed sync.
+    pub committed: u64,
+    /// The source version included in the last committed sync.
+    pub source_version: u64,
+    /// Why the last attempt failed (`None` when it succeeded).
+    pub error: Option<String>,
+    /// Whether a sync has ever committed (the agent is ready).
+    pub ready: bool,
+    pub syncs_applied: u64,
+    pub syncs_unchanged: u64,
+    pub sync_failures: u64,
+    pub drift_repairs: u64,
+    pub route_failures: u64,
+    pub last_commit: Option<Instant>,
+    pub last_duration: Duration,
+    pub stats: Stats,
+    pub endpoints: usize,
+    /// Problems of the policies that apply to this node's pods, from the last render.
+    pub problems: Vec<translate::PolicyProblem>,
+}
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {socket}: {source}")]
+    Socket {
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Routes(#[from] routes::RouteError),
+    #[error("cannot read the endpoint registry {path}: {message}")]
+    Registry { path: PathBuf, message: String },
+}
+
+struct Inner {
+    endpoints: BTreeMap<String, LocalEndpoint>,
+    /// Input generation: bumped by every change of the source or the endpoints.
+    generation: u64,
+}
+
+pub(crate) struct Shared {
+    config: AgentConfig,
+    inner: Mutex<Inner>,
+    wake: Notify,
+    status: watch::Sender<SyncStatus>,
+    source: Source,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        match self.inner.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Records a change of the endpoints with `f` and wakes the sync loop; the generation
+    /// that includes it.
+    fn change_endpoints(&self, f: impl FnOnce(&mut BTreeMap<String, LocalEndpoint>) -> bool) -> u64 {
+        let generation = {
+            let mut inner = self.lock();
+            if !f(&mut inner.endpoints) {
+                return inner.generation;
+            }
+            inner.generation += 1;
+            // Persisted under the lock: concurrent changes are written in order.
+            self.persist(&inner.endpoints);
+            inner.generation
+        };
+        self.wake.notify_one();
+        generation
+    }
+
+    fn persist(&self, eps: &BTreeMap<String, LocalEndpoint>) {
+        let Some(dir) = &self.config.state_dir else { return };
+        if let Err(e) = registry::save(dir, eps) {
+            tracing::error!(error = %e, dir = %dir.display(), "cannot persist the endpoint registry");
+        }
+    }
+
+    /// Waits until a sync including generation `generation` committed; the error of a failed one.
+    async fn wait_committed(&self, generation: u64, timeout: Duration) -> Result<(), String> {
+        let mut rx = self.status.subscribe();
+        let wait = rx.wait_for(|s| s.committed >= generation || (s.attempted >= generation && s.error.is_some()));
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(s)) if s.committed >= generation => Ok(()),
+            Ok(Ok(s)) => Err(format!("the sync failed: {}", s.error.clone().unwrap_or_default())),
+            Ok(Err(_)) => Err("the agent is shutting down".into()),
+            Err(_) => Err(format!("no sync committed within {timeout:?}")),
+        }
+    }
+}
+
+/// A running node agent.
+pub struct Agent {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Agent {
+    /// Loads the persisted registry, drains the DEL spool, listens on the socket and starts
+    /// the sync loop. Nothing is programmed until `source` is complete.
+    pub async fn start(config: AgentConfig, source: Source) -> Result<Self, StartError> {
+        let mut endpoints = match &config.state_dir {
+            Some(dir) => registry::load(dir).map_err(|message| StartError::Registry { path: dir.clone(), message })?,
+            None => BTreeMap::new(),
+        };
+        drain_spool(&config, &mut endpoints);
+        let router = if config.routes { Some(routes::Router::start(config.netns.clone())?) } else { None };
+        let listener = cni::bind(&config.socket).map_err(|source| StartError::Socket { socket: config.socket.clone(), source })?;
+        let shared = Arc::new(Shared {
+            config: config.clone(),
+            inner: Mutex::new(Inner { endpoints: endpoints.clone(), generation: 1 }),
+            wake: Notify::new(),
+            status: watch::channel(SyncStatus::default()).0,
+            source,
+        });
+        shared.persist(&endpoints);
+        let (stop, stop_rx) = watch::channel(false);
+        let tasks = vec![
+            tokio::spawn(sync_loop(shared.clone(), router, stop_rx.clone())),
+            tokio::spawn(watch_source(shared.clone(), stop_rx.clone())),
+            tokio::spawn(cni::serve(shared.clone(), listener, stop_rx)),
+        ];
+        shared.wake.notify_one();
+        tracing::info!(node = %config.node, netns = %config.netns.describe(), socket = %config.socket.display(), endpoints = endpoints.len(), "node agent started");
+        Ok(Self { shared, tasks, stop })
+    }
+
+    /// The sync status, updated after every attempt.
+    pub fn status(&self) -> watch::Receiver<SyncStatus> {
+        self.shared.status.subscribe()
+    }
+
+    /// The registered endpoints.
+    pub fn endpoints(&self) -> Vec<LocalEndpoint> {
+        self.shared.lock().endpoints.values().cloned().collect()
+    }
+
+    /// Waits until a committed sync includes source version `version`.
+    pub async fn wait_source(&self, version: u64, timeout: Duration) -> Result<(), String> {
+        let mut rx = self.shared.status.subscribe();
+        match tokio::time::timeout(timeout, rx.wait_for(|s| s.source_version >= version)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err("the agent stopped".into()),
+            Err(_) => {
+                let s = self.shared.status.borrow().clone();
+                Err(format!(
+                    "node {}: source version {version} not committed within {timeout:?} (last error: {})",
+                    self.shared.config.node,
+                    s.error.unwrap_or_default()
+                ))
+            }
+        }
+    }
+
+    /// Forces a sync now (e.g. after editing the kernel's state in a test).
+    pub fn kick(&self) {
+        self.shared.wake.notify_one();
+    }
+
+    /// Stops serving and syncing. Rules and routes stay in the kernel; the socket is
+    /// removed.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        self.shared.wake.notify_one();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let _ = std::fs::remove_file(&self.shared.config.socket);
+        tracing::info!(node = %self.shared.config.node, "node agent stopped (rules stay in place)");
+    }
+}
+
+/// Applies the DELs flock-cni spooled while the agent was down, then removes the files.
+fn drain_spool(config: &AgentConfig, endpoints: &mut BTreeMap<String, LocalEndpoint>) {
+    let spooled = match flock_cni::protocol::read_spool(&config.spool_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, dir = %config.spool_dir.display(), "cannot read the DEL spool");
+            return;
+        }
+    };
+    for (path, del) in spooled {
+        match del {
+            Ok(d) => {
+                let removed = endpoints.remove(&d.host_interface).is_some();
+                tracing::info!(host_interface = %d.host_interface, container = %d.container_id, removed, "spooled DEL applied");
+            }
+            Err(e) => tracing::warn!(error = %e, file = %path.display(), "unreadable spooled DEL dropped"),
+        }
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(error = %e, file = %path.display(), "cannot remove a spooled DEL");
+        }
+    }
+}
+
+async fn watch_source(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut rx = shared.source.versions();
+    loop {
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                shared.lock().generation += 1;
+                shared.wake.notify_one();
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop: watch::Receiver<bool>) {
+    let cfg = shared.config.clone();
+    let mut applier = Some(Applier::new(NftCli::new(cfg.netns.clone()).with_program(cfg.nft.clone())));
+    let mut last_observed = 0u64;
+    let mut last_generation = 0u64;
+    let mut tick = tokio::time::interval(cfg.resync);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut full_resync = cfg.full_resync.clone();
+    loop {
+        let mut periodic = false;
+        let mut forced = false;
+        tokio::select! {
+            _ = shared.wake.notified() => {}
+            _ = tick.tick() => periodic = true,
+            Ok(()) = async { match full_resync.as_mut() { Some(r) => r.changed().await, None => std::future::pending().await } } => forced = true,
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let first = Instant::now();
+        let mut seen = shared.lock().generation;
+        loop {
+            tokio::time::sleep(cfg.coalesce).await;
+            let now = shared.lock().generation;
+            if now == seen || first.elapsed() >= cfg.max_coalesce {
+                break;
+            }
+            seen = now;
+        }
+        if !shared.source.is_complete() {
+            tracing::debug!("source not complete yet: nothing programmed");
+            continue;
+        }
+        let (endpoints, generation) = {
+            let inner = shared.lock();
+            (inner.endpoints.values().cloned().collect::<Vec<_>>(), inner.generation)
+        };
+        let started = Instant::now();
+        let span = tracing::info_span!("sync", node = %cfg.node, generation, endpoints = endpoints.len(), periodic);
+        let _enter = span.enter();
+        let source = shared.source.clone();
+        let options = cfg.translate.clone();
+        let node = cfg.node.clone();
+        let since = last_observed;
+        let render_job = tokio::task::spawn_blocking(move || {
+            let state = source.read();
+            let policy = translate::translate(&state.snapshot, &endpoints, &options);
+            let counts = (state.snapshot.pod_count(), state.snapshot.policy_count(), endpoints.len());
+            let changes: Vec<Instant> = state.changed_at.iter().filter(|(v, _)| *v > since).map(|(_, t)| *t).collect();
+            (state.version, render::render(&policy), policy.problems, routes::desired_routes(&state.snapshot, &node), counts, changes)
+        });
+        let (source_version, ruleset, problems, wanted_routes, counts, changes) = match render_job.await {
+            Ok(r) => r,
+            Err(e) => {
+                publish_failure(&shared, generation, "panic", format!("render panicked: {e}"));
+                continue;
+            }
+        };
+        for p in &problems {
+            tracing::warn!(problem = %p, "policy cannot be enforced as written");
+        }
+        cfg.metrics.problems(problems.len());
+        cfg.metrics.coalesced(generation.saturating_sub(last_generation).saturating_sub(1));
+        last_generation = generation;
+        let Some(mut ap) = applier.take() else { return };
+        let stats = ruleset.stats();
+        let job = tokio::task::spawn_blocking(move || {
+            let mut repaired = false;
+            if forced {
+                ap.invalidate();
+            }
+            if periodic {
+                match ap.check_drift() {
+                    Ok(Drift::InSync | Drift::NotApplied) => {}
+                    Ok(d) => {
+                        tracing::warn!(drift = ?d, "table inet flock changed behind flock's back; repairing");
+                        ap.invalidate();
+                        repaired = true;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot read the table back for the drift check"),
+                }
+            }
+            let r = ap.apply(&ruleset);
+            (ap, r, repaired)
+        });
+        let (ap, result, repaired) = match job.await {
+            Ok(x) => x,
+            Err(e) => {
+                publish_failure(&shared, generation, "panic", format!("apply panicked: {e}"));
+                return;
+            }
+        };
+        applier = Some(ap);
+        if let Some(r) = &router {
+            match r.sync(wanted_routes).await {
+                Ok(c) if c.added + c.removed > 0 => tracing::info!(added = c.added, removed = c.removed, "node routes updated"),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot program node routes");
+                    shared.status.send_modify(|s| s.route_failures += 1);
+                }
+            }
+        }
+        let elapsed = started.elapsed();
+        match result {
+            Ok(outcome) => {
+                tracing::debug!(?outcome, ?elapsed, rules = stats.rules, elements = stats.elements, "sync committed");
+                let m = &cfg.metrics;
+                m.sync(matches!(outcome, Outcome::Applied { .. }), elapsed.as_secs_f64());
+                m.ruleset(stats.rules, stats.elements);
+                m.tracked(counts.0, counts.1, counts.2);
+                if repaired {
+                    m.drift_repaired();
+                }
+                let now = Instant::now();
+                for t in &changes {
+                    m.enforced("source", now.duration_since(*t).as_secs_f64());
+                }
+                last_observed = source_version;
+                shared.status.send_modify(|s| {
+                    s.attempted = generation;
+                    s.committed = generation;
+                    s.source_version = source_version;
+                    s.error = None;
+                    s.ready = true;
+                    match outcome {
+                        Outcome::Applied { .. } => s.syncs_applied += 1,
+                        Outcome::Unchanged => s.syncs_unchanged += 1,
+                    }
+                    if repaired {
+                        s.drift_repairs += 1;
+                    }
+                    s.last_commit = Some(Instant::now());
+                    s.last_duration = elapsed;
+                    s.stats = stats;
+                    s.endpoints = shared.lock().endpoints.len();
+                    s.problems = problems.clone();
+                });
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "sync failed; the previous ruleset stays in force");
+                publish_failure(&shared, generation, e.metric_label(), e.to_string());
+            }
+        }
+    }
+}
+
+fn publish_failure(shared: &Shared, generation: u64, reason: &str, error: String) {
+    shared.config.metrics.sync_failed(reason);
+    shared.status.send_modify(|s| {
+        s.attempted = generation;
+        s.error = Some(error);
+        s.sync_failures += 1;
+    });
+}
+
+/// The persisted endpoint registry: `<state dir>/endpoints.json`.
+mod registry {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use serde::{Deserialize, Serialize};
+
+    use crate::model::{LocalEndpoint, ObjectRef};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Entry {
+        interface: String,
+        container_id: String,
+        namespace: String,
+        name: String,
+        #[serde(default)]
+        uid: Option<String>,
+        addrs: Vec<std::net::IpAddr>,
+    }
+
+    pub fn load(dir: &Path) -> Result<BTreeMap<String, LocalEndpoint>, String> {
+        let path = dir.join("endpoints.json");
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+            Err(e) => return Err(e.to_string()),
+        };
+        let entries: Vec<Entry> = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        Ok(entries
+            .into_iter()
+            .filter(|e| flock_cni::is_host_interface_name(&e.interface))
+            .map(|e| {
+                let ep = LocalEndpoint {
+                    interface: e.interface.clone(),
+                    container_id: e.container_id,
+                    pod: ObjectRef::new(e.namespace, e.name),
+                    pod_uid: e.uid,
+                    addrs: e.addrs,
+                };
+                (e.interface, ep)
+            })
+            .collect())
+    }
+
+    pub fn save(dir: &Path, eps: &BTreeMap<String, LocalEndpoint>) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let entries: Vec<Entry> = eps
+            .values()
+            .map(|e| Entry {
+                interface: e.interface.clone(),
+                container_id: e.container_id.clone(),
+                namespace: e.pod.namespace.clone(),
+                name: e.pod.name.clone(),
+                uid: e.pod_uid.clone(),
+                addrs: e.addrs.clone(),
+            })
+            .collect();
+        let tmp = dir.join(".endpoints.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&entries)?)?;
+        std::fs::rename(tmp, dir.join("endpoints.json"))
+    }
+}

@@ -1,0 +1,186 @@
+//! flock-agent: the DaemonSet daemon on every node. Watches Pods, Namespaces,
+//! NetworkPolicies and Nodes, serves flock-cni's socket, and keeps table `inet flock` equal
+//! to what the policies say for this node's pods.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use flock::agent::AgentConfig;
+use flock::agent::http::ListenAddr;
+use flock::daemon::{self, DaemonOptions};
+use flock::netns::Netns;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "flock-agent",
+    version,
+    about = "flock's node agent: NetworkPolicy enforcement with nftables, and the other side of flock-cni"
+)]
+struct Args {
+    /// This node's name (from the downward API: spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// flock-cni's socket.
+    #[arg(long, env = "FLOCK_CNI_SOCKET", default_value = flock_cni::protocol::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Where flock-cni queues DELs while the agent is down.
+    #[arg(long, env = "FLOCK_PENDING_DEL_DIR", default_value = flock_cni::protocol::DEFAULT_PENDING_DEL_DIR)]
+    pending_del_dir: PathBuf,
+    /// Where the endpoint registry is kept across restarts.
+    #[arg(long, env = "FLOCK_STATE_DIR", default_value = "/var/lib/flock")]
+    state_dir: PathBuf,
+    /// Period of the drift check and full resync.
+    #[arg(long, env = "FLOCK_RESYNC_PERIOD", default_value = "30s", value_parser = parse_duration)]
+    resync_period: Duration,
+    /// How long an ADD waits for its Pod to appear in the watch.
+    #[arg(long, env = "FLOCK_POD_WAIT", default_value = "10s", value_parser = parse_duration)]
+    pod_wait: Duration,
+    /// Address of /healthz, /readyz and /metrics (HOST:PORT or unix:/path).
+    #[arg(long, env = "FLOCK_METRICS_ADDRESS", default_value = "0.0.0.0:9781")]
+    metrics_address: ListenAddr,
+    /// Log format.
+    #[arg(long, env = "FLOCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "FLOCK_LOG", default_value = "info")]
+    log: String,
+    /// Directory of the CNI network configs kubelet's runtime reads.
+    #[arg(long, env = "FLOCK_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+    cni_conf_dir: PathBuf,
+    /// File name of flock's network config in that directory.
+    #[arg(long, env = "FLOCK_CNI_CONF_NAME", default_value = "10-flock.conflist")]
+    cni_conf_name: String,
+    /// Do not write the CNI network config (another component manages it).
+    #[arg(long, env = "FLOCK_NO_CNI_CONF")]
+    no_cni_conf: bool,
+    /// MTU of pod interfaces (written into the CNI config).
+    #[arg(long, env = "FLOCK_CNI_MTU")]
+    cni_mtu: Option<u32>,
+    /// Do not isolate the egress of pods labelled flock.dev/run that no policy selects yet.
+    #[arg(long, env = "FLOCK_NO_RUN_POD_ISOLATION")]
+    no_run_pod_isolation: bool,
+    /// Do not program routes to other nodes' pod CIDRs (another component routes).
+    #[arg(long, env = "FLOCK_NO_ROUTES")]
+    no_routes: bool,
+    /// A watch failing this long makes the API health Degraded.
+    #[arg(long, env = "FLOCK_DEGRADED_AFTER", default_value = "5s", value_parser = parse_duration)]
+    degraded_after: Duration,
+    /// A watch failing this long makes the API health Disconnected.
+    #[arg(long, env = "FLOCK_DISCONNECTED_AFTER", default_value = "60s", value_parser = parse_duration)]
+    disconnected_after: Duration,
+    /// Do not publish Kubernetes Events for policies flock cannot enforce as written.
+    #[arg(long, env = "FLOCK_NO_EVENTS")]
+    no_events: bool,
+    /// The nft binary.
+    #[arg(long, env = "FLOCK_NFT", default_value = "nft")]
+    nft: PathBuf,
+    /// This pod's name (Events' reporting instance).
+    #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
+    pod_name: String,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.trim().split_at(s.trim().find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
+    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a duration like 30s, 500ms, 2m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{s:?}: must be a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().with_current_span(true).init(),
+    }
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("flock-agent failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    rt.block_on(async move {
+        let client = kube::Client::try_default().await.context("building the Kubernetes client (in-cluster config or KUBECONFIG)")?;
+        let mut agent = AgentConfig::new(&args.node_name, Netns::Current, args.socket.clone(), args.pending_del_dir.clone());
+        agent.state_dir = Some(args.state_dir.clone());
+        agent.resync = args.resync_period;
+        agent.pod_wait = args.pod_wait;
+        agent.routes = !args.no_routes;
+        agent.translate.isolate_run_pods = !args.no_run_pod_isolation;
+        agent.nft = args.nft.clone();
+        let opts = DaemonOptions {
+            agent,
+            listen: args.metrics_address.clone(),
+            cni_conf: (!args.no_cni_conf).then(|| (args.cni_conf_dir.clone(), args.cni_conf_name.clone())),
+            cni_mtu: args.cni_mtu,
+            degraded_after: args.degraded_after,
+            disconnected_after: args.disconnected_after,
+            events: !args.no_events,
+            instance: args.pod_name.clone(),
+            max_sync_age: args.resync_period * 3,
+        };
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+                tracing::error!("cannot install signal handlers");
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: stopping (rules stay in place)"),
+                _ = int.recv() => tracing::info!("SIGINT: stopping (rules stay in place)"),
+            }
+            let _ = stop_tx.send(true);
+        });
+        tracing::info!(node = %args.node_name, "flock-agent starting");
+        daemon::run(opts, client, stop).await.context("running the agent")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("5").unwrap(), Duration::from_secs(5));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+
+    #[test]
+    fn flags_have_environment_fallbacks() {
+        use clap::CommandFactory;
+        let cmd = Args::command();
+        for arg in cmd.get_arguments().filter(|a| a.get_id() != "help" && a.get_id() != "version") {
+            assert!(arg.get_env().is_some(), "--{} has no environment fallback", arg.get_id());
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! `flockctl bench`: the pipeline's cost on a synthetic cluster ([`flock::synth`]), as JSON on
+//! stdout.
+//!
+//! For the node with `--pods-per-node` local pods: translate, render and text times (median,
+//! min and max of `--runs` runs), the ruleset's size, what doubling every peer does to it, and
+//! the snapshot's memory. As root, also the nft side in throwaway network namespaces
+//! (`flkt-*`, removed on exit): a first full apply, a full resync of an existing table and a
+//! one-pod change through the [`Applier`], each next to a raw `nft -f` of the same rendered
+//! text in a fresh namespace, measured in the same loop.
+
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::{Value, json};
+
+use flock::apply::kernel::NftCli;
+use flock::apply::{Applier, Backend, transaction};
+use flock::model::{ObjectRef, Pod, Snapshot};
+use flock::render::{self, Ruleset};
+use flock::synth::{self, Cluster, Params};
+use flock::testkit::kernel::NetnsGuard;
+use flock::translate::{self, Options};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Pods in the cluster (besides a few system pods).
+    #[arg(long, default_value_t = 10_000)]
+    pods: usize,
+    /// NetworkPolicies in the cluster.
+    #[arg(long, default_value_t = 1_000)]
+    policies: usize,
+    /// Application namespaces [default: policies / 10].
+    #[arg(long)]
+    namespaces: Option<usize>,
+    /// Pods per node; the benchmarked node has this many.
+    #[arg(long, default_value_t = 110)]
+    pods_per_node: usize,
+    /// Seed of the generator.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Timed runs of each measurement (median, min and max are reported).
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// Skip the nft measurements (otherwise run as root, in throwaway network namespaces).
+    #[arg(long)]
+    no_apply: bool,
+}
+
+pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let mut params = Params::new(args.pods, args.policies);
+    params.namespaces = args.namespaces.unwrap_or(params.namespaces);
+    params.pods_per_node = args.pods_per_node;
+    params.seed = args.seed;
+
+    let rss_before = rss_bytes();
+    let started = Instant::now();
+    let cluster = synth::generate(&params);
+    let generate = started.elapsed();
+    let snapshot_bytes = rss_bytes().zip(rss_before).map(|(after, before)| after.saturating_sub(before));
+
+    let s = &cluster.snapshot;
+    let endpoints = s.derived_endpoints(&cluster.node);
+    let options = Options::default();
+    let (mut t_translate, mut t_render, mut t_text, mut t_total) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut last = None;
+    for _ in 0..args.runs {
+        let t0 = Instant::now();
+        let np = translate::translate(s, &endpoints, &options);
+        let t1 = Instant::now();
+        let rs = render::render(&np);
+        let t2 = Instant::now();
+        let text = rs.to_text();
+        let t3 = Instant::now();
+        t_translate.push(t1 - t0);
+        t_render.push(t2 - t1);
+        t_text.push(t3 - t2);
+        t_total.push(t3 - t0);
+        last = Some((np, rs, text));
+    }
+    let Some((np, rs, text)) = last else { bail!("no run") };
+    let st = rs.stats();
+    let local = endpoints.len().max(1);
+
+    let mut out = json!({
+        "params": {
+            "pods": params.pods,
+            "policies": params.policies,
+            "namespaces": params.namespaces,
+            "pods_per_node": params.pods_per_node,
+            "seed": params.seed,
+            "runs": args.runs,
+        },
+        "cluster": {
+            "pods": s.pod_count(),
+            "policies": s.policy_count(),
+            "namespaces": s.namespaces().count(),
+            "nodes": cluster.nodes,
+            "family": if cluster.ipv6 { "ipv6" } else { "ipv4" },
+            "generate_ms": ms(generate),
+        },
+        "snapshot_memory": {
+            "rss_growth_bytes": snapshot_bytes,
+            "bytes_per_pod": snapshot_bytes.map(|b| b / s.pod_count().max(1)),
+            "note": "resident-set growth while generating the snapshot (pods, policies, namespaces, nodes), per pod",
+        },
+        "node": {
+            "name": cluster.node,
+            "local_pods": endpoints.len(),
+            "policy_problems": np.problems.len(),
+        },
+        "translate_ms": stats(&t_translate),
+        "render_ms": stats(&t_render),
+        "text_ms": stats(&t_text),
+        "translate_render_text_ms": stats(&t_total),
+        "ruleset": {
+            "chains": st.chains,
+            "rules": st.rules,
+            "sets": st.sets,
+            "elements": st.elements,
+            "text_bytes": text.len(),
+            "rules_per_pod": st.rules as f64 / local as f64,
+            "elements_per_pod": st.elements as f64 / local as f64,
+        },
+        "peer_doubling": peer_doubling(&cluster, &endpoints, &options, &rs),
+    });
+    out["apply"] = if args.no_apply {
+        json!({"skipped": "--no-apply"})
+    } else if !nix::unistd::geteuid().is_root() {
+        json!({"skipped": "not root"})
+    } else {
+        apply_bench(&cluster, &rs, &text, args.runs).context("nft measurements")?
+    };
+    let mut stdout = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut stdout, &out).context("writing to stdout")?;
+    writeln!(stdout).context("writing to stdout")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Rules must not grow with the number of peer addresses: every pod of the other nodes gets
+/// a copy (same labels and namespace, a new address on a new node), which doubles the peers
+/// of every selector, and the node is rendered again.
+fn peer_doubling(cluster: &Cluster, endpoints: &[flock::model::LocalEndpoint], options: &Options, before: &Ruleset) -> Value {
+    let mut s = cluster.snapshot.clone();
+    let remote: Vec<Pod> = s.pods().filter(|p| p.node.as_deref() != Some(cluster.node.as_str())).cloned().collect();
+    for (n, pod) in remote.iter().enumerate() {
+        match cluster.copy_pod(pod, n) {
+            Some(copy) => s.upsert_pod(copy),
+            None => return json!({"skipped": "no address left for the copies in 198.18.0.0/15"}),
+        }
+    }
+    let after = render::render(&translate::translate(&s, endpoints, options)).stats();
+    let b = before.stats();
+    json!({
+        "pods": s.pod_count(),
+        "rules_before": b.rules,
+        "rules_after": after.rules,
+        "elements_before": b.elements,
+        "elements_after": after.elements,
+        "rules_unchanged": b.rules == after.rules,
+    })
+}
+
+/// The nft side: per run, a raw `nft -f` of the rendered text into a fresh namespace, a first
+/// full apply into another fresh one, a full resync there, and a one-pod change there.
+fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyhow::Result<Value> {
+    let (mut raw, mut full, mut resync, mut change, mut change_pipeline) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut raw_transaction, mut canonical, mut list) = (Vec::new(), Vec::new(), Vec::new());
+    let first_transaction = transaction(rs, &BTreeSet::new(), &[], text);
+    let mut one_pod = OnePodChange::new(cluster, rs)?;
+    for _ in 0..runs {
+        for (script, times) in [(text, &mut raw), (first_transaction.as_str(), &mut raw_transaction)] {
+            let ns = NetnsGuard::new("bench-raw");
+            let mut nft = NftCli::new(ns.netns());
+            let t = Instant::now();
+            nft.run(script).context("raw nft -f")?;
+            times.push(t.elapsed());
+        }
+        // The canonical form a drift check computes (once per applied render, on the
+        // periodic resync; not part of an apply).
+        let t = Instant::now();
+        flock::nft::canonical(text).context("canonical form of the render")?;
+        canonical.push(t.elapsed());
+
+        let ns = NetnsGuard::new("bench-apply");
+        let mut applier = Applier::new(NftCli::new(ns.netns()));
+        let t = Instant::now();
+        applier.apply(rs).context("full apply")?;
+        full.push(t.elapsed());
+
+        // A full resync starts by listing the table's objects.
+        let t = Instant::now();
+        applier.backend_mut().list_objects().context("listing the table's objects")?;
+        list.push(t.elapsed());
+
+        applier.invalidate();
+        let t = Instant::now();
+        applier.apply(rs).context("full resync")?;
+        resync.push(t.elapsed());
+
+        // The pod appears, then disappears again: two changes from what is applied.
+        for _ in 0..2 {
+            let t = Instant::now();
+            let changed = one_pod.toggle();
+            change_pipeline.push(t.elapsed());
+            let t = Instant::now();
+            applier.apply(&changed).context("one-pod change")?;
+            change.push(t.elapsed());
+        }
+    }
+    let median = |v: &[Duration]| median(v).as_secs_f64();
+    Ok(json!({
+        "raw_nft_f_ms": stats(&raw),
+        "full_apply_ms": stats(&full),
+        "full_resync_ms": stats(&resync),
+        "one_pod_change": {
+            "what": one_pod.what,
+            "translate_render_ms": stats(&change_pipeline),
+            "apply_ms": stats(&change),
+        },
+        "applier_parts": {
+            "note": "pieces of an apply measured alone: nft -f of the whole first transaction (declarations and the table), the canonical form a drift check computes once per applied render, one listing of the table's objects (nft -j -t)",
+            "transaction_bytes": first_transaction.len(),
+            "text_bytes": text.len(),
+            "nft_f_transaction_ms": stats(&raw_transaction),
+            "canonical_ms": stats(&canonical),
+            "list_objects_ms": stats(&list),
+        },
+        "full_apply_vs_raw": median(&full) / median(&raw),
+        "full_resync_vs_raw": median(&resync) / median(&raw),
+        "one_pod_change_vs_raw": median(&change) / median(&raw),
+    }))
+}
+
+/// A pod that appears and disappears: a copy of a peer pod of one of the node's sets, so the
+/// node's ruleset changes by one element each time.
+struct OnePodChange {
+    snapshot: Snapshot,
+    endpoints: Vec<flock::model::LocalEndpoint>,
+    pod: Pod,
+    present: bool,
+    what: String,
+}
+
+impl OnePodChange {
+    fn new(cluster: &Cluster, rs: &Ruleset) -> anyhow::Result<Self> {
+        let s = &cluster.snapshot;
+        // Elements of peer sets name their pod (`namespace/name`): copy the first one's.
+        let peer = rs
+            .objects
+            .iter()
+            .filter_map(|o| match o {
+                render::Object::Set(set) if set.name.starts_with("peers-") => set.elements.first(),
+                _ => None,
+            })
+            .find_map(|e| e.comment.split_once('/').and_then(|(ns, name)| s.pod_by_name(&ObjectRef::new(ns, name))));
+        let Some(peer) = peer else { bail!("the node's ruleset has no pod peer set") };
+        let Some(pod) = cluster.copy_pod(peer, 0) else { bail!("no address left for a new pod") };
+        let what = format!("pod {}/{} appears and disappears (a copy of peer {}/{})", pod.namespace, pod.name, peer.namespace, peer.name);
+        Ok(Self { snapshot: s.clone(), endpoints: s.derived_endpoints(&cluster.node), pod, present: false, what })
+    }
+
+    /// Adds or removes the pod; translates and renders.
+    fn toggle(&mut self) -> Ruleset {
+        if self.present {
+            self.snapshot.remove_pod(&self.pod.uid);
+        } else {
+            self.snapshot.upsert_pod(self.pod.clone());
+        }
+        self.present = !self.present;
+        render::render(&translate::translate(&self.snapshot, &self.endpoints, &Options::default()))
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn median(v: &[Duration]) -> Duration {
+    let mut s = v.to_vec();
+    s.sort();
+    s.get(s.len() / 2).copied().unwrap_or_default()
+}
+
+fn stats(v: &[Duration]) -> Value {
+    json!({
+        "median": ms(median(v)),
+        "min": ms(v.iter().min().copied().unwrap_or_default()),
+        "max": ms(v.iter().max().copied().unwrap_or_default()),
+    })
+}
+
+/// The process's resident set size (`VmRSS`), if readable.
+fn rss_bytes() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

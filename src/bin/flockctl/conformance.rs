@@ -1,0 +1,97 @@
+//! `flockctl conformance [--base FILE] DIR...`: run conformance cases on a simulated cluster
+//! built from the base, and print `PASS|FAIL|SKIP <case>` lines and a summary.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use flock::conformance;
+use flock::model::manifest;
+use flock::sim::Sim;
+use flock::sim::runner::{self, Verdict};
+
+use super::sim::{CommonArgs, cleanup_on_interrupt, preflight, runtime};
+
+#[derive(Args)]
+pub struct ConformanceArgs {
+    /// Case folders, or folders of case folders.
+    #[arg(required = true, value_name = "DIR")]
+    dirs: Vec<PathBuf>,
+    /// The base cluster (default: base-cluster.yaml in the folder holding the cases).
+    #[arg(long, value_name = "FILE")]
+    base: Option<PathBuf>,
+    /// Print timings per step on stderr.
+    #[arg(long, short)]
+    verbose: bool,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
+    let opts = preflight(&args.common)?;
+    let dirs = conformance::find_cases(&args.dirs)?;
+    let base_path = match &args.base {
+        Some(b) => b.clone(),
+        None => {
+            let first = &args.dirs[0];
+            let holder =
+                if first.join("case.yaml").is_file() { first.parent().map(PathBuf::from).unwrap_or_default() } else { first.clone() };
+            holder.join("base-cluster.yaml")
+        }
+    };
+    if !base_path.is_file() {
+        bail!("base cluster {} not found (pass --base FILE)", base_path.display());
+    }
+    let base =
+        manifest::load_paths(std::slice::from_ref(&base_path)).with_context(|| format!("reading {}", base_path.display()))?.to_snapshot();
+    let cases = dirs.iter().map(|d| conformance::load_case(d)).collect::<Result<Vec<_>, _>>()?;
+    let rt = runtime()?;
+    let (_passed, failed, _skipped) = rt.block_on(async {
+        cleanup_on_interrupt()?;
+        let started = Instant::now();
+        let mut sim = Sim::build(base.clone(), opts).await?;
+        let base = sim.snapshot();
+        eprintln!(
+            "built the base cluster ({} pods, {} nodes) in {:.2}s",
+            sim.pod_names().len(),
+            base.nodes().count(),
+            started.elapsed().as_secs_f64()
+        );
+        let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+        let mut steps = 0usize;
+        let mut step_time = 0.0;
+        for case in &cases {
+            let o = runner::run_case(&mut sim, &base, case).await;
+            match o.verdict {
+                Verdict::Pass => passed += 1,
+                Verdict::Fail => failed += 1,
+                Verdict::Skip => skipped += 1,
+            }
+            let mut line = format!("{} {}", o.verdict.as_str(), case.dir_name);
+            if o.verdict == Verdict::Fail {
+                let cells: Vec<String> =
+                    o.mismatches.iter().take(5).map(ToString::to_string).chain(o.errors.iter().take(3).cloned()).collect();
+                line.push_str(&format!(" ({} cells differ; {})", o.mismatches.len(), cells.join("; ")));
+            }
+            println!("{line}");
+            steps += o.step_times.len();
+            step_time += o.step_times.iter().map(|d| d.as_secs_f64()).sum::<f64>();
+            if args.verbose {
+                let t: Vec<String> = o.step_times.iter().map(|d| format!("{:.2}s", d.as_secs_f64())).collect();
+                eprintln!("  {}: steps {}", case.dir_name, t.join(" "));
+            }
+        }
+        println!("{passed} passed, {failed} failed, {skipped} skipped");
+        eprintln!(
+            "total {:.1}s; {steps} steps, {:.2}s per step on average",
+            started.elapsed().as_secs_f64(),
+            if steps > 0 { step_time / steps as f64 } else { 0.0 }
+        );
+        sim.teardown().await?;
+        anyhow::Ok((passed, failed, skipped))
+    })?;
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

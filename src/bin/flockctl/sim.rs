@@ -1,0 +1,276 @@
+//! `flockctl sim`: build a simulated cluster from manifests, probe it, print a truth table
+//! (or JSON), tear it down.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+use flock::conformance::Family;
+use flock::model::{Protocol, manifest};
+use flock::sim::{Cell, HostSpec, ProbeSpec, Sim, SimOptions};
+
+#[derive(Args)]
+pub struct SimArgs {
+    /// Manifest file or directory (Nodes with podCIDRs and InternalIPs, Namespaces, Pods,
+    /// NetworkPolicies); repeatable.
+    #[arg(long = "manifests", short = 'f', value_name = "PATH", required_unless_present = "cleanup")]
+    manifests: Vec<PathBuf>,
+    /// A probe `PORT/PROTO[/FAMILY]` (e.g. `80/TCP`, `53/UDP/IPv6`); repeatable. Default:
+    /// every declared container port, in each family the pods have.
+    #[arg(long = "probe", value_name = "PORT/PROTO[/FAMILY]", value_parser = parse_probe)]
+    probes: Vec<ProbeSpec>,
+    /// A non-pod host on the fabric, probed as destination `host/NAME`; repeatable.
+    #[arg(long = "host", value_name = "NAME=ADDR[,ADDR]")]
+    hosts: Vec<HostSpec>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+    output: Format,
+    /// Leave the namespaces, links and rules in place for inspection.
+    #[arg(long)]
+    keep: bool,
+    /// After probing, print `nft list table inet flock` of this node; repeatable.
+    #[arg(long, value_name = "NODE")]
+    show_ruleset: Vec<String>,
+    /// Only remove what earlier simulations left behind (kept or crashed; never a running
+    /// one), then exit.
+    #[arg(long)]
+    cleanup: bool,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// Options shared by `sim` and `conformance`.
+#[derive(Args, Clone)]
+pub struct CommonArgs {
+    /// Probe timeout in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub timeout_ms: u64,
+    /// Probes in flight at once.
+    #[arg(long, default_value_t = 48)]
+    pub parallel: usize,
+    /// Directory holding flock-cni (default: next to flockctl).
+    #[arg(long, value_name = "DIR")]
+    pub cni_bin_dir: Option<PathBuf>,
+    /// Directory with the loopback and host-local CNI plugins.
+    #[arg(long, value_name = "DIR", default_value = "/usr/lib/cni")]
+    pub cni_path: PathBuf,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Table,
+    Json,
+}
+
+fn parse_probe(s: &str) -> Result<ProbeSpec, String> {
+    let parts: Vec<&str> = s.split('/').collect();
+    if !(2..=3).contains(&parts.len()) {
+        return Err(format!("{s:?}: expected PORT/PROTO[/FAMILY]"));
+    }
+    let port: u16 = parts[0].parse().ok().filter(|p| *p > 0).ok_or(format!("{:?} is not a port", parts[0]))?;
+    let protocol = Protocol::parse(&parts[1].to_ascii_uppercase()).ok_or(format!("{:?} is not TCP, UDP or SCTP", parts[1]))?;
+    let family = match parts.get(2) {
+        None => None,
+        Some(f) => Some(Family::parse(f).ok_or(format!("{f:?} is not IPv4 or IPv6"))?),
+    };
+    Ok(ProbeSpec { port, protocol, family })
+}
+
+/// Checks what a simulation needs, with what to do about it.
+pub fn preflight(common: &CommonArgs) -> anyhow::Result<SimOptions> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("the simulated cluster needs root (it creates network namespaces and nft rules): run it as root, e.g. sudo -E");
+    }
+    for (tool, pkg) in [("nft", "nftables"), ("ip", "iproute2"), ("sysctl", "procps")] {
+        if std::process::Command::new(tool).arg("-V").output().is_err()
+            && std::process::Command::new(tool).arg("--version").output().is_err()
+        {
+            bail!("{tool} is missing: apt-get install -y {pkg}");
+        }
+    }
+    for plugin in ["loopback", "host-local"] {
+        if !common.cni_path.join(plugin).is_file() {
+            bail!(
+                "CNI plugin {plugin} not found in {}: apt-get install -y containernetworking-plugins (or --cni-path DIR)",
+                common.cni_path.display()
+            );
+        }
+    }
+    let cni_bin_dir = match &common.cni_bin_dir {
+        Some(d) => d.clone(),
+        None => std::env::current_exe().context("locating flockctl")?.parent().map(PathBuf::from).unwrap_or_default(),
+    };
+    if !cni_bin_dir.join("flock-cni").is_file() {
+        bail!("flock-cni not found in {} (build it with `cargo build -p flock-cni`, or pass --cni-bin-dir)", cni_bin_dir.display());
+    }
+    let mut o = SimOptions::new(cni_bin_dir);
+    o.cni_path = vec![common.cni_path.clone()];
+    o.probe_timeout = Duration::from_millis(common.timeout_ms);
+    o.parallelism = common.parallel.max(1);
+    Ok(o)
+}
+
+/// On SIGINT or SIGTERM: remove everything this process simulated and exit (130). Runs on
+/// its own task, so it acts at once even while probes block a worker.
+pub fn cleanup_on_interrupt() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        let n = flock::sim::fabric::sweep_own();
+        eprintln!("interrupted: simulation removed ({n} network namespaces)");
+        std::process::exit(130);
+    });
+    Ok(())
+}
+
+/// A multi-threaded runtime for the agents and the blocking probe workers.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().context("starting the async runtime")
+}
+
+pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
+    if args.cleanup {
+        let n = flock::sim::fabric::sweep();
+        eprintln!("removed {n} network namespaces left by earlier simulations");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut opts = preflight(&args.common)?;
+    let m = manifest::load_paths(&args.manifests).context("reading manifests")?;
+    for w in &m.warnings {
+        eprintln!("warning: {w}");
+    }
+    let snapshot = m.to_snapshot();
+    for p in flock::translate::validate_all(&snapshot) {
+        eprintln!("warning: {p}");
+    }
+    opts.hosts = args.hosts.clone();
+    let mut host_ports: Vec<(u16, Protocol)> = args.probes.iter().map(|p| (p.port, p.protocol)).collect();
+    if host_ports.is_empty() {
+        host_ports = snapshot.pods().flat_map(|p| p.ports.iter().map(|c| (c.port, c.protocol))).collect();
+    }
+    host_ports.sort();
+    host_ports.dedup();
+    opts.host_ports = host_ports;
+    let rt = runtime()?;
+    rt.block_on(async {
+        cleanup_on_interrupt()?;
+        let started = Instant::now();
+        let mut sim = Sim::build(snapshot, opts).await?;
+        eprintln!(
+            "built {} pods on {} nodes in {:.2}s",
+            sim.pod_names().len(),
+            sim.snapshot().nodes().count(),
+            started.elapsed().as_secs_f64()
+        );
+        if args.keep {
+            sim.keep();
+        }
+        let probes = if args.probes.is_empty() {
+            let fams = sim.families();
+            sim.declared_ports()
+                .into_iter()
+                .flat_map(|(port, protocol)| fams.iter().map(move |f| ProbeSpec { port, protocol, family: Some(*f) }))
+                .collect()
+        } else {
+            args.probes.clone()
+        };
+        let pods = sim.pod_names();
+        let mut dests = pods.clone();
+        dests.extend(sim.host_names());
+        let mut results = Vec::new();
+        for spec in &probes {
+            let cells = sim.probe(*spec, &pods, &dests)?;
+            results.push((*spec, cells));
+        }
+        match args.output {
+            Format::Table => print_tables(&results, &pods, &dests),
+            Format::Json => println!("{}", to_json(&results)),
+        }
+        for node in &args.show_ruleset {
+            let ns = sim.node_netns(node).with_context(|| format!("no node {node} in the simulation"))?;
+            let listing = flock::sim::fabric::run(&["ip", "netns", "exec", &ns, "nft", "list", "table", "inet", "flock"])?;
+            println!("# nft list table inet flock   (node {node})\n{listing}");
+        }
+        if args.keep {
+            eprintln!(
+                "kept: namespaces {}; inspect with e.g. `ip netns exec {} nft list ruleset`; remove with `flockctl sim --cleanup`",
+                sim.namespaces().join(" "),
+                sim.node_netns(&sim.snapshot().nodes().next().map(|n| n.name.clone()).unwrap_or_default()).unwrap_or_default()
+            );
+        }
+        sim.teardown().await?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_tables(results: &[(ProbeSpec, Vec<Cell>)], rows: &[String], cols: &[String]) {
+    let width = rows.iter().chain(cols).map(String::len).max().unwrap_or(3).max(3);
+    for (spec, cells) in results {
+        let fam = spec.family.map_or("first address family", Family::as_str);
+        println!("{}/{} {fam}   (. connected, X timeout, R refused, U unreachable, ? unavailable)", spec.protocol, spec.port);
+        print!("{:width$}", "");
+        for c in cols {
+            print!(" {c:>width$}");
+        }
+        println!();
+        for r in rows {
+            print!("{r:width$}");
+            for c in cols {
+                let sym = if r == c {
+                    '-'
+                } else {
+                    cells.iter().find(|x| &x.from == r && &x.to == c).and_then(|x| x.outcome).map_or(' ', |o| o.symbol())
+                };
+                print!(" {sym:>width$}");
+            }
+            println!();
+        }
+        println!();
+    }
+}
+
+fn to_json(results: &[(ProbeSpec, Vec<Cell>)]) -> serde_json::Value {
+    let probes: Vec<serde_json::Value> = results
+        .iter()
+        .flat_map(|(spec, cells)| {
+            // One entry per family actually probed (a probe without a family may mix them).
+            let mut fams: Vec<Family> = cells.iter().filter(|c| c.outcome.is_some()).map(|c| c.family).collect();
+            fams.sort();
+            fams.dedup();
+            fams.into_iter().map(move |fam| {
+                let res: Vec<serde_json::Value> = cells
+                    .iter()
+                    .filter(|c| c.family == fam)
+                    .filter_map(|c| c.outcome.map(|o| json!({"from": c.from, "to": c.to, "connected": o == flock::sim::Outcome::Connected, "outcome": o.as_str()})))
+                    .collect();
+                json!({"port": spec.port, "protocol": spec.protocol.as_k8s(), "family": fam.as_str(), "results": res})
+            })
+        })
+        .collect();
+    json!({"probes": probes})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_specs() {
+        assert_eq!(parse_probe("80/TCP").unwrap(), ProbeSpec { port: 80, protocol: Protocol::Tcp, family: None });
+        assert_eq!(parse_probe("53/udp/IPv6").unwrap(), ProbeSpec { port: 53, protocol: Protocol::Udp, family: Some(Family::V6) });
+        assert!(parse_probe("80").is_err());
+        assert!(parse_probe("0/TCP").is_err());
+        assert!(parse_probe("80/ICMP").is_err());
+        assert!(parse_probe("80/TCP/IPv5").is_err());
+    }
+}

@@ -1,0 +1,678 @@
+//! The `flock.dev/v1alpha1` API flock-controller serves: the cluster-scoped [`RunProfile`]
+//! (the template an administrator writes: which egress a run gets) and the namespaced
+//! [`Run`] (the request: a profile reference and the pods it covers), their statuses and
+//! conditions, and the semantic checks that mirror the CRDs' CEL rules.
+//!
+//! The CRDs under `deploy/controller/crds/` are generated from these types ([`crd_files`]);
+//! `tests/controller.rs` fails when they are stale (`FLOCK_BLESS=1` rewrites them). The API
+//! server enforces the schema and the CEL rules; the controller checks the same things again
+//! ([`RunProfileSpec::problems`], [`RunSpec::problems`]) because objects can predate a
+//! CRD upgrade and because a test API server runs no CEL. Everything the controller renders
+//! is derived from checked input only.
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use kube::core::crd::CustomResourceExt;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::translate::selector::{validate_label_key, validate_label_value};
+
+/// The API group.
+pub const GROUP: &str = "flock.dev";
+/// The API version.
+pub const VERSION: &str = "v1alpha1";
+
+/// Which egress (and optionally ingress) a run gets: the template. Cluster-scoped, written
+/// by administrators. Rules are rendered in a fixed order: DNS, internet, API server,
+/// services, CIDRs.
+// Triggered by kube's derive: its printcolumn expansions repeat `type_`.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "flock.dev",
+    version = "v1alpha1",
+    kind = "RunProfile",
+    plural = "runprofiles",
+    shortname = "rprof",
+    category = "flock",
+    status = "RunProfileStatus",
+    derive = "PartialEq",
+    doc = "RunProfile: the egress a sandboxed run gets (a template written by administrators). flock-controller renders it into one NetworkPolicy per Run.",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RunProfileSpec {
+    /// Egress to the cluster DNS pods only (UDP and TCP 53, to the pods the controller is
+    /// configured with, kube-system/k8s-app=kube-dns by default). Default true.
+    #[serde(default = "default_true")]
+    pub dns: bool,
+    /// Egress to the internet (0.0.0.0/0 and ::/0) on the listed ports, except private and
+    /// link-local ranges and the cluster's pod and service CIDRs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internet: Option<InternetEgress>,
+    /// Egress to the Kubernetes API server: its Service address and its endpoints'
+    /// addresses, each on its own port. Default false.
+    #[serde(default)]
+    pub api_server: bool,
+    /// Egress to in-cluster services, named by the pods behind them (policies match after
+    /// the Service's DNAT, so the pods are what counts).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = kube::core::Rule::new("self.all(s, self.exists_one(t, t.name == s.name))").message("service names must be unique"))]
+    #[schemars(length(max = 64))]
+    pub services: Vec<ServiceEgress>,
+    /// Egress to extra CIDRs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub cidrs: Vec<CidrEgress>,
+    /// Ingress to the run's pods. Absent: ingress is not restricted. Present: only these
+    /// peers may connect (an empty list admits nobody).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub ingress: Option<Vec<IngressPeer>>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Internet egress.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct InternetEgress {
+    /// The ports allowed (at least one).
+    #[schemars(length(min = 1, max = 64))]
+    pub ports: Vec<PortSpec>,
+    /// More ranges to except, besides the private, link-local and cluster ranges the
+    /// controller always excepts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 64)))]
+    #[x_kube(validation = kube::core::Rule::new("self.all(c, isCIDR(c) && cidr(c).prefixLength() > 0)").message("every except entry must be a CIDR narrower than /0"))]
+    pub except: Vec<String>,
+}
+
+/// Egress to the pods behind an in-cluster service.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceEgress {
+    /// A name for this entry (unique in the profile), for people reading the policy.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// The service's namespace. Absent: the run's own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+    /// The service's pods (its selector). Empty: every pod of the namespace.
+    #[serde(default)]
+    pub pod_selector: Selector,
+    /// The ports allowed (the pods' ports, i.e. the Service's targetPorts; at least one).
+    #[schemars(length(min = 1, max = 64))]
+    pub ports: Vec<PortSpec>,
+}
+
+/// Egress to a CIDR.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(self.except) || self.except.all(e, isCIDR(e) && cidr(self.cidr).containsCIDR(e))").message("every except entry must be a CIDR inside cidr"))]
+pub struct CidrEgress {
+    /// An IPv4 or IPv6 CIDR.
+    #[x_kube(validation = kube::core::Rule::new("isCIDR(self)").message("must be a CIDR such as 198.51.100.0/24 or 2001:db8::/32"))]
+    #[schemars(length(min = 1, max = 64))]
+    pub cidr: String,
+    /// Ranges inside `cidr` to except.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 64)))]
+    pub except: Vec<String>,
+    /// The ports allowed. Empty: every port of every protocol.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub ports: Vec<PortSpec>,
+}
+
+/// Pods allowed to connect to the run's pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressPeer {
+    /// A name for this entry, for people reading the policy.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// The peers' namespace. Absent: the run's own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+    /// The peer pods. Empty: every pod of the namespace.
+    #[serde(default)]
+    pub pod_selector: Selector,
+    /// The run's ports they may connect to. Empty: every port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub ports: Vec<PortSpec>,
+}
+
+/// A port or a range of ports of one protocol.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(self.endPort) || self.endPort >= self.port").message("endPort must not be below port"))]
+pub struct PortSpec {
+    /// TCP (default), UDP or SCTP.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// The port (1–65535).
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// The last port of a range (inclusive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub end_port: Option<i32>,
+}
+
+/// A transport protocol.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Protocol {
+    #[default]
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+    #[serde(rename = "SCTP")]
+    Sctp,
+}
+
+impl Protocol {
+    /// The name NetworkPolicy and CiliumNetworkPolicy use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+            Self::Sctp => "SCTP",
+        }
+    }
+}
+
+/// A label selector (the Kubernetes `LabelSelector`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Selector {
+    /// Labels the pods must carry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    /// Requirements the pods' labels must meet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub match_expressions: Vec<SelectorRequirement>,
+}
+
+impl Selector {
+    /// Whether the selector selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.match_labels.is_empty() && self.match_expressions.is_empty()
+    }
+}
+
+/// One `matchExpressions` requirement.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)").message("In and NotIn need values; Exists and DoesNotExist take none"))]
+pub struct SelectorRequirement {
+    /// The label key.
+    #[schemars(length(min = 1, max = 317))]
+    pub key: String,
+    /// In, NotIn, Exists or DoesNotExist.
+    pub operator: SelectorOperator,
+    /// The values (In, NotIn).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 63)))]
+    pub values: Vec<String>,
+}
+
+/// A selector requirement's operator.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SelectorOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+impl SelectorOperator {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::In => "In",
+            Self::NotIn => "NotIn",
+            Self::Exists => "Exists",
+            Self::DoesNotExist => "DoesNotExist",
+        }
+    }
+}
+
+/// What the controller reports about a profile.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RunProfileStatus {
+    /// The generation the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`: whether runs can use the profile, and why not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// A sandboxed run: the pods it covers get the egress its profile describes, as their own
+/// NetworkPolicy `<run>-egress`.
+// Triggered by kube's derive: its printcolumn expansions repeat `type_`.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "flock.dev",
+    version = "v1alpha1",
+    kind = "Run",
+    plural = "runs",
+    namespaced,
+    category = "flock",
+    status = "RunStatus",
+    derive = "PartialEq",
+    doc = "Run: a sandboxed run whose pods get the egress of a RunProfile, as their own NetworkPolicy <run>-egress owned by the Run.",
+    printcolumn(name = "Profile", type_ = "string", json_path = ".spec.profile"),
+    printcolumn(name = "Enforced", type_ = "boolean", json_path = ".status.enforcement.enabled"),
+    printcolumn(name = "Policy", type_ = "string", json_path = ".status.conditions[?(@.type==\"NetworkPolicyReady\")].reason"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RunSpec {
+    /// The RunProfile (cluster-scoped) this run uses.
+    #[schemars(length(min = 1, max = 253))]
+    pub profile: String,
+    /// The run's pods. Default: the pods labelled `flock.dev/run: <run name>` (names longer
+    /// than 63 characters are shortened with a hash, see `flock.dev/run` in the README). Must
+    /// not be empty: an empty selector would isolate every pod of the namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)").message("podSelector must not be empty"))]
+    pub pod_selector: Option<Selector>,
+}
+
+/// What the controller reports about a run.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(oldSelf.enforcement) || (has(self.enforcement) && self.enforcement == oldSelf.enforcement)").message("the enforcement decision is pinned on the first reconcile and never changes"))]
+pub struct RunStatus {
+    /// The generation the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Whether the run's policy is enforced: decided on the first reconcile and pinned, so
+    /// changing the controller's `--enforce` mode affects new runs only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforcement: Option<Enforcement>,
+    /// The policy applied for the run (set once it was applied; a policy found missing
+    /// afterwards was withdrawn, and is re-created with a `NetworkPolicyWithdrawn` event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<AppliedPolicy>,
+    /// `NetworkPolicyReady` and `Ready`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// The pinned enforcement decision.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Enforcement {
+    /// Whether the run's policy is applied.
+    pub enabled: bool,
+    /// The controller's mode when the decision was made: auto, on or off.
+    #[schemars(length(max = 8))]
+    pub mode: String,
+    /// Why (the mode, or what the auto probe found).
+    #[schemars(length(max = 1024))]
+    pub reason: String,
+}
+
+/// The policy object applied for a run.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedPolicy {
+    /// `networking.k8s.io/v1` or `cilium.io/v2`.
+    pub api_version: String,
+    /// `NetworkPolicy` or `CiliumNetworkPolicy`.
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// A status condition (the shape of `metav1.Condition`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `Ready`, `NetworkPolicyReady`.
+    #[serde(rename = "type")]
+    #[schemars(length(min = 1, max = 316))]
+    pub type_: String,
+    /// True, False or Unknown.
+    #[schemars(length(min = 1, max = 7))]
+    pub status: String,
+    /// CamelCase reason.
+    #[schemars(length(min = 1, max = 1024))]
+    pub reason: String,
+    /// Human-readable detail.
+    #[serde(default)]
+    #[schemars(length(max = 32768))]
+    pub message: String,
+    /// When the status last changed (RFC 3339).
+    #[schemars(length(min = 1, max = 64))]
+    pub last_transition_time: String,
+    /// The generation the condition describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Condition status strings.
+pub const TRUE: &str = "True";
+pub const FALSE: &str = "False";
+
+/// Sets condition `type_` in `conditions`: `lastTransitionTime` changes only when the status
+/// does (a reason or message change keeps it), so a no-op pass leaves the list equal.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &str,
+) {
+    let status = if status { TRUE } else { FALSE };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            if c.status != status {
+                c.status = status.to_string();
+                c.last_transition_time = now.to_string();
+            }
+            c.reason = reason.to_string();
+            c.message = message.to_string();
+            c.observed_generation = generation;
+        }
+        None => conditions.push(Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message: message.to_string(),
+            last_transition_time: now.to_string(),
+            observed_generation: generation,
+        }),
+    }
+}
+
+/// The condition of type `type_`, if set.
+pub fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// One thing wrong with a spec: the field (a JSON path from `spec`) and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Problems joined for a condition message.
+pub fn describe(problems: &[Problem]) -> String {
+    problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+impl RunProfileSpec {
+    /// What the API server's schema and CEL rules would reject, checked again (see the
+    /// module doc). Empty when the profile is usable.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        if let Some(internet) = &self.internet {
+            if internet.ports.is_empty() {
+                out.push(problem("spec.internet.ports", "at least one port is required"));
+            }
+            check_ports(&internet.ports, "spec.internet.ports", &mut out);
+            for (i, e) in internet.except.iter().enumerate() {
+                match parse_cidr(e) {
+                    Some(net) if net.prefix_len() > 0 => {}
+                    Some(_) => out.push(problem(format!("spec.internet.except[{i}]"), format!("{e} would except everything"))),
+                    None => out.push(problem(format!("spec.internet.except[{i}]"), format!("{e:?} is not a CIDR"))),
+                }
+            }
+        }
+        for (i, s) in self.services.iter().enumerate() {
+            let at = format!("spec.services[{i}]");
+            check_name(&s.name, &format!("{at}.name"), &mut out);
+            if self.services[..i].iter().any(|t| t.name == s.name) {
+                out.push(problem(format!("{at}.name"), format!("{:?} is used twice", s.name)));
+            }
+            if let Some(ns) = &s.namespace {
+                check_name(ns, &format!("{at}.namespace"), &mut out);
+            }
+            check_selector(&s.pod_selector, &format!("{at}.podSelector"), &mut out);
+            if s.ports.is_empty() {
+                out.push(problem(format!("{at}.ports"), "at least one port is required"));
+            }
+            check_ports(&s.ports, &format!("{at}.ports"), &mut out);
+        }
+        for (i, c) in self.cidrs.iter().enumerate() {
+            let at = format!("spec.cidrs[{i}]");
+            match parse_cidr(&c.cidr) {
+                None => out.push(problem(format!("{at}.cidr"), format!("{:?} is not a CIDR", c.cidr))),
+                Some(net) => {
+                    for (j, e) in c.except.iter().enumerate() {
+                        match parse_cidr(e) {
+                            Some(inner) if net.contains(&inner) && inner != net => {}
+                            Some(_) => out.push(problem(format!("{at}.except[{j}]"), format!("{e} is not strictly inside {net}"))),
+                            None => out.push(problem(format!("{at}.except[{j}]"), format!("{e:?} is not a CIDR"))),
+                        }
+                    }
+                }
+            }
+            check_ports(&c.ports, &format!("{at}.ports"), &mut out);
+        }
+        for (i, p) in self.ingress.iter().flatten().enumerate() {
+            let at = format!("spec.ingress[{i}]");
+            check_name(&p.name, &format!("{at}.name"), &mut out);
+            if let Some(ns) = &p.namespace {
+                check_name(ns, &format!("{at}.namespace"), &mut out);
+            }
+            check_selector(&p.pod_selector, &format!("{at}.podSelector"), &mut out);
+            check_ports(&p.ports, &format!("{at}.ports"), &mut out);
+        }
+        out
+    }
+}
+
+impl RunSpec {
+    /// What the API server would reject in a run, checked again.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        if self.profile.is_empty() {
+            out.push(problem("spec.profile", "required"));
+        }
+        if let Some(sel) = &self.pod_selector {
+            if sel.is_empty() {
+                out.push(problem("spec.podSelector", "must not be empty (it would isolate every pod of the namespace)"));
+            }
+            check_selector(sel, "spec.podSelector", &mut out);
+        }
+        out
+    }
+}
+
+fn problem(field: impl Into<String>, message: impl Into<String>) -> Problem {
+    Problem { field: field.into(), message: message.into() }
+}
+
+/// A CIDR in canonical form (`198.51.100.0/24`); host bits set are rejected as the API
+/// server's `isCIDR` accepts them but NetworkPolicy validation does not.
+pub fn parse_cidr(s: &str) -> Option<IpNet> {
+    let net: IpNet = s.parse().ok()?;
+    (net.trunc() == net).then_some(net)
+}
+
+fn check_ports(ports: &[PortSpec], at: &str, out: &mut Vec<Problem>) {
+    for (i, p) in ports.iter().enumerate() {
+        if !(1..=65535).contains(&p.port) {
+            out.push(problem(format!("{at}[{i}].port"), format!("{} is outside 1-65535", p.port)));
+        }
+        if let Some(end) = p.end_port {
+            if !(1..=65535).contains(&end) {
+                out.push(problem(format!("{at}[{i}].endPort"), format!("{end} is outside 1-65535")));
+            } else if end < p.port {
+                out.push(problem(format!("{at}[{i}].endPort"), format!("{end} is below port {}", p.port)));
+            }
+        }
+    }
+}
+
+/// A DNS label (namespace names, entry names).
+fn check_name(name: &str, at: &str, out: &mut Vec<Problem>) {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !ok {
+        out.push(problem(at, format!("{name:?} is not a DNS label (lowercase letters, digits and '-', at most 63)")));
+    }
+}
+
+fn check_selector(sel: &Selector, at: &str, out: &mut Vec<Problem>) {
+    for (k, v) in &sel.match_labels {
+        if let Err(e) = validate_label_key(k) {
+            out.push(problem(format!("{at}.matchLabels"), format!("{k:?} is not a label key: {e}")));
+        }
+        if let Err(e) = validate_label_value(v) {
+            out.push(problem(format!("{at}.matchLabels[{k}]"), format!("{v:?} is not a label value: {e}")));
+        }
+    }
+    for (i, r) in sel.match_expressions.iter().enumerate() {
+        if let Err(e) = validate_label_key(&r.key) {
+            out.push(problem(format!("{at}.matchExpressions[{i}].key"), format!("{:?} is not a label key: {e}", r.key)));
+        }
+        let needs_values = matches!(r.operator, SelectorOperator::In | SelectorOperator::NotIn);
+        if needs_values == r.values.is_empty() {
+            out.push(problem(
+                format!("{at}.matchExpressions[{i}].values"),
+                format!("{} {}", r.operator.as_str(), if needs_values { "needs values" } else { "takes no values" }),
+            ));
+        }
+        for v in &r.values {
+            if let Err(e) = validate_label_value(v) {
+                out.push(problem(format!("{at}.matchExpressions[{i}].values"), format!("{v:?} is not a label value: {e}")));
+            }
+        }
+    }
+}
+
+/// The generated CRDs as (file name under `deploy/controller/crds/`, YAML text).
+pub fn crd_files() -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
+    let header = "# Generated from the Rust types in src/controller/crd.rs: do not edit.\n\
+                  # Regenerate with FLOCK_BLESS=1 cargo test --test controller crds_are_up_to_date\n\
+                  # (or `flock-controller --print-crds`).\n";
+    let mut out = Vec::new();
+    for crd in [RunProfile::crd(), Run::crd()] {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        out.push((format!("{name}.yaml"), format!("{header}{}", serde_yaml_ng::to_string(&crd)?)));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(p: i32) -> PortSpec {
+        PortSpec { protocol: Protocol::Tcp, port: p, end_port: None }
+    }
+
+    #[test]
+    fn defaults_and_round_trip() {
+        let spec: RunProfileSpec = serde_json::from_value(serde_json::json!({})).unwrap();
+        assert!(spec.dns && !spec.api_server && spec.internet.is_none() && spec.ingress.is_none());
+        let p: PortSpec = serde_json::from_value(serde_json::json!({"port": 443})).unwrap();
+        assert_eq!(p, port(443));
+        let back = serde_json::to_value(&spec).unwrap();
+        assert_eq!(back, serde_json::json!({"dns": true, "apiServer": false}));
+    }
+
+    #[test]
+    fn profile_problems_name_the_field() {
+        let spec = RunProfileSpec {
+            dns: true,
+            internet: Some(InternetEgress { ports: vec![port(0)], except: vec!["nope".into()] }),
+            api_server: false,
+            services: vec![
+                ServiceEgress { name: "db".into(), namespace: Some("Bad_NS".into()), pod_selector: Selector::default(), ports: vec![] },
+                ServiceEgress { name: "db".into(), namespace: None, pod_selector: Selector::default(), ports: vec![port(5432)] },
+            ],
+            cidrs: vec![CidrEgress { cidr: "198.51.100.0/24".into(), except: vec!["203.0.113.0/24".into()], ports: vec![] }],
+            ingress: Some(vec![IngressPeer {
+                name: "adapter".into(),
+                namespace: None,
+                pod_selector: Selector {
+                    match_labels: BTreeMap::new(),
+                    match_expressions: vec![SelectorRequirement { key: "app".into(), operator: SelectorOperator::In, values: vec![] }],
+                },
+                ports: vec![PortSpec { protocol: Protocol::Tcp, port: 90, end_port: Some(80) }],
+            }]),
+        };
+        let fields: Vec<String> = spec.problems().into_iter().map(|p| p.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.internet.ports[0].port",
+                "spec.internet.except[0]",
+                "spec.services[0].namespace",
+                "spec.services[0].ports",
+                "spec.services[1].name",
+                "spec.cidrs[0].except[0]",
+                "spec.ingress[0].podSelector.matchExpressions[0].values",
+                "spec.ingress[0].ports[0].endPort",
+            ]
+        );
+    }
+
+    #[test]
+    fn host_bits_are_not_a_cidr() {
+        assert!(parse_cidr("198.51.100.0/24").is_some());
+        assert!(parse_cidr("198.51.100.1/24").is_none());
+        assert!(parse_cidr("2001:db8::/32").is_some());
+        assert!(parse_cidr("2001:db8::").is_none());
+    }
+
+    #[test]
+    fn conditions_keep_their_transition_time_while_the_status_holds() {
+        let mut c = Vec::new();
+        set_condition(&mut c, "Ready", false, "ProfileNotFound", "x", Some(1), "t1");
+        set_condition(&mut c, "Ready", false, "ProfileInvalid", "y", Some(2), "t2");
+        assert_eq!((c[0].reason.as_str(), c[0].last_transition_time.as_str(), c[0].observed_generation), ("ProfileInvalid", "t1", Some(2)));
+        set_condition(&mut c, "Ready", true, "Applied", "", Some(2), "t3");
+        assert_eq!(c[0].last_transition_time, "t3");
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn the_crds_carry_schema_and_cel_rules() {
+        let files = crd_files().unwrap();
+        let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["runprofiles.flock.dev.yaml", "runs.flock.dev.yaml"]);
+        let profile = &files[0].1;
+        assert!(profile.contains("scope: Cluster"), "{profile}");
+        assert!(profile.contains("isCIDR(self)"));
+        assert!(profile.contains("x-kubernetes-list-type: map"));
+        let run = &files[1].1;
+        assert!(run.contains("scope: Namespaced"));
+        assert!(run.contains("podSelector must not be empty"));
+        assert!(run.contains("the enforcement decision is pinned"));
+        assert!(run.contains("status: {}"), "status subresource:\n{run}");
+    }
+}

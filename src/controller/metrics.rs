@@ -1,0 +1,174 @@
+//! flock-controller's Prometheus metrics (`/metrics`): policies applied by result,
+//! withdrawals (policies found deleted and re-created), whether enforcement is enabled for
+//! new runs, reconcile durations and failures, leadership.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+fn label(k: &str, v: &str) -> Labels {
+    vec![(k.to_string(), v.to_string())]
+}
+
+/// How an apply ended, for `policies_applied_total{result}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyResult {
+    /// The run's first policy.
+    Created,
+    /// A policy that had been applied was missing and was re-created (a withdrawal).
+    Recreated,
+    /// An existing policy was applied again (changed, or already equal).
+    Applied,
+    /// The API server refused or failed.
+    Failed,
+}
+
+impl ApplyResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::Recreated => "recreated",
+            Self::Applied => "applied",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// All of flock-controller's metrics.
+pub struct Metrics {
+    registry: Registry,
+    applied: Family<Labels, Counter>,
+    withdrawn: Counter,
+    deleted: Counter,
+    enforcement: Gauge,
+    reconcile_duration: Family<Labels, Histogram, fn() -> Histogram>,
+    reconcile_errors: Family<Labels, Counter>,
+    leader: Gauge,
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms … ~16 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("flock_controller");
+        let m = Self {
+            applied: Family::default(),
+            withdrawn: Counter::default(),
+            deleted: Counter::default(),
+            enforcement: Gauge::default(),
+            reconcile_duration: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
+            reconcile_errors: Family::default(),
+            leader: Gauge::default(),
+            registry: Registry::default(),
+        };
+        r.register("policies_applied", "Run policies applied, by result (created, recreated, applied, failed)", m.applied.clone());
+        r.register(
+            "policies_withdrawn",
+            "Run policies found deleted after they had been applied (each re-created, with a NetworkPolicyWithdrawn event)",
+            m.withdrawn.clone(),
+        );
+        r.register("policies_deleted", "Stale run policies deleted (runs whose pinned decision is not to enforce)", m.deleted.clone());
+        r.register("enforcement_enabled", "Whether new runs' policies are enforced (1) or not (0)", m.enforcement.clone());
+        r.register("reconcile_duration_seconds", "Duration of a reconcile, by kind (Run, RunProfile)", m.reconcile_duration.clone());
+        r.register("reconcile_errors", "Reconciles that ended in an API error and were requeued, by kind", m.reconcile_errors.clone());
+        r.register("leader", "Whether this replica holds the leader lease (1) or not (0)", m.leader.clone());
+        Self { registry: r, ..m }
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        let _ = encode(&mut s, &self.registry);
+        s
+    }
+
+    pub fn applied(&self, result: ApplyResult) {
+        self.applied.get_or_create(&label("result", result.as_str())).inc();
+        if result == ApplyResult::Recreated {
+            self.withdrawn.inc();
+        }
+    }
+
+    pub fn deleted(&self) {
+        self.deleted.inc();
+    }
+
+    pub fn enforcement(&self, enabled: bool) {
+        self.enforcement.set(i64::from(enabled));
+    }
+
+    pub fn reconciled(&self, kind: &str, seconds: f64) {
+        self.reconcile_duration.get_or_create(&label("kind", kind)).observe(seconds);
+    }
+
+    pub fn reconcile_error(&self, kind: &str) {
+        self.reconcile_errors.get_or_create(&label("kind", kind)).inc();
+    }
+
+    pub fn leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// `policies_applied_total{result}` (for tests and diagnostics).
+    pub fn applied_count(&self, result: ApplyResult) -> u64 {
+        self.applied.get_or_create(&label("result", result.as_str())).get()
+    }
+
+    /// `policies_withdrawn_total`.
+    pub fn withdrawn_count(&self) -> u64 {
+        self.withdrawn.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_metric() {
+        let m = Metrics::new();
+        m.applied(ApplyResult::Created);
+        m.applied(ApplyResult::Recreated);
+        m.applied(ApplyResult::Failed);
+        m.enforcement(true);
+        m.reconciled("Run", 0.01);
+        m.reconcile_error("Run");
+        m.leader(true);
+        m.deleted();
+        let text = m.encode();
+        for name in [
+            "flock_controller_policies_applied_total{result=\"created\"} 1",
+            "flock_controller_policies_applied_total{result=\"recreated\"} 1",
+            "flock_controller_policies_applied_total{result=\"failed\"} 1",
+            "flock_controller_policies_withdrawn_total 1",
+            "flock_controller_policies_deleted_total 1",
+            "flock_controller_enforcement_enabled 1",
+            "flock_controller_reconcile_duration_seconds_count{kind=\"Run\"} 1",
+            "flock_controller_reconcile_errors_total{kind=\"Run\"} 1",
+            "flock_controller_leader 1",
+        ] {
+            assert!(text.contains(name), "{name} missing in\n{text}");
+        }
+        assert_eq!(m.withdrawn_count(), 1);
+    }
+}

@@ -1,0 +1,266 @@
+//! flock-controller: the companion controller that turns each sandboxed [`crd::Run`] into
+//! its own egress policy, `<run>-egress`, which flock-agent enforces.
+//!
+//! ```text
+//!  RunProfile (cluster, template) ─┐
+//!  Run (namespace, request) ───────┼─► reconcile ─► render (pure) ─► server-side apply ─► NetworkPolicy
+//!  ClusterConfig (flags, API       │    (chain of                       (field manager       or CiliumNetworkPolicy
+//!   server addresses) ─────────────┘     small steps)                   flock-controller)    owned by the Run
+//! ```
+//!
+//! Modules: [`crd`] (the API types, their CRDs and checks), [`render`] (pure: run, profile,
+//! cluster → policy), [`reconcile`] (one pass, as steps), [`probe`] (the enforcement decision
+//! and the policy kind, decided at start), [`apiserver`] (where the API server is),
+//! [`leader`] (Lease-based leader election), [`metrics`]. This file wires them: [`start`]
+//! makes the start-up decisions (and refuses to start without an API server address),
+//! [`run`] runs the Run and RunProfile controllers until stopped. The binary
+//! (`src/bin/flock-controller`) parses flags, serves `/healthz`, `/readyz`, `/metrics` and
+//! elects a leader around [`run`].
+
+pub mod apiserver;
+pub mod crd;
+pub mod leader;
+pub mod metrics;
+pub mod probe;
+pub mod reconcile;
+pub mod render;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::DynamicObject;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::agent::http::{Handler, json_response, metrics_response};
+use crd::{Run, RunProfile};
+use metrics::Metrics;
+use probe::{AgentRef, Decision, EnforceMode, PolicyKind};
+use render::{ApiEndpoint, ClusterConfig};
+
+/// The field manager of every write, and the `app.kubernetes.io/managed-by` label value.
+pub const FIELD_MANAGER: &str = "flock-controller";
+/// The annotation naming the profile a policy was rendered from.
+pub const PROFILE_ANNOTATION: &str = "flock.dev/profile";
+/// The reason of the Warning Event for a policy found deleted after it had been applied.
+pub const WITHDRAWN_REASON: &str = "NetworkPolicyWithdrawn";
+/// The reason of the Warning Event for a failed enforcer probe.
+pub const PROBE_FAILED_REASON: &str = "EnforcerProbeFailed";
+pub const CILIUM_GROUP: &str = "cilium.io";
+pub const CILIUM_VERSION: &str = "v2";
+pub const CILIUM_API_VERSION: &str = "cilium.io/v2";
+pub const CILIUM_KIND: &str = "CiliumNetworkPolicy";
+
+/// How the controller runs (the flags of `flock-controller`).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub enforce: EnforceMode,
+    /// The flock-agent DaemonSet the `auto` probe looks for.
+    pub agent: AgentRef,
+    /// The cluster's CIDRs and DNS pods (the API server's addresses are found at start).
+    pub cluster: ClusterConfig,
+    /// The API server URL of the client configuration, when there is one.
+    pub api_server_url: Option<String>,
+    /// Requeue period of applied runs.
+    pub resync: Duration,
+    /// This replica (Events' reporting instance).
+    pub instance: String,
+    /// The controller's namespace (start-up Events are about its Deployment there).
+    pub namespace: String,
+}
+
+/// Why the controller cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    ApiServer(#[from] apiserver::ApiServerError),
+    #[error("the cluster {what} {cidr} is invalid: {why}")]
+    Cidr { what: &'static str, cidr: String, why: &'static str },
+}
+
+/// The start-up decisions.
+#[derive(Debug, Clone)]
+pub struct Startup {
+    /// What new runs pin.
+    pub decision: Decision,
+    pub kind: PolicyKind,
+    pub cluster: ClusterConfig,
+    /// The API server addresses of the client configuration (kept when the EndpointSlices
+    /// change).
+    pub fixed_endpoints: BTreeSet<ApiEndpoint>,
+}
+
+/// Start-up: checks the configuration, finds the API server (none → error), decides
+/// enforcement (probing in `auto`; a failed probe is an Event and means off) and the
+/// policy kind.
+pub async fn start(client: &Client, opts: &Options) -> Result<Startup, StartError> {
+    for (what, cidrs) in [("pod CIDR", &opts.cluster.pod_cidrs), ("service CIDR", &opts.cluster.service_cidrs)] {
+        for c in cidrs {
+            if c.prefix_len() == 0 {
+                return Err(StartError::Cidr { what, cidr: c.to_string(), why: "it would except the whole internet" });
+            }
+            if c.trunc() != *c {
+                return Err(StartError::Cidr { what, cidr: c.to_string(), why: "host bits are set" });
+            }
+        }
+    }
+    let fixed_endpoints = match &opts.api_server_url {
+        Some(url) => apiserver::from_url(url).await?,
+        None => BTreeSet::new(),
+    };
+    let api_server = apiserver::discover(client, &fixed_endpoints, opts.api_server_url.as_deref()).await?;
+    tracing::info!(addresses = %apiserver::describe(&api_server), "API server addresses");
+
+    let probe_result = match opts.enforce {
+        EnforceMode::Auto => Some(probe::probe(client, &opts.agent).await),
+        _ => None,
+    };
+    if let Some(Err(e)) = &probe_result {
+        tracing::error!(error = %e, "the enforcer probe failed: policies of new runs will not be enforced");
+        let recorder = Recorder::new(client.clone(), reporter(&opts.instance));
+        let deployment = ObjectReference {
+            api_version: Some("apps/v1".into()),
+            kind: Some("Deployment".into()),
+            name: Some(FIELD_MANAGER.into()),
+            namespace: Some(opts.namespace.clone()),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: PROBE_FAILED_REASON.into(),
+            note: Some(format!(
+                "{e}: policies of new runs will not be enforced (restart flock-controller to probe again, or set --enforce=on)"
+            )),
+            action: "Probe".into(),
+            secondary: None,
+        };
+        if let Err(pe) = recorder.publish(&event, &deployment).await {
+            tracing::warn!(error = %pe, "publishing the EnforcerProbeFailed event");
+        }
+    }
+    let decision = probe::decide(opts.enforce, probe_result.as_ref());
+    tracing::info!(mode = opts.enforce.as_str(), enabled = decision.enabled, reason = %decision.reason, "enforcement decision for new runs");
+    let kind = probe::policy_kind(client).await;
+    tracing::info!(kind = kind.kind(), "policy kind");
+    let mut cluster = opts.cluster.clone();
+    cluster.api_server = api_server;
+    Ok(Startup { decision, kind, cluster, fixed_endpoints })
+}
+
+/// The reporter of the controller's Events.
+pub fn reporter(instance: &str) -> Reporter {
+    Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance.to_string()) }
+}
+
+/// A future that ends when `stop` turns true (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Runs the Run and RunProfile controllers (and the API server address follower) until
+/// `stop`. The metrics are the caller's (its `/metrics`, and tests, read them).
+pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<Metrics>, stop: watch::Receiver<bool>) {
+    // API server addresses follow the EndpointSlices; every run is re-rendered on a change.
+    let (cluster_tx, cluster_rx) = watch::channel(startup.cluster.clone());
+    let follower = tokio::spawn(apiserver::follow(client.clone(), startup.fixed_endpoints.clone(), cluster_tx));
+    let reconcile_all = futures::stream::unfold(cluster_rx.clone(), |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    });
+
+    metrics.enforcement(startup.decision.enabled);
+    let mut ctx = reconcile::Context::new(
+        client.clone(),
+        cluster_rx,
+        startup.decision.clone(),
+        startup.kind.clone(),
+        Recorder::new(client.clone(), reporter(&opts.instance)),
+        metrics.clone(),
+    );
+    ctx.resync = opts.resync;
+    let ctx = Arc::new(ctx);
+
+    let owned = watcher::Config::default().labels(&render::managed_selector());
+    let runs = Controller::new(Api::<Run>::all(client.clone()), watcher::Config::default());
+    let store = runs.store();
+    let runs = match &startup.kind {
+        PolicyKind::NetworkPolicy => runs.owns(Api::<NetworkPolicy>::all(client.clone()), owned),
+        PolicyKind::Cilium(ar) => runs.owns_with(Api::<DynamicObject>::all_with(client.clone(), ar), ar.clone(), owned),
+    };
+    let runs = runs
+        .watches(Api::<RunProfile>::all(client.clone()), watcher::Config::default(), move |profile| {
+            // A profile change (or creation) re-renders the runs that use it.
+            let name = profile.name_any();
+            store.state().into_iter().filter(|r| r.spec.profile == name).map(|r| ObjectRef::from_obj(&*r)).collect::<Vec<_>>()
+        })
+        .reconcile_all_on(reconcile_all)
+        .graceful_shutdown_on(stopped(stop.clone()))
+        .run(reconcile::reconcile_run, reconcile::run_error_policy, ctx.clone())
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "run controller");
+            }
+        });
+    let profiles = Controller::new(Api::<RunProfile>::all(client.clone()), watcher::Config::default())
+        .graceful_shutdown_on(stopped(stop.clone()))
+        .run(reconcile::reconcile_profile, reconcile::profile_error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "profile controller");
+            }
+        });
+    tracing::info!("controllers running");
+    // Stopping lets reconciles in flight finish, but not forever: a request the API server
+    // never answers must not keep a replica that lost its Lease, or got SIGTERM, working.
+    let bounded_stop = async {
+        stopped(stop).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        _ = async { futures::join!(runs, profiles) } => tracing::info!("controllers stopped"),
+        () = bounded_stop => tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles still in flight after the grace period; stopping anyway"),
+    }
+    follower.abort();
+}
+
+/// How long stopping waits for reconciles in flight. With client-go's lease timing (renew
+/// deadline 10 s, lease 15 s) a leader that lost its Lease stops within 13 s of its last
+/// renewal, before a follower may take over.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// What `/healthz` and `/readyz` report.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Start-up finished (API server found, decisions made).
+    pub started: AtomicBool,
+    /// This replica leads.
+    pub leading: AtomicBool,
+}
+
+/// The HTTP endpoints: `/healthz` (the process serves; leadership and start-up state in
+/// the body), `/readyz` (start-up finished: followers are ready too, so a rolling update
+/// proceeds), `/metrics`.
+pub fn handler(health: Arc<Health>, metrics: Arc<Metrics>) -> Handler {
+    Arc::new(move |path: &str| {
+        let started = health.started.load(Ordering::SeqCst);
+        let leading = health.leading.load(Ordering::SeqCst);
+        match path {
+            "/healthz" => json_response(hyper::StatusCode::OK, json!({"status": "ok", "started": started, "leader": leading})),
+            "/readyz" => json_response(
+                if started { hyper::StatusCode::OK } else { hyper::StatusCode::SERVICE_UNAVAILABLE },
+                json!({"ready": started, "leader": leading}),
+            ),
+            "/metrics" => metrics_response(metrics.encode()),
+            _ => json_response(hyper::StatusCode::NOT_FOUND, json!({"error": "not found", "paths": ["/healthz", "/readyz", "/metrics"]})),
+        }
+    })
+}

@@ -1,0 +1,232 @@
+//! What the controller decides once at start: whether new runs' policies are enforced
+//! (`--enforce auto|on|off`, and in `auto` a probe for an enforcer), and which policy kind it
+//! emits (CiliumNetworkPolicy where `cilium.io/v2` serves it, else NetworkPolicy).
+//!
+//! The probe asks first for a ready flock-agent DaemonSet (flock's install identity), then
+//! for the other NetworkPolicy enforcers Paddock knows, by their pods' labels in
+//! `kube-system`. It reads the API directly (no cache is primed at start). A probe error
+//! means enforcement off, logged and reported as an Event by the caller. The probe runs
+//! once: every run pins the decision it was reconciled under, so a later probe could only
+//! change new runs, and restarting the controller does exactly that.
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ApiResource, GroupVersionKind, ListParams};
+use kube::{Api, Client};
+
+use super::{CILIUM_GROUP, CILIUM_KIND, CILIUM_VERSION};
+
+/// `--enforce`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EnforceMode {
+    /// Enforce when an enforcer is found at start.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for EnforceMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "" | "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            _ => Err(format!("{s:?}: expected auto, on or off")),
+        }
+    }
+}
+
+impl EnforceMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::On => "on",
+            Self::Off => "off",
+        }
+    }
+}
+
+/// What the probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeResult {
+    pub found: bool,
+    pub reason: String,
+}
+
+/// The probe could not tell.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot read DaemonSet {namespace}/{name}: {source}")]
+    DaemonSet {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("cannot list pods in kube-system with {selector}: {source}")]
+    Pods {
+        selector: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The decision new runs pin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub mode: EnforceMode,
+    pub enabled: bool,
+    pub reason: String,
+}
+
+/// The decision table: `on` and `off` decide alone (an explicit off wins over any probe);
+/// `auto` follows the probe, and a failed probe means off.
+pub fn decide(mode: EnforceMode, probe: Option<&Result<ProbeResult, ProbeError>>) -> Decision {
+    let (enabled, reason) = match (mode, probe) {
+        (EnforceMode::On, _) => (true, "--enforce=on".to_string()),
+        (EnforceMode::Off, _) => (false, "--enforce=off".to_string()),
+        (EnforceMode::Auto, Some(Ok(p))) => (p.found, p.reason.clone()),
+        (EnforceMode::Auto, Some(Err(e))) => (false, format!("the enforcer probe failed: {e}")),
+        (EnforceMode::Auto, None) => (false, "no enforcer probe was run".to_string()),
+    };
+    Decision { mode, enabled, reason }
+}
+
+/// The flock-agent DaemonSet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Default for AgentRef {
+    fn default() -> Self {
+        Self { namespace: "flock-system".into(), name: "flock-agent".into() }
+    }
+}
+
+/// Other enforcers (name, label selector of their pods in kube-system), in probe order.
+pub const OTHER_ENFORCERS: [(&str, &str); 6] = [
+    ("calico", "k8s-app=calico-node"),
+    ("cilium", "k8s-app=cilium"),
+    ("cilium", "app=cilium"),
+    ("weave-net", "name=weave-net"),
+    ("kube-router", "k8s-app=kube-router"),
+    ("antrea", "app.kubernetes.io/name=antrea-agent"),
+];
+
+/// Looks for an enforcer: a flock-agent DaemonSet with a ready pod, then the others.
+pub async fn probe(client: &Client, agent: &AgentRef) -> Result<ProbeResult, ProbeError> {
+    let ds = Api::<DaemonSet>::namespaced(client.clone(), &agent.namespace)
+        .get_opt(&agent.name)
+        .await
+        .map_err(|source| ProbeError::DaemonSet { namespace: agent.namespace.clone(), name: agent.name.clone(), source })?;
+    let agent_state = match &ds {
+        Some(ds) => {
+            let st = ds.status.clone().unwrap_or_default();
+            if st.number_ready >= 1 {
+                return Ok(ProbeResult {
+                    found: true,
+                    reason: format!(
+                        "DaemonSet {}/{} has {}/{} pods ready",
+                        agent.namespace, agent.name, st.number_ready, st.desired_number_scheduled
+                    ),
+                });
+            }
+            format!("DaemonSet {}/{} has no ready pod", agent.namespace, agent.name)
+        }
+        None => format!("no DaemonSet {}/{}", agent.namespace, agent.name),
+    };
+    let pods = Api::<Pod>::namespaced(client.clone(), "kube-system");
+    for (name, selector) in OTHER_ENFORCERS {
+        let found = pods
+            .list(&ListParams::default().labels(selector).limit(1))
+            .await
+            .map_err(|source| ProbeError::Pods { selector: selector.to_string(), source })?;
+        if !found.items.is_empty() {
+            return Ok(ProbeResult { found: true, reason: format!("{agent_state}; found {name} pods (kube-system, {selector})") });
+        }
+    }
+    let searched: Vec<&str> = OTHER_ENFORCERS.iter().map(|(_, s)| *s).collect();
+    Ok(ProbeResult {
+        found: false,
+        reason: format!("{agent_state}, and no kube-system pods with {}: NetworkPolicies would not be enforced", searched.join(", ")),
+    })
+}
+
+/// Which policy kind runs get.
+#[derive(Debug, Clone)]
+pub enum PolicyKind {
+    NetworkPolicy,
+    /// `cilium.io/v2` CiliumNetworkPolicy, served by the cluster.
+    Cilium(ApiResource),
+}
+
+impl PolicyKind {
+    pub fn api_version(&self) -> &str {
+        match self {
+            Self::NetworkPolicy => "networking.k8s.io/v1",
+            Self::Cilium(_) => super::CILIUM_API_VERSION,
+        }
+    }
+
+    pub fn kind(&self) -> &str {
+        match self {
+            Self::NetworkPolicy => "NetworkPolicy",
+            Self::Cilium(_) => CILIUM_KIND,
+        }
+    }
+}
+
+/// CiliumNetworkPolicy where the API server serves it. A discovery error other than "not
+/// served" is logged and falls back to NetworkPolicy (Cilium enforces those too).
+pub async fn policy_kind(client: &Client) -> PolicyKind {
+    let gvk = GroupVersionKind::gvk(CILIUM_GROUP, CILIUM_VERSION, CILIUM_KIND);
+    match kube::discovery::pinned_kind(client, &gvk).await {
+        Ok((ar, _)) => PolicyKind::Cilium(ar),
+        Err(kube::Error::Api(s)) if s.code == 404 => PolicyKind::NetworkPolicy,
+        Err(kube::Error::Discovery(e)) => {
+            tracing::debug!(error = %e, "cilium.io/v2 serves no CiliumNetworkPolicy");
+            PolicyKind::NetworkPolicy
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell whether cilium.io/v2 is served; emitting NetworkPolicies");
+            PolicyKind::NetworkPolicy
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes() {
+        assert_eq!("auto".parse::<EnforceMode>(), Ok(EnforceMode::Auto));
+        assert_eq!("".parse::<EnforceMode>(), Ok(EnforceMode::Auto));
+        assert_eq!("on".parse::<EnforceMode>(), Ok(EnforceMode::On));
+        assert_eq!("off".parse::<EnforceMode>(), Ok(EnforceMode::Off));
+        for bad in ["yes", "ON", "true", "enforce"] {
+            assert!(bad.parse::<EnforceMode>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn decision_table() {
+        let yes: Result<ProbeResult, ProbeError> = Ok(ProbeResult { found: true, reason: "agent".into() });
+        let no: Result<ProbeResult, ProbeError> = Ok(ProbeResult { found: false, reason: "none".into() });
+        let err: Result<ProbeResult, ProbeError> = Err(ProbeError::Pods {
+            selector: "x".into(),
+            source: kube::Error::Api(Box::new(kube::core::Status::failure("no", "Forbidden"))),
+        });
+        let d = |m, p| decide(m, p).enabled;
+        assert!(d(EnforceMode::On, None) && d(EnforceMode::On, Some(&no)));
+        assert!(!d(EnforceMode::Off, Some(&yes)), "an explicit off wins over the probe");
+        assert!(d(EnforceMode::Auto, Some(&yes)));
+        assert!(!d(EnforceMode::Auto, Some(&no)));
+        assert!(!d(EnforceMode::Auto, Some(&err)), "a probe error means off");
+        assert!(decide(EnforceMode::Auto, Some(&err)).reason.contains("probe failed"));
+    }
+}

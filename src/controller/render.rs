@@ -1,0 +1,544 @@
+//! The pure part of flock-controller: (run, profile, cluster configuration) → the run's
+//! policy. No I/O, no clock, no hash-map order: equal input gives byte-equal output.
+//!
+//! [`plan`] decides *what* the run may reach, in a fixed rule order — DNS, internet, API
+//! server, services (profile order), CIDRs (profile order); ingress peers in profile order —
+//! and both policy kinds are written from that one plan: [`network_policy`]
+//! (`networking.k8s.io/v1`, what flock-agent enforces) and [`cilium_network_policy`]
+//! (`cilium.io/v2`, emitted instead where Cilium serves it; never both).
+//!
+//! Both address families are handled: the internet rule allows `0.0.0.0/0` and `::/0`, each
+//! minus the private and link-local ranges of its family ([`PRIVATE_V4`], [`PRIVATE_V6`]),
+//! the cluster's pod and service CIDRs of that family, and the profile's extra excepts; API
+//! server addresses of either family become `/32` or `/128` blocks. Loopback needs no rule:
+//! flock filters in the forward hook, which loopback traffic never crosses.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::networking::v1 as net;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::crd::{self, PortSpec, Problem, Protocol, Run, RunProfile, Selector};
+use super::{FIELD_MANAGER, PROFILE_ANNOTATION};
+use crate::translate::RUN_LABEL;
+use crate::translate::selector::validate_label_value;
+
+/// Private (RFC 1918) and link-local IPv4 ranges, always excepted from the internet rule.
+pub const PRIVATE_V4: [&str; 4] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"];
+/// Unique-local (the IPv6 private range) and link-local IPv6 ranges, always excepted.
+pub const PRIVATE_V6: [&str; 2] = ["fc00::/7", "fe80::/10"];
+
+/// The namespace label the API server sets on every namespace (immutable, its name).
+const NAMESPACE_LABEL: &str = crate::model::convert::NAMESPACE_NAME_LABEL;
+/// How Cilium names a pod's namespace in endpoint selectors.
+const CILIUM_NAMESPACE_LABEL: &str = "k8s:io.kubernetes.pod.namespace";
+/// The suffix of a run's policy name.
+pub const POLICY_SUFFIX: &str = "-egress";
+
+/// What the controller knows about the cluster (its flags and the API server's addresses).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// The cluster's pod CIDRs (both families on dual-stack clusters).
+    pub pod_cidrs: Vec<IpNet>,
+    /// The cluster's Service CIDRs.
+    pub service_cidrs: Vec<IpNet>,
+    /// Where the cluster DNS pods are.
+    pub dns: DnsConfig,
+    /// The API server: its Service address (the client configuration) and its endpoints
+    /// (the `default/kubernetes` EndpointSlices), each with its port.
+    pub api_server: BTreeSet<ApiEndpoint>,
+}
+
+/// The cluster DNS pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsConfig {
+    pub namespace: String,
+    pub pod_labels: BTreeMap<String, String>,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        Self { namespace: "kube-system".into(), pod_labels: BTreeMap::from([("k8s-app".to_string(), "kube-dns".to_string())]) }
+    }
+}
+
+/// One address and port the API server answers on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ApiEndpoint {
+    pub addr: IpAddr,
+    pub port: u16,
+}
+
+impl std::fmt::Display for ApiEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{a}:{}", self.port),
+            IpAddr::V6(a) => write!(f, "[{a}]:{}", self.port),
+        }
+    }
+}
+
+/// Why a run's policy cannot be rendered. `Run` and `Profile` are the user's to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// The run object lacks what an owned object needs (never the case for objects read
+    /// from the API server).
+    #[error("run {run}: {field} is missing")]
+    Incomplete { run: String, field: &'static str },
+    #[error("run {run} is invalid: {}", crd::describe(problems))]
+    Run { run: String, problems: Vec<Problem> },
+    #[error("RunProfile {profile} is invalid: {}", crd::describe(problems))]
+    Profile { profile: String, problems: Vec<Problem> },
+}
+
+/// The name of a run's policy: `<run>-egress`, shortened with a hash when that would exceed
+/// the 253 characters of an object name.
+pub fn policy_name(run: &str) -> String {
+    const MAX: usize = 253;
+    if run.len() + POLICY_SUFFIX.len() <= MAX {
+        return format!("{run}{POLICY_SUFFIX}");
+    }
+    let keep = MAX - POLICY_SUFFIX.len() - 11;
+    format!("{}-{}{POLICY_SUFFIX}", trim_to(run, keep), short_hash(run))
+}
+
+/// The `flock.dev/run` label value of a run's pods: the run's name, or (past the 63
+/// characters of a label value) its first characters and a hash. Workload builders stamp this
+/// on the run's pod template.
+pub fn run_label_value(run: &str) -> String {
+    if validate_label_value(run).is_ok() {
+        return run.to_string();
+    }
+    format!("{}-{}", trim_to(run, 52), short_hash(run))
+}
+
+/// The first `n` bytes of a DNS name, ending alphanumeric.
+fn trim_to(name: &str, n: usize) -> &str {
+    let cut = name.get(..n.min(name.len())).unwrap_or(name);
+    cut.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+}
+
+fn short_hash(s: &str) -> String {
+    Sha256::digest(s.as_bytes()).iter().take(5).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A peer of a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    /// Pods of one namespace.
+    Pods { namespace: String, selector: Selector },
+    /// A CIDR minus excepts.
+    Cidr { cidr: IpNet, except: Vec<IpNet> },
+}
+
+/// What a rule is for (the API server rule renders differently for Cilium).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Purpose {
+    Dns,
+    Internet,
+    ApiServer,
+    Service,
+    Cidr,
+    Ingress,
+}
+
+/// One allow rule: any of the peers, on any of the ports (none: every port).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub purpose: Purpose,
+    pub peers: Vec<Peer>,
+    pub ports: Vec<PortSpec>,
+}
+
+/// A run's policy, independent of the kind that expresses it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub name: String,
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub owner: meta::OwnerReference,
+    /// The run's pods.
+    pub selector: Selector,
+    pub egress: Vec<Rule>,
+    /// `None`: ingress is not restricted.
+    pub ingress: Option<Vec<Rule>>,
+}
+
+/// The labels of every object the controller renders for `run`.
+pub fn labels(run: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "flock".to_string()),
+        ("app.kubernetes.io/component".to_string(), "run-egress".to_string()),
+        ("app.kubernetes.io/managed-by".to_string(), FIELD_MANAGER.to_string()),
+        (RUN_LABEL.to_string(), run_label_value(run)),
+    ])
+}
+
+/// The label selector of the policies the controller manages (for its watch).
+pub fn managed_selector() -> String {
+    format!("app.kubernetes.io/managed-by={FIELD_MANAGER}")
+}
+
+/// The run's pod selector: its own, or `flock.dev/run: <label value>`.
+pub fn run_selector(run: &Run) -> Result<Selector, RenderError> {
+    let problems = run.spec.problems();
+    if !problems.is_empty() {
+        return Err(RenderError::Run { run: run_key(run), problems });
+    }
+    Ok(match &run.spec.pod_selector {
+        Some(s) => s.clone(),
+        None => Selector {
+            match_labels: BTreeMap::from([(RUN_LABEL.to_string(), run_label_value(run.meta().name.as_deref().unwrap_or_default()))]),
+            ..Selector::default()
+        },
+    })
+}
+
+fn run_key(run: &Run) -> String {
+    format!("{}/{}", run.meta().namespace.as_deref().unwrap_or_default(), run.meta().name.as_deref().unwrap_or_default())
+}
+
+/// Decides what `run` may reach under `profile` (see the module doc for the order).
+pub fn plan(run: &Run, profile: &RunProfile, cluster: &ClusterConfig) -> Result<Plan, RenderError> {
+    let key = run_key(run);
+    let meta = run.meta();
+    let name = meta.name.clone().ok_or(RenderError::Incomplete { run: key.clone(), field: "metadata.name" })?;
+    let namespace = meta.namespace.clone().ok_or(RenderError::Incomplete { run: key.clone(), field: "metadata.namespace" })?;
+    let uid = meta.uid.clone().ok_or(RenderError::Incomplete { run: key.clone(), field: "metadata.uid" })?;
+    let selector = run_selector(run)?;
+    let profile_name = profile.meta().name.clone().unwrap_or_default();
+    let spec = &profile.spec;
+    let problems = spec.problems();
+    if !problems.is_empty() {
+        return Err(RenderError::Profile { profile: profile_name, problems });
+    }
+
+    let mut egress = Vec::new();
+    if spec.dns {
+        egress.push(Rule {
+            purpose: Purpose::Dns,
+            peers: vec![Peer::Pods {
+                namespace: cluster.dns.namespace.clone(),
+                selector: Selector { match_labels: cluster.dns.pod_labels.clone(), ..Selector::default() },
+            }],
+            ports: [Protocol::Udp, Protocol::Tcp].into_iter().map(|protocol| PortSpec { protocol, port: 53, end_port: None }).collect(),
+        });
+    }
+    if let Some(internet) = &spec.internet {
+        let extra: Vec<IpNet> = internet.except.iter().filter_map(|c| crd::parse_cidr(c)).collect();
+        let peers = [("0.0.0.0/0", &PRIVATE_V4[..]), ("::/0", &PRIVATE_V6[..])]
+            .into_iter()
+            .filter_map(|(all, private)| {
+                let all: IpNet = all.parse().ok()?;
+                let same_family = |n: &&IpNet| matches!((n, &all), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)));
+                let mut except: Vec<IpNet> = Vec::new();
+                let fixed = private.iter().filter_map(|c| c.parse::<IpNet>().ok());
+                let cluster_ranges = cluster.pod_cidrs.iter().chain(&cluster.service_cidrs).chain(&extra).filter(same_family).copied();
+                for n in fixed.chain(cluster_ranges) {
+                    if !except.contains(&n) {
+                        except.push(n);
+                    }
+                }
+                Some(Peer::Cidr { cidr: all, except })
+            })
+            .collect();
+        egress.push(Rule { purpose: Purpose::Internet, peers, ports: internet.ports.clone() });
+    }
+    if spec.api_server {
+        // One rule per port, so each address is admitted on its own port only (the Service
+        // address on 443, the endpoints on 6443, typically).
+        let mut by_port: BTreeMap<u16, BTreeSet<IpAddr>> = BTreeMap::new();
+        for e in &cluster.api_server {
+            by_port.entry(e.port).or_default().insert(e.addr);
+        }
+        for (port, addrs) in by_port {
+            egress.push(Rule {
+                purpose: Purpose::ApiServer,
+                peers: addrs.into_iter().map(|a| Peer::Cidr { cidr: IpNet::from(a), except: Vec::new() }).collect(),
+                ports: vec![PortSpec { protocol: Protocol::Tcp, port: i32::from(port), end_port: None }],
+            });
+        }
+    }
+    for s in &spec.services {
+        egress.push(Rule {
+            purpose: Purpose::Service,
+            peers: vec![Peer::Pods {
+                namespace: s.namespace.clone().unwrap_or_else(|| namespace.clone()),
+                selector: s.pod_selector.clone(),
+            }],
+            ports: s.ports.clone(),
+        });
+    }
+    for c in &spec.cidrs {
+        let Some(cidr) = crd::parse_cidr(&c.cidr) else { continue };
+        egress.push(Rule {
+            purpose: Purpose::Cidr,
+            peers: vec![Peer::Cidr { cidr, except: c.except.iter().filter_map(|e| crd::parse_cidr(e)).collect() }],
+            ports: c.ports.clone(),
+        });
+    }
+    let ingress = spec.ingress.as_ref().map(|peers| {
+        peers
+            .iter()
+            .map(|p| Rule {
+                purpose: Purpose::Ingress,
+                peers: vec![Peer::Pods {
+                    namespace: p.namespace.clone().unwrap_or_else(|| namespace.clone()),
+                    selector: p.pod_selector.clone(),
+                }],
+                ports: p.ports.clone(),
+            })
+            .collect()
+    });
+
+    Ok(Plan {
+        name: policy_name(&name),
+        namespace,
+        labels: labels(&name),
+        annotations: BTreeMap::from([(PROFILE_ANNOTATION.to_string(), profile_name)]),
+        owner: meta::OwnerReference {
+            api_version: Run::api_version(&()).into_owned(),
+            kind: Run::kind(&()).into_owned(),
+            name,
+            uid,
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        },
+        selector,
+        egress,
+        ingress,
+    })
+}
+
+/// The run's `networking.k8s.io/v1` NetworkPolicy.
+pub fn render(run: &Run, profile: &RunProfile, cluster: &ClusterConfig) -> Result<net::NetworkPolicy, RenderError> {
+    plan(run, profile, cluster).map(|p| network_policy(&p))
+}
+
+/// The run's `cilium.io/v2` CiliumNetworkPolicy, as JSON.
+pub fn render_cilium(run: &Run, profile: &RunProfile, cluster: &ClusterConfig) -> Result<Value, RenderError> {
+    plan(run, profile, cluster).map(|p| cilium_network_policy(&p))
+}
+
+fn metadata(plan: &Plan) -> meta::ObjectMeta {
+    meta::ObjectMeta {
+        name: Some(plan.name.clone()),
+        namespace: Some(plan.namespace.clone()),
+        labels: Some(plan.labels.clone()),
+        annotations: Some(plan.annotations.clone()),
+        owner_references: Some(vec![plan.owner.clone()]),
+        ..meta::ObjectMeta::default()
+    }
+}
+
+fn label_selector(s: &Selector) -> meta::LabelSelector {
+    meta::LabelSelector {
+        match_labels: (!s.match_labels.is_empty()).then(|| s.match_labels.clone()),
+        match_expressions: (!s.match_expressions.is_empty()).then(|| {
+            s.match_expressions
+                .iter()
+                .map(|r| meta::LabelSelectorRequirement {
+                    key: r.key.clone(),
+                    operator: r.operator.as_str().to_string(),
+                    values: (!r.values.is_empty()).then(|| r.values.clone()),
+                })
+                .collect()
+        }),
+    }
+}
+
+fn np_peer(p: &Peer) -> net::NetworkPolicyPeer {
+    match p {
+        Peer::Pods { namespace, selector } => net::NetworkPolicyPeer {
+            namespace_selector: Some(meta::LabelSelector {
+                match_labels: Some(BTreeMap::from([(NAMESPACE_LABEL.to_string(), namespace.clone())])),
+                match_expressions: None,
+            }),
+            pod_selector: Some(label_selector(selector)),
+            ip_block: None,
+        },
+        Peer::Cidr { cidr, except } => net::NetworkPolicyPeer {
+            ip_block: Some(net::IPBlock {
+                cidr: cidr.to_string(),
+                except: (!except.is_empty()).then(|| except.iter().map(ToString::to_string).collect()),
+            }),
+            ..net::NetworkPolicyPeer::default()
+        },
+    }
+}
+
+fn np_ports(ports: &[PortSpec]) -> Option<Vec<net::NetworkPolicyPort>> {
+    (!ports.is_empty()).then(|| {
+        ports
+            .iter()
+            .map(|p| net::NetworkPolicyPort {
+                protocol: Some(p.protocol.as_str().to_string()),
+                port: Some(IntOrString::Int(p.port)),
+                end_port: p.end_port,
+            })
+            .collect()
+    })
+}
+
+/// The plan as a NetworkPolicy: `policyTypes` is `[Egress]`, or `[Ingress, Egress]` when
+/// the profile restricts ingress.
+pub fn network_policy(plan: &Plan) -> net::NetworkPolicy {
+    let egress: Vec<net::NetworkPolicyEgressRule> = plan
+        .egress
+        .iter()
+        .map(|r| net::NetworkPolicyEgressRule { to: Some(r.peers.iter().map(np_peer).collect()), ports: np_ports(&r.ports) })
+        .collect();
+    let ingress: Option<Vec<net::NetworkPolicyIngressRule>> = plan.ingress.as_ref().map(|rules| {
+        rules
+            .iter()
+            .map(|r| net::NetworkPolicyIngressRule { from: Some(r.peers.iter().map(np_peer).collect()), ports: np_ports(&r.ports) })
+            .collect()
+    });
+    let mut types = Vec::new();
+    if plan.ingress.is_some() {
+        types.push("Ingress".to_string());
+    }
+    types.push("Egress".to_string());
+    net::NetworkPolicy {
+        metadata: metadata(plan),
+        spec: Some(net::NetworkPolicySpec {
+            pod_selector: Some(label_selector(&plan.selector)),
+            policy_types: Some(types),
+            egress: (!egress.is_empty()).then_some(egress),
+            ingress: ingress.filter(|i| !i.is_empty()),
+        }),
+    }
+}
+
+fn cilium_selector(namespace: Option<&str>, s: &Selector) -> Value {
+    let mut labels: BTreeMap<String, String> = s.match_labels.clone();
+    if let Some(ns) = namespace {
+        labels.insert(CILIUM_NAMESPACE_LABEL.to_string(), ns.to_string());
+    }
+    let mut out = serde_json::Map::new();
+    if !labels.is_empty() {
+        out.insert("matchLabels".into(), json!(labels));
+    }
+    if let Some(exprs) = label_selector(s).match_expressions {
+        out.insert("matchExpressions".into(), json!(exprs));
+    }
+    Value::Object(out)
+}
+
+fn cilium_ports(ports: &[PortSpec]) -> Option<Value> {
+    (!ports.is_empty()).then(|| {
+        let ports: Vec<Value> = ports
+            .iter()
+            .map(|p| {
+                let mut v = json!({"port": p.port.to_string(), "protocol": p.protocol.as_str()});
+                if let (Some(end), Some(map)) = (p.end_port, v.as_object_mut()) {
+                    map.insert("endPort".into(), json!(end));
+                }
+                v
+            })
+            .collect();
+        json!([{"ports": ports}])
+    })
+}
+
+/// One CNP rule: `to`/`from` is the direction's prefix (`toEndpoints`, `fromEndpoints`…).
+fn cilium_rule(r: &Rule, dir: &str) -> Value {
+    let mut rule = serde_json::Map::new();
+    if r.purpose == Purpose::ApiServer {
+        // Cilium does not apply CIDR rules to host-network destinations such as a
+        // control-plane node's API server; its `kube-apiserver` entity matches them.
+        rule.insert(format!("{dir}Entities"), json!(["kube-apiserver"]));
+    } else {
+        let endpoints: Vec<Value> = r
+            .peers
+            .iter()
+            .filter_map(|p| match p {
+                Peer::Pods { namespace, selector } => Some(cilium_selector(Some(namespace), selector)),
+                Peer::Cidr { .. } => None,
+            })
+            .collect();
+        let cidrs: Vec<Value> = r
+            .peers
+            .iter()
+            .filter_map(|p| match p {
+                Peer::Cidr { cidr, except } if except.is_empty() => Some(json!({"cidr": cidr.to_string()})),
+                Peer::Cidr { cidr, except } => {
+                    Some(json!({"cidr": cidr.to_string(), "except": except.iter().map(ToString::to_string).collect::<Vec<_>>()}))
+                }
+                Peer::Pods { .. } => None,
+            })
+            .collect();
+        if !endpoints.is_empty() {
+            rule.insert(format!("{dir}Endpoints"), Value::Array(endpoints));
+        }
+        if !cidrs.is_empty() {
+            rule.insert(format!("{dir}CIDRSet"), Value::Array(cidrs));
+        }
+    }
+    if let Some(ports) = cilium_ports(&r.ports) {
+        rule.insert("toPorts".into(), ports);
+    }
+    Value::Object(rule)
+}
+
+/// The plan as a CiliumNetworkPolicy. The API server rule becomes the `kube-apiserver`
+/// entity; a direction with no allow rule is `[{}]` (Cilium's "isolated, nothing allowed").
+pub fn cilium_network_policy(plan: &Plan) -> Value {
+    let rules = |rules: &[Rule], dir: &str| -> Value {
+        if rules.is_empty() { json!([{}]) } else { Value::Array(rules.iter().map(|r| cilium_rule(r, dir)).collect()) }
+    };
+    // API server rules differ only by port for NetworkPolicy; Cilium's entity rule takes
+    // them all at once.
+    let mut egress: Vec<Rule> = Vec::new();
+    for r in &plan.egress {
+        match egress.last_mut() {
+            Some(last) if last.purpose == Purpose::ApiServer && r.purpose == Purpose::ApiServer => {
+                last.ports.extend(r.ports.iter().cloned())
+            }
+            _ => egress.push(r.clone()),
+        }
+    }
+    let mut spec = serde_json::Map::new();
+    spec.insert("endpointSelector".into(), cilium_selector(None, &plan.selector));
+    spec.insert("egress".into(), rules(&egress, "to"));
+    if let Some(ingress) = &plan.ingress {
+        spec.insert("ingress".into(), rules(ingress, "from"));
+    }
+    let mut object = json!({
+        "apiVersion": super::CILIUM_API_VERSION,
+        "kind": super::CILIUM_KIND,
+        "spec": Value::Object(spec),
+    });
+    if let (Ok(meta), Some(map)) = (serde_json::to_value(metadata(plan)), object.as_object_mut()) {
+        map.insert("metadata".into(), meta);
+    }
+    object
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fit_their_limits_and_are_stable() {
+        assert_eq!(policy_name("job-1"), "job-1-egress");
+        let long = "a".repeat(253);
+        let n = policy_name(&long);
+        assert!(n.len() <= 253 && n.ends_with("-egress"), "{n}");
+        assert_eq!(n, policy_name(&long));
+        assert_ne!(n, policy_name(&format!("{}b", "a".repeat(252))));
+        assert_eq!(run_label_value("job-1"), "job-1");
+        let v = run_label_value(&format!("{}.x-y", "r".repeat(70)));
+        assert!(validate_label_value(&v).is_ok() && v.len() <= 63, "{v}");
+        // A cut that would end on '.' or '-' backs off to an alphanumeric.
+        let v = run_label_value(&format!("{}-{}", "r".repeat(51), "s".repeat(20)));
+        assert!(validate_label_value(&v).is_ok(), "{v}");
+    }
+}

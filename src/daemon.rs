@@ -1,0 +1,184 @@
+//! flock-agent, wired: the node agent core fed by the Kubernetes informer source, with the
+//! health and metrics endpoints, the API health monitor, the CNI config writer and
+//! Kubernetes Events for policies flock cannot enforce as written. The binary only parses
+//! flags and builds the client; tests run this with a client to the in-repo test API server.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::watch;
+
+use crate::agent::http::{self, HttpState, ListenAddr};
+use crate::agent::metrics::Metrics;
+use crate::agent::{Agent, AgentConfig, cniconf};
+use crate::model::Snapshot;
+use crate::source::SourceWriter;
+use crate::source::kube::{ApiHealth, HealthState};
+
+/// How the daemon runs (the flags of `flock-agent`).
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    pub agent: AgentConfig,
+    pub listen: ListenAddr,
+    /// Write the CNI conflist here (directory, file name) once ready.
+    pub cni_conf: Option<(PathBuf, String)>,
+    pub cni_mtu: Option<u32>,
+    pub degraded_after: Duration,
+    pub disconnected_after: Duration,
+    /// Publish Kubernetes Events for policies flock cannot enforce as written.
+    pub events: bool,
+    /// The reporting instance for Events (the pod name).
+    pub instance: String,
+    /// `/healthz` fails when the last committed sync is older than this.
+    pub max_sync_age: Duration,
+}
+
+/// Why the daemon stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot start the node agent: {0}")]
+    Agent(#[from] crate::agent::StartError),
+}
+
+/// Runs until `stop` turns true. Rules stay in the kernel afterwards.
+pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool>) -> Result<(), DaemonError> {
+    let metrics: Arc<Metrics> = opts.agent.metrics.clone();
+    let health = Arc::new(ApiHealth::new(opts.degraded_after, opts.disconnected_after));
+    let (writer, source) = SourceWriter::new(Snapshot::new(), false);
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(crate::source::kube::run(client.clone(), writer, health.clone(), metrics.clone(), stop.clone())));
+
+    let mut cfg = opts.agent.clone();
+    cfg.full_resync = Some(health.resyncs());
+    let agent = Agent::start(cfg, source.clone()).await?;
+
+    let state = HttpState {
+        metrics: metrics.clone(),
+        status: agent.status(),
+        source: source.clone(),
+        health: Some(health.clone()),
+        max_sync_age: opts.max_sync_age,
+        startup_grace: Duration::from_secs(300),
+        started: Instant::now(),
+    };
+    let (listen, http_stop) = (opts.listen.clone(), stop.clone());
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = http::serve(listen, state, http_stop).await {
+            tracing::error!(error = %e, "the health and metrics server failed");
+        }
+    }));
+
+    // API health: metrics and transitions.
+    {
+        let (health, metrics, mut stop) = (health.clone(), metrics.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut last = HealthState::Connected;
+            metrics.health(last.as_str());
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.changed() => return,
+                }
+                let now = health.state();
+                if now != last {
+                    tracing::warn!(
+                        from = last.as_str(),
+                        to = now.as_str(),
+                        error = health.last_error().unwrap_or_default(),
+                        "API server health changed; last-known rules stay in force"
+                    );
+                    last = now;
+                }
+                metrics.health(now.as_str());
+            }
+        }));
+    }
+
+    // The CNI config, once ready, with this node's pod CIDRs.
+    if let Some((dir, file)) = opts.cni_conf.clone() {
+        let mut w = cniconf::Writer::new(&dir, &file, opts.agent.socket.clone(), opts.cni_mtu);
+        let (mut status, mut versions, source, node, mut stop) =
+            (agent.status(), source.versions(), source.clone(), opts.agent.node.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                if status.borrow().ready {
+                    let cidrs = source.read().snapshot.node(&node).map(|n| n.pod_cidrs.clone()).unwrap_or_default();
+                    match w.write(&cidrs) {
+                        Ok(true) => tracing::info!(path = %w.path.display(), ?cidrs, "CNI network config written"),
+                        Ok(false) if cidrs.is_empty() => tracing::debug!(node, "node has no pod CIDR yet: no CNI config"),
+                        Ok(false) => {}
+                        Err(e) => tracing::error!(error = %e, path = %w.path.display(), "cannot write the CNI network config"),
+                    }
+                }
+                tokio::select! {
+                    _ = status.changed() => {}
+                    _ = versions.changed() => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }));
+    }
+
+    // Events for policies flock cannot enforce as written (once per problem and process).
+    if opts.events {
+        let recorder = Recorder::new(client.clone(), Reporter { controller: "flock-agent".into(), instance: Some(opts.instance.clone()) });
+        let (mut status, mut stop) = (agent.status(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut reported: BTreeSet<String> = BTreeSet::new();
+            loop {
+                let problems = status.borrow().problems.clone();
+                for p in problems {
+                    if !reported.insert(p.to_string()) {
+                        continue;
+                    }
+                    let reference = ObjectReference {
+                        api_version: Some("networking.k8s.io/v1".into()),
+                        kind: Some("NetworkPolicy".into()),
+                        namespace: Some(p.policy.namespace.clone()),
+                        name: Some(p.policy.name.clone()),
+                        ..Default::default()
+                    };
+                    let ev = Event {
+                        type_: EventType::Warning,
+                        reason: "PolicyNotEnforceable".into(),
+                        note: Some(
+                            format!("{}: {} (flock enforces the rest of the policy; its pods stay isolated)", p.field, p.message)
+                                .chars()
+                                .take(1000)
+                                .collect(),
+                        ),
+                        action: "Enforce".into(),
+                        secondary: None,
+                    };
+                    if let Err(e) = recorder.publish(&ev, &reference).await {
+                        tracing::warn!(error = %e, policy = %p.policy, "cannot publish an Event");
+                        reported.remove(&p.to_string());
+                    }
+                }
+                tokio::select! {
+                    _ = status.changed() => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }));
+    }
+
+    let mut stop_rx = stop.clone();
+    while !*stop_rx.borrow() {
+        if stop_rx.changed().await.is_err() {
+            break;
+        }
+    }
+    agent.shutdown().await;
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    tracing::info!("flock-agent stopped; rules stay in place");
+    Ok(())
+}

@@ -1,0 +1,649 @@
+//! The simulated cluster: nodes and pods as network namespaces on one machine, pods wired by
+//! the real flock-cni (executed as a runtime would, with Debian's plugins), each node's rules
+//! produced by the real node agent core and applied with real nft, flock's own servers on
+//! every declared port, and probes between them. It is `flockctl sim`, the conformance runner
+//! and the end-to-end test bed.
+//!
+//! Topology: a fabric namespace with a bridge; every node and host has an `eth0` on it with
+//! its addresses (a node's InternalIPs); nodes route to each other's pod CIDRs via their
+//! InternalIPs (programmed by the agent core, as on a real cluster). A node with an IPv6 pod
+//! CIDR but no IPv6 InternalIP gets one from `2001:db8:ffff::/64` (and an IPv4 one from
+//! `198.19.255.0/24` when it has none) so the fabric can route both families; the snapshot
+//! the agents see carries those addresses.
+//!
+//! The simulation's pods follow the snapshot: a pod scheduled on a simulated node, live, not
+//! host-networked, gets a sandbox (its manifest addresses requested from IPAM); a pod whose
+//! uid or addresses change gets a new sandbox; a pod that disappears or terminates is torn
+//! down with CNI DEL. Labels and policies change under running pods.
+
+pub mod fabric;
+pub mod probe;
+pub mod runner;
+pub mod servers;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flock_cni::runtime::{ConfList, Runtime, Sandbox};
+use ipnet::IpNet;
+use serde_json::{Value, json};
+
+use crate::agent::{Agent, AgentConfig};
+use crate::conformance::Family;
+use crate::model::{ObjectRef, Pod, Protocol, Snapshot};
+use crate::netns::Netns;
+use crate::source::StaticSource;
+use crate::translate;
+use fabric::Fabric;
+pub use probe::Outcome;
+
+/// Why the simulation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Plumbing(#[from] fabric::PlumbingError),
+    #[error("node {node}: {message}")]
+    Node { node: String, message: String },
+    #[error("pod {pod}: {message}")]
+    Pod { pod: String, message: String },
+    #[error("host {host}: {message}")]
+    Host { host: String, message: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A non-pod host on the fabric.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSpec {
+    pub name: String,
+    pub addrs: Vec<IpAddr>,
+}
+
+impl std::str::FromStr for HostSpec {
+    type Err = String;
+    /// `NAME=ADDR[,ADDR]`
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, addrs) = s.split_once('=').ok_or(format!("{s:?}: expected NAME=ADDR[,ADDR]"))?;
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(format!("{name:?}: a host name is letters, digits and '-'"));
+        }
+        let addrs = addrs
+            .split(',')
+            .map(|a| a.parse::<IpAddr>().map_err(|_| format!("{a:?} is not an IP address")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { name: name.to_string(), addrs })
+    }
+}
+
+/// How to build the simulation.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// Directory holding the `flock-cni` binary.
+    pub cni_bin_dir: PathBuf,
+    /// Directories with the other CNI plugins (`loopback`, `host-local`).
+    pub cni_path: Vec<PathBuf>,
+    pub hosts: Vec<HostSpec>,
+    /// Ports served on hosts.
+    pub host_ports: Vec<(u16, Protocol)>,
+    pub probe_timeout: Duration,
+    pub parallelism: usize,
+    pub translate: translate::Options,
+    /// How long to wait for the agents to commit a change.
+    pub sync_timeout: Duration,
+}
+
+impl SimOptions {
+    pub fn new(cni_bin_dir: PathBuf) -> Self {
+        Self {
+            cni_bin_dir,
+            cni_path: vec![PathBuf::from("/usr/lib/cni")],
+            hosts: Vec::new(),
+            host_ports: Vec::new(),
+            probe_timeout: Duration::from_millis(1000),
+            parallelism: 48,
+            translate: translate::Options::default(),
+            sync_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+struct SimNode {
+    ns: String,
+    agent: Agent,
+    dir: PathBuf,
+    fabric_addrs: Vec<IpAddr>,
+}
+
+struct SimPod {
+    key: ObjectRef,
+    ns: String,
+    node: String,
+    ips: Vec<IpAddr>,
+    sandbox: Sandbox,
+    result: Value,
+    _servers: servers::Servers,
+    unavailable: Vec<(u16, Protocol)>,
+}
+
+struct SimHost {
+    ns: String,
+    addrs: Vec<IpAddr>,
+    _servers: servers::Servers,
+}
+
+/// A running simulation.
+pub struct Sim {
+    fabric: Arc<Fabric>,
+    source: StaticSource,
+    nodes: BTreeMap<String, SimNode>,
+    /// By pod uid.
+    pods: BTreeMap<String, SimPod>,
+    hosts: BTreeMap<String, SimHost>,
+    opts: SimOptions,
+    next_pod: usize,
+    keep: bool,
+    torn_down: bool,
+}
+
+/// What one probe asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProbeSpec {
+    pub port: u16,
+    pub protocol: Protocol,
+    /// `None`: each destination's first address family.
+    pub family: Option<Family>,
+}
+
+/// One cell: `None` when it could not be probed (no address of the family on one side).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cell {
+    pub from: String,
+    pub to: String,
+    pub family: Family,
+    pub outcome: Option<Outcome>,
+}
+
+impl Sim {
+    /// Builds the simulation for `snapshot`.
+    pub async fn build(snapshot: Snapshot, opts: SimOptions) -> Result<Self, SimError> {
+        fabric::sweep();
+        let fabric = Arc::new(Fabric::new()?);
+        let mut snapshot = snapshot;
+        augment_nodes(&mut snapshot)?;
+        let source = StaticSource::new(snapshot.clone());
+        let mut sim = Sim {
+            fabric,
+            source,
+            nodes: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            hosts: BTreeMap::new(),
+            opts,
+            next_pod: 0,
+            keep: false,
+            torn_down: false,
+        };
+        let work = sim.fabric.work_dir();
+        std::fs::create_dir_all(&work).map_err(|e| SimError::Other(format!("cannot create {}: {e}", work.display())))?;
+
+        let node_names: Vec<String> = snapshot.nodes().map(|n| n.name.clone()).collect();
+        for p in snapshot.pods().filter(|p| wants_sandbox(p)) {
+            if let Some(n) = &p.node
+                && snapshot.node(n).is_none()
+            {
+                return Err(SimError::Pod {
+                    pod: p.key().to_string(),
+                    message: format!("node {n} has no Node object (the simulation needs its podCIDRs and InternalIP)"),
+                });
+            }
+        }
+        for (i, name) in node_names.iter().enumerate() {
+            let node = snapshot.node(name).cloned().ok_or_else(|| SimError::Other(format!("node {name} vanished")))?;
+            if node.pod_cidrs.is_empty() {
+                return Err(SimError::Node { node: name.clone(), message: "needs spec.podCIDR(s)".into() });
+            }
+            let ns = sim.fabric.ns_name("n", i);
+            sim.fabric.add_netns(&ns)?;
+            sim.fabric.attach(&ns, &node.internal_ips)?;
+            sim.fabric.sysctl(&ns, "net.ipv4.ip_forward", "1")?;
+            sim.fabric.sysctl(&ns, "net.ipv6.conf.all.forwarding", "1")?;
+            sim.fabric.route(&ns, "default", None)?;
+            sim.fabric.route(&ns, "::/0", None)?;
+            let dir = work.join(format!("n{i}"));
+            let mut cfg = AgentConfig::new(name, Netns::named(&ns), dir.join("cni.sock"), dir.join("pending-del"));
+            cfg.state_dir = Some(dir.join("agent"));
+            cfg.translate = sim.opts.translate.clone();
+            cfg.coalesce = Duration::from_millis(10);
+            let agent = Agent::start(cfg, sim.source.subscribe())
+                .await
+                .map_err(|e| SimError::Node { node: name.clone(), message: e.to_string() })?;
+            sim.nodes.insert(name.clone(), SimNode { ns, agent, dir, fabric_addrs: node.internal_ips.clone() });
+        }
+        for (k, h) in sim.opts.hosts.clone().iter().enumerate() {
+            let ns = sim.fabric.ns_name("h", k);
+            sim.fabric.add_netns(&ns)?;
+            sim.fabric.attach(&ns, &h.addrs)?;
+            let servers = servers::Servers::start(Netns::named(&ns), sim.opts.host_ports.clone())
+                .map_err(|message| SimError::Host { host: h.name.clone(), message })?;
+            sim.hosts.insert(h.name.clone(), SimHost { ns, addrs: h.addrs.clone(), _servers: servers });
+        }
+        sim.fabric_routes()?;
+        sim.wait_synced(1).await?;
+        sim.reconcile_pods().await?;
+        Ok(sim)
+    }
+
+    /// Leaves everything in place when dropped or torn down (for inspection).
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+
+    /// The namespaces of the simulation.
+    pub fn namespaces(&self) -> Vec<String> {
+        self.fabric.namespaces()
+    }
+
+    /// The node namespace of `node`.
+    pub fn node_netns(&self, node: &str) -> Option<String> {
+        self.nodes.get(node).map(|n| n.ns.clone())
+    }
+
+    /// The pod namespace of `namespace/name`.
+    pub fn pod_netns(&self, key: &str) -> Option<String> {
+        self.pods.values().find(|p| p.key.to_string() == key).map(|p| p.ns.clone())
+    }
+
+    /// The current snapshot (as the agents see it).
+    pub fn snapshot(&self) -> Snapshot {
+        self.source.current().1
+    }
+
+    /// Changes the cluster with `f`, brings sandboxes in line and waits until every node has
+    /// committed the change.
+    pub async fn apply(&mut self, f: impl FnOnce(&mut Snapshot)) -> Result<(), SimError> {
+        let mut err = None;
+        let version = self.source.update(|s| {
+            f(s);
+            if let Err(e) = augment_nodes(s) {
+                err = Some(e);
+            }
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        self.fabric_routes()?;
+        self.wait_synced(version).await?;
+        self.reconcile_pods().await
+    }
+
+    async fn wait_synced(&self, version: u64) -> Result<(), SimError> {
+        for n in self.nodes.values() {
+            n.agent.wait_source(version, self.opts.sync_timeout).await.map_err(SimError::Other)?;
+        }
+        Ok(())
+    }
+
+    /// Node and host fabric addresses and routes for the current Node objects.
+    fn fabric_routes(&mut self) -> Result<(), SimError> {
+        let snap = self.snapshot();
+        let mut members: Vec<IpAddr> = Vec::new();
+        for (name, node) in self.nodes.iter_mut() {
+            let want = snap.node(name).map(|n| n.internal_ips.clone()).unwrap_or_default();
+            let new: Vec<IpAddr> = want.iter().filter(|a| !node.fabric_addrs.contains(a)).copied().collect();
+            for a in &new {
+                let cidr = format!("{a}/{}", if a.is_ipv4() { 32 } else { 128 });
+                fabric::run(&["ip", "-n", &node.ns, "addr", "add", &cidr, "dev", "eth0", "nodad"])
+                    .or_else(|_| fabric::run(&["ip", "-n", &node.ns, "addr", "add", &cidr, "dev", "eth0"]))?;
+                node.fabric_addrs.push(*a);
+            }
+            members.extend(want);
+        }
+        for h in self.hosts.values() {
+            members.extend(h.addrs.iter().copied());
+        }
+        let node_ns: Vec<(String, String)> = self.nodes.iter().map(|(k, v)| (k.clone(), v.ns.clone())).collect();
+        for (_, ns) in &node_ns {
+            for m in &members {
+                self.fabric.route(ns, &m.to_string(), None)?;
+            }
+        }
+        for h in self.hosts.values() {
+            for m in &members {
+                self.fabric.route(&h.ns, &m.to_string(), None)?;
+            }
+            for n in snap.nodes() {
+                for cidr in &n.pod_cidrs {
+                    if let Some(via) = n.internal_ips.iter().find(|ip| ip.is_ipv4() == matches!(cidr, IpNet::V4(_))) {
+                        self.fabric.route(&h.ns, &cidr.to_string(), Some(*via))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates, replaces and removes sandboxes to match the snapshot.
+    async fn reconcile_pods(&mut self) -> Result<(), SimError> {
+        let snap = self.snapshot();
+        let desired: BTreeMap<String, Pod> = snap
+            .pods()
+            .filter(|p| wants_sandbox(p) && p.node.as_ref().is_some_and(|n| self.nodes.contains_key(n)))
+            .map(|p| (p.uid.clone(), p.clone()))
+            .collect();
+        let stale: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(uid, sp)| desired.get(*uid).is_none_or(|p| p.ips != sp.ips || p.node.as_deref() != Some(&sp.node)))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in stale {
+            if let Some(sp) = self.pods.remove(&uid) {
+                self.teardown_pod(sp)?;
+            }
+        }
+        let missing: Vec<Pod> = desired.into_values().filter(|p| !self.pods.contains_key(&p.uid)).collect();
+        let mut allocated: Vec<(String, Vec<IpAddr>)> = Vec::new();
+        for chunk in missing.chunks(8) {
+            let jobs: Vec<(Pod, String, String)> = chunk
+                .iter()
+                .map(|p| {
+                    self.next_pod += 1;
+                    (p.clone(), self.fabric.ns_name("p", self.next_pod), format!("{}-{}", p.uid, self.next_pod))
+                })
+                .collect();
+            let built: Vec<Result<SimPod, SimError>> = tokio::task::block_in_place(|| {
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = jobs.iter().map(|(p, ns, cid)| s.spawn(|| self.create_pod(&snap, p, ns, cid))).collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().unwrap_or_else(|_| Err(SimError::Other("a sandbox thread panicked".into()))))
+                        .collect()
+                })
+            });
+            for (job, r) in jobs.iter().zip(built) {
+                let sp = r?;
+                if job.0.ips.is_empty() {
+                    allocated.push((job.0.uid.clone(), sp.ips.clone()));
+                }
+                self.pods.insert(job.0.uid.clone(), sp);
+            }
+        }
+        if !allocated.is_empty() {
+            // Like kubelet: report the addresses IPAM chose in the pod's status.
+            let version = self.source.update(|s| {
+                for (uid, ips) in &allocated {
+                    if let Some(mut p) = s.pod(uid).cloned() {
+                        p.ips = ips.clone();
+                        s.upsert_pod(p);
+                    }
+                }
+            });
+            for (uid, ips) in allocated {
+                if let Some(sp) = self.pods.get_mut(&uid) {
+                    sp.ips = ips;
+                }
+            }
+            self.wait_synced(version).await?;
+        }
+        Ok(())
+    }
+
+    fn conflist(&self, snap: &Snapshot, node: &str) -> Result<ConfList, SimError> {
+        let n = self.nodes.get(node).ok_or_else(|| SimError::Other(format!("no node {node}")))?;
+        let cidrs = snap.node(node).map(|n| n.pod_cidrs.clone()).unwrap_or_default();
+        let ranges: Vec<Value> = cidrs.iter().map(|c| json!([{"subnet": c.to_string()}])).collect();
+        let text = json!({
+            "cniVersion": "1.0.0",
+            "name": format!("flock-sim-{node}"),
+            "plugins": [
+                {"type": "loopback"},
+                {
+                    "type": "flock-cni",
+                    "agentSocket": n.dir.join("cni.sock"),
+                    "stateDir": n.dir.join("cni-state"),
+                    "pendingDelDir": n.dir.join("pending-del"),
+                    "capabilities": {"ips": true},
+                    "ipam": {"type": "host-local", "dataDir": n.dir.join("ipam"), "ranges": ranges}
+                }
+            ]
+        })
+        .to_string();
+        ConfList::parse(&text).map_err(SimError::Other)
+    }
+
+    fn runtime(&self, node: &str) -> Runtime {
+        let mut path = vec![self.opts.cni_bin_dir.clone()];
+        path.extend(self.opts.cni_path.iter().cloned());
+        Runtime { cni_path: path, netns: Netns::named(self.nodes.get(node).map(|n| n.ns.as_str()).unwrap_or_default()) }
+    }
+
+    fn create_pod(&self, snap: &Snapshot, p: &Pod, ns: &str, container_id: &str) -> Result<SimPod, SimError> {
+        let key = p.key();
+        let err = |message: String| SimError::Pod { pod: key.to_string(), message };
+        let node = p.node.clone().unwrap_or_default();
+        let cidrs = snap.node(&node).map(|n| n.pod_cidrs.clone()).unwrap_or_default();
+        let mut ips = Vec::new();
+        for ip in &p.ips {
+            let cidr = cidrs.iter().find(|c| c.contains(ip)).ok_or_else(|| err(format!("{ip} is outside node {node}'s pod CIDRs")))?;
+            ips.push(Value::String(format!("{ip}/{}", cidr.prefix_len())));
+        }
+        self.fabric.add_netns(ns)?;
+        let mut sandbox = Sandbox {
+            container_id: container_id.to_string(),
+            netns: format!("/run/netns/{ns}"),
+            ifname: "eth0".into(),
+            args: vec![
+                ("IgnoreUnknown".into(), "1".into()),
+                ("K8S_POD_NAMESPACE".into(), p.namespace.clone()),
+                ("K8S_POD_NAME".into(), p.name.clone()),
+                ("K8S_POD_UID".into(), p.uid.clone()),
+                ("K8S_POD_INFRA_CONTAINER_ID".into(), container_id.to_string()),
+            ],
+            capability_args: Default::default(),
+        };
+        if !ips.is_empty() {
+            sandbox.capability_args.insert("ips".into(), Value::Array(ips));
+        }
+        let conf = self.conflist(snap, &node)?;
+        let result = match self.runtime(&node).add(&conf, &sandbox) {
+            Ok(r) => r,
+            Err(e) => {
+                self.fabric.del_netns(ns);
+                return Err(err(format!("CNI ADD failed: {e}")));
+            }
+        };
+        let got: Vec<IpAddr> = result["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse::<IpAddr>().ok())
+            .filter(|a| !a.is_loopback())
+            .collect();
+        let ports: Vec<(u16, Protocol)> = p.ports.iter().map(|cp| (cp.port, cp.protocol)).collect::<BTreeSet<_>>().into_iter().collect();
+        let servers = servers::Servers::start(Netns::named(ns), ports).map_err(err)?;
+        let unavailable = servers.unavailable.clone();
+        Ok(SimPod {
+            key,
+            ns: ns.to_string(),
+            node,
+            ips: if p.ips.is_empty() { got } else { p.ips.clone() },
+            sandbox,
+            result,
+            _servers: servers,
+            unavailable,
+        })
+    }
+
+    fn teardown_pod(&self, sp: SimPod) -> Result<(), SimError> {
+        let snap = self.snapshot();
+        let conf = self.conflist(&snap, &sp.node)?;
+        let del = tokio::task::block_in_place(|| self.runtime(&sp.node).del(&conf, &sp.sandbox, Some(&sp.result)));
+        let SimPod { ns, key, .. } = sp;
+        self.fabric.del_netns(&ns);
+        del.map_err(|e| SimError::Pod { pod: key.to_string(), message: format!("CNI DEL failed: {e}") })
+    }
+
+    /// Pods with a sandbox, as `namespace/name`, sorted.
+    pub fn pod_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.pods.values().map(|p| p.key.to_string()).collect();
+        v.sort();
+        v
+    }
+
+    /// Hosts, as `host/NAME`.
+    pub fn host_names(&self) -> Vec<String> {
+        self.hosts.keys().map(|h| format!("host/{h}")).collect()
+    }
+
+    /// Every (port, protocol) some pod declares.
+    pub fn declared_ports(&self) -> Vec<(u16, Protocol)> {
+        let snap = self.snapshot();
+        let set: BTreeSet<(u16, Protocol)> =
+            self.pods.keys().filter_map(|uid| snap.pod(uid)).flat_map(|p| p.ports.iter().map(|c| (c.port, c.protocol))).collect();
+        set.into_iter().collect()
+    }
+
+    /// The families pods have addresses in.
+    pub fn families(&self) -> Vec<Family> {
+        let set: BTreeSet<Family> = self.pods.values().flat_map(|p| p.ips.iter().map(|ip| Family::of(*ip))).collect();
+        set.into_iter().collect()
+    }
+
+    fn addresses(&self, name: &str) -> Option<(Netns, Vec<IpAddr>)> {
+        if let Some(h) = name.strip_prefix("host/") {
+            return self.hosts.get(h).map(|h| (Netns::named(&h.ns), h.addrs.clone()));
+        }
+        self.pods.values().find(|p| p.key.to_string() == name).map(|p| (Netns::named(&p.ns), p.ips.clone()))
+    }
+
+    /// Whether the protocol is available in this kernel (decided by the servers).
+    pub fn protocol_available(&self, protocol: Protocol) -> bool {
+        protocol != Protocol::Sctp || !self.pods.values().any(|p| p.unavailable.iter().any(|(_, pr)| *pr == protocol))
+    }
+
+    /// Probes every ordered pair (`from` pods to `to` pods or hosts, never a pod to itself).
+    pub fn probe(&self, spec: ProbeSpec, from: &[String], to: &[String]) -> Result<Vec<Cell>, SimError> {
+        let mut cells = Vec::new();
+        let mut tasks = Vec::new();
+        let mut index = Vec::new();
+        for f in from {
+            let (src_ns, src_ips) = self.addresses(f).ok_or_else(|| SimError::Other(format!("no pod {f} in the simulation")))?;
+            for t in to {
+                if f == t {
+                    continue;
+                }
+                let (_, dst_ips) = self.addresses(t).ok_or_else(|| SimError::Other(format!("no pod or host {t} in the simulation")))?;
+                let family = spec.family.or_else(|| dst_ips.first().map(|ip| Family::of(*ip))).unwrap_or(Family::V4);
+                let dst = dst_ips.iter().find(|ip| Family::of(**ip) == family);
+                let has_src = src_ips.iter().any(|ip| Family::of(*ip) == family);
+                match (dst, has_src) {
+                    (Some(d), true) => {
+                        index.push(cells.len());
+                        tasks.push(probe::Task { src: src_ns.clone(), dst: SocketAddr::new(*d, spec.port), protocol: spec.protocol });
+                        cells.push(Cell { from: f.clone(), to: t.clone(), family, outcome: None });
+                    }
+                    _ => cells.push(Cell { from: f.clone(), to: t.clone(), family, outcome: None }),
+                }
+            }
+        }
+        let outcomes = tokio::task::block_in_place(|| probe::probe_all(&tasks, self.opts.probe_timeout, self.opts.parallelism));
+        for (i, o) in index.into_iter().zip(outcomes) {
+            cells[i].outcome = Some(o);
+        }
+        Ok(cells)
+    }
+
+    /// Tears everything down (CNI DEL for every pod, agents stopped, namespaces and work
+    /// directory removed) unless [`keep`](Self::keep) was called.
+    pub async fn teardown(mut self) -> Result<(), SimError> {
+        self.torn_down = true;
+        if self.keep {
+            for (_, n) in std::mem::take(&mut self.nodes) {
+                n.agent.shutdown().await;
+            }
+            return Ok(());
+        }
+        let mut first_err = None;
+        for (_, sp) in std::mem::take(&mut self.pods) {
+            if let Err(e) = self.teardown_pod(sp) {
+                first_err.get_or_insert(e);
+            }
+        }
+        for (_, n) in std::mem::take(&mut self.nodes) {
+            n.agent.shutdown().await;
+        }
+        self.hosts.clear();
+        self.fabric.teardown();
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if !self.torn_down && !self.keep {
+            // An error or a panic on the way: remove everything (pods' interfaces and routes
+            // go with their namespaces; leases and sockets with the work directory).
+            self.pods.clear();
+            self.hosts.clear();
+            self.fabric.teardown();
+        }
+    }
+}
+
+/// Whether a pod gets a sandbox: scheduled, live, not host-networked.
+fn wants_sandbox(p: &Pod) -> bool {
+    p.node.is_some() && !p.phase.is_terminal() && !p.host_network
+}
+
+/// Gives nodes the fabric addresses the simulation needs (see the module doc).
+fn augment_nodes(s: &mut Snapshot) -> Result<(), SimError> {
+    let nodes: Vec<crate::model::Node> = s.nodes().cloned().collect();
+    let all_cidrs: Vec<IpNet> = nodes.iter().flat_map(|n| n.pod_cidrs.clone()).collect();
+    for (i, mut n) in nodes.into_iter().enumerate() {
+        let idx = u8::try_from(i + 1).map_err(|_| SimError::Other("at most 254 simulated nodes".into()))?;
+        let mut changed = false;
+        if n.pod_cidrs.iter().any(|c| matches!(c, IpNet::V4(_))) && !n.internal_ips.iter().any(IpAddr::is_ipv4) {
+            n.internal_ips.push(IpAddr::from([198, 19, 255, idx]));
+            changed = true;
+        }
+        if n.pod_cidrs.iter().any(|c| matches!(c, IpNet::V6(_))) && !n.internal_ips.iter().any(IpAddr::is_ipv6) {
+            n.internal_ips.push(IpAddr::from([0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, u16::from(idx)]));
+            changed = true;
+        }
+        if let Some(clash) = n.internal_ips.iter().find(|ip| all_cidrs.iter().any(|c| c.contains(*ip))) {
+            return Err(SimError::Node { node: n.name.clone(), message: format!("InternalIP {clash} is inside a pod CIDR") });
+        }
+        if changed {
+            s.upsert_node(n);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_specs() {
+        let h: HostSpec = "internet=198.18.200.1,2001:db8:200::1".parse().unwrap();
+        assert_eq!(h.name, "internet");
+        assert_eq!(h.addrs.len(), 2);
+        assert!("noaddr".parse::<HostSpec>().is_err());
+        assert!("bad name=198.18.0.1".parse::<HostSpec>().is_err());
+        assert!("h=nope".parse::<HostSpec>().is_err());
+    }
+
+    #[test]
+    fn nodes_get_fabric_addresses_for_their_families() {
+        let mut s = crate::testkit::base_cluster();
+        let mut n = s.node("node-2").unwrap().clone();
+        n.pod_cidrs.push("2001:db8:2::/64".parse().unwrap());
+        s.upsert_node(n);
+        augment_nodes(&mut s).unwrap();
+        assert_eq!(s.node("node-2").unwrap().internal_ips.len(), 2);
+        assert_eq!(s.node("node-1").unwrap().internal_ips.len(), 1);
+    }
+}

@@ -1,0 +1,131 @@
+//! The conformance runner: cases (`crate::conformance`) on a running [`Sim`]. Each step's
+//! objects are applied through the static source (pods stay up; a Pod with a new uid gets a
+//! new sandbox), the runner waits until every node has committed the change, probes, and
+//! compares every checked cell. After a case the base cluster is restored.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::{ProbeSpec, Sim, SimError};
+use crate::conformance::{self, Case, Expect, Mismatch};
+use crate::model::Snapshot;
+use crate::sim::probe::Outcome;
+
+/// How a case ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Fail,
+    Skip,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pass => "PASS",
+            Self::Fail => "FAIL",
+            Self::Skip => "SKIP",
+        }
+    }
+}
+
+/// The result of one case.
+#[derive(Debug, Clone)]
+pub struct CaseOutcome {
+    pub verdict: Verdict,
+    pub mismatches: Vec<Mismatch>,
+    /// Probes that could not be performed, and other errors.
+    pub errors: Vec<String>,
+    pub probes_run: usize,
+    pub probes_skipped: usize,
+    pub step_times: Vec<Duration>,
+}
+
+/// Runs `case` on `sim`, starting from `base`, and restores `base` afterwards.
+pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcome {
+    let mut out = CaseOutcome {
+        verdict: Verdict::Pass,
+        mismatches: Vec::new(),
+        errors: Vec::new(),
+        probes_run: 0,
+        probes_skipped: 0,
+        step_times: Vec::new(),
+    };
+    for (i, step) in case.steps.iter().enumerate() {
+        let started = Instant::now();
+        if let Err(e) = sim.apply(|s| conformance::apply_step(s, step)).await {
+            out.errors.push(format!("step {}: {e}", i + 1));
+            break;
+        }
+        for probe in &step.probes {
+            if !sim.protocol_available(probe.protocol) {
+                if probe.kernel_optional {
+                    out.probes_skipped += 1;
+                } else {
+                    out.errors.push(format!("step {}: {}: the kernel lacks {}", i + 1, probe.label(), probe.protocol));
+                }
+                continue;
+            }
+            let wanted: Vec<(String, String)> = probe
+                .order
+                .iter()
+                .flat_map(|f| probe.order.iter().map(move |t| (f.clone(), t.clone())))
+                .filter(|(f, t)| f != t && probe.expect(f, t) != Expect::Unchecked)
+                .collect();
+            let sources: Vec<String> = unique(wanted.iter().map(|(f, _)| f.clone()));
+            let dests: Vec<String> = unique(wanted.iter().map(|(_, t)| t.clone()));
+            let spec = ProbeSpec { port: probe.port, protocol: probe.protocol, family: probe.family };
+            match sim.probe(spec, &sources, &dests) {
+                Ok(cells) => {
+                    out.probes_run += 1;
+                    let mut observed = BTreeMap::new();
+                    for c in cells {
+                        match c.outcome {
+                            Some(Outcome::Unavailable) if probe.kernel_optional => {}
+                            Some(o) => {
+                                observed.insert((c.from, c.to), o == Outcome::Connected);
+                            }
+                            None if wanted.contains(&(c.from.clone(), c.to.clone())) => {
+                                out.errors.push(format!(
+                                    "step {}: {}: {} -> {} has no {} address",
+                                    i + 1,
+                                    probe.label(),
+                                    c.from,
+                                    c.to,
+                                    c.family.as_str()
+                                ));
+                            }
+                            None => {}
+                        }
+                    }
+                    out.mismatches.extend(conformance::compare(i, probe, &observed));
+                }
+                Err(e) => out.errors.push(format!("step {}: {}: {e}", i + 1, probe.label())),
+            }
+        }
+        out.step_times.push(started.elapsed());
+    }
+    if let Err(e) = restore(sim, base).await {
+        out.errors.push(format!("restoring the base cluster: {e}"));
+    }
+    out.verdict = if !out.mismatches.is_empty() || !out.errors.is_empty() {
+        Verdict::Fail
+    } else if out.probes_run == 0 && out.probes_skipped > 0 {
+        Verdict::Skip
+    } else {
+        Verdict::Pass
+    };
+    out
+}
+
+async fn restore(sim: &mut Sim, base: &Snapshot) -> Result<(), SimError> {
+    let base = base.clone();
+    sim.apply(move |s| *s = base).await
+}
+
+fn unique(it: impl Iterator<Item = String>) -> Vec<String> {
+    let mut v: Vec<String> = it.collect();
+    v.sort();
+    v.dedup();
+    v
+}

@@ -1,0 +1,370 @@
+//! flock-agent (the daemon: informers, triggers, health, metrics, restart safety) against the
+//! in-repo test API server with the real kube client, on a node namespace with routed pods
+//! and real nft (root).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::IpAddr;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use flock::agent::AgentConfig;
+use flock::agent::http::ListenAddr;
+use flock::apply::Backend;
+use flock::apply::kernel::NftCli;
+use flock::daemon::{self, DaemonOptions};
+use flock::testkit::kernel::{NetnsGuard, Node, Pod, TempDir, require_root};
+use flock_cni::protocol::{self, AddRequest, PodIdentity, Request};
+use flock_test_apiserver::ApiServer;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+const NODE: &str = "n1";
+
+fn node_json() -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+           "spec": {"podCIDR": "198.18.80.0/24", "podCIDRs": ["198.18.80.0/24"]},
+           "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.80"}]}})
+}
+
+fn pod_json(name: &str, ip: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "labels": labels},
+           "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "x", "ports": [{"name": "http", "containerPort": 80}]}]},
+           "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})
+}
+
+fn deny_ingress_to(name: &str, pod: &str) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": name, "namespace": "default"},
+           "spec": {"podSelector": {"matchLabels": {"app": pod}}, "policyTypes": ["Ingress"]}})
+}
+
+struct Rig {
+    node: Node,
+    dir: TempDir,
+    server: ApiServer,
+    pods: Vec<Pod>,
+}
+
+impl Rig {
+    async fn new(tag: &str) -> Self {
+        let node = Node::new(tag);
+        let dir = TempDir::new(tag);
+        let server = ApiServer::start(dir.join("api.sock")).await.unwrap();
+        server.apply(node_json()).unwrap();
+        server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})).unwrap();
+        Self { node, dir, server, pods: Vec::new() }
+    }
+
+    fn options(&self, tweak: impl FnOnce(&mut DaemonOptions)) -> DaemonOptions {
+        let mut agent = AgentConfig::new(NODE, self.node.ns.netns(), self.dir.join("cni.sock"), self.dir.join("pending-del"));
+        agent.state_dir = Some(self.dir.join("state"));
+        agent.resync = Duration::from_secs(30);
+        let mut o = DaemonOptions {
+            agent,
+            listen: ListenAddr::Unix(self.dir.join("metrics.sock")),
+            cni_conf: Some((self.dir.join("net.d"), "10-flock.conflist".into())),
+            cni_mtu: None,
+            degraded_after: Duration::from_millis(300),
+            disconnected_after: Duration::from_millis(1500),
+            events: true,
+            instance: "flock-agent-test".into(),
+            max_sync_age: Duration::from_secs(90),
+        };
+        tweak(&mut o);
+        o
+    }
+
+    /// Starts the daemon; the returned sender stops it.
+    fn start(&self, opts: DaemonOptions) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = watch::channel(false);
+        let client = self.server.client();
+        let task = tokio::spawn(async move { daemon::run(opts, client, rx).await.unwrap() });
+        (tx, task)
+    }
+
+    /// A pod on the server, wired into the node, and added through the CNI socket.
+    async fn add_pod(&mut self, name: &str, ip: &str, labels: Value) {
+        self.server.apply(pod_json(name, ip, labels)).unwrap();
+        let cid = format!("cid-{name}");
+        let iface = flock_cni::host_interface_name(&cid, "eth0");
+        let addr: IpAddr = ip.parse().unwrap();
+        self.pods.push(self.node.add_pod(name, &iface, &[addr]));
+        let req = Request::Add(AddRequest {
+            container_id: cid,
+            ifname: "eth0".into(),
+            netns: String::new(),
+            host_interface: iface,
+            pod: PodIdentity { namespace: "default".into(), name: name.into(), uid: Some(format!("uid-{name}")) },
+            ips: vec![addr],
+        });
+        let socket = self.dir.join("cni.sock");
+        tokio::task::spawn_blocking(move || protocol::call(&socket, req, Duration::from_secs(20))).await.unwrap().unwrap();
+    }
+
+    fn pod(&self, name: &str) -> &NetnsGuard {
+        &self.pods.iter().find(|p| p.ns.name.ends_with(&format!("-{name}"))).unwrap().ns
+    }
+
+    fn http(&self, path: &str) -> (u16, String) {
+        http_get(&self.dir.join("metrics.sock"), path)
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, body) = self.http("/metrics");
+        body.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    }
+
+    fn table(&self) -> String {
+        NftCli::new(self.node.ns.netns()).list_table().unwrap().unwrap_or_default()
+    }
+}
+
+fn http_get(socket: &Path, path: &str) -> (u16, String) {
+    let Ok(mut s) = UnixStream::connect(socket) else { return (0, String::new()) };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: flock\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (code, body)
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    start.elapsed()
+}
+
+fn ping(from: &NetnsGuard, to: &str) -> bool {
+    from.try_exec(&["ping", "-c", "1", "-W", "1", to]).status.success()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn policies_from_the_api_are_enforced_and_reported() {
+    if !require_root("policies_from_the_api_are_enforced_and_reported") {
+        return;
+    }
+    let mut rig = Rig::new("enforce").await;
+    let (stop, task) = rig.start(rig.options(|_| {}));
+    wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    assert_eq!(rig.http("/healthz").0, 200);
+    // Once ready, the CNI config is written with the node's pod CIDR.
+    let conf = std::fs::read_to_string(rig.dir.join("net.d/10-flock.conflist")).unwrap();
+    assert!(conf.contains("198.18.80.0/24"), "{conf}");
+
+    rig.add_pod("a", "198.18.80.10", json!({"app": "a"})).await;
+    rig.add_pod("b", "198.18.80.11", json!({"app": "b"})).await;
+    assert!(ping(rig.pod("a"), "198.18.80.11"));
+
+    // A policy created on the server is enforced: a can no longer reach b.
+    let t = Instant::now();
+    rig.server.apply(deny_ingress_to("deny-b", "b")).unwrap();
+    wait_until("the policy in nft", Duration::from_secs(10), || rig.table().contains("isolated by policy default/deny-b")).await;
+    eprintln!("policy created → rules committed in {:?}", t.elapsed());
+    assert!(!ping(rig.pod("a"), "198.18.80.11"));
+    assert!(ping(rig.pod("b"), "198.18.80.10"));
+
+    // A run-labelled pod with no policy cannot send; others can still reach it.
+    rig.add_pod("r", "198.18.80.12", json!({"app": "r", "flock.dev/run": "r1"})).await;
+    assert!(!ping(rig.pod("r"), "198.18.80.10"), "a run pod without its policy must not send");
+    assert!(ping(rig.pod("a"), "198.18.80.12"));
+
+    // A policy flock cannot enforce as written: a Warning Event, and its pod stays closed.
+    rig.server
+        .apply(
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "broken", "namespace": "default"},
+                      "spec": {"podSelector": {"matchLabels": {"app": "a"}}, "ingress": [{"ports": [{"port": 80, "endPort": 70}]}]}}),
+        )
+        .unwrap();
+    wait_until("the Warning Event", Duration::from_secs(10), || {
+        rig.server
+            .list("events.k8s.io/v1", "Event", Some("default"))
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "PolicyNotEnforceable" && e["regarding"]["name"] == "broken")
+    })
+    .await;
+    wait_until("a isolated", Duration::from_secs(10), || !ping(rig.pod("b"), "198.18.80.10")).await;
+
+    // Metrics operators watch.
+    for m in
+        ["flock_sync_duration_seconds_count", "flock_event_to_enforced_seconds_count", "flock_cni_requests_total", "flock_watch_connected"]
+    {
+        assert!(rig.metric(m) > 0.0, "{m} is zero");
+    }
+    assert_eq!(rig.metric("flock_local_endpoints"), 3.0);
+    assert_eq!(rig.metric("flock_api_health_state{state=\"Connected\"}"), 1.0);
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_5000_pod_events_makes_a_handful_of_syncs() {
+    if !require_root("a_burst_of_5000_pod_events_makes_a_handful_of_syncs") {
+        return;
+    }
+    let rig = Rig::new("burst").await;
+    let (stop, task) = rig.start(rig.options(|_| {}));
+    wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    let syncs_before = rig.metric("flock_sync_duration_seconds_count");
+    let t = Instant::now();
+    for i in 0..5000u32 {
+        let ip = format!("198.18.{}.{}", 100 + i / 250, i % 250 + 1);
+        let mut p = pod_json(&format!("burst-{i}"), &ip, json!({"app": "burst"}));
+        p["spec"]["nodeName"] = json!("elsewhere");
+        rig.server.apply(p).unwrap();
+    }
+    wait_until("all 5000 pods tracked", Duration::from_secs(60), || rig.metric("flock_pods_tracked") >= 5000.0).await;
+    let syncs = rig.metric("flock_sync_duration_seconds_count") - syncs_before;
+    let coalesced = rig.metric("flock_coalesced_events_total");
+    eprintln!("5000 pod events in {:?}: {syncs} syncs, {coalesced} coalesced changes", t.elapsed());
+    assert!(syncs <= 50.0, "{syncs} syncs for one burst");
+    assert!(coalesced >= 1.0);
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn api_outages_and_garbage_keep_the_rules_and_health_recovers() {
+    if std::env::var("FLOCK_TEST_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("FLOCK_TEST_LOG").unwrap()).try_init();
+    }
+    if !require_root("api_outages_and_garbage_keep_the_rules_and_health_recovers") {
+        return;
+    }
+    let mut rig = Rig::new("outage").await;
+    let (stop, task) = rig.start(rig.options(|_| {}));
+    wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    rig.add_pod("a", "198.18.80.20", json!({"app": "a"})).await;
+    rig.add_pod("b", "198.18.80.21", json!({"app": "b"})).await;
+    rig.server.apply(deny_ingress_to("deny-b", "b")).unwrap();
+    wait_until("the policy", Duration::from_secs(10), || rig.table().contains("default/deny-b")).await;
+    let rules = rig.table();
+
+    // The API server goes away: rules stay, health goes Degraded then Disconnected.
+    rig.server.unavailable(true);
+    wait_until("Degraded", Duration::from_secs(10), || rig.metric("flock_api_health_state{state=\"Degraded\"}") == 1.0).await;
+    wait_until("Disconnected", Duration::from_secs(10), || rig.metric("flock_api_health_state{state=\"Disconnected\"}") == 1.0).await;
+    assert_eq!(rig.table(), rules);
+    assert!(!ping(rig.pod("a"), "198.18.80.21"));
+    assert!(ping(rig.pod("b"), "198.18.80.20"));
+    assert_eq!(rig.http("/healthz").0, 200, "the agent itself is alive");
+    // A change made while the agent cannot see it...
+    rig.server.delete("networking.k8s.io/v1", "NetworkPolicy", Some("default"), "deny-b").unwrap();
+    // ...is enforced once the API is back (a full resync).
+    rig.server.unavailable(false);
+    wait_until("Connected", Duration::from_secs(30), || rig.metric("flock_api_health_state{state=\"Connected\"}") == 1.0).await;
+    wait_until("the deletion enforced", Duration::from_secs(30), || !rig.table().contains("default/deny-b")).await;
+    assert!(ping(rig.pod("a"), "198.18.80.21"));
+    assert!(rig.metric("flock_watch_reconnects_total") >= 1.0);
+
+    // Dropped watches, expired history (410), 5xx, garbage and slowness: no crash, changes still arrive.
+    for (i, fault) in ["drop", "expire", "5xx", "garbage", "slow"].iter().enumerate() {
+        match *fault {
+            "drop" => rig.server.drop_watches(),
+            "expire" => {
+                rig.server.expire_history();
+                rig.server.drop_watches();
+            }
+            "5xx" => {
+                rig.server.fail_next(5, 500);
+                rig.server.drop_watches();
+            }
+            "garbage" => rig.server.garbage(true),
+            _ => rig.server.slow(Some(Duration::from_millis(300))),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        rig.server.garbage(false);
+        let name = format!("after-{fault}");
+        let policies = rig.metric("flock_policies_tracked");
+        rig.server.apply(deny_ingress_to(&name, "b")).unwrap();
+        wait_until(&format!("the policy after {fault}"), Duration::from_secs(60), || rig.metric("flock_policies_tracked") > policies).await;
+        rig.server.slow(None);
+        assert!(!task.is_finished(), "the daemon stopped after {fault} ({i})");
+    }
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restart_mid_traffic_loses_no_packet_and_drift_is_repaired() {
+    if !require_root("restart_mid_traffic_loses_no_packet_and_drift_is_repaired") {
+        return;
+    }
+    let mut rig = Rig::new("restart").await;
+    let opts = rig.options(|o| o.agent.resync = Duration::from_millis(500));
+    let (stop, task) = rig.start(opts.clone());
+    wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    rig.add_pod("a", "198.18.80.30", json!({"app": "a"})).await;
+    rig.add_pod("b", "198.18.80.31", json!({"app": "b"})).await;
+    // b accepts only a: the flow a → b is allowed by policy.
+    rig.server
+        .apply(json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "b-from-a", "namespace": "default"},
+                      "spec": {"podSelector": {"matchLabels": {"app": "b"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}]}]}}))
+        .unwrap();
+    wait_until("the policy", Duration::from_secs(10), || rig.table().contains("default/b-from-a")).await;
+
+    // 150 echo requests of one flow, while the agent is stopped and started again.
+    let a_ns = rig.pod("a").name.clone();
+    let ping = std::thread::spawn(move || {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &a_ns, "ping", "-q", "-c", "150", "-i", "0.02", "198.18.80.31"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let applied_before = rig.metric("flock_sync_duration_seconds_count{outcome=\"applied\"}");
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // (The same options: the metrics registry carries over, as it would not in a new process.)
+    let (stop, task) = rig.start(opts);
+    let out = tokio::task::spawn_blocking(move || ping.join().unwrap()).await.unwrap();
+    assert!(out.contains("150 packets transmitted, 150 received"), "packets lost across the restart:\n{out}");
+    wait_until("readiness after restart", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    // The first sync after the restart changed nothing.
+    assert_eq!(rig.metric("flock_sync_duration_seconds_count{outcome=\"applied\"}"), applied_before);
+
+    // Drift: someone flushes the base chain; the periodic resync repairs it.
+    rig.node.ns.exec(&["nft", "flush", "chain", "inet", "flock", "forward"]);
+    wait_until("the drift repair", Duration::from_secs(10), || rig.metric("flock_drift_repairs_total") >= 1.0).await;
+    assert!(rig.table().contains("jump from-pods"));
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_add_for_a_pod_the_watch_has_not_seen_waits_for_it() {
+    if !require_root("an_add_for_a_pod_the_watch_has_not_seen_waits_for_it") {
+        return;
+    }
+    let rig = Rig::new("lag").await;
+    let (stop, task) = rig.start(rig.options(|_| {}));
+    wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    let iface = flock_cni::host_interface_name("cid-late", "eth0");
+    let req = Request::Add(AddRequest {
+        container_id: "cid-late".into(),
+        ifname: "eth0".into(),
+        netns: String::new(),
+        host_interface: iface.clone(),
+        pod: PodIdentity { namespace: "default".into(), name: "late".into(), uid: Some("uid-late".into()) },
+        ips: vec!["198.18.80.40".parse().unwrap()],
+    });
+    let socket: PathBuf = rig.dir.join("cni.sock");
+    let call = tokio::task::spawn_blocking(move || protocol::call(&socket, req, Duration::from_secs(20)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!call.is_finished(), "ADD acknowledged before its pod was known");
+    rig.server.apply(pod_json("late", "198.18.80.40", json!({"app": "late"}))).unwrap();
+    call.await.unwrap().unwrap();
+    assert!(rig.table().contains(&iface), "acknowledged before the rules were in");
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}

@@ -1,0 +1,86 @@
+//! Helpers shared by flock-controller's integration tests (each test binary that uses them
+//! includes this file as a module): the test API server set up like a cluster with flock's
+//! CRDs, polling, and the grants of the RBAC manifests.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use flock_test_apiserver::ApiServer;
+use serde_json::{Value, json};
+
+/// The repository root.
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The `default/kubernetes` EndpointSlice with one endpoint, `addr`:6443.
+pub fn endpoint_slice(addr: &str) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [addr], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
+    })
+}
+
+/// A test API server with flock's CRDs (the committed files, so they are exercised) and
+/// the API server's EndpointSlice (198.18.250.2:6443).
+pub async fn api_server() -> ApiServer {
+    let server = ApiServer::start_temp().await.unwrap();
+    for file in ["runprofiles.flock.dev.yaml", "runs.flock.dev.yaml"] {
+        let text = std::fs::read_to_string(root().join("deploy/controller/crds").join(file)).unwrap();
+        server.apply(serde_yaml_ng::from_str::<Value>(&text).unwrap()).unwrap();
+    }
+    server.apply(endpoint_slice("198.18.250.2")).unwrap();
+    server
+}
+
+/// Polls `f` every 10 ms until it returns `Some`, for at most `secs`.
+pub async fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The documents of a YAML file.
+pub fn yaml_docs(path: &Path) -> Vec<serde_yaml_ng::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &serde_yaml_ng::Value| !v.is_null())
+        .collect()
+}
+
+/// Every grant of the roles of `kinds` in a manifest, as `SCOPE GROUP/RESOURCE:VERB[/NAME]`
+/// (scope: `cluster` or the Role's namespace; NAME when the rule has resourceNames), sorted.
+pub fn grants(path: &str, kinds: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for role in yaml_docs(&root().join(path)).into_iter().filter(|d| kinds.contains(&d["kind"].as_str().unwrap())) {
+        let scope = role["metadata"]["namespace"].as_str().unwrap_or("cluster").to_string();
+        for r in role["rules"].as_sequence().unwrap() {
+            let names: Vec<String> = r["resourceNames"]
+                .as_sequence()
+                .map(|n| n.iter().map(|v| format!("/{}", v.as_str().unwrap())).collect())
+                .unwrap_or_else(|| vec![String::new()]);
+            for g in r["apiGroups"].as_sequence().unwrap() {
+                for res in r["resources"].as_sequence().unwrap() {
+                    for v in r["verbs"].as_sequence().unwrap() {
+                        for n in &names {
+                            out.push(format!("{scope} {}/{}:{}{n}", g.as_str().unwrap(), res.as_str().unwrap(), v.as_str().unwrap()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}

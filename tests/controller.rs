@@ -1,0 +1,252 @@
+//! flock-controller without a cluster: the committed CRDs are the ones the Rust types
+//! generate, the render goldens (one per profile feature, NetworkPolicy and
+//! CiliumNetworkPolicy), byte stability, and the deploy examples deserialize into the types.
+//! `FLOCK_BLESS=1` rewrites the CRDs and the goldens.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use flock::controller::crd;
+
+#[path = "common/controller.rs"]
+mod common;
+use common::root;
+
+fn bless() -> bool {
+    std::env::var_os("FLOCK_BLESS").is_some_and(|v| v == "1")
+}
+
+/// Compares `text` with the file, or rewrites it under `FLOCK_BLESS=1`.
+fn golden(path: PathBuf, text: &str) {
+    if bless() {
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (FLOCK_BLESS=1 writes it)", path.display()));
+    assert!(want == text, "{} is stale (FLOCK_BLESS=1 rewrites it); got:\n{text}", path.display());
+}
+
+#[test]
+fn crds_are_up_to_date() {
+    let dir = root().join("deploy/controller/crds");
+    for (name, text) in crd::crd_files().unwrap() {
+        golden(dir.join(name), &text);
+    }
+}
+
+// ---- render ---------------------------------------------------------------------------
+
+use flock::controller::crd::{Run, RunProfile};
+use flock::controller::render::{self, ApiEndpoint, ClusterConfig, DnsConfig};
+
+/// The test cluster (dual-stack): pods 198.18.0.0/20 and 2001:db8:1::/48, Services
+/// 198.18.240.0/20 and 2001:db8:2::/112, the API server's Service at 198.18.240.1:443 and
+/// endpoints 198.18.250.2:6443 and [2001:db8:250::2]:6443.
+fn cluster() -> ClusterConfig {
+    ClusterConfig {
+        pod_cidrs: vec!["198.18.0.0/20".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()],
+        service_cidrs: vec!["198.18.240.0/20".parse().unwrap(), "2001:db8:2::/112".parse().unwrap()],
+        dns: DnsConfig::default(),
+        api_server: [("198.18.240.1", 443), ("198.18.250.2", 6443), ("2001:db8:250::2", 6443)]
+            .into_iter()
+            .map(|(a, port)| ApiEndpoint { addr: a.parse().unwrap(), port })
+            .collect(),
+    }
+}
+
+fn run(yaml: &str) -> Run {
+    let mut r: Run = serde_yaml_ng::from_str(yaml).unwrap();
+    r.metadata.uid.get_or_insert_with(|| "0b5e8a4c-1d2e-4f60-9a7b-3c4d5e6f7a8b".into());
+    r.metadata.namespace.get_or_insert_with(|| "agents".into());
+    r
+}
+
+fn profile(yaml: &str) -> RunProfile {
+    serde_yaml_ng::from_str(yaml).unwrap()
+}
+
+const RUN: &str = "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-7}\nspec: {profile: p}\n";
+
+/// Profiles, one per feature, and the combination.
+const PROFILES: &[(&str, &str)] = &[
+    ("dns-only", "spec: {}"),
+    ("no-egress", "spec: {dns: false}"),
+    (
+        "internet",
+        "spec:\n  internet:\n    ports: [{port: 443}, {port: 80}, {port: 443, protocol: UDP}]\n    except: [198.51.100.0/24, 2001:db8:ffff::/48]",
+    ),
+    ("api-server", "spec: {dns: false, apiServer: true}"),
+    (
+        "services",
+        "spec:\n  dns: false\n  services:\n  - {name: cache, podSelector: {matchLabels: {app: redis}}, ports: [{port: 6379}]}\n  - name: db\n    namespace: data\n    podSelector:\n      matchLabels: {app: postgres}\n      matchExpressions: [{key: role, operator: In, values: [primary]}]\n    ports: [{port: 5432}, {port: 9000, endPort: 9010}]",
+    ),
+    (
+        "cidrs",
+        "spec:\n  dns: false\n  cidrs:\n  - {cidr: 198.51.100.0/24, except: [198.51.100.128/25], ports: [{port: 22}]}\n  - {cidr: 2001:db8:aaaa::/48}",
+    ),
+    (
+        "ingress",
+        "spec:\n  ingress:\n  - {name: adapter, namespace: adapters, podSelector: {matchLabels: {app: adapter}}, ports: [{port: 8431}]}\n  - {name: same-namespace, podSelector: {matchLabels: {role: debugger}}}",
+    ),
+    ("ingress-closed", "spec: {ingress: []}"),
+    (
+        "full",
+        "spec:\n  internet: {ports: [{port: 443}, {port: 80}]}\n  apiServer: true\n  services:\n  - {name: db, namespace: data, podSelector: {matchLabels: {app: postgres}}, ports: [{port: 5432}]}\n  cidrs:\n  - {cidr: 198.51.100.0/24, ports: [{port: 22}]}\n  ingress:\n  - {name: adapter, namespace: adapters, podSelector: {matchLabels: {app: adapter}}, ports: [{port: 8431}]}",
+    ),
+];
+
+fn profile_named(name: &str, spec: &str) -> RunProfile {
+    profile(&format!("apiVersion: flock.dev/v1alpha1\nkind: RunProfile\nmetadata: {{name: {name}}}\n{spec}\n"))
+}
+
+#[test]
+fn render_goldens_for_each_profile_feature() {
+    let dir = root().join("tests/golden/controller");
+    for (name, spec) in PROFILES {
+        let p = profile_named(name, spec);
+        assert!(p.spec.problems().is_empty(), "{name}: {:?}", p.spec.problems());
+        let np = render::render(&run(RUN), &p, &cluster()).unwrap();
+        golden(dir.join(format!("{name}.yaml")), &serde_yaml_ng::to_string(&np).unwrap());
+        // flock-agent's translator takes it without a problem.
+        let model = flock::model::convert::network_policy(&np).unwrap();
+        let mut problems = Vec::new();
+        flock::translate::compile::compile(&model, &mut problems);
+        assert!(problems.is_empty(), "{name}: {problems:?}");
+    }
+    for name in ["full", "no-egress", "ingress-closed"] {
+        let (_, spec) = PROFILES.iter().find(|(n, _)| *n == name).unwrap();
+        let cnp = render::render_cilium(&run(RUN), &profile_named(name, spec), &cluster()).unwrap();
+        golden(dir.join(format!("{name}.cilium.yaml")), &serde_yaml_ng::to_string(&cnp).unwrap());
+    }
+    // A run that names its pods.
+    let custom = run(
+        "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-8}\nspec:\n  profile: p\n  podSelector:\n    matchLabels: {app: agent}\n    matchExpressions: [{key: tier, operator: Exists}]\n",
+    );
+    let np = render::render(&custom, &profile_named("dns-only", "spec: {}"), &cluster()).unwrap();
+    golden(dir.join("custom-selector.yaml"), &serde_yaml_ng::to_string(&np).unwrap());
+}
+
+#[test]
+fn render_is_byte_stable() {
+    let (_, spec) = PROFILES.iter().find(|(n, _)| *n == "full").unwrap();
+    let p = profile_named("full", spec);
+    let first = serde_yaml_ng::to_string(&render::render(&run(RUN), &p, &cluster()).unwrap()).unwrap();
+    for _ in 0..20 {
+        // Equal input built in another order: the API server's addresses inserted in
+        // reverse, the profile re-parsed.
+        let mut c = cluster();
+        let endpoints: Vec<ApiEndpoint> = c.api_server.iter().rev().copied().collect();
+        c.api_server = endpoints.into_iter().collect();
+        let again = serde_yaml_ng::to_string(&render::render(&run(RUN), &profile_named("full", spec), &c).unwrap()).unwrap();
+        assert_eq!(first, again);
+        let cnp1 = serde_json::to_string(&render::render_cilium(&run(RUN), &p, &cluster()).unwrap()).unwrap();
+        let cnp2 = serde_json::to_string(&render::render_cilium(&run(RUN), &p, &c).unwrap()).unwrap();
+        assert_eq!(cnp1, cnp2);
+    }
+}
+
+#[test]
+fn render_is_dual_stack() {
+    let (_, spec) = PROFILES.iter().find(|(n, _)| *n == "full").unwrap();
+    let np = render::render(&run(RUN), &profile_named("full", spec), &cluster()).unwrap();
+    let egress = np.spec.unwrap().egress.unwrap();
+    // [0] DNS, [1] internet, [2] API server on 443, [3] on 6443, [4] db, [5] CIDR.
+    assert_eq!(egress.len(), 6);
+    let blocks: Vec<_> = egress[1].to.as_ref().unwrap().iter().map(|p| p.ip_block.clone().unwrap()).collect();
+    assert_eq!(blocks[0].cidr, "0.0.0.0/0");
+    assert_eq!(
+        blocks[0].except.as_deref().unwrap(),
+        ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "198.18.0.0/20", "198.18.240.0/20"]
+    );
+    assert_eq!(blocks[1].cidr, "::/0");
+    assert_eq!(blocks[1].except.as_deref().unwrap(), ["fc00::/7", "fe80::/10", "2001:db8:1::/48", "2001:db8:2::/112"]);
+    let api: Vec<Vec<String>> =
+        egress[2..4].iter().map(|r| r.to.as_ref().unwrap().iter().map(|p| p.ip_block.clone().unwrap().cidr).collect()).collect();
+    assert_eq!(api, [vec!["198.18.240.1/32".to_string()], vec!["198.18.250.2/32".to_string(), "2001:db8:250::2/128".to_string()]]);
+    let ports: Vec<i32> = egress[2..4]
+        .iter()
+        .map(|r| match r.ports.as_ref().unwrap()[0].port {
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p)) => p,
+            _ => 0,
+        })
+        .collect();
+    assert_eq!(ports, [443, 6443]);
+}
+
+#[test]
+fn render_refuses_invalid_input_naming_it() {
+    let bad = profile_named("bad", "spec:\n  cidrs: [{cidr: 198.51.100.1/24}]");
+    let e = render::render(&run(RUN), &bad, &cluster()).unwrap_err();
+    assert!(e.to_string().contains("RunProfile bad is invalid: spec.cidrs[0].cidr"), "{e}");
+    let r = run("apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-9}\nspec: {profile: p, podSelector: {}}\n");
+    let e = render::render(&r, &profile_named("p", "spec: {}"), &cluster()).unwrap_err();
+    assert!(e.to_string().contains("run agents/job-9 is invalid: spec.podSelector"), "{e}");
+}
+
+// ---- deploy examples ------------------------------------------------------------------
+
+/// Whether every field of `original` is in `parsed` with the same value (defaults may add
+/// fields; an unknown field is dropped by deserialization and so shows up here).
+fn subset(original: &serde_json::Value, parsed: &serde_json::Value, at: &str) -> Result<(), String> {
+    use serde_json::Value;
+    match (original, parsed) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                let w = b.get(k).ok_or(format!("{at}.{k}: unknown field"))?;
+                subset(v, w, &format!("{at}.{k}"))?;
+            }
+            Ok(())
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            a.iter().zip(b).enumerate().try_for_each(|(i, (v, w))| subset(v, w, &format!("{at}[{i}]")))
+        }
+        _ if original == parsed => Ok(()),
+        _ => Err(format!("{at}: {original} read as {parsed}")),
+    }
+}
+
+#[test]
+fn deploy_examples_are_valid_custom_resources() {
+    let dir = root().join("deploy/controller");
+    let mut profiles = Vec::new();
+    let mut runs = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !name.contains("-example") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let value: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
+            match value["kind"].as_str() {
+                Some("RunProfile") => {
+                    let p: RunProfile = serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    subset(&value, &serde_json::to_value(&p).unwrap(), &name).unwrap();
+                    assert!(p.spec.problems().is_empty(), "{name}: {:?}", p.spec.problems());
+                    profiles.push(p);
+                }
+                Some("Run") => {
+                    let r: Run = serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    subset(&value, &serde_json::to_value(&r).unwrap(), &name).unwrap();
+                    assert!(r.spec.problems().is_empty(), "{name}: {:?}", r.spec.problems());
+                    runs.push(r);
+                }
+                other => panic!("{name}: unexpected kind {other:?}"),
+            }
+        }
+    }
+    assert!(!profiles.is_empty() && !runs.is_empty());
+    // The example run uses the example profile, and renders.
+    for mut r in runs {
+        let p =
+            profiles.iter().find(|p| p.metadata.name.as_deref() == Some(r.spec.profile.as_str())).expect("the run's profile is an example");
+        r.metadata.uid = Some("example".into());
+        render::render(&r, p, &cluster()).unwrap();
+    }
+    // The checker itself sees unknown fields.
+    let bad = serde_json::json!({"apiVersion": "flock.dev/v1alpha1", "kind": "Run", "metadata": {"name": "x"}, "spec": {"profile": "p", "podSelectr": {}}});
+    let r: Run = serde_json::from_value(bad.clone()).unwrap();
+    assert!(subset(&bad, &serde_json::to_value(&r).unwrap(), "bad").is_err());
+}

@@ -1,0 +1,244 @@
+//! The simulated cluster end to end (root): the whole conformance suite through
+//! `flockctl conformance`, cleanup after normal, interrupted and killed runs, probe
+//! outcomes, and policy changes under running pods.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use flock::model::Protocol;
+use flock::sim::probe::{Outcome, Task, probe};
+use flock::sim::{ProbeSpec, Sim, SimOptions};
+use flock::testkit::kernel::{NetnsGuard, flock_cni_binary, require_root};
+use flock::testkit::{self, policies};
+
+fn flockctl(args: &[&str]) -> Output {
+    let cni_dir = flock_cni_binary().parent().unwrap().to_path_buf();
+    Command::new(env!("CARGO_BIN_EXE_flockctl"))
+        .args(args)
+        .args(["--cni-bin-dir", cni_dir.to_str().unwrap()])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+/// Simulation namespaces of a process (`flks-<pid>-…`).
+fn leftovers(pid: u32) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&format!("flks-{pid}-")))
+        .map(str::to_string)
+        .collect()
+}
+
+fn work_dirs(pid: u32) -> Vec<PathBuf> {
+    std::fs::read_dir("/run/flock-sim")
+        .map(|r| {
+            r.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("{pid}-"))))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_whole_conformance_suite_passes_on_real_kernels() {
+    if !require_root("the_whole_conformance_suite_passes_on_real_kernels") {
+        return;
+    }
+    let started = Instant::now();
+    let out = flockctl(&["conformance", "tests/conformance"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}conformance took {:.1}s", started.elapsed().as_secs_f64());
+    assert!(out.status.success(), "conformance failed:\n{stdout}\n{stderr}");
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.contains(" passed, 0 failed, "), "{summary}");
+    let passed: usize = summary.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(passed >= 50, "{summary}");
+    for line in stdout.lines().filter(|l| l.starts_with("SKIP")) {
+        // Only SCTP cases may be skipped (this kernel has no SCTP).
+        assert!(line.contains("sctp"), "{line}");
+    }
+}
+
+#[test]
+fn sim_leaves_nothing_behind_after_normal_interrupted_and_killed_runs() {
+    if !require_root("sim_leaves_nothing_behind_after_normal_interrupted_and_killed_runs") {
+        return;
+    }
+    let cni_dir = flock_cni_binary().parent().unwrap().to_path_buf();
+    let spawn = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_flockctl"))
+            .args([
+                "sim",
+                "-f",
+                "tests/conformance/base-cluster.yaml",
+                "--probe",
+                "80/TCP",
+                "--timeout-ms",
+                "3000",
+                "--cni-bin-dir",
+                cni_dir.to_str().unwrap(),
+            ])
+            .args(extra)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let wait_built = |pid: u32| {
+        let t = Instant::now();
+        while leftovers(pid).len() < 12 && t.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(leftovers(pid).len() >= 12, "the simulation never came up");
+    };
+
+    // A normal run.
+    let child = spawn(&[]);
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    assert!(work_dirs(pid).is_empty());
+
+    // Interrupted (Ctrl-C) while probing.
+    let child = spawn(&["--host", "internet=198.18.200.1"]);
+    let pid = child.id();
+    wait_built(pid);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(130));
+    assert!(leftovers(pid).is_empty(), "after SIGINT: {:?}", leftovers(pid));
+
+    // Killed: everything stays until the next run sweeps it.
+    let mut child = spawn(&[]);
+    let pid = child.id();
+    wait_built(pid);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!leftovers(pid).is_empty(), "a killed run cannot clean up");
+    let out = flockctl(&["sim", "-f", "tests/conformance/base-cluster.yaml", "--probe", "81/UDP"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(leftovers(pid).is_empty(), "the next run did not sweep: {:?}", leftovers(pid));
+    assert!(work_dirs(pid).is_empty());
+
+    // --keep leaves the simulation for inspection; --cleanup removes it.
+    let child = spawn(&["--keep", "--show-ruleset", "node-1"]);
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("table inet flock"));
+    assert!(!leftovers(pid).is_empty());
+    let out = flockctl(&["sim", "--cleanup"]);
+    assert!(out.status.success());
+    assert!(leftovers(pid).is_empty());
+}
+
+#[test]
+fn sim_json_and_hosts() {
+    if !require_root("sim_json_and_hosts") {
+        return;
+    }
+    let out = flockctl(&[
+        "sim",
+        "-f",
+        "tests/conformance/base-cluster.yaml",
+        "--probe",
+        "80/TCP",
+        "--probe",
+        "81/UDP/IPv4",
+        "--host",
+        "internet=198.18.200.1",
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let probes = v["probes"].as_array().unwrap();
+    assert_eq!(probes.len(), 2);
+    assert_eq!(probes[0]["protocol"], "TCP");
+    assert_eq!(probes[1]["family"], "IPv4");
+    let results = probes[0]["results"].as_array().unwrap();
+    // 9 sources × (8 other pods + 1 host).
+    assert_eq!(results.len(), 81);
+    assert!(results.iter().all(|r| r["connected"] == true && r["outcome"] == "connected"), "{results:?}");
+    assert!(results.iter().any(|r| r["to"] == "host/internet"));
+}
+
+fn sim_options() -> SimOptions {
+    SimOptions::new(flock_cni_binary().parent().unwrap().to_path_buf())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_policy_change_is_enforced_under_running_pods() {
+    if !require_root("a_policy_change_is_enforced_under_running_pods") {
+        return;
+    }
+    let mut sim = Sim::build(testkit::base_cluster(), sim_options()).await.unwrap();
+    let spec = ProbeSpec { port: 80, protocol: Protocol::Tcp, family: None };
+    let pods = sim.pod_names();
+    let netns_before: Vec<Option<String>> = pods.iter().map(|p| sim.pod_netns(p)).collect();
+    let connected = |sim: &Sim, from: &str, to: &str| {
+        let c = sim.probe(spec, &[from.to_string()], &[to.to_string()]).unwrap();
+        c[0].outcome == Some(Outcome::Connected)
+    };
+    assert!(connected(&sim, "y/a", "x/b"));
+    let deny =
+        policies("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: x}\nspec: {podSelector: {}}\n");
+    sim.apply(|s| s.upsert_policy(deny[0].clone())).await.unwrap();
+    assert!(!connected(&sim, "y/a", "x/b"));
+    assert!(connected(&sim, "x/b", "y/a"));
+    sim.apply(|s| {
+        s.remove_policy(&flock::model::ObjectRef::new("x", "deny"));
+    })
+    .await
+    .unwrap();
+    assert!(connected(&sim, "y/a", "x/b"));
+    let netns_after: Vec<Option<String>> = pods.iter().map(|p| sim.pod_netns(p)).collect();
+    assert_eq!(netns_before, netns_after, "pods were restarted");
+    sim.teardown().await.unwrap();
+}
+
+#[test]
+fn probes_tell_connected_refused_timeout_and_unreachable_apart() {
+    if !require_root("probes_tell_connected_refused_timeout_and_unreachable_apart") {
+        return;
+    }
+    // Two namespaces on a veth: a server side with one TCP and one UDP listener, and an
+    // nft rule dropping port 9 (a policy drop is silent).
+    let (a, b) = (NetnsGuard::new("pa"), NetnsGuard::new("pb"));
+    a.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", &b.name]);
+    a.ip(&["addr", "add", "198.18.90.1/24", "dev", "eth0"]);
+    b.ip(&["addr", "add", "198.18.90.2/24", "dev", "eth0"]);
+    a.ip(&["link", "set", "eth0", "up"]);
+    b.ip(&["link", "set", "eth0", "up"]);
+    b.exec(&["nft", "add table inet t { chain in { type filter hook input priority 0; tcp dport 9 drop; udp dport 9 drop; }; }"]);
+    let _servers = flock::sim::servers::Servers::start(
+        b.netns(),
+        vec![(80, Protocol::Tcp), (80, Protocol::Udp), (9, Protocol::Tcp), (9, Protocol::Udp)],
+    )
+    .unwrap();
+    let t = |dst: &str, protocol: Protocol| {
+        probe(&Task { src: a.netns(), dst: dst.parse::<SocketAddr>().unwrap(), protocol }, Duration::from_millis(500))
+    };
+    assert_eq!(t("198.18.90.2:80", Protocol::Tcp), Outcome::Connected);
+    assert_eq!(t("198.18.90.2:80", Protocol::Udp), Outcome::Connected);
+    assert_eq!(t("198.18.90.2:81", Protocol::Tcp), Outcome::Refused);
+    assert_eq!(t("198.18.90.2:81", Protocol::Udp), Outcome::Refused);
+    assert_eq!(t("198.18.90.2:9", Protocol::Tcp), Outcome::Timeout);
+    assert_eq!(t("198.18.90.2:9", Protocol::Udp), Outcome::Timeout);
+    // No route at all.
+    assert_eq!(t("198.19.1.1:80", Protocol::Tcp), Outcome::Unreachable);
+    assert_eq!(t("[2001:db8::1]:80", Protocol::Udp), Outcome::Unreachable);
+    // SCTP: unavailable on kernels without it, otherwise a real outcome.
+    let s = t("198.18.90.2:80", Protocol::Sctp);
+    assert!(matches!(s, Outcome::Unavailable | Outcome::Refused | Outcome::Connected), "{s:?}");
+}
