@@ -188,7 +188,7 @@ fn main() {
             let p = NetworkPolicy {
                 namespace: target.namespace.clone(),
                 name: name.clone(),
-                pod_selector: LabelSelector { match_labels: [("app".to_string(), target.labels.get("app").cloned().unwrap_or_default())].into(), ..Default::default() },
+                pod_selector: LabelSelector { match_labels: [("app".to_string(), target.labels.get("app").unwrap_or_default().to_string())].into(), ..Default::default() },
                 policy_types: vec!["Ingress".into()],
                 ingress: vec![PolicyRule { peers: vec![], ports: vec![PolicyPort { protocol: None, port: Some(PortRef::Number(9000 + i)), end_port: None }] }],
                 egress: vec![],

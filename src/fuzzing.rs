@@ -243,7 +243,7 @@ pub fn hostile_strings(data: &[u8]) -> Vec<String> {
     let Ok(input) = HostileInput::arbitrary_take_rest(Unstructured::new(data)) else { return Vec::new() };
     let base = if input.quickstart { Base::Quickstart } else { Base::Conformance };
     let mut objects: Vec<Object> = base_objects(base);
-    let mut annotations: BTreeMap<usize, Labels> = BTreeMap::new();
+    let mut annotations: BTreeMap<usize, Annotations> = BTreeMap::new();
     if !input.slots.is_empty() {
         for (slot, s) in input.slots.iter().cycle().zip(input.strings) {
             inject(&mut objects, &mut annotations, *slot, s);
@@ -305,7 +305,7 @@ spec:
 ";
 
 /// Puts `s` into the slot of `objects`.
-fn inject(objects: &mut [Object], annotations: &mut BTreeMap<usize, Labels>, slot: Slot, s: String) {
+fn inject(objects: &mut [Object], annotations: &mut BTreeMap<usize, Annotations>, slot: Slot, s: String) {
     let nth = |objects: &[Object], i: u8, f: fn(&Object) -> bool| -> Option<usize> {
         let idx: Vec<usize> = objects.iter().enumerate().filter(|(_, o)| f(o)).map(|(i, _)| i).collect();
         (!idx.is_empty()).then(|| idx[usize::from(i) % idx.len()])
@@ -331,9 +331,9 @@ fn inject(objects: &mut [Object], annotations: &mut BTreeMap<usize, Labels>, slo
             let Some(k) = nth(objects, i, is_ns) else { return };
             let Object::Namespace(ns) = &mut objects[k] else { return };
             if matches!(slot, Slot::NamespaceLabelKey(_)) {
-                ns.labels.insert(s, "x".into());
+                ns.labels.insert(s, "x");
             } else {
-                ns.labels.values_mut().for_each(|v| *v = s.clone());
+                ns.labels = ns.labels.keys().map(|k| (k, s.as_str())).collect();
             }
         }
         Slot::PodName(i) | Slot::PodUid(i) | Slot::PodLabelKey(i) | Slot::PodLabelValue(i) | Slot::PortName(i) => {
@@ -343,9 +343,9 @@ fn inject(objects: &mut [Object], annotations: &mut BTreeMap<usize, Labels>, slo
                 Slot::PodName(_) => p.name = s,
                 Slot::PodUid(_) => p.uid = s,
                 Slot::PodLabelKey(_) => {
-                    p.labels.insert(s, "a".into());
+                    p.labels.insert(s, "a");
                 }
-                Slot::PodLabelValue(_) => p.labels.values_mut().for_each(|v| *v = s.clone()),
+                Slot::PodLabelValue(_) => p.labels = p.labels.keys().map(|k| (k, s.as_str())).collect(),
                 _ => {
                     let mut renamed = Vec::new();
                     for cp in p.ports.iter_mut().filter(|cp| cp.name.is_some()) {
@@ -495,7 +495,7 @@ fn first_difference(a: &str, b: &str) -> String {
 /// [`manifest::parse_str`] reads back to the same objects. Every string is double-quoted with
 /// every character outside printable ASCII escaped, so any string survives the trip.
 /// `annotations` are added to the object at their index.
-pub fn to_manifest(objects: &[Object], annotations: &BTreeMap<usize, Labels>) -> String {
+pub fn to_manifest(objects: &[Object], annotations: &BTreeMap<usize, Annotations>) -> String {
     let mut out = String::new();
     for (i, o) in objects.iter().enumerate() {
         if i > 0 {
@@ -586,7 +586,7 @@ pub fn to_manifest(objects: &[Object], annotations: &BTreeMap<usize, Labels>) ->
     out
 }
 
-fn metadata(out: &mut String, name: &str, namespace: Option<&str>, uid: Option<&str>, labels: Option<&Labels>, ann: Option<&Labels>) {
+fn metadata(out: &mut String, name: &str, namespace: Option<&str>, uid: Option<&str>, labels: Option<&Labels>, ann: Option<&Annotations>) {
     let _ = write!(out, "\"metadata\": {{\"name\": {}", yaml_str(name));
     if let Some(ns) = namespace {
         let _ = write!(out, ", \"namespace\": {}", yaml_str(ns));
@@ -594,18 +594,20 @@ fn metadata(out: &mut String, name: &str, namespace: Option<&str>, uid: Option<&
     if let Some(uid) = uid {
         let _ = write!(out, ", \"uid\": {}", yaml_str(uid));
     }
-    for (field, map) in [("labels", labels), ("annotations", ann)] {
-        if let Some(map) = map {
-            let _ = write!(out, ", \"{field}\": ");
-            string_map(out, map);
-        }
+    if let Some(map) = labels {
+        out.push_str(", \"labels\": ");
+        string_map(out, map.iter());
+    }
+    if let Some(map) = ann {
+        out.push_str(", \"annotations\": ");
+        string_map(out, map.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     }
     out.push('}');
 }
 
-fn string_map(out: &mut String, map: &BTreeMap<String, String>) {
+fn string_map<'a>(out: &mut String, map: impl Iterator<Item = (&'a str, &'a str)>) {
     out.push('{');
-    for (i, (k, v)) in map.iter().enumerate() {
+    for (i, (k, v)) in map.enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
@@ -616,7 +618,7 @@ fn string_map(out: &mut String, map: &BTreeMap<String, String>) {
 
 fn selector(out: &mut String, sel: &LabelSelector) {
     out.push_str("{\"matchLabels\": ");
-    string_map(out, &sel.match_labels);
+    string_map(out, sel.match_labels.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     out.push_str(", \"matchExpressions\": [");
     for (i, e) in sel.match_expressions.iter().enumerate() {
         if i > 0 {
@@ -750,7 +752,10 @@ fn tame_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
-fn tame_labels(labels: Labels) -> Labels {
+/// Annotations (and selectors' `matchLabels`): plain maps, unlike the snapshot's [`Labels`].
+type Annotations = BTreeMap<String, String>;
+
+fn tame_map(labels: Annotations) -> Annotations {
     labels
         .into_iter()
         .map(|(mut k, mut v)| {
@@ -762,7 +767,7 @@ fn tame_labels(labels: Labels) -> Labels {
 }
 
 fn tame_selector(sel: &mut LabelSelector) {
-    sel.match_labels = tame_labels(std::mem::take(&mut sel.match_labels));
+    sel.match_labels = tame_map(std::mem::take(&mut sel.match_labels));
     for e in &mut sel.match_expressions {
         pick(&mut e.key, LABEL_KEYS);
         pick(&mut e.operator, OPERATORS);
@@ -776,7 +781,7 @@ fn tame_port_number(n: i32) -> i32 {
 
 fn tame_namespace(mut ns: Namespace) -> Namespace {
     pick(&mut ns.name, NAMESPACES);
-    ns.labels = tame_labels(ns.labels);
+    ns.labels = tame_map(ns.labels.to_map()).into();
     ns
 }
 
@@ -787,7 +792,7 @@ fn tame_pod(mut p: Pod) -> Pod {
         // Replaces the base cluster's pod of that name (manifest pods have derived uids).
         p.uid = crate::model::derived_uid(&p.namespace, &p.name);
     }
-    p.labels = tame_labels(p.labels);
+    p.labels = tame_map(p.labels.to_map()).into();
     pick_opt(&mut p.node, NODES);
     p.ips = p.ips.into_iter().map(tame_ip).collect();
     for cp in &mut p.ports {

@@ -132,15 +132,15 @@ pub fn generate(p: &Params) -> Cluster {
     }
     for i in 0..k {
         let mut labels = Labels::new();
-        labels.insert(NAMESPACE_NAME_LABEL.into(), ns_name(i));
-        labels.insert("team".into(), format!("team-{}", i / NAMESPACES_PER_TEAM));
-        labels.insert("env".into(), ["prod", "staging", "dev"][i % 3].into());
+        labels.insert(NAMESPACE_NAME_LABEL, ns_name(i));
+        labels.insert("team", format!("team-{}", i / NAMESPACES_PER_TEAM));
+        labels.insert("env", ["prod", "staging", "dev"][i % 3]);
         s.upsert_namespace(Namespace { name: ns_name(i), labels });
     }
     for (name, _, _, _) in SYSTEM_PODS {
         let mut labels = Labels::new();
-        labels.insert(NAMESPACE_NAME_LABEL.into(), name.into());
-        labels.insert("purpose".into(), name.into());
+        labels.insert(NAMESPACE_NAME_LABEL, name);
+        labels.insert("purpose", name);
         s.upsert_namespace(Namespace { name: name.into(), labels });
     }
 
@@ -156,7 +156,7 @@ pub fn generate(p: &Params) -> Cluster {
     for (ns, key, value, count) in SYSTEM_PODS {
         for j in 0..count {
             let mut pod = blank_pod(ns, &format!("{value}-{j}"));
-            pod.labels.insert(key.into(), value.into());
+            pod.labels.insert(key, value);
             pod.ports = vec![
                 ContainerPort { name: Some("dns".into()), port: 53, protocol: Protocol::Udp },
                 ContainerPort { name: Some("metrics".into()), port: 9153, protocol: Protocol::Tcp },
@@ -239,10 +239,10 @@ fn app_pod(ns: usize, j: usize, count: usize) -> Pod {
     let tier = TIERS[app % 3];
     let hash = crate::render::names::hash8(&[&ns_name(ns), &app.to_string()]).to_ascii_lowercase();
     let mut pod = blank_pod(&ns_name(ns), &format!("app-{app}-{hash}-{replica}"));
-    pod.labels.insert("app".into(), format!("app-{app}"));
-    pod.labels.insert("tier".into(), tier.into());
-    pod.labels.insert("version".into(), format!("v{}", 1 + app % 2));
-    pod.labels.insert("pod-template-hash".into(), hash);
+    pod.labels.insert("app", format!("app-{app}"));
+    pod.labels.insert("tier", tier);
+    pod.labels.insert("version", format!("v{}", 1 + app % 2));
+    pod.labels.insert("pod-template-hash", hash);
     pod.ports = vec![
         ContainerPort { name: Some("http".into()), port: 8000 + (app % 100) as u16, protocol: Protocol::Tcp },
         ContainerPort { name: Some("metrics".into()), port: 9090, protocol: Protocol::Tcp },

@@ -91,7 +91,7 @@ fn apply_readback_noop_update_drift_and_failure() {
     // An update replaces content, deletes stale objects and keeps the base chain.
     let handle = base_handle(&mut a);
     let rs2 = ruleset(&snapshot(false));
-    assert!(matches!(a.apply(&rs2).unwrap(), Outcome::Applied { stale_deleted } if stale_deleted > 0));
+    assert!(matches!(a.apply(&rs2).unwrap(), Outcome::Applied { stale_deleted, incremental: true } if stale_deleted > 0));
     assert_eq!(base_handle(&mut a), handle, "the base chain was re-created");
     let listing = a.backend_mut().list_table().unwrap().unwrap();
     assert_eq!(flock::nft::canonical(&listing).unwrap(), flock::nft::canonical(&rs2.to_text()).unwrap());
@@ -122,6 +122,67 @@ fn apply_readback_noop_update_drift_and_failure() {
     a.apply(&rs2).unwrap();
     let tables = String::from_utf8_lossy(&ns.exec(&["nft", "list", "tables"]).stdout).to_string();
     assert!(tables.contains("table ip someone-else"), "{tables}");
+}
+
+/// Snapshots that differ in policies, peer sets, interval sets, verdict maps and pods.
+fn variants() -> Vec<(&'static str, Snapshot)> {
+    let mut relabelled = snapshot(true);
+    let mut p = relabelled.pod_by_name(&testkit::pod_ref("y/b")).unwrap().clone();
+    p.labels.insert("ns", "gone");
+    p.labels.insert("pod", "c");
+    relabelled.upsert_pod(p);
+    let mut fewer = snapshot(true);
+    let uid = fewer.pod_by_name(&testkit::pod_ref("y/c")).unwrap().uid.clone();
+    fewer.remove_pod(&uid);
+    let mut other_cidr = snapshot(false);
+    for p in policies(&POLICIES.replace("198.18.2.0/24", "198.18.0.0/23").replace("2001:db8:2::/48", "2001:db8:2::/47")) {
+        other_cidr.upsert_policy(p);
+    }
+    let mut moved = snapshot(true);
+    let mut p = moved.pod_by_name(&testkit::pod_ref("z/c")).unwrap().clone();
+    p.ips = vec!["198.18.250.9".parse().unwrap(), "2001:db8:1::fa09".parse().unwrap()];
+    moved.upsert_pod(p);
+    vec![
+        ("none", snapshot(false)),
+        ("policies", snapshot(true)),
+        ("relabelled", relabelled),
+        ("fewer-pods", fewer),
+        ("other-cidrs", other_cidr),
+        ("moved-ip", moved),
+    ]
+}
+
+#[test]
+fn incremental_transactions_reach_exactly_the_render() {
+    if !require_root("incremental_transactions_reach_exactly_the_render") {
+        return;
+    }
+    let ns = NetnsGuard::new("incr");
+    let mut a = Applier::new(NftCli::new(ns.netns()));
+    let variants = variants();
+    let renders: std::collections::BTreeSet<String> = variants.iter().map(|(_, s)| ruleset(s).to_text()).collect();
+    assert_eq!(renders.len(), variants.len(), "every variant renders differently");
+    a.apply(&ruleset(&variants[0].1)).unwrap();
+    let handle = base_handle(&mut a);
+    let mut current = 0;
+    // Every ordered pair of variants, each transition as one incremental transaction.
+    for from in 0..variants.len() {
+        for to in 0..variants.len() {
+            for step in [from, to] {
+                if step == current {
+                    continue;
+                }
+                let rs = ruleset(&variants[step].1);
+                let ctx = format!("{} → {}", variants[current].0, variants[step].0);
+                let out = a.apply(&rs).unwrap();
+                assert!(matches!(out, Outcome::Applied { incremental: true, .. }), "{ctx}: {out:?}");
+                let listing = a.backend_mut().list_table().unwrap().unwrap();
+                assert_eq!(flock::nft::canonical(&listing).unwrap(), flock::nft::canonical(&rs.to_text()).unwrap(), "{ctx}:\n{listing}");
+                current = step;
+            }
+        }
+    }
+    assert_eq!(base_handle(&mut a), handle, "the base chain was re-created");
 }
 
 #[test]
@@ -155,7 +216,7 @@ fn two_pods(extra_label: Option<&str>) -> (Snapshot, Pod, Pod) {
     let a = mk("a", "198.18.10.1");
     let mut b = mk("b", "198.18.10.2");
     if let Some(l) = extra_label {
-        b.labels.insert("extra".into(), l.into());
+        b.labels.insert("extra", l);
     }
     s.upsert_pod(a.clone());
     s.upsert_pod(b.clone());

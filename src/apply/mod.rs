@@ -10,7 +10,12 @@
 //!   maps, flushes and deletes stale ones, and writes the rendered table — all in one
 //!   transaction, so packets see the old ruleset or the new one, never a mix. Into a table
 //!   that does not exist yet, the render alone is the transaction.
-//! - A render equal to the last one applied is a no-op.
+//! - A render equal to the last one applied is a no-op. Otherwise, once a full sync has
+//!   succeeded, the transaction carries only the difference from the last applied ruleset
+//!   ([`incremental`], kube-proxy's nftables approach): new objects, element additions and
+//!   deletions, changed chains flushed and rewritten, stale objects deleted. Its cost follows
+//!   the size of the change, not of the table. Anything it cannot express (a changed
+//!   declaration) takes the full path.
 //! - A failed transaction leaves the previous ruleset in force and returns the error with
 //!   nft's message; the next sync is a full one that re-reads which objects exist.
 //! - [`Applier::check_drift`] compares the kernel's listing with what was applied (both in
@@ -86,8 +91,9 @@ pub trait Backend {
 pub enum Outcome {
     /// Equal to the last applied content: nothing sent.
     Unchanged,
-    /// One transaction committed.
-    Applied { stale_deleted: usize },
+    /// One transaction committed: only the difference from the last one (`incremental`), or
+    /// the whole table.
+    Applied { stale_deleted: usize, incremental: bool },
 }
 
 /// Result of comparing the kernel's table with what was applied.
@@ -104,6 +110,8 @@ pub enum Drift {
 }
 
 struct Applied {
+    /// What the kernel holds, for the next incremental transaction.
+    rs: Ruleset,
     text: String,
     /// The canonical form of `text`, computed when a drift check first needs it: parsing a
     /// large render costs about as much as a quarter of the nft transaction itself.
@@ -112,8 +120,8 @@ struct Applied {
 }
 
 impl Applied {
-    fn new(text: String, objects: BTreeSet<(Kind, String)>) -> Self {
-        Self { text, canonical: None, objects }
+    fn new(rs: Ruleset, text: String, objects: BTreeSet<(Kind, String)>) -> Self {
+        Self { rs, text, canonical: None, objects }
     }
 
     fn canonical(&mut self) -> &str {
@@ -154,6 +162,22 @@ impl<B: Backend> Applier<B> {
             return Ok(Outcome::Unchanged);
         }
         let desired: BTreeSet<(Kind, String)> = rs.objects.iter().map(object_key).collect();
+        if let Some(last) = self.last.as_ref().filter(|_| !self.full)
+            && let Some(script) = incremental(&last.rs, rs)
+        {
+            let stale_deleted = last.objects.difference(&desired).count();
+            match self.backend.run(&script) {
+                Ok(()) => {
+                    self.last = Some(Applied::new(rs.clone(), text, desired));
+                    return Ok(Outcome::Applied { stale_deleted, incremental: true });
+                }
+                // The kernel is not what flock believed: the full path below re-reads it.
+                Err(e) => {
+                    tracing::warn!(error = %e, "incremental nft transaction failed; falling back to a full sync");
+                    self.full = true;
+                }
+            }
+        }
         let existing: BTreeSet<(Kind, String)> = match (&self.last, self.full) {
             (Some(last), false) => last.objects.clone(),
             (None, _) => {
@@ -164,7 +188,7 @@ impl<B: Backend> Applier<B> {
                     Some(listing) => {
                         let canonical = crate::nft::canonical(&text).unwrap_or_default();
                         if crate::nft::canonical(&listing).is_ok_and(|c| c == canonical) {
-                            self.last = Some(Applied { text, canonical: Some(canonical), objects: desired });
+                            self.last = Some(Applied { rs: rs.clone(), text, canonical: Some(canonical), objects: desired });
                             self.full = false;
                             return Ok(Outcome::Unchanged);
                         }
@@ -196,9 +220,9 @@ impl<B: Backend> Applier<B> {
         });
         match result {
             Ok(()) => {
-                self.last = Some(Applied::new(text, desired));
+                self.last = Some(Applied::new(rs.clone(), text, desired));
                 self.full = false;
-                Ok(Outcome::Applied { stale_deleted: stale.len() })
+                Ok(Outcome::Applied { stale_deleted: stale.len(), incremental: false })
             }
             Err(e) => {
                 self.full = true;
@@ -257,6 +281,116 @@ fn object_key(o: &Object) -> (Kind, String) {
         _ => Kind::Set,
     };
     (kind, o.name().to_string())
+}
+
+/// The transaction that turns `prev` (what the kernel holds) into `next`, touching only what
+/// differs; `None` when the change needs the full path (a declaration or the table comment
+/// changed). Order, so that every reference resolves at each step: declare new objects;
+/// flush changed and stale chains (dropping their references); delete removed elements and
+/// flush changed interval sets; add elements; write the rules of new and changed chains;
+/// delete stale chains, then maps, then sets.
+pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
+    use std::collections::BTreeMap;
+    if prev.comment != next.comment {
+        return None;
+    }
+    let old: BTreeMap<&str, &Object> = prev.objects.iter().map(|o| (o.name(), o)).collect();
+    let mut declare = String::new();
+    let mut flush = String::new();
+    let mut remove = String::new();
+    let mut add = String::new();
+    let mut rules = String::new();
+    let mut delete = String::new();
+    for o in &next.objects {
+        let before = old.get(o.name()).copied();
+        if let Some(b) = before
+            && (b.keyword() != o.keyword() || b.declaration() != o.declaration())
+        {
+            return None;
+        }
+        match o {
+            Object::Chain(c) => {
+                let Some(Object::Chain(b)) = before else {
+                    let _ = writeln!(declare, "{}", o.declaration());
+                    write_rules(&mut rules, c);
+                    continue;
+                };
+                if b.rules != c.rules {
+                    let _ = writeln!(flush, "flush chain {FAMILY} {TABLE} {}", c.name);
+                    write_rules(&mut rules, c);
+                }
+            }
+            Object::Set(set) => {
+                let Some(Object::Set(b)) = before else {
+                    let _ = writeln!(declare, "{}", o.declaration());
+                    write_elements(&mut add, "add", set, set.elements.iter());
+                    continue;
+                };
+                if b.elements == set.elements {
+                    continue;
+                }
+                if set.interval {
+                    // Interval elements may merge or overlap while half-updated: rewrite whole.
+                    let _ = writeln!(remove, "flush {} {FAMILY} {TABLE} {}", o.keyword(), set.name);
+                    write_elements(&mut add, "add", set, set.elements.iter());
+                    continue;
+                }
+                let was: BTreeMap<&str, &crate::render::Element> = b.elements.iter().map(|e| (e.key.as_str(), e)).collect();
+                let now: BTreeMap<&str, &crate::render::Element> = set.elements.iter().map(|e| (e.key.as_str(), e)).collect();
+                // A changed element (comment or verdict) is deleted and added again.
+                let gone = b.elements.iter().filter(|e| now.get(e.key.as_str()) != Some(e));
+                let new = set.elements.iter().filter(|e| was.get(e.key.as_str()) != Some(e));
+                write_elements(&mut remove, "delete", set, gone);
+                write_elements(&mut add, "add", set, new);
+            }
+        }
+    }
+    let next_names: BTreeSet<&str> = next.objects.iter().map(Object::name).collect();
+    for wanted in ["chain", "map", "set"] {
+        for o in prev.objects.iter().filter(|o| o.keyword() == wanted && !next_names.contains(o.name())) {
+            if wanted == "chain" {
+                let _ = writeln!(flush, "flush chain {FAMILY} {TABLE} {}", o.name());
+            }
+            let _ = writeln!(delete, "delete {wanted} {FAMILY} {TABLE} {}", o.name());
+        }
+    }
+    Some([declare, flush, remove, add, rules, delete].concat())
+}
+
+fn write_rules(out: &mut String, c: &crate::render::Chain) {
+    for r in &c.rules {
+        let _ = writeln!(out, "add rule {FAMILY} {TABLE} {} {r}", c.name);
+    }
+}
+
+/// `add`/`delete element` for `elements` of `set`, in batches (one command per element
+/// would make the script, and nft's parsing of it, much larger).
+fn write_elements<'a>(out: &mut String, verb: &str, set: &crate::render::Set, elements: impl Iterator<Item = &'a crate::render::Element>) {
+    let mut open = false;
+    let mut n = 0;
+    for e in elements {
+        if !open {
+            let _ = write!(out, "{verb} element {FAMILY} {TABLE} {} {{ ", set.name);
+            open = true;
+        } else {
+            out.push_str(", ");
+        }
+        out.push_str(&e.key);
+        if verb == "add" {
+            let _ = write!(out, " comment \"{}\"", e.comment);
+            if let Some(v) = &e.verdict {
+                let _ = write!(out, " : {v}");
+            }
+        }
+        n += 1;
+        if n % 1000 == 0 {
+            out.push_str(" }\n");
+            open = false;
+        }
+    }
+    if open {
+        out.push_str(" }\n");
+    }
 }
 
 /// The full-sync transaction, in an order the kernel accepts whatever references exist:

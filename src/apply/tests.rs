@@ -44,7 +44,7 @@ fn updates_delete_stale_objects_and_keep_the_base_chain() {
     assert!(before.iter().any(|c| c.starts_with("ingress-")));
 
     let out = a.apply(&ruleset(&testkit::base_cluster())).unwrap();
-    assert!(matches!(out, Outcome::Applied { stale_deleted } if stale_deleted >= 2), "{out:?}");
+    assert!(matches!(out, Outcome::Applied { stale_deleted, .. } if stale_deleted >= 2), "{out:?}");
     let t = a.backend().table().unwrap();
     assert!(!t.chains.keys().any(|c| c.starts_with("ingress-")));
     assert_eq!(t.chains[BASE_CHAIN].handle, handle, "base chain was re-created");
@@ -140,4 +140,120 @@ fn a_restarted_applier_adopts_identical_kernel_content() {
     assert_eq!(b.backend().transactions, 1);
     // Different content is applied as usual.
     assert!(matches!(b.apply(&ruleset(&testkit::base_cluster())).unwrap(), Outcome::Applied { .. }));
+}
+
+const ALLOW_MIX: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: mix, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Ingress, Egress]
+  ingress:
+  - from:
+    - namespaceSelector: {matchLabels: {ns: y}}
+    - ipBlock: {cidr: 198.18.0.0/16, except: [198.18.1.0/24]}
+    ports: [{port: 80}, {protocol: UDP, port: 81, endPort: 90}]
+  egress:
+  - to: [{podSelector: {matchLabels: {pod: b}}}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-y, namespace: y}
+spec: {podSelector: {}, policyTypes: [Egress]}";
+
+/// Snapshots that differ in every way a sync can: policies, peers, CIDRs, labels, pods.
+fn variants() -> Vec<(&'static str, Snapshot)> {
+    let base = testkit::base_cluster();
+    let mut relabelled = with(ALLOW_MIX);
+    // x/b stops being x/a's egress peer.
+    let mut pod = relabelled.pods().find(|p| p.namespace == "x" && p.name == "b").unwrap().clone();
+    pod.labels.insert("pod", "z");
+    relabelled.upsert_pod(pod);
+    let mut fewer = with(ALLOW_MIX);
+    let gone = fewer.pods().find(|p| p.namespace == "y" && p.name == "c").unwrap().clone();
+    fewer.remove_pod(&gone.uid);
+    let mut other_cidr = with(ALLOW_MIX.replace("198.18.1.0/24", "198.18.2.0/23").as_str());
+    other_cidr.upsert_policy(testkit::policies(DENY_X).remove(0));
+    vec![
+        ("base", base),
+        ("deny-x", with(DENY_X)),
+        ("mix", with(ALLOW_MIX)),
+        ("mix-relabelled", relabelled),
+        ("mix-fewer-pods", fewer),
+        ("mix-other-cidr+deny-x", other_cidr),
+    ]
+}
+
+#[test]
+fn incremental_updates_reach_exactly_the_new_render() {
+    let variants = variants();
+    let renders: BTreeSet<String> = variants.iter().map(|(_, s)| ruleset(s).to_text()).collect();
+    assert_eq!(renders.len(), variants.len(), "every variant renders differently");
+    for (from_name, from) in &variants {
+        for (to_name, to) in &variants {
+            let mut a = Applier::new(FakeNft::new());
+            a.apply(&ruleset(from)).unwrap();
+            let next = ruleset(to);
+            let out = a.apply(&next).unwrap();
+            let ctx = format!("{from_name} → {to_name}");
+            if from_name == to_name {
+                assert_eq!(out, Outcome::Unchanged, "{ctx}");
+                continue;
+            }
+            let script = a.backend().last_script.clone().unwrap();
+            assert!(matches!(out, Outcome::Applied { incremental: true, .. }), "{ctx}: {out:?}");
+            assert!(!script.starts_with("add table"), "{ctx}: took the full path:\n{script}");
+            assert_eq!(a.backend().transactions, 2, "{ctx}");
+            let t = a.backend().table().unwrap();
+            assert_eq!(t.dump(), crate::nft::canonical(&next.to_text()).unwrap(), "{ctx}:\n{script}");
+            assert_eq!(a.check_drift().unwrap(), Drift::InSync, "{ctx}");
+        }
+    }
+}
+
+#[test]
+fn an_incremental_update_touches_only_what_changed() {
+    let mut a = Applier::new(FakeNft::new());
+    a.apply(&ruleset(&with(ALLOW_MIX))).unwrap();
+    let mut s = with(ALLOW_MIX);
+    // One more peer pod in y: only peer sets gain an element.
+    let mut p = s.pods().find(|p| p.namespace == "y" && p.name == "a").unwrap().clone();
+    p.uid = "uid-y-d".into();
+    p.name = "d".into();
+    p.ips = vec!["198.18.250.4".parse().unwrap()];
+    s.upsert_pod(p);
+    a.apply(&ruleset(&s)).unwrap();
+    let script = a.backend().last_script.clone().unwrap();
+    assert!(script.lines().all(|l| l.starts_with("add element")), "{script}");
+    assert!(script.contains("198.18.250.4"), "{script}");
+}
+
+#[test]
+fn a_changed_declaration_takes_the_full_path() {
+    let prev = ruleset(&with(DENY_X));
+    let mut next = prev.clone();
+    next.comment.push_str(" (changed)");
+    assert!(incremental(&prev, &next).is_none());
+    let mut next = prev.clone();
+    if let Some(Object::Set(s)) = next.objects.iter_mut().find(|o| matches!(o, Object::Set(_))) {
+        s.comment.push('!');
+    }
+    assert!(incremental(&prev, &next).is_none());
+}
+
+#[test]
+fn a_failed_incremental_transaction_falls_back_to_a_full_one() {
+    let mut a = Applier::new(FakeNft::new());
+    a.apply(&ruleset(&with(DENY_X))).unwrap();
+    // Behind flock's back, a chain flock will flush is deleted: the incremental script fails.
+    let chain = ruleset(&with(DENY_X)).objects.iter().map(|o| o.name().to_string()).find(|n| n.starts_with("ingress-")).unwrap();
+    a.backend_mut()
+        .state_mut()
+        .apply_script(&format!("flush map inet flock ingress-chains\nflush chain inet flock {chain}\ndelete chain inet flock {chain}"))
+        .unwrap();
+    let next = ruleset(&with(ALLOW_MIX));
+    assert!(matches!(a.apply(&next).unwrap(), Outcome::Applied { incremental: false, .. }));
+    assert!(a.backend().last_script.clone().unwrap().starts_with("add table"));
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
 }

@@ -53,15 +53,15 @@ fn namespace_of(metadata: &meta::ObjectMeta) -> String {
 /// A Namespace. The `kubernetes.io/metadata.name` label is set as the API server sets it.
 pub fn namespace(ns: &core::Namespace) -> Result<Namespace, ConvertError> {
     let name = name_of(&ns.metadata)?;
-    let mut labels = ns.metadata.labels.clone().unwrap_or_default();
-    labels.insert(NAMESPACE_NAME_LABEL.to_string(), name.clone());
+    let mut labels: super::Labels = ns.metadata.labels.iter().flatten().collect();
+    labels.insert(NAMESPACE_NAME_LABEL, &name);
     Ok(Namespace { name, labels })
 }
 
 /// A namespace known only by name (referenced by a pod or policy, never declared).
 pub fn implicit_namespace(name: &str) -> Namespace {
     let mut labels = super::Labels::new();
-    labels.insert(NAMESPACE_NAME_LABEL.to_string(), name.to_string());
+    labels.insert(NAMESPACE_NAME_LABEL, name);
     Namespace { name: name.to_string(), labels }
 }
 
@@ -120,7 +120,7 @@ pub fn pod(pod: &core::Pod) -> Result<Pod, ConvertError> {
         namespace,
         name,
         uid,
-        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        labels: pod.metadata.labels.iter().flatten().collect(),
         node: spec.and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()),
         phase: status.and_then(|s| s.phase.as_deref()).map(PodPhase::parse).unwrap_or_default(),
         ips,
@@ -271,8 +271,8 @@ mod tests {
     fn namespace_gets_its_name_label() {
         let ns: core::Namespace = serde_yaml_ng::from_str("apiVersion: v1\nkind: Namespace\nmetadata: {name: x, labels: {a: b}}").unwrap();
         let ns = namespace(&ns).unwrap();
-        assert_eq!(ns.labels.get(NAMESPACE_NAME_LABEL).map(String::as_str), Some("x"));
-        assert_eq!(ns.labels.get("a").map(String::as_str), Some("b"));
+        assert_eq!(ns.labels.get(NAMESPACE_NAME_LABEL), Some("x"));
+        assert_eq!(ns.labels.get("a"), Some("b"));
     }
 
     #[test]

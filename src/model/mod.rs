@@ -12,9 +12,10 @@
 //! no hash order can leak into rendered output.
 
 pub mod convert;
+pub mod labels;
 pub mod manifest;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -22,8 +23,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
-/// Labels of a namespace or pod.
-pub type Labels = BTreeMap<String, String>;
+pub use labels::Labels;
 
 /// `namespace/name` of a namespaced object.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -333,6 +333,8 @@ pub struct Snapshot {
     pods_by_namespace: BTreeMap<String, BTreeMap<String, Arc<Pod>>>,
     /// Usually one pod per address; more while a reused address's old pod is still listed.
     pods_by_ip: BTreeMap<IpAddr, Vec<Arc<Pod>>>,
+    /// The addresses more than one pod reports (rare; the translator checks these only).
+    contested: BTreeSet<IpAddr>,
     policies: BTreeMap<ObjectRef, NetworkPolicy>,
     nodes: BTreeMap<String, Node>,
 }
@@ -360,7 +362,11 @@ impl Snapshot {
             self.unindex_ips(&old);
         }
         for ip in &pod.ips {
-            self.pods_by_ip.entry(*ip).or_default().push(Arc::clone(&pod));
+            let pods = self.pods_by_ip.entry(*ip).or_default();
+            pods.push(Arc::clone(&pod));
+            if pods.len() > 1 {
+                self.contested.insert(*ip);
+            }
         }
         self.pods_by_namespace.entry(pod.namespace.clone()).or_default().insert(pod.uid.clone(), pod);
     }
@@ -386,6 +392,9 @@ impl Snapshot {
         for ip in &pod.ips {
             if let Some(pods) = self.pods_by_ip.get_mut(ip) {
                 pods.retain(|p| p.uid != pod.uid);
+                if pods.len() < 2 {
+                    self.contested.remove(ip);
+                }
                 if pods.is_empty() {
                     self.pods_by_ip.remove(ip);
                 }
@@ -438,6 +447,11 @@ impl Snapshot {
     /// Every pod whose status reports `ip`, whatever its phase, in no particular order.
     pub fn pods_with_ip(&self, ip: &IpAddr) -> impl Iterator<Item = &Pod> {
         self.pods_by_ip.get(ip).into_iter().flat_map(|pods| pods.iter().map(|p| &**p))
+    }
+
+    /// Whether more than one pod (of any phase) reports `ip`.
+    pub fn is_contested(&self, ip: &IpAddr) -> bool {
+        !self.contested.is_empty() && self.contested.contains(ip)
     }
 
     /// The live pod named `namespace/name`. Where a terminal and a live pod share the name

@@ -156,7 +156,7 @@ fn hostile_strings_never_become_syntax() {
     let mut s = testkit::base_cluster();
     let mut p = s.pod_by_name(&testkit::pod_ref("x/a")).unwrap().clone();
     p.name = "a\" accept; } chain evil { drop".into();
-    p.labels.insert("pod".into(), "a\"\n}".into());
+    p.labels.insert("pod", "a\"\n}");
     s.upsert_pod(p.clone());
     let mut np = testkit::policies(DENY_AND_ALLOW);
     for pol in &mut np {

@@ -148,6 +148,9 @@ impl<'a> Addresses<'a> {
         if let Some(owner) = self.local_addrs.get(ip) {
             return *owner == Some(pod.uid.as_str());
         }
+        if !self.snapshot.is_contested(ip) {
+            return true;
+        }
         // Rivals: other live pods whose reported addresses include `ip`. A local pod's
         // addresses are its endpoint's, and this one is not among them.
         let newer_rival = self.snapshot.pods_with_ip(ip).any(|other| {

@@ -194,7 +194,7 @@ mod tests {
     }
 
     fn sel(ml: &[(&str, &str)], me: Vec<LabelSelectorRequirement>) -> Result<Selector, String> {
-        Selector::compile(&LabelSelector { match_labels: labels(ml).into_iter().collect(), match_expressions: me })
+        Selector::compile(&LabelSelector { match_labels: labels(ml).to_map(), match_expressions: me })
     }
 
     #[test]

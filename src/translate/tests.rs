@@ -375,7 +375,7 @@ fn endpoint_uid_must_match_the_pod() {
 fn run_pods_are_egress_isolated_until_a_policy_allows() {
     let mut s = testkit::base_cluster();
     let mut a = s.pod_by_name(&testkit::pod_ref("x/a")).unwrap().clone();
-    a.labels.insert(RUN_LABEL.into(), "r1".into());
+    a.labels.insert(RUN_LABEL, "r1");
     s.upsert_pod(a);
     let np = run(&s);
     assert_eq!(summary(&np, "x/a", E), "isolated: ");
