@@ -1,11 +1,15 @@
 //! flock-agent at scale, against the in-repo test API server: a synthetic cluster (default
 //! 150,000 pods and 10,000 policies) served over the real list/watch protocol to the real
 //! informer source and node agent core, with 110 local endpoints on one node (real nft in a
-//! network namespace; root). Prints JSON: the agent's memory (RSS growth of this process
-//! once the agent holds the cluster), time from start to the first committed sync, and
-//! event-to-enforced latency p50/p99 for policy changes and for pod adds (CNI ADD).
+//! network namespace; root). Prints JSON: the agent's memory, time from start to the first
+//! committed sync, and event-to-enforced latency p50/p99 for policy changes and for pod adds
+//! (CNI ADD).
 //!
-//! `cargo bench --bench agent_scale [-- PODS POLICIES]`
+//! The API server runs in a child process (this binary, re-executed with `--serve`), so the
+//! measured process holds only the agent: its RSS growth is the agent's memory.
+//!
+//! `cargo bench --bench agent_scale [-- PODS POLICIES]`. Under `cargo test` (no `--bench`
+//! argument) it runs as a smoke test on a small cluster.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -18,8 +22,12 @@ use flock::source::SourceWriter;
 use flock::source::kube::ApiHealth;
 use flock_cni::protocol::{self, AddRequest, PodIdentity, Request};
 use flock_cni::testing::{NetnsGuard, TempDir};
-use flock_test_apiserver::{ApiServer, Config};
+use flock_test_apiserver::{ApiServer, Config, client_for_socket};
+use k8s_openapi::api::networking::v1 as net;
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
+use std::io::{BufRead, Read};
+use std::path::Path;
 
 fn rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -93,7 +101,7 @@ fn seed(server: &ApiServer, s: &Snapshot) {
     }
     for p in s.pods() {
         let ports: Vec<Value> =
-            p.ports.iter().map(|c| json!({"name": c.name, "containerPort": c.port, "protocol": c.protocol.as_k8s()})).collect();
+            p.ports.iter().map(|c| json!({"name": c.name.as_deref(), "containerPort": c.port, "protocol": c.protocol.as_k8s()})).collect();
         let ips: Vec<Value> = p.ips.iter().map(|i| json!({"ip": i.to_string()})).collect();
         server
             .apply(json!({"apiVersion": "v1", "kind": "Pod",
@@ -113,23 +121,75 @@ fn percentiles(mut v: Vec<f64>) -> Value {
     json!({"n": v.len(), "p50_ms": at(0.5), "p99_ms": at(0.99), "max_ms": v.last().copied().unwrap_or(0.0)})
 }
 
+#[derive(serde::Deserialize, Clone)]
+struct LocalPod {
+    namespace: String,
+    name: String,
+    uid: String,
+    app: Option<String>,
+    ips: Vec<std::net::IpAddr>,
+}
+
+/// The child: seeds a test API server with the synthetic cluster, says `ready`, and serves
+/// until its stdin closes (the parent exited).
+fn serve(socket: &Path, pods: usize, policies: usize) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    rt.block_on(async move {
+        let cluster = flock::synth::generate(&flock::synth::Params::new(pods, policies));
+        let server = ApiServer::start_with(socket, Config { bookmark_interval: None, ..Config::default() }).await.unwrap();
+        seed(&server, &cluster.snapshot);
+        // The local pods' identities for the parent, which must not build the cluster itself
+        // (its freed memory would hide the agent's growth).
+        let local: Vec<Value> = cluster
+            .snapshot
+            .pods()
+            .filter(|p| p.node.as_deref() == Some(cluster.node.as_str()))
+            .map(|p| json!({"namespace": p.namespace, "name": p.name, "uid": p.uid, "app": p.labels.get("app"), "ips": p.ips}))
+            .collect();
+        drop(cluster);
+        println!("{}", Value::Array(local));
+        tokio::task::spawn_blocking(|| {
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        })
+        .await
+        .unwrap();
+        drop(server);
+    });
+}
+
 fn main() {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let sizes: Vec<usize> = raw.iter().filter_map(|a| a.parse().ok()).collect();
+    if let Some(i) = raw.iter().position(|a| a == "--serve") {
+        serve(Path::new(&raw[i + 1]), sizes[0], sizes[1]);
+        return;
+    }
     if !nix::unistd::geteuid().is_root() {
         eprintln!("agent_scale: needs root (a network namespace and nft); skipped");
         return;
     }
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let (pods, policies) = (args.first().copied().unwrap_or(150_000), args.get(1).copied().unwrap_or(10_000));
+    // `cargo bench` passes `--bench`; `cargo test` runs this as a smoke test.
+    let (default_pods, default_policies) = if raw.iter().any(|a| a == "--bench") { (150_000, 10_000) } else { (2_000, 200) };
+    let (pods, policies) = (sizes.first().copied().unwrap_or(default_pods), sizes.get(1).copied().unwrap_or(default_policies));
+    if std::env::var_os("FLOCK_BENCH_LOG").is_some() {
+        tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("flock=debug")).with_writer(std::io::stderr).init();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
-        let cluster = flock::synth::generate(&flock::synth::Params::new(pods, policies));
         let dir = TempDir::new("scale");
-        let server = ApiServer::start_with(dir.join("api.sock"), Config { bookmark_interval: None, ..Config::default() }).await.unwrap();
+        let socket = dir.join("api.sock");
         let t = Instant::now();
-        seed(&server, &cluster.snapshot);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--serve", &socket.display().to_string(), &pods.to_string(), &policies.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let local: Vec<LocalPod> = serde_json::from_str(&line).expect("the API server child failed");
         let seed_s = t.elapsed().as_secs_f64();
-        let local: Vec<flock::model::Pod> = cluster.snapshot.pods().filter(|p| p.node.as_deref() == Some(cluster.node.as_str())).cloned().collect();
-        drop(cluster);
+        let client = client_for_socket(&socket);
         // Let the allocator settle, then measure the process before the agent exists.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let rss_before = rss_mb();
@@ -142,7 +202,7 @@ fn main() {
         let (writer, source) = SourceWriter::new(Snapshot::new(), false);
         let (_stop_tx, stop) = tokio::sync::watch::channel(false);
         let started = Instant::now();
-        tokio::spawn(flock::source::kube::run(server.client(), writer, health, cfg.metrics.clone(), stop));
+        tokio::spawn(flock::source::kube::run(client.clone(), writer, health, cfg.metrics.clone(), stop));
         let agent = Agent::start(cfg, source.clone()).await.unwrap();
         let mut status = agent.status();
         status.wait_for(|s| s.ready).await.unwrap();
@@ -188,14 +248,15 @@ fn main() {
             let p = NetworkPolicy {
                 namespace: target.namespace.clone(),
                 name: name.clone(),
-                pod_selector: LabelSelector { match_labels: [("app".to_string(), target.labels.get("app").unwrap_or_default().to_string())].into(), ..Default::default() },
+                pod_selector: LabelSelector { match_labels: [("app".to_string(), target.app.clone().unwrap_or_default())].into(), ..Default::default() },
                 policy_types: vec!["Ingress".into()],
                 ingress: vec![PolicyRule { peers: vec![], ports: vec![PolicyPort { protocol: None, port: Some(PortRef::Number(9000 + i)), end_port: None }] }],
                 egress: vec![],
             };
             let key = ObjectRef::new(p.namespace.clone(), name);
             let t0 = Instant::now();
-            server.apply(policy_json(&p)).unwrap();
+            let np: net::NetworkPolicy = serde_json::from_value(policy_json(&p)).unwrap();
+            Api::<net::NetworkPolicy>::namespaced(client.clone(), &p.namespace).create(&PostParams::default(), &np).await.unwrap();
             let (arrived, version) = loop {
                 let v = {
                     let r = source.read();
@@ -226,5 +287,7 @@ fn main() {
             })
         );
         agent.shutdown().await;
+        drop(child.stdin.take());
+        let _ = child.wait();
     });
 }

@@ -349,12 +349,13 @@ fn inject(objects: &mut [Object], annotations: &mut BTreeMap<usize, Annotations>
                 _ => {
                     let mut renamed = Vec::new();
                     for cp in p.ports.iter_mut().filter(|cp| cp.name.is_some()) {
-                        renamed.extend(cp.name.replace(s.clone()));
+                        renamed.extend(cp.name.replace(s.as_str().into()));
                     }
                     for o in objects.iter_mut() {
                         if let Object::NetworkPolicy(np) = o {
                             for port in np.ingress.iter_mut().chain(np.egress.iter_mut()).flat_map(|r| r.ports.iter_mut()) {
-                                if matches!(&port.port, Some(PortRef::Name(n)) if renamed.contains(n)) {
+                                if matches!(&port.port, Some(PortRef::Name(n)) if renamed.iter().any(|r: &std::sync::Arc<str>| **r == **n))
+                                {
                                     port.port = Some(PortRef::Name(s.clone()));
                                 }
                             }
@@ -796,7 +797,11 @@ fn tame_pod(mut p: Pod) -> Pod {
     pick_opt(&mut p.node, NODES);
     p.ips = p.ips.into_iter().map(tame_ip).collect();
     for cp in &mut p.ports {
-        pick_opt(&mut cp.name, PORT_NAMES);
+        if let Some(name) = &cp.name {
+            let mut name = name.to_string();
+            pick(&mut name, PORT_NAMES);
+            cp.name = Some(name.into());
+        }
     }
     p
 }

@@ -30,6 +30,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::model::convert::NAMESPACE_NAME_LABEL;
+use crate::model::labels::intern;
 use crate::model::{
     ContainerPort, IpBlock, LabelSelector, LabelSelectorRequirement, Labels, Namespace, NetworkPolicy, Node, Pod, PodPhase, PolicyPeer,
     PolicyPort, PolicyRule, PortRef, Protocol, Snapshot,
@@ -158,8 +159,8 @@ pub fn generate(p: &Params) -> Cluster {
             let mut pod = blank_pod(ns, &format!("{value}-{j}"));
             pod.labels.insert(key, value);
             pod.ports = vec![
-                ContainerPort { name: Some("dns".into()), port: 53, protocol: Protocol::Udp },
-                ContainerPort { name: Some("metrics".into()), port: 9153, protocol: Protocol::Tcp },
+                ContainerPort { name: Some(intern("dns")), port: 53, protocol: Protocol::Udp },
+                ContainerPort { name: Some(intern("metrics")), port: 9153, protocol: Protocol::Tcp },
             ];
             pods.push(pod);
         }
@@ -244,12 +245,12 @@ fn app_pod(ns: usize, j: usize, count: usize) -> Pod {
     pod.labels.insert("version", format!("v{}", 1 + app % 2));
     pod.labels.insert("pod-template-hash", hash);
     pod.ports = vec![
-        ContainerPort { name: Some("http".into()), port: 8000 + (app % 100) as u16, protocol: Protocol::Tcp },
-        ContainerPort { name: Some("metrics".into()), port: 9090, protocol: Protocol::Tcp },
+        ContainerPort { name: Some(intern("http")), port: 8000 + (app % 100) as u16, protocol: Protocol::Tcp },
+        ContainerPort { name: Some(intern("metrics")), port: 9090, protocol: Protocol::Tcp },
     ];
     match tier {
-        "api" => pod.ports.push(ContainerPort { name: Some("grpc".into()), port: 9000 + (app % 50) as u16, protocol: Protocol::Tcp }),
-        "db" => pod.ports.push(ContainerPort { name: Some("pg".into()), port: 5432 + (app % 3) as u16, protocol: Protocol::Tcp }),
+        "api" => pod.ports.push(ContainerPort { name: Some(intern("grpc")), port: 9000 + (app % 50) as u16, protocol: Protocol::Tcp }),
+        "db" => pod.ports.push(ContainerPort { name: Some(intern("pg")), port: 5432 + (app % 3) as u16, protocol: Protocol::Tcp }),
         _ => {}
     }
     pod

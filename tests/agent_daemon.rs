@@ -227,6 +227,31 @@ async fn a_burst_of_5000_pod_events_makes_a_handful_of_syncs() {
     eprintln!("5000 pod events in {:?}: {syncs} syncs, {coalesced} coalesced changes", t.elapsed());
     assert!(syncs <= 50.0, "{syncs} syncs for one burst");
     assert!(coalesced >= 1.0);
+
+    // Updates that change nothing flock keeps (here: an annotation and a condition on
+    // every pod) cost no sync at all.
+    wait_until("the burst settled", Duration::from_secs(20), || {
+        let before = rig.metric("flock_sync_duration_seconds_count");
+        std::thread::sleep(Duration::from_millis(300));
+        rig.metric("flock_sync_duration_seconds_count") == before
+    })
+    .await;
+    let syncs_before = rig.metric("flock_sync_duration_seconds_count");
+    for i in 0..500u32 {
+        let ip = format!("198.18.{}.{}", 100 + i / 250, i % 250 + 1);
+        let mut p = pod_json(&format!("burst-{i}"), &ip, json!({"app": "burst"}));
+        p["spec"]["nodeName"] = json!("elsewhere");
+        p["metadata"]["annotations"] = json!({"touched": "yes"});
+        p["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+        rig.server.apply(p).unwrap();
+    }
+    // A relevant change afterwards is a sync of its own, and the only one.
+    let mut p = pod_json("burst-0", "198.18.100.1", json!({"app": "relabelled"}));
+    p["spec"]["nodeName"] = json!("elsewhere");
+    rig.server.apply(p).unwrap();
+    wait_until("the relabel synced", Duration::from_secs(20), || rig.metric("flock_sync_duration_seconds_count") > syncs_before).await;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(rig.metric("flock_sync_duration_seconds_count") - syncs_before, 1.0, "no-op updates caused syncs");
     stop.send(true).unwrap();
     task.await.unwrap();
 }

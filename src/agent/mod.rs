@@ -82,7 +82,7 @@ impl AgentConfig {
             state_dir: None,
             pod_wait: Duration::from_secs(10),
             ack_timeout: Duration::from_secs(25),
-            coalesce: Duration::from_millis(20),
+            coalesce: Duration::from_millis(5),
             max_coalesce: Duration::from_millis(250),
             resync: Duration::from_secs(30),
             routes: true,
@@ -383,6 +383,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         last_generation = generation;
         let Some(mut ap) = applier.take() else { return };
         let stats = ruleset.stats();
+        let rendered = started.elapsed();
         let job = tokio::task::spawn_blocking(move || {
             let mut repaired = false;
             if forced {
@@ -423,7 +424,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         let elapsed = started.elapsed();
         match result {
             Ok(outcome) => {
-                tracing::debug!(?outcome, ?elapsed, rules = stats.rules, elements = stats.elements, "sync committed");
+                tracing::debug!(?outcome, ?elapsed, ?rendered, rules = stats.rules, elements = stats.elements, "sync committed");
                 let m = &cfg.metrics;
                 m.sync(matches!(outcome, Outcome::Applied { .. }), elapsed.as_secs_f64());
                 m.ruleset(stats.rules, stats.elements);

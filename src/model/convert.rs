@@ -111,7 +111,11 @@ pub fn pod(pod: &core::Pod) -> Result<Pod, ConvertError> {
                         Protocol::parse(p).ok_or_else(|| err(format!("{field}.protocol"), format!("{p:?} is not TCP, UDP or SCTP")))?
                     }
                 };
-                ports.push(ContainerPort { name: port.name.clone().filter(|n| !n.is_empty()), port: number, protocol });
+                ports.push(ContainerPort {
+                    name: port.name.as_deref().filter(|n| !n.is_empty()).map(super::labels::intern),
+                    port: number,
+                    protocol,
+                });
             }
         }
     }

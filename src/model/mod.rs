@@ -135,7 +135,8 @@ impl fmt::Display for Protocol {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct ContainerPort {
-    pub name: Option<String>,
+    /// Interned ([`labels::intern`]): a few names (`http`, `metrics`) repeat on most pods.
+    pub name: Option<Arc<str>>,
     pub port: u16,
     pub protocol: Protocol,
 }
@@ -326,11 +327,43 @@ impl LocalEndpoint {
 /// the same shared pod, so walking a namespace's pods costs no lookup per pod (at 150,000
 /// pods those lookups were most of the translator's time) and cloning a snapshot copies no
 /// pod. A third index by address answers "who reports this IP" without a scan.
+/// A shared pod ordered, compared and looked up by its uid.
+#[derive(Debug, Clone)]
+struct ByUid(Arc<Pod>);
+
+impl PartialEq for ByUid {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.uid == other.0.uid
+    }
+}
+
+impl Eq for ByUid {}
+
+impl PartialOrd for ByUid {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByUid {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.uid.cmp(&other.0.uid)
+    }
+}
+
+impl std::borrow::Borrow<str> for ByUid {
+    fn borrow(&self) -> &str {
+        &self.0.uid
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     namespaces: BTreeMap<String, Namespace>,
-    pods: BTreeMap<String, Arc<Pod>>,
-    pods_by_namespace: BTreeMap<String, BTreeMap<String, Arc<Pod>>>,
+    /// Keyed by the pod's own uid ([`ByUid`]): a separate key string per index cost more
+    /// memory than most of a pod's fields.
+    pods: BTreeSet<ByUid>,
+    pods_by_namespace: BTreeMap<String, BTreeSet<ByUid>>,
     /// Usually one pod per address; more while a reused address's old pod is still listed.
     pods_by_ip: BTreeMap<IpAddr, Vec<Arc<Pod>>>,
     /// The addresses more than one pod reports (rare; the translator checks these only).
@@ -355,7 +388,7 @@ impl Snapshot {
     /// Inserts or replaces the pod with this uid.
     pub fn upsert_pod(&mut self, pod: Pod) {
         let pod = Arc::new(pod);
-        if let Some(old) = self.pods.insert(pod.uid.clone(), Arc::clone(&pod)) {
+        if let Some(ByUid(old)) = self.pods.replace(ByUid(Arc::clone(&pod))) {
             if old.namespace != pod.namespace {
                 self.unindex(&old.namespace, &old.uid);
             }
@@ -368,11 +401,11 @@ impl Snapshot {
                 self.contested.insert(*ip);
             }
         }
-        self.pods_by_namespace.entry(pod.namespace.clone()).or_default().insert(pod.uid.clone(), pod);
+        self.pods_by_namespace.entry(pod.namespace.clone()).or_default().replace(ByUid(pod));
     }
 
     pub fn remove_pod(&mut self, uid: &str) -> Option<Pod> {
-        let pod = self.pods.remove(uid)?;
+        let ByUid(pod) = self.pods.take(uid)?;
         self.unindex(&pod.namespace, uid);
         self.unindex_ips(&pod);
         // Unshared now, unless a clone of the snapshot still holds it.
@@ -427,12 +460,12 @@ impl Snapshot {
     }
 
     pub fn pod(&self, uid: &str) -> Option<&Pod> {
-        self.pods.get(uid).map(|p| &**p)
+        self.pods.get(uid).map(|p| &*p.0)
     }
 
     /// All pods, in uid order.
     pub fn pods(&self) -> impl Iterator<Item = &Pod> {
-        self.pods.values().map(|p| &**p)
+        self.pods.iter().map(|p| &*p.0)
     }
 
     pub fn pod_count(&self) -> usize {
@@ -441,7 +474,7 @@ impl Snapshot {
 
     /// Pods of one namespace, in uid order.
     pub fn pods_in(&self, namespace: &str) -> impl Iterator<Item = &Pod> {
-        self.pods_by_namespace.get(namespace).into_iter().flat_map(|pods| pods.values().map(|p| &**p))
+        self.pods_by_namespace.get(namespace).into_iter().flat_map(|pods| pods.iter().map(|p| &*p.0))
     }
 
     /// Every pod whose status reports `ip`, whatever its phase, in no particular order.

@@ -351,6 +351,13 @@ pub async fn run(
                 }
             }
         }
+        // Most updates of a watched object (a pod's conditions, a heartbeat, a new
+        // resourceVersion) change nothing flock keeps: they must not cost a sync.
+        {
+            let reader = writer.reader();
+            let current = reader.read();
+            changes.retain(|(_, c)| !matches!(c, Change::Apply(o) if unchanged(&current.snapshot, o)));
+        }
         if changes.is_empty() {
             continue;
         }
@@ -408,6 +415,16 @@ async fn probe(client: Client, health: std::sync::Arc<ApiHealth>, metrics: std::
             Ok(Err(e)) => health.probe_error(&e.to_string()),
             Err(_) => health.probe_error("no answer within 2s"),
         }
+    }
+}
+
+/// Whether `o` is already in the snapshot exactly as converted.
+fn unchanged(s: &Snapshot, o: &Object) -> bool {
+    match o {
+        Object::Pod(p) => s.pod(&p.uid) == Some(p),
+        Object::Namespace(n) => s.namespace(&n.name) == Some(n),
+        Object::Policy(p) => s.policy(&p.key()) == Some(p),
+        Object::Node(n) => s.node(&n.name) == Some(n),
     }
 }
 
