@@ -286,7 +286,7 @@ fn object_key(o: &Object) -> (Kind, String) {
 /// The transaction that turns `prev` (what the kernel holds) into `next`, touching only what
 /// differs; `None` when the change needs the full path (a declaration or the table comment
 /// changed). Order, so that every reference resolves at each step: declare new objects;
-/// flush changed and stale chains (dropping their references); delete removed elements and
+/// flush changed chains and stale objects (dropping their references); delete removed elements and
 /// flush changed interval sets; add elements; write the rules of new and changed chains;
 /// delete stale chains, then maps, then sets.
 pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
@@ -348,9 +348,9 @@ pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
     let next_names: BTreeSet<&str> = next.objects.iter().map(Object::name).collect();
     for wanted in ["chain", "map", "set"] {
         for o in prev.objects.iter().filter(|o| o.keyword() == wanted && !next_names.contains(o.name())) {
-            if wanted == "chain" {
-                let _ = writeln!(flush, "flush chain {FAMILY} {TABLE} {}", o.name());
-            }
+            // Flushed first: a stale chain's rules and a stale map's elements may refer to
+            // other stale objects.
+            let _ = writeln!(flush, "flush {wanted} {FAMILY} {TABLE} {}", o.name());
             let _ = writeln!(delete, "delete {wanted} {FAMILY} {TABLE} {}", o.name());
         }
     }

@@ -257,3 +257,23 @@ fn a_failed_incremental_transaction_falls_back_to_a_full_one() {
     assert!(a.backend().last_script.clone().unwrap().starts_with("add table"));
     assert_eq!(a.check_drift().unwrap(), Drift::InSync);
 }
+
+#[test]
+fn stale_maps_and_the_chains_they_jump_to_go_together() {
+    use crate::render::{Chain, Element, Set};
+    let base = ruleset(&testkit::base_cluster());
+    let mut prev = base.clone();
+    prev.objects.push(Object::Chain(Chain { name: "extra-target".into(), comment: "c".into(), hook: None, rules: vec!["accept".into()] }));
+    prev.objects.push(Object::Set(Set {
+        name: "extra-map".into(),
+        comment: "m".into(),
+        key: vec!["ifname"],
+        data: Some("verdict"),
+        interval: false,
+        elements: vec![Element { key: "\"flk0\"".into(), comment: "e".into(), verdict: Some("jump extra-target".into()) }],
+    }));
+    let mut a = Applier::new(FakeNft::new());
+    a.apply(&prev).unwrap();
+    assert!(matches!(a.apply(&base).unwrap(), Outcome::Applied { incremental: true, stale_deleted: 2 }));
+    assert_eq!(a.backend().table().unwrap().dump(), crate::nft::canonical(&base.to_text()).unwrap());
+}
