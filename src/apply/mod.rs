@@ -375,12 +375,10 @@ fn write_elements<'a>(out: &mut String, verb: &str, set: &crate::render::Set, el
         } else {
             out.push_str(", ");
         }
-        out.push_str(&e.key);
         if verb == "add" {
-            let _ = write!(out, " comment \"{}\"", e.comment);
-            if let Some(v) = &e.verdict {
-                let _ = write!(out, " : {v}");
-            }
+            e.write(out);
+        } else {
+            out.push_str(&e.key);
         }
         n += 1;
         if n % 1000 == 0 {

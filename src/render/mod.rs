@@ -77,6 +77,17 @@ pub struct Element {
     pub verdict: Option<String>,
 }
 
+impl Element {
+    /// The element as nft writes it inside `elements = { ... }` or `add element`.
+    pub fn write(&self, out: &mut String) {
+        out.push_str(&self.key);
+        let _ = write!(out, " comment \"{}\"", self.comment);
+        if let Some(v) = &self.verdict {
+            let _ = write!(out, " : {v}");
+        }
+    }
+}
+
 /// A named set, or a verdict map when `data` is set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Set {
@@ -215,11 +226,7 @@ fn write_set(out: &mut String, keyword: &str, s: &Set) {
     let _ = writeln!(out, "\t\tcomment \"{}\"", s.comment);
     for (i, e) in s.elements.iter().enumerate() {
         out.push_str(if i == 0 { "\t\telements = { " } else { ",\n\t\t\t     " });
-        out.push_str(&e.key);
-        let _ = write!(out, " comment \"{}\"", e.comment);
-        if let Some(v) = &e.verdict {
-            let _ = write!(out, " : {v}");
-        }
+        e.write(out);
     }
     if !s.elements.is_empty() {
         out.push_str(" }\n");
