@@ -25,6 +25,7 @@ pub mod fuzzing;
 pub mod model;
 pub use flock_cni::netns;
 pub mod nft;
+pub mod process;
 pub mod render;
 pub mod sim;
 pub mod source;

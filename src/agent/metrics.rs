@@ -2,18 +2,13 @@
 //! last successful sync, event-to-enforced latency, what is tracked, the ruleset's size,
 //! the watches' state and reconnects, CNI requests, coalesced events, drift repairs.
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-type Labels = Vec<(String, String)>;
-
-fn label(k: &str, v: &str) -> Labels {
-    vec![(k.to_string(), v.to_string())]
-}
+use crate::process::{MetricLabels as Labels, metric_label as label};
 
 /// All of flock-agent's metrics.
 pub struct Metrics {
@@ -39,7 +34,7 @@ pub struct Metrics {
 
 fn duration_histogram() -> Histogram {
     // 1 ms … ~33 s
-    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+    crate::process::duration_histogram(16)
 }
 
 impl std::fmt::Debug for Metrics {
@@ -115,9 +110,7 @@ impl Metrics {
 
     /// The text exposition.
     pub fn encode(&self) -> String {
-        let mut s = String::new();
-        let _ = encode(&mut s, &self.registry);
-        s
+        crate::process::encode(&self.registry)
     }
 
     pub fn sync(&self, applied: bool, seconds: f64) {

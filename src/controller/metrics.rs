@@ -2,18 +2,13 @@
 //! withdrawals (policies found deleted and re-created), whether enforcement is enabled for
 //! new runs, reconcile durations and failures, leadership.
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-type Labels = Vec<(String, String)>;
-
-fn label(k: &str, v: &str) -> Labels {
-    vec![(k.to_string(), v.to_string())]
-}
+use crate::process::{MetricLabels as Labels, metric_label as label};
 
 /// How an apply ended, for `policies_applied_total{result}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +48,7 @@ pub struct Metrics {
 
 fn duration_histogram() -> Histogram {
     // 1 ms … ~16 s
-    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+    crate::process::duration_histogram(15)
 }
 
 impl std::fmt::Debug for Metrics {
@@ -97,9 +92,7 @@ impl Metrics {
 
     /// The text exposition.
     pub fn encode(&self) -> String {
-        let mut s = String::new();
-        let _ = encode(&mut s, &self.registry);
-        s
+        crate::process::encode(&self.registry)
     }
 
     pub fn applied(&self, result: ApplyResult) {

@@ -7,11 +7,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use flock::agent::AgentConfig;
 use flock::agent::http::ListenAddr;
 use flock::daemon::{self, DaemonOptions};
 use flock::netns::Netns;
+use flock::process::{LogFormat, init_logging, stop_on_signals};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -82,12 +83,6 @@ struct Args {
     pod_name: String,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.trim().split_at(s.trim().find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
     let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a duration like 30s, 500ms, 2m"))?;
@@ -106,12 +101,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
-    match args.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).init(),
-    }
+    init_logging(&args.log, args.log_format);
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -143,19 +133,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             instance: args.pod_name.clone(),
             max_sync_age: args.resync_period * 3,
         };
-        let (stop_tx, stop) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-                tracing::error!("cannot install signal handlers");
-                return;
-            };
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: stopping (rules stay in place)"),
-                _ = int.recv() => tracing::info!("SIGINT: stopping (rules stay in place)"),
-            }
-            let _ = stop_tx.send(true);
-        });
+        let stop = stop_on_signals("rules");
         tracing::info!(node = %args.node_name, "flock-agent starting");
         daemon::run(opts, client, stop).await.context("running the agent")
     })

@@ -11,13 +11,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use flock::agent::http::{ListenAddr, serve_with};
 use flock::controller::leader::{self, LeaseConfig};
 use flock::controller::metrics::Metrics;
 use flock::controller::probe::{AgentRef, EnforceMode};
 use flock::controller::render::{ClusterConfig, DnsConfig};
 use flock::controller::{self, Health, Options, crd};
+use flock::process::{LogFormat, init_logging, stop_on_signals};
 use flock::translate::selector::{validate_label_key, validate_label_value};
 use ipnet::IpNet;
 
@@ -88,12 +89,6 @@ struct Args {
     print_crds: bool,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 fn parse_mode(s: &str) -> Result<EnforceMode, String> {
     s.parse()
 }
@@ -127,12 +122,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
-    match args.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).init(),
-    }
+    init_logging(&args.log, args.log_format);
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -171,19 +161,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             namespace: args.namespace.clone(),
         };
 
-        let (stop_tx, stop) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-                tracing::error!("cannot install signal handlers");
-                return;
-            };
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: stopping (policies stay in place)"),
-                _ = int.recv() => tracing::info!("SIGINT: stopping (policies stay in place)"),
-            }
-            let _ = stop_tx.send(true);
-        });
+        let stop = stop_on_signals("policies");
 
         let metrics = Arc::new(Metrics::new());
         let health = Arc::new(Health::default());
