@@ -110,22 +110,22 @@ pub enum Drift {
 }
 
 struct Applied {
-    /// What the kernel holds, for the next incremental transaction.
+    /// What the kernel holds: compared with the next render, and the base of the next
+    /// incremental transaction.
     rs: Ruleset,
-    text: String,
-    /// The canonical form of `text`, computed when a drift check first needs it: parsing a
-    /// large render costs about as much as a quarter of the nft transaction itself.
+    /// Its canonical text, computed when a drift check first needs it: parsing a large
+    /// render costs about as much as a quarter of the nft transaction itself.
     canonical: Option<String>,
-    objects: BTreeSet<(Kind, String)>,
 }
 
 impl Applied {
-    fn new(rs: Ruleset, text: String, objects: BTreeSet<(Kind, String)>) -> Self {
-        Self { rs, text, canonical: None, objects }
+    fn new(rs: Ruleset) -> Self {
+        Self { rs, canonical: None }
     }
 
     fn canonical(&mut self) -> &str {
-        self.canonical.get_or_insert_with(|| crate::nft::canonical(&self.text).unwrap_or_default())
+        let rs = &self.rs;
+        self.canonical.get_or_insert_with(|| crate::nft::canonical(&rs.to_text()).unwrap_or_default())
     }
 }
 
@@ -157,18 +157,17 @@ impl<B: Backend> Applier<B> {
 
     /// Commits `rs` unless it equals the last applied ruleset.
     pub fn apply(&mut self, rs: &Ruleset) -> Result<Outcome, ApplyError> {
-        let text = rs.to_text();
-        if !self.full && self.last.as_ref().is_some_and(|l| l.text == text) {
+        if !self.full && self.last.as_ref().is_some_and(|l| l.rs == *rs) {
             return Ok(Outcome::Unchanged);
         }
         let desired: BTreeSet<(Kind, String)> = rs.objects.iter().map(object_key).collect();
         if let Some(last) = self.last.as_ref().filter(|_| !self.full)
             && let Some(script) = incremental(&last.rs, rs)
         {
-            let stale_deleted = last.objects.difference(&desired).count();
+            let stale_deleted = last.rs.objects.iter().filter(|o| !desired.contains(&object_key(o))).count();
             match self.backend.run(&script) {
                 Ok(()) => {
-                    self.last = Some(Applied::new(rs.clone(), text, desired));
+                    self.last = Some(Applied::new(rs.clone()));
                     return Ok(Outcome::Applied { stale_deleted, incremental: true });
                 }
                 // The kernel is not what flock believed: the full path below re-reads it.
@@ -178,8 +177,9 @@ impl<B: Backend> Applier<B> {
                 }
             }
         }
+        let text = rs.to_text();
         let existing: BTreeSet<(Kind, String)> = match (&self.last, self.full) {
-            (Some(last), false) => last.objects.clone(),
+            (Some(last), false) => last.rs.objects.iter().map(object_key).collect(),
             (None, _) => {
                 // First sync of this process. No table: nothing to flush or delete. A table
                 // with exactly this content (a restart): adopt it instead of rewriting it.
@@ -188,7 +188,7 @@ impl<B: Backend> Applier<B> {
                     Some(listing) => {
                         let canonical = crate::nft::canonical(&text).unwrap_or_default();
                         if crate::nft::canonical(&listing).is_ok_and(|c| c == canonical) {
-                            self.last = Some(Applied { rs: rs.clone(), text, canonical: Some(canonical), objects: desired });
+                            self.last = Some(Applied { rs: rs.clone(), canonical: Some(canonical) });
                             self.full = false;
                             return Ok(Outcome::Unchanged);
                         }
@@ -220,7 +220,7 @@ impl<B: Backend> Applier<B> {
         });
         match result {
             Ok(()) => {
-                self.last = Some(Applied::new(rs.clone(), text, desired));
+                self.last = Some(Applied::new(rs.clone()));
                 self.full = false;
                 Ok(Outcome::Applied { stale_deleted: stale.len(), incremental: false })
             }
@@ -266,11 +266,6 @@ impl<B: Backend> Applier<B> {
             .map(|(a, b)| format!("kernel has {:?}, flock applied {:?}", a.trim(), b.trim()))
             .unwrap_or_else(|| "one listing is longer".into());
         Ok(Drift::Changed { first_difference })
-    }
-
-    /// The text of the last applied ruleset.
-    pub fn last_applied(&self) -> Option<&str> {
-        self.last.as_ref().map(|l| l.text.as_str())
     }
 }
 
