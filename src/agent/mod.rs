@@ -320,6 +320,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     let mut applier = Some(Applier::new(NftCli::new(cfg.netns.clone()).with_program(cfg.nft.clone())));
     let mut last_observed = 0u64;
     let mut last_generation = 0u64;
+    let mut reported: Vec<translate::PolicyProblem> = Vec::new();
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -375,9 +376,11 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                 continue;
             }
         };
-        for p in &problems {
+        // Each problem is logged when it appears, not on every sync.
+        for p in problems.iter().filter(|p| reported.binary_search(p).is_err()) {
             tracing::warn!(problem = %p, "policy cannot be enforced as written");
         }
+        reported.clone_from(&problems);
         cfg.metrics.problems(problems.len());
         cfg.metrics.coalesced(generation.saturating_sub(last_generation).saturating_sub(1));
         last_generation = generation;
@@ -453,7 +456,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     s.last_commit = Some(Instant::now());
                     s.last_duration = elapsed;
                     s.stats = stats;
-                    s.endpoints = shared.lock().endpoints.len();
+                    // What this sync committed, not the live registry: a DEL or GC that
+                    // arrived meanwhile is not in the kernel yet.
+                    s.endpoints = counts.2;
                     s.problems = problems.clone();
                 });
             }

@@ -260,15 +260,16 @@ pub fn parse_value(path: &Path, at: DocRef, value: Value, out: &mut Manifests) -
     let obj_name = map.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).map(str::to_string);
     let in_object = |message: String| fail(format!("{}: {message}", label(obj_name.as_deref())));
 
+    let mut unknown = Vec::new();
     let object = match (api_version.as_str(), kind.as_str()) {
         ("v1", "Namespace") => {
-            Object::Namespace(typed::<core::Namespace>(value).and_then(|o| conv(convert::namespace(&o))).map_err(in_object)?)
+            Object::Namespace(typed::<core::Namespace>(value, &mut unknown).and_then(|o| conv(convert::namespace(&o))).map_err(in_object)?)
         }
-        ("v1", "Pod") => Object::Pod(typed::<core::Pod>(value).and_then(|o| conv(convert::pod(&o))).map_err(in_object)?),
-        ("v1", "Node") => Object::Node(typed::<core::Node>(value).and_then(|o| conv(convert::node(&o))).map_err(in_object)?),
-        ("networking.k8s.io/v1", "NetworkPolicy") => {
-            Object::NetworkPolicy(typed::<net::NetworkPolicy>(value).and_then(|o| conv(convert::network_policy(&o))).map_err(in_object)?)
-        }
+        ("v1", "Pod") => Object::Pod(typed::<core::Pod>(value, &mut unknown).and_then(|o| conv(convert::pod(&o))).map_err(in_object)?),
+        ("v1", "Node") => Object::Node(typed::<core::Node>(value, &mut unknown).and_then(|o| conv(convert::node(&o))).map_err(in_object)?),
+        ("networking.k8s.io/v1", "NetworkPolicy") => Object::NetworkPolicy(
+            typed::<net::NetworkPolicy>(value, &mut unknown).and_then(|o| conv(convert::network_policy(&o))).map_err(&in_object)?,
+        ),
         (_, k) if Kind::parse(k).is_some() => {
             return Err(in_object(format!("apiVersion: {api_version:?} is not served for {kind}")));
         }
@@ -281,15 +282,57 @@ pub fn parse_value(path: &Path, at: DocRef, value: Value, out: &mut Manifests) -
             return Ok(());
         }
     };
+    // Unknown fields: a NetworkPolicy's (or anyone's metadata) could change what is selected
+    // — `podSelecter: …` silently read as an empty podSelector selects the whole namespace —
+    // so they are errors, as with `kubectl apply --validate=strict`. Elsewhere (a Pod written
+    // for a newer Kubernetes) they cannot change policy and are warnings.
+    for field in unknown {
+        let message = format!("{field}: unknown field (not in the Kubernetes 1.33 schema of {kind})");
+        if object.kind() == Kind::NetworkPolicy || field.starts_with("metadata.") {
+            return Err(in_object(message));
+        }
+        out.warnings.push(format!("{}: {at}: {}: {message}; ignored", path.display(), label(obj_name.as_deref())));
+    }
     out.objects.push(object);
     Ok(())
 }
 
-fn typed<T: DeserializeOwned>(value: Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
+/// Deserializes `value` as `T`, naming the failing field; appends to `unknown` the paths of
+/// fields `T` does not have (those lost when the typed object is written back).
+fn typed<T: DeserializeOwned + serde::Serialize>(value: Value, unknown: &mut Vec<String>) -> Result<T, String> {
+    let written = serde_json::to_value(&value).ok();
+    let obj: T = serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) }
-    })
+    })?;
+    if let (Some(written), Ok(known)) = (written, serde_json::to_value(&obj)) {
+        unknown_fields(&written, &known, "", unknown);
+    }
+    Ok(obj)
+}
+
+/// Paths present in `written` but not in `known` (the typed round trip). Nulls are absent
+/// values, not fields; lists are compared item by item.
+fn unknown_fields(written: &serde_json::Value, known: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    use serde_json::Value as J;
+    match (written, known) {
+        (J::Object(w), J::Object(k)) => {
+            for (key, value) in w {
+                let at = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                match k.get(key) {
+                    _ if value.is_null() => {}
+                    None => out.push(at),
+                    Some(kv) => unknown_fields(value, kv, &at, out),
+                }
+            }
+        }
+        (J::Array(w), J::Array(k)) => {
+            for (i, (wv, kv)) in w.iter().zip(k).enumerate() {
+                unknown_fields(wv, kv, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn conv<T>(r: Result<T, ConvertError>) -> Result<T, String> {
@@ -337,6 +380,47 @@ mod tests {
         assert!(e.starts_with("test.yaml: document 1: not valid YAML"), "{e}");
         let e = parse("apiVersion: extensions/v1beta1\nkind: NetworkPolicy\nmetadata: {name: p}\n").unwrap_err().to_string();
         assert!(e.contains("is not served for NetworkPolicy"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_of_a_policy_or_metadata_are_errors_elsewhere_warnings() {
+        // A typo that would read as an empty podSelector (the whole namespace).
+        let e = parse(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: x}\n\
+             spec: {podSelecter: {matchLabels: {app: db}}, ingress: [{}]}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "test.yaml: document 1: NetworkPolicy p: spec.podSelecter: unknown field (not in the Kubernetes 1.33 schema of NetworkPolicy)"
+        );
+        let e = parse(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p}\n\
+             spec: {podSelector: {}, ingress: [{from: [{podSelector: {matchLabel: {a: b}}}]}]}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.ends_with(
+                "spec.ingress[0].from[0].podSelector.matchLabel: unknown field (not in the Kubernetes 1.33 schema of NetworkPolicy)"
+            ),
+            "{e}"
+        );
+        let e = parse("apiVersion: v1\nkind: Pod\nmetadata: {name: a, lables: {app: web}}\n").unwrap_err().to_string();
+        assert!(e.ends_with("Pod a: metadata.lables: unknown field (not in the Kubernetes 1.33 schema of Pod)"), "{e}");
+        // Elsewhere in a Pod: a warning, the pod is read.
+        let m = parse("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec: {containers: [], futureField: 1}\n").unwrap();
+        assert_eq!(m.objects.len(), 1);
+        assert_eq!(m.warnings.len(), 1);
+        assert!(m.warnings[0].contains("Pod a: spec.futureField: unknown field"), "{}", m.warnings[0]);
+        // Nulls, empty lists and data maps are not unknown fields.
+        let m = parse(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, labels: {any: thing}, annotations: null}\n\
+             spec: {podSelector: {matchLabels: {weird.key/x: v}}, policyTypes: [Ingress], ingress: [], egress: null}\n",
+        )
+        .unwrap();
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
     }
 
     #[test]

@@ -3,11 +3,17 @@
 //! Validation mirrors the API server's (`ValidateNetworkPolicySpec`): peers, ipBlocks,
 //! ports, protocols, selectors and policyTypes. A policy that fails it is not trusted, but it
 //! is not ignored either (that would open pods its author meant to close):
-//! - an invalid rule allows nothing; the policy's other rules still apply;
-//! - an invalid `podSelector` selects every pod of the namespace (fail closed);
+//! - an invalid rule (peer, ipBlock, port, protocol) allows nothing; the policy's other rules
+//!   still apply;
+//! - an invalid `podSelector` selects every pod of the namespace, isolating them in the
+//!   policy's directions, and **none** of the policy's rules apply: flock cannot tell which
+//!   pods the author meant to open, so it opens none (a widened selector with its allows
+//!   kept would open every pod of the namespace);
 //! - an unknown `policyTypes` entry isolates both directions (fail closed).
 //!
-//! Every problem is reported with the policy's `namespace/name`, the field and the reason.
+//! Nothing unknown ever widens an allow: a rule is kept only when every peer and port in it
+//! was understood. Every problem is reported with the policy's `namespace/name`, the field
+//! and the reason.
 
 use std::fmt;
 
@@ -84,13 +90,16 @@ pub fn compile(policy: &NetworkPolicy, problems: &mut Vec<PolicyProblem>) -> Com
     let key = policy.key();
     let mut report = |field: String, message: String| problems.push(PolicyProblem { policy: key.clone(), field, message });
 
-    let selector = Selector::compile(&policy.pod_selector).unwrap_or_else(|m| {
-        report(
-            format!("spec.podSelector.{}", field_of(&m)),
-            format!("{}; selecting every pod in the namespace (fail closed)", message_of(&m)),
-        );
-        Selector::everything()
-    });
+    let (selector, selector_valid) = match Selector::compile(&policy.pod_selector) {
+        Ok(s) => (s, true),
+        Err(m) => {
+            report(
+                format!("spec.podSelector.{}", field_of(&m)),
+                format!("{}; isolating every pod in the namespace and allowing nothing (fail closed)", message_of(&m)),
+            );
+            (Selector::everything(), false)
+        }
+    };
 
     let (mut ingress, mut egress) = (false, false);
     if policy.policy_types.is_empty() {
@@ -129,8 +138,13 @@ pub fn compile(policy: &NetworkPolicy, problems: &mut Vec<PolicyProblem>) -> Com
             })
             .collect()
     };
-    let ingress_rules = compile_rules(Direction::Ingress, &policy.ingress);
-    let egress_rules = compile_rules(Direction::Egress, &policy.egress);
+    // The rules are validated (and their problems reported) either way.
+    let mut ingress_rules = compile_rules(Direction::Ingress, &policy.ingress);
+    let mut egress_rules = compile_rules(Direction::Egress, &policy.egress);
+    if !selector_valid {
+        ingress_rules.clear();
+        egress_rules.clear();
+    }
 
     CompiledPolicy { key, selector, ingress, egress, ingress_rules, egress_rules }
 }
@@ -216,9 +230,17 @@ fn compile_peer(namespace: &str, peer: &PolicyPeer) -> Result<PeerDef, FieldErro
 }
 
 /// Parses a CIDR as the API server does: an address and a prefix length are both required;
-/// host bits are cleared.
+/// host bits are cleared. An IPv4-mapped IPv6 CIDR (`::ffff:198.18.0.0/112`) is rejected,
+/// as Kubernetes' strict CIDR validation does: it names IPv4 addresses in IPv6 syntax, which
+/// no IPv6 packet carries, so reading it as either family would be a guess.
 fn parse_cidr(s: &str) -> Result<IpNet, String> {
-    s.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| format!("{s:?} is not a valid CIDR"))
+    let net = s.parse::<IpNet>().map_err(|_| format!("{s:?} is not a valid CIDR"))?;
+    if let IpNet::V6(v6) = net
+        && v6.addr().to_ipv4_mapped().is_some()
+    {
+        return Err(format!("{s:?} is an IPv4-mapped IPv6 CIDR; write the IPv4 CIDR instead"));
+    }
+    Ok(net.trunc())
 }
 
 fn compile_port(port: &PolicyPort) -> Result<PortSpec, FieldError> {
@@ -432,11 +454,67 @@ mod tests {
     }
 
     #[test]
-    fn invalid_pod_selector_selects_the_whole_namespace() {
+    fn invalid_pod_selector_isolates_the_whole_namespace_and_allows_nothing() {
+        let bad_selectors = [
+            (
+                LabelSelector {
+                    match_expressions: vec![LabelSelectorRequirement { key: "k".into(), operator: "In".into(), values: vec![] }],
+                    ..Default::default()
+                },
+                "spec.podSelector.matchExpressions[0].values",
+            ),
+            (
+                LabelSelector {
+                    match_expressions: vec![LabelSelectorRequirement {
+                        key: "app".into(),
+                        operator: "Matches".into(),
+                        values: vec!["web".into()],
+                    }],
+                    ..Default::default()
+                },
+                "spec.podSelector.matchExpressions[0].operator",
+            ),
+            (
+                LabelSelector { match_labels: [("app".to_string(), "web-".to_string())].into(), ..Default::default() },
+                "spec.podSelector.matchLabels[app]",
+            ),
+        ];
+        for (sel, field) in bad_selectors {
+            let mut p = policy();
+            p.pod_selector = sel;
+            // Rules that would open everything, both directions, plus one invalid rule.
+            p.ingress = vec![PolicyRule::default(), rule_with_port(port(Some("QUIC"), None, None))];
+            p.egress = vec![PolicyRule::default()];
+            let (c, probs) = problems_of(&p);
+            assert!(c.selector.is_everything(), "{field}");
+            assert!(c.ingress && c.egress, "{field}: isolated in the policy's directions");
+            assert!(c.ingress_rules.is_empty() && c.egress_rules.is_empty(), "{field}: no rule of the policy applies");
+            assert_eq!(probs[0].field, field);
+            assert!(probs[0].message.contains("allowing nothing"), "{}", probs[0].message);
+            // The bad rule is still reported on its own.
+            assert!(probs.iter().any(|pr| pr.field == "spec.ingress[1].ports[0].protocol"), "{probs:?}");
+        }
+    }
+
+    #[test]
+    fn ipv4_mapped_ipv6_blocks_are_invalid() {
+        for cidr in ["::ffff:198.18.0.0/112", "::ffff:198.18.0.0/96", "::ffff:c612:0/120"] {
+            let mut p = policy();
+            p.egress = vec![peer_rule(block(cidr, &[]))];
+            let (c, probs) = problems_of(&p);
+            assert_eq!(probs.len(), 1, "{cidr}");
+            assert_eq!(probs[0].field, "spec.egress[0].to[0].ipBlock.cidr");
+            assert!(c.egress && c.egress_rules.is_empty());
+        }
+        // An except inside an IPv6 block that is written IPv4-mapped is invalid too.
         let mut p = policy();
-        p.pod_selector.match_expressions = vec![LabelSelectorRequirement { key: "k".into(), operator: "In".into(), values: vec![] }];
+        p.egress = vec![peer_rule(block("::/0", &["::ffff:198.18.0.0/112"]))];
         let (c, probs) = problems_of(&p);
-        assert!(c.selector.is_everything());
-        assert_eq!(probs[0].field, "spec.podSelector.matchExpressions[0].values");
+        assert_eq!(probs[0].field, "spec.egress[0].to[0].ipBlock.except[0]");
+        assert!(c.egress_rules.is_empty());
+        // Ordinary IPv6 blocks are fine.
+        let mut p = policy();
+        p.egress = vec![peer_rule(block("2001:db8::/32", &["2001:db8:1::/48"]))];
+        assert!(problems_of(&p).1.is_empty());
     }
 }

@@ -275,6 +275,44 @@ spec:
   - from: [{podSelector: {matchLabels: {pod: b}}}]",
         expect: &[("x/a", I, "isolated: [x/b] *")],
     },
+    Case {
+        // The security defect of issue 11: a widened selector must not carry its allows.
+        name: "an invalid podSelector isolates the whole namespace and its rules allow nothing",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-db, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: c}}
+  ingress: [{from: [{podSelector: {matchLabels: {pod: a}}}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: bad, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: \"web-\"}}
+  policyTypes: [Ingress, Egress]
+  ingress: [{}]
+  egress: [{}]",
+        expect: &[
+            ("x/a", I, "isolated: "),
+            ("x/b", I, "isolated: "),
+            ("x/c", I, "isolated: [x/a] *"),
+            ("x/a", E, "isolated: "),
+            ("y/a", I, "open"),
+        ],
+    },
+    Case {
+        name: "an unknown matchExpressions operator in podSelector fails closed the same way",
+        policies: "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: bad, namespace: y}
+spec:
+  podSelector: {matchExpressions: [{key: pod, operator: Like, values: [a]}]}
+  ingress: [{from: [{namespaceSelector: {}}]}]",
+        expect: &[("y/a", I, "isolated: "), ("y/c", I, "isolated: "), ("y/a", E, "open"), ("x/a", I, "open")],
+    },
 ];
 
 #[test]

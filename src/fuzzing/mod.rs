@@ -15,12 +15,19 @@
 //! - [`hostile_strings`]: arbitrary strings put into the names, labels, annotations, port
 //!   names, node names and policy fields of a realistic cluster, written as a manifest and read
 //!   back: the rendered script still parses to exactly the objects of the typed ruleset.
+//! - [`fail_closed`]: valid policies plus one the API server would reject: the rejected one
+//!   isolates what it would select and allows nothing beyond its own valid rules
+//!   ([`fail_closed`](mod@fail_closed) module).
 //!
 //! Structured input comes from the model types' `Arbitrary` derives. Arbitrary strings rarely
 //! equal each other, so a few fields are *tamed*: a one-byte string becomes an entry of a small
 //! pool of realistic values (namespace `x`, label `pod=a`, port `serve-80-tcp`, CIDR
 //! `198.18.0.0/15`), most addresses land in the clusters' ranges, and absurd port numbers
 //! near 80. Everything longer or rarer stays as arbitrary as the fuzzer made it.
+
+pub mod fail_closed;
+
+pub use fail_closed::fail_closed;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -156,8 +163,8 @@ fn base_snapshot(base: Base) -> Snapshot {
     bases[base as usize].clone()
 }
 
-const QUICKSTART_CLUSTER: &str = include_str!("../deploy/examples/quickstart/cluster.yaml");
-const QUICKSTART_POLICIES: &str = include_str!("../deploy/examples/quickstart/policies.yaml");
+const QUICKSTART_CLUSTER: &str = include_str!("../../deploy/examples/quickstart/cluster.yaml");
+const QUICKSTART_POLICIES: &str = include_str!("../../deploy/examples/quickstart/policies.yaml");
 
 /// Nodes and pods' `nodeName`s, sorted and de-duplicated.
 fn node_names(s: &Snapshot) -> Vec<String> {
