@@ -310,7 +310,7 @@ fn agent_down_add_fails_11_del_spools_check_11_status_50() {
     let e = f.runtime.status(&conf).unwrap_err();
     assert_eq!(e.code, code::NOT_AVAILABLE, "{e}");
     f.runtime.del(&conf, &sb, Some(&r)).unwrap();
-    let spooled = f.dir.join("pending-del/cid-d-eth0.json");
+    let spooled = flock_cni::protocol::spool_path(&f.dir.join("pending-del"), "cid-d", "eth0");
     assert!(spooled.exists());
     let spool = flock_cni::protocol::read_spool(&f.dir.join("pending-del")).unwrap();
     assert_eq!(spool.len(), 1);
@@ -442,6 +442,93 @@ fn interop_with_debian_loopback_and_host_local_across_versions() {
     let e = f.runtime.add(&conf, &f.sandbox(&pod, "v11")).unwrap_err();
     assert!(e.msg.starts_with("flock-cni ADD: host-local"), "{e}");
     assert!(f.leases().is_empty());
+}
+
+/// The attachment records of the fixture's network.
+fn records(f: &Fixture) -> Vec<flock_cni::state::Record> {
+    flock_cni::state::list(&f.dir.join("state/flock-test")).unwrap()
+}
+
+/// The DELs waiting in the fixture's spool.
+fn spooled(f: &Fixture) -> Vec<flock_cni::protocol::DelRequest> {
+    flock_cni::protocol::read_spool(&f.dir.join("pending-del")).unwrap().into_iter().map(|(_, d)| d.unwrap()).collect()
+}
+
+#[test]
+fn container_ids_of_1024_characters_work_for_add_check_del_and_the_spool() {
+    if !require_root("container_ids_of_1024_characters_work_for_add_check_del_and_the_spool") {
+        return;
+    }
+    let f = Fixture::new("long", "198.18.59.0/24");
+    let conf = f.conf("1.0.0");
+    let pod = NetnsGuard::new("p");
+    let mut sb = f.sandbox(&pod, "long");
+    sb.container_id = "c".repeat(1024);
+    let host_if = host_interface_name(&sb.container_id, "eth0");
+
+    // Agent up: ADD, CHECK, DEL; the record exists between ADD and DEL.
+    let r = {
+        let agent = FakeAgent::acking(&f.socket());
+        let r = f.runtime.add(&conf, &sb).unwrap();
+        assert_eq!(records(&f).iter().map(|r| r.container_id.len()).collect::<Vec<_>>(), vec![1024]);
+        f.runtime.check(&conf, &sb, &r).unwrap();
+        f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+        assert!(agent.seen().iter().any(|q| matches!(q, Request::Del(d) if d.container_id == sb.container_id)));
+        assert!(!f.host_link_exists(&host_if));
+        assert!(records(&f).is_empty());
+        assert!(f.leases().is_empty(), "{:?}", f.leases());
+        f.runtime.add(&conf, &sb).unwrap()
+    };
+    // Agent down: DEL is spooled under a name the file system takes.
+    f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+    let spool = spooled(&f);
+    assert_eq!(spool.len(), 1);
+    assert_eq!((spool[0].container_id.as_str(), spool[0].host_interface.as_str()), (sb.container_id.as_str(), host_if.as_str()));
+    assert!(records(&f).is_empty());
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+}
+
+#[test]
+fn attachments_whose_old_file_names_collide_are_kept_apart() {
+    if !require_root("attachments_whose_old_file_names_collide_are_kept_apart") {
+        return;
+    }
+    // ("cid-a-b", "c") and ("cid-a", "b-c") were both "cid-a-b-c.json".
+    let f = Fixture::new("collide", "198.18.60.0/24");
+    let conf = f.conf("1.0.0");
+    let (px, py) = (NetnsGuard::new("px"), NetnsGuard::new("py"));
+    let mut x = f.sandbox(&px, "x");
+    (x.container_id, x.ifname) = ("cid-a-b".into(), "c".into());
+    let mut y = f.sandbox(&py, "y");
+    (y.container_id, y.ifname) = ("cid-a".into(), "b-c".into());
+    let (hx, hy) = (host_interface_name("cid-a-b", "c"), host_interface_name("cid-a", "b-c"));
+
+    // Agent down at DEL: both DELs wait in the spool.
+    let (rx, ry) = {
+        let _agent = FakeAgent::acking(&f.socket());
+        (f.runtime.add(&conf, &y).unwrap(), f.runtime.add(&conf, &x).unwrap())
+    };
+    assert_eq!(records(&f).len(), 2);
+    f.runtime.del(&conf, &y, Some(&ry)).unwrap();
+    f.runtime.del(&conf, &x, Some(&rx)).unwrap();
+    let mut spooled_ifs: Vec<String> = spooled(&f).into_iter().map(|d| d.host_interface).collect();
+    spooled_ifs.sort();
+    let mut want = vec![hx.clone(), hy.clone()];
+    want.sort();
+    assert_eq!(spooled_ifs, want);
+
+    // GC keeps x and collects y, releasing y's lease from y's own record.
+    let agent = FakeAgent::acking(&f.socket());
+    f.runtime.add(&conf, &y).unwrap();
+    let rx = f.runtime.add(&conf, &x).unwrap();
+    f.runtime.gc(&conf, &[Attachment { container_id: "cid-a-b".into(), ifname: "c".into() }]).unwrap();
+    assert!(f.host_link_exists(&hx));
+    assert!(!f.host_link_exists(&hy));
+    assert_eq!(f.leases().len(), 1, "y's lease was not released: {:?}", f.leases());
+    assert_eq!(records(&f).iter().map(|r| r.host_interface.clone()).collect::<Vec<_>>(), vec![hx.clone()]);
+    assert!(agent.seen().iter().any(|q| matches!(q, Request::Del(d) if d.host_interface == hy)));
+    f.runtime.del(&conf, &x, Some(&rx)).unwrap();
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
 }
 
 /// Runs the binary directly with the given environment and stdin.
