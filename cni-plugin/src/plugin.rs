@@ -4,7 +4,8 @@
 //! once the pod's rules are committed; until then the node's ruleset drops the pod's unknown
 //! interface, so no packet passes before policy. If the agent is unreachable, refuses or
 //! does not answer in time, ADD removes the veth, releases the IPAM lease and fails with
-//! code 11 (the runtime retries).
+//! code 11 (the runtime retries). `CNI_NETNS` naming the plugin's own network namespace is
+//! refused (code 4).
 //!
 //! DEL is best-effort and idempotent: IPAM DEL, delete the host interface (its peer, routes
 //! and addresses go with it), tell the agent — or, when it is down, spool the notification
@@ -21,7 +22,7 @@ use crate::dataplane::{self, DataplaneError, GATEWAY_V4, GATEWAY_V6, PodNetwork}
 use crate::env::{Env, Verb};
 use crate::protocol::{self, AddRequest, AgentError, CheckRequest, DelRequest, GcRequest, PodIdentity, Request};
 use crate::spec::{self, CniError, CniResult, Interface, IpConfig, NetConf, Route, Version, code, ipnet_lite::Cidr};
-use crate::{host_interface_name, ipam, state};
+use crate::{host_interface_name, ipam, netns, state};
 
 /// Default wait for the agent's ADD acknowledgement (kubelet's runtime timeout is 2 min).
 pub const DEFAULT_ADD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -98,7 +99,17 @@ impl Ctx<'_> {
         if !dataplane::netns_exists(&p) {
             return Err(CniError::new(code::INVALID_ENV, format!("CNI_NETNS {} cannot be opened", p.display())).with_details("CNI_NETNS"));
         }
-        Ok(p)
+        // Setting up the host's own namespace as a pod's would move its routes and
+        // addresses around; compared by identity, as any path may name it.
+        match netns::is_current(&p) {
+            Ok(false) => Ok(p),
+            Ok(true) => Err(CniError::new(
+                code::INVALID_ENV,
+                format!("CNI_NETNS {} is flock-cni's own network namespace, not a pod's", p.display()),
+            )
+            .with_details("CNI_NETNS")),
+            Err(e) => Err(CniError::new(code::INVALID_ENV, e.to_string()).with_details("CNI_NETNS")),
+        }
     }
 
     fn pod(&self) -> Result<PodIdentity, CniError> {

@@ -531,6 +531,40 @@ fn attachments_whose_old_file_names_collide_are_kept_apart() {
     assert!(f.leases().is_empty(), "{:?}", f.leases());
 }
 
+#[test]
+fn cni_netns_naming_the_plugins_own_namespace_is_refused() {
+    if !require_root("cni_netns_naming_the_plugins_own_namespace_is_refused") {
+        return;
+    }
+    let f = Fixture::new("own", "198.18.62.0/24");
+    let agent = FakeAgent::acking(&f.socket());
+    let conf = f.conf("1.0.0");
+    let pod = NetnsGuard::new("p");
+    // The runtime runs the plugin in the node namespace; three paths name it.
+    let alias = f.dir.join("node-ns-alias");
+    std::os::unix::fs::symlink(format!("/run/netns/{}", f.node.name), &alias).unwrap();
+    for path in [format!("/run/netns/{}", f.node.name), alias.display().to_string(), "/proc/self/ns/net".to_string()] {
+        let mut sb = f.sandbox(&pod, "own");
+        sb.netns = path.clone();
+        let e = f.runtime.add(&conf, &sb).unwrap_err();
+        assert_eq!(e.code, code::INVALID_ENV, "{path}: {e}");
+        assert_eq!(e.details, "CNI_NETNS", "{path}: {e:?}");
+        assert!(e.msg.contains("own network namespace"), "{path}: {e}");
+        assert!(!f.host_link_exists("eth0"), "{path}: the node got a pod interface");
+        assert!(!f.host_link_exists(&host_interface_name("cid-own", "eth0")));
+        assert!(f.leases().is_empty(), "{path}: {:?}", f.leases());
+        // CHECK refuses it the same way.
+        let prev = json!({"cniVersion": "1.0.0", "interfaces": [], "ips": []});
+        let e = f.runtime.check(&conf, &sb, &prev).unwrap_err();
+        assert_eq!((e.code, e.details.as_str()), (code::INVALID_ENV, "CNI_NETNS"), "{path}: {e:?}");
+    }
+    assert!(agent.seen().is_empty(), "{:?}", agent.seen());
+    // The pod's own namespace still works.
+    let sb = f.sandbox(&pod, "own");
+    let r = f.runtime.add(&conf, &sb).unwrap();
+    f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+}
+
 /// Runs the binary directly with the given environment and stdin.
 fn raw(vars: &[(&str, &str)], stdin: &str) -> (i32, Value, String) {
     use std::io::Write;
