@@ -4,13 +4,19 @@
 //! once the pod's rules are committed; until then the node's ruleset drops the pod's unknown
 //! interface, so no packet passes before policy. If the agent is unreachable, refuses or
 //! does not answer in time, ADD removes the veth, releases the IPAM lease and fails with
-//! code 11 (the runtime retries). `CNI_NETNS` naming the plugin's own network namespace is
-//! refused (code 4).
+//! code 11 (the runtime retries). When the request may have reached the agent (it refused,
+//! timed out or broke the connection), ADD first withdraws the endpoint with a DEL — to the
+//! agent, or the spool when the agent cannot be reached — so no half-made endpoint stays
+//! registered. `CNI_NETNS` naming the plugin's own network namespace is refused (code 4).
 //!
-//! DEL is best-effort and idempotent: IPAM DEL, delete the host interface (its peer, routes
-//! and addresses go with it), tell the agent — or, when it is down, spool the notification
-//! for the agent to drain at start. A repeated DEL, a vanished netns, an empty `CNI_NETNS`
-//! and a missing `prevResult` all succeed.
+//! DEL is best-effort and idempotent: delete the host interface (its peer, routes and
+//! addresses go with it), tell the agent — or, when it is down, spool the notification for
+//! the agent to drain at start — then IPAM DEL. A repeated DEL, a vanished netns, an empty
+//! `CNI_NETNS` and a missing `prevResult` all succeed.
+//!
+//! Everywhere, an IPAM lease is released only after the agent has dropped the endpoint or
+//! the DEL waits in the spool: an address handed to the next pod while the agent still maps
+//! it to the old one would carry the old pod's identity.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -206,9 +212,22 @@ impl Ctx<'_> {
             ips: addrs.clone(),
         });
         if let Err(e) = protocol::call(&self.socket(), request, timeout) {
+            let failed = CniError::new(code::TRY_AGAIN_LATER, format!("flock-agent did not program pod {}/{}", pod.namespace, pod.name));
+            // A late or failed sync leaves the endpoint registered in the agent (or about to
+            // be): withdraw it before the lease can go to another pod.
+            if e.may_have_reached_agent()
+                && let Err(de) = self.notify_del(self.del_request(Some(pod.clone())))
+            {
+                // Neither the agent nor the spool took the DEL: the lease and the record
+                // stay, for the runtime's DEL (after a failed ADD) or GC to finish.
+                tracing::error!(error = %de, %host_if, "cannot withdraw the endpoint of a failed ADD; its lease is kept");
+                if let Err(te) = dataplane::teardown(&host_if) {
+                    tracing::error!(error = %te, %host_if, "removing the interface during rollback");
+                }
+                return Err(failed.with_details(format!("{e}; {de}")));
+            }
             undo("the agent did not acknowledge");
-            return Err(CniError::new(code::TRY_AGAIN_LATER, format!("flock-agent did not program pod {}/{}", pod.namespace, pod.name))
-                .with_details(e.to_string()));
+            return Err(failed.with_details(e.to_string()));
         }
         tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), %host_if, ips = ?addrs, "pod attached");
         Ok(self.result(prev, &pn, &wired, &ipam_result).to_json(self.version))
@@ -236,19 +255,19 @@ impl Ctx<'_> {
         r
     }
 
+    /// The DEL notification of this attachment.
+    fn del_request(&self, pod: Option<PodIdentity>) -> DelRequest {
+        DelRequest { container_id: self.env.container_id.clone(), ifname: self.env.ifname.clone(), host_interface: self.host_if(), pod }
+    }
+
     fn del(&self) -> Result<(), CniError> {
         let host_if = self.host_if();
-        if let Some(plugin) = self.ipam()? {
+        let ipam_plugin = self.ipam()?;
+        let removed = dataplane::teardown(&host_if).map_err(setup_error)?;
+        self.notify_del(self.del_request(self.pod().ok()))?;
+        if let Some(plugin) = ipam_plugin {
             ipam::exec(&plugin, "DEL", self.stdin, &[])?;
         }
-        let removed = dataplane::teardown(&host_if).map_err(setup_error)?;
-        let pod = self.pod().ok();
-        self.notify_del(DelRequest {
-            container_id: self.env.container_id.clone(),
-            ifname: self.env.ifname.clone(),
-            host_interface: host_if.clone(),
-            pod,
-        })?;
         state::remove(&self.state_dir(), &self.env.container_id, &self.env.ifname)
             .map_err(|e| CniError::new(code::STATE, "cannot remove the attachment record").with_details(e.to_string()))?;
         tracing::info!(%host_if, interface_removed = removed, "pod detached");
@@ -334,14 +353,8 @@ impl Ctx<'_> {
         // Attachments this network recorded that the runtime no longer lists.
         let records = state::list(&self.state_dir())
             .map_err(|e| CniError::new(code::IO, "cannot read attachment records").with_details(e.to_string()))?;
+        // Each step that fails keeps the record, so the next GC retries the rest.
         for r in records.iter().filter(|r| !valid.iter().any(|v| v.container_id == r.container_id && v.ifname == r.ifname)) {
-            if let Some(p) = &ipam_plugin
-                && let Err(e) =
-                    ipam::exec(p, "DEL", self.stdin, &[("CNI_CONTAINERID", &r.container_id), ("CNI_IFNAME", &r.ifname), ("CNI_NETNS", "")])
-            {
-                errors.push(format!("releasing the lease of {}/{}: {e}", r.container_id, r.ifname));
-                continue;
-            }
             if let Err(e) = dataplane::teardown(&r.host_interface) {
                 errors.push(format!("removing {}: {e}", r.host_interface));
                 continue;
@@ -354,6 +367,14 @@ impl Ctx<'_> {
             };
             if let Err(e) = self.notify_del(del) {
                 errors.push(e.to_string());
+                continue;
+            }
+            if let Some(p) = &ipam_plugin
+                && let Err(e) =
+                    ipam::exec(p, "DEL", self.stdin, &[("CNI_CONTAINERID", &r.container_id), ("CNI_IFNAME", &r.ifname), ("CNI_NETNS", "")])
+            {
+                errors.push(format!("releasing the lease of {}/{}: {e}", r.container_id, r.ifname));
+                continue;
             }
             if let Err(e) = state::remove(&self.state_dir(), &r.container_id, &r.ifname) {
                 errors.push(format!("removing the record of {}/{}: {e}", r.container_id, r.ifname));

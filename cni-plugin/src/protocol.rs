@@ -135,9 +135,18 @@ impl Reply {
 /// Why a call to the agent failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// No connection: the agent never saw the request.
     #[error("cannot reach flock-agent at {socket}: {source}")]
     Unreachable {
         socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The connection failed after it was made: the request may have arrived.
+    #[error("the connection to flock-agent at {socket} failed during {op}: {source}")]
+    Broken {
+        socket: PathBuf,
+        op: &'static str,
         #[source]
         source: std::io::Error,
     },
@@ -147,6 +156,15 @@ pub enum AgentError {
     Protocol { socket: PathBuf, op: &'static str, message: String },
     #[error("flock-agent refused {op}: {message}")]
     Refused { op: &'static str, message: String },
+}
+
+impl AgentError {
+    /// Whether the agent may have received, and acted on, the request: anything but a
+    /// connection that was never made. (An agent that refused an ADD may still hold the
+    /// endpoint: it registers it before waiting for the sync that failed.)
+    pub fn may_have_reached_agent(&self) -> bool {
+        !matches!(self, Self::Unreachable { .. })
+    }
 }
 
 /// Sends `request` and waits at most `timeout` for the reply.
@@ -162,7 +180,8 @@ pub fn call(socket: &Path, request: Request, timeout: Duration) -> Result<(), Ag
         message: e.to_string(),
     })?;
     line.push(b'\n');
-    stream.write_all(&line).map_err(unreachable)?;
+    let broken = |source| AgentError::Broken { socket: socket.to_path_buf(), op, source };
+    stream.write_all(&line).map_err(broken)?;
     let mut reader = BufReader::new(stream);
     let reply = match read_line(&mut reader) {
         Ok(Some(l)) => l,
@@ -172,7 +191,7 @@ pub fn call(socket: &Path, request: Request, timeout: Duration) -> Result<(), Ag
         Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
             return Err(AgentError::Timeout { socket: socket.to_path_buf(), op, timeout });
         }
-        Err(e) => return Err(unreachable(e)),
+        Err(e) => return Err(broken(e)),
     };
     let reply: Reply =
         serde_json::from_str(&reply).map_err(|e| AgentError::Protocol { socket: socket.to_path_buf(), op, message: e.to_string() })?;
@@ -407,6 +426,28 @@ mod tests {
         // A new DEL of another attachment is spooled next to it; nothing is lost.
         spool_del(&dir, &del("c2", "eth0")).unwrap();
         assert_eq!(spooled(&dir), vec![old, del("c2", "eth0")]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn only_a_connection_never_made_cannot_have_reached_the_agent() {
+        let dir = temp("reach");
+        let e = call(&dir.join("absent.sock"), Request::Status, Duration::from_secs(1)).unwrap_err();
+        assert!(!e.may_have_reached_agent(), "{e}");
+        let timeout = AgentError::Timeout { socket: dir.clone(), op: "add", timeout: Duration::from_secs(1) };
+        assert!(timeout.may_have_reached_agent());
+        assert!(AgentError::Refused { op: "add", message: "sync failed".into() }.may_have_reached_agent());
+        // The agent took the line, then hung up without a reply.
+        let sock = dir.join("s.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let server = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(conn);
+            read_line(&mut r).unwrap();
+        });
+        let e = call(&sock, add(), Duration::from_secs(2)).unwrap_err();
+        assert!(e.may_have_reached_agent(), "{e}");
+        server.join().unwrap();
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -531,6 +531,155 @@ fn attachments_whose_old_file_names_collide_are_kept_apart() {
     assert!(f.leases().is_empty(), "{:?}", f.leases());
 }
 
+/// An agent that takes ADDs and answers them only once the test says so (never within the
+/// plugin's timeout: the plugin has given up by then), running `on_add` when an ADD arrives;
+/// everything else is acknowledged at once.
+fn stalling_agent(socket: &Path, on_add: impl Fn() + Send + Sync + 'static) -> (FakeAgent, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let release = Arc::new(AtomicBool::new(false));
+    let r = release.clone();
+    let agent = FakeAgent::start(
+        socket,
+        Arc::new(move |q: &Request| {
+            if matches!(q, Request::Add(_)) {
+                on_add();
+                let until = std::time::Instant::now() + Duration::from_secs(60);
+                while !r.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Reply::ok()
+        }),
+    );
+    (agent, release)
+}
+
+#[test]
+fn an_add_the_agent_did_not_answer_in_time_is_withdrawn_from_it() {
+    if !require_root("an_add_the_agent_did_not_answer_in_time_is_withdrawn_from_it") {
+        return;
+    }
+    use std::sync::atomic::Ordering;
+    let f = Fixture::new("late", "198.18.61.0/24");
+    let mut conf = f.conf("1.0.0");
+    conf.plugins[0].insert("agentTimeoutSeconds".into(), json!(1));
+    let pod = NetnsGuard::new("p");
+
+    // The agent is still there after the timeout: the DEL goes to it.
+    let sb = f.sandbox(&pod, "late");
+    let host_if = host_interface_name("cid-late", "eth0");
+    {
+        let (agent, release) = stalling_agent(&f.socket(), || {});
+        let e = f.runtime.add(&conf, &sb).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+        assert!(e.details.contains("did not answer"), "{e:?}");
+        let seen = agent.seen();
+        assert!(
+            seen.iter().any(|q| matches!(q, Request::Del(d) if d.host_interface == host_if && d.container_id == "cid-late")),
+            "{seen:?}"
+        );
+        release.store(true, Ordering::Relaxed);
+    }
+    assert!(!f.host_link_exists(&host_if));
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+    assert!(records(&f).is_empty());
+    assert!(spooled(&f).is_empty());
+
+    // The agent went away after taking the ADD: the DEL waits in the spool for it.
+    let sb = f.sandbox(&pod, "gone");
+    let host_if = host_interface_name("cid-gone", "eth0");
+    {
+        // Moved away, not removed: the fake agent needs it back to stop.
+        let (socket, hidden) = (f.socket(), f.dir.join("hidden.sock"));
+        let (_agent, release) = stalling_agent(&f.socket(), move || std::fs::rename(&socket, &hidden).unwrap());
+        let e = f.runtime.add(&conf, &sb).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+        std::fs::rename(f.dir.join("hidden.sock"), f.socket()).unwrap();
+        release.store(true, Ordering::Relaxed);
+    }
+    let spool = spooled(&f);
+    assert_eq!(spool.iter().map(|d| d.host_interface.as_str()).collect::<Vec<_>>(), vec![host_if.as_str()]);
+    assert_eq!(spool[0].pod.as_ref().map(|p| p.name.as_str()), Some("gone"));
+    assert!(!f.host_link_exists(&host_if));
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+
+    // An agent that refused the ADD (it registers before the sync that failed) hears a DEL.
+    let sb = f.sandbox(&pod, "refused");
+    let agent = FakeAgent::start(
+        &f.socket(),
+        Arc::new(|q: &Request| match q {
+            Request::Add(_) => Reply::refused("the sync failed"),
+            _ => Reply::ok(),
+        }),
+    );
+    let e = f.runtime.add(&conf, &sb).unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+    assert!(agent.seen().iter().any(|q| matches!(q, Request::Del(d) if d.container_id == "cid-refused")));
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+}
+
+#[test]
+fn a_lease_is_released_only_once_the_agent_is_told() {
+    if !require_root("a_lease_is_released_only_once_the_agent_is_told") {
+        return;
+    }
+    use std::sync::atomic::Ordering;
+    let f = Fixture::new("told", "198.18.63.0/24");
+    let conf = f.conf("1.0.0");
+    // The same network, but nowhere to spool: its path is a file.
+    std::fs::write(f.dir.join("blocked"), "").unwrap();
+    let mut blocked = conf.clone();
+    blocked.plugins[0].insert("pendingDelDir".into(), json!(f.dir.join("blocked")));
+    blocked.plugins[0].insert("agentTimeoutSeconds".into(), json!(1));
+    let pod = NetnsGuard::new("p");
+
+    // DEL with the agent down and no spool fails and keeps the lease and the record (the
+    // runtime retries); a DEL that can spool releases them.
+    let sb = f.sandbox(&pod, "del");
+    let r = {
+        let _agent = FakeAgent::acking(&f.socket());
+        f.runtime.add(&conf, &sb).unwrap()
+    };
+    let e = f.runtime.del(&blocked, &sb, Some(&r)).unwrap_err();
+    assert_eq!(e.code, code::STATE, "{e}");
+    assert_eq!(f.leases().len(), 1);
+    assert_eq!(records(&f).len(), 1);
+    f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+    assert!(records(&f).is_empty());
+
+    // An ADD whose endpoint cannot be withdrawn keeps its lease and record for the DEL.
+    let sb = f.sandbox(&pod, "add");
+    {
+        let (socket, hidden) = (f.socket(), f.dir.join("hidden.sock"));
+        let (_agent, release) = stalling_agent(&f.socket(), move || std::fs::rename(&socket, &hidden).unwrap());
+        let e = f.runtime.add(&blocked, &sb).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+        assert!(e.details.contains("cannot be queued"), "{e:?}");
+        std::fs::rename(f.dir.join("hidden.sock"), f.socket()).unwrap();
+        release.store(true, Ordering::Relaxed);
+    }
+    assert!(!f.host_link_exists(&host_interface_name("cid-add", "eth0")));
+    assert_eq!(f.leases().len(), 1);
+    assert_eq!(records(&f).len(), 1);
+    f.runtime.del(&conf, &sb, None).unwrap();
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+
+    // GC likewise keeps a stale attachment's lease and record until the agent can be told.
+    let sb = f.sandbox(&pod, "gc");
+    {
+        let _agent = FakeAgent::acking(&f.socket());
+        f.runtime.add(&conf, &sb).unwrap();
+    }
+    assert!(f.runtime.gc(&blocked, &[]).is_err());
+    assert_eq!(f.leases().len(), 1);
+    assert_eq!(records(&f).len(), 1);
+    f.runtime.gc(&conf, &[]).unwrap();
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+    assert!(records(&f).is_empty());
+    assert!(spooled(&f).iter().any(|d| d.container_id == "cid-gc"));
+}
+
 #[test]
 fn cni_netns_naming_the_plugins_own_namespace_is_refused() {
     if !require_root("cni_netns_naming_the_plugins_own_namespace_is_refused") {
