@@ -180,13 +180,17 @@ impl Ctx<'_> {
                 return Err(setup_error(e));
             }
         };
-        let undo = |why: &str| {
-            tracing::warn!(%host_if, why, "rolling back ADD");
+        // `release_lease` is false only while the agent may still hold the endpoint: the
+        // lease and the record then stay for the runtime's DEL (after a failed ADD) or GC.
+        let undo = |why: &str, release_lease: bool| {
+            tracing::warn!(%host_if, why, release_lease, "rolling back ADD");
             if let Err(e) = dataplane::teardown(&host_if) {
                 tracing::error!(error = %e, %host_if, "removing the interface during rollback");
             }
-            let _ = state::remove(&self.state_dir(), &self.env.container_id, &self.env.ifname);
-            release();
+            if release_lease {
+                let _ = state::remove(&self.state_dir(), &self.env.container_id, &self.env.ifname);
+                release();
+            }
         };
         let record = state::Record {
             container_id: self.env.container_id.clone(),
@@ -197,7 +201,7 @@ impl Ctx<'_> {
             pod: Some(pod.clone()),
         };
         if let Err(e) = state::write(&self.state_dir(), &record) {
-            undo("cannot write the attachment record");
+            undo("cannot write the attachment record", true);
             return Err(CniError::new(code::STATE, format!("cannot write the attachment record in {}", self.state_dir().display()))
                 .with_details(e.to_string()));
         }
@@ -215,19 +219,17 @@ impl Ctx<'_> {
             let failed = CniError::new(code::TRY_AGAIN_LATER, format!("flock-agent did not program pod {}/{}", pod.namespace, pod.name));
             // A late or failed sync leaves the endpoint registered in the agent (or about to
             // be): withdraw it before the lease can go to another pod.
-            if e.may_have_reached_agent()
-                && let Err(de) = self.notify_del(self.del_request(Some(pod.clone())))
-            {
-                // Neither the agent nor the spool took the DEL: the lease and the record
-                // stay, for the runtime's DEL (after a failed ADD) or GC to finish.
-                tracing::error!(error = %de, %host_if, "cannot withdraw the endpoint of a failed ADD; its lease is kept");
-                if let Err(te) = dataplane::teardown(&host_if) {
-                    tracing::error!(error = %te, %host_if, "removing the interface during rollback");
+            let withdrawn = if e.may_have_reached_agent() { self.notify_del(self.del_request(Some(pod.clone()))) } else { Ok(()) };
+            return Err(match withdrawn {
+                Ok(()) => {
+                    undo("the agent did not acknowledge", true);
+                    failed.with_details(e.to_string())
                 }
-                return Err(failed.with_details(format!("{e}; {de}")));
-            }
-            undo("the agent did not acknowledge");
-            return Err(failed.with_details(e.to_string()));
+                Err(de) => {
+                    undo("the agent did not acknowledge, and neither it nor the spool took the DEL", false);
+                    failed.with_details(format!("{e}; {de}"))
+                }
+            });
         }
         tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), %host_if, ips = ?addrs, "pod attached");
         Ok(self.result(prev, &pn, &wired, &ipam_result).to_json(self.version))

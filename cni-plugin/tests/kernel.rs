@@ -554,6 +554,17 @@ fn stalling_agent(socket: &Path, on_add: impl Fn() + Send + Sync + 'static) -> (
     (agent, release)
 }
 
+/// ADD against an agent that takes the request, then goes away (its socket moved aside —
+/// not removed: the fake agent needs it back to stop) without answering; the ADD's error.
+fn add_while_the_agent_leaves(f: &Fixture, conf: &ConfList, sb: &Sandbox) -> flock_cni::spec::CniError {
+    let (socket, hidden) = (f.socket(), f.dir.join("hidden.sock"));
+    let (_agent, release) = stalling_agent(&f.socket(), move || std::fs::rename(&socket, &hidden).unwrap());
+    let e = f.runtime.add(conf, sb).unwrap_err();
+    std::fs::rename(f.dir.join("hidden.sock"), f.socket()).unwrap();
+    release.store(true, std::sync::atomic::Ordering::Relaxed);
+    e
+}
+
 #[test]
 fn an_add_the_agent_did_not_answer_in_time_is_withdrawn_from_it() {
     if !require_root("an_add_the_agent_did_not_answer_in_time_is_withdrawn_from_it") {
@@ -588,15 +599,8 @@ fn an_add_the_agent_did_not_answer_in_time_is_withdrawn_from_it() {
     // The agent went away after taking the ADD: the DEL waits in the spool for it.
     let sb = f.sandbox(&pod, "gone");
     let host_if = host_interface_name("cid-gone", "eth0");
-    {
-        // Moved away, not removed: the fake agent needs it back to stop.
-        let (socket, hidden) = (f.socket(), f.dir.join("hidden.sock"));
-        let (_agent, release) = stalling_agent(&f.socket(), move || std::fs::rename(&socket, &hidden).unwrap());
-        let e = f.runtime.add(&conf, &sb).unwrap_err();
-        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
-        std::fs::rename(f.dir.join("hidden.sock"), f.socket()).unwrap();
-        release.store(true, Ordering::Relaxed);
-    }
+    let e = add_while_the_agent_leaves(&f, &conf, &sb);
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
     let spool = spooled(&f);
     assert_eq!(spool.iter().map(|d| d.host_interface.as_str()).collect::<Vec<_>>(), vec![host_if.as_str()]);
     assert_eq!(spool[0].pod.as_ref().map(|p| p.name.as_str()), Some("gone"));
@@ -623,7 +627,6 @@ fn a_lease_is_released_only_once_the_agent_is_told() {
     if !require_root("a_lease_is_released_only_once_the_agent_is_told") {
         return;
     }
-    use std::sync::atomic::Ordering;
     let f = Fixture::new("told", "198.18.63.0/24");
     let conf = f.conf("1.0.0");
     // The same network, but nowhere to spool: its path is a file.
@@ -650,15 +653,9 @@ fn a_lease_is_released_only_once_the_agent_is_told() {
 
     // An ADD whose endpoint cannot be withdrawn keeps its lease and record for the DEL.
     let sb = f.sandbox(&pod, "add");
-    {
-        let (socket, hidden) = (f.socket(), f.dir.join("hidden.sock"));
-        let (_agent, release) = stalling_agent(&f.socket(), move || std::fs::rename(&socket, &hidden).unwrap());
-        let e = f.runtime.add(&blocked, &sb).unwrap_err();
-        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
-        assert!(e.details.contains("cannot be queued"), "{e:?}");
-        std::fs::rename(f.dir.join("hidden.sock"), f.socket()).unwrap();
-        release.store(true, Ordering::Relaxed);
-    }
+    let e = add_while_the_agent_leaves(&f, &blocked, &sb);
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+    assert!(e.details.contains("cannot be queued"), "{e:?}");
     assert!(!f.host_link_exists(&host_interface_name("cid-add", "eth0")));
     assert_eq!(f.leases().len(), 1);
     assert_eq!(records(&f).len(), 1);
