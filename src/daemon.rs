@@ -102,7 +102,7 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
 
     // The CNI config, once ready, with this node's pod CIDRs.
     if let Some((dir, file)) = opts.cni_conf.clone() {
-        let mut w = cniconf::Writer::new(&dir, &file, opts.agent.socket.clone(), opts.cni_mtu);
+        let mut w = cniconf::Writer::new(&dir, &file, opts.agent.socket.clone(), opts.agent.spool_dir.clone(), opts.cni_mtu);
         let (mut status, mut versions, source, node, mut stop) =
             (agent.status(), source.versions(), source.clone(), opts.agent.node.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {

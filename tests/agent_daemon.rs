@@ -158,6 +158,8 @@ async fn policies_from_the_api_are_enforced_and_reported() {
     // Once ready, the CNI config is written with the node's pod CIDR.
     let conf = std::fs::read_to_string(rig.dir.join("net.d/10-flock.conflist")).unwrap();
     assert!(conf.contains("198.18.80.0/24"), "{conf}");
+    // …and the agent's DEL spool directory (--pending-del-dir), where the plugin must spool.
+    assert!(conf.contains(&format!("\"pendingDelDir\": \"{}\"", rig.dir.join("pending-del").display())), "{conf}");
 
     rig.add_pod("a", "198.18.80.10", json!({"app": "a"})).await;
     rig.add_pod("b", "198.18.80.11", json!({"app": "b"})).await;

@@ -7,6 +7,7 @@
 //! agent keys its nftables dispatch maps on the same name — before the interface exists —
 //! and the plugin/agent protocol ([`protocol`]), used by both sides.
 
+pub mod attachment_file;
 pub mod dataplane;
 pub mod env;
 pub mod ipam;

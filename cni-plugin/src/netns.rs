@@ -56,6 +56,19 @@ pub enum NetnsError {
     Panicked { path: PathBuf },
 }
 
+/// The calling thread's network namespace (a namespace is per thread).
+const OWN_NETNS: &str = "/proc/thread-self/ns/net";
+
+/// Whether `path` names the calling thread's own network namespace. Namespaces are compared
+/// by identity — the device and inode of their nsfs files — not by path: `/run/netns/NAME`,
+/// `/proc/PID/ns/net`, a bind mount or a symlink may all name one namespace.
+pub fn is_current(path: &Path) -> Result<bool, NetnsError> {
+    use std::os::unix::fs::MetadataExt;
+    let stat = |p: &Path| std::fs::metadata(p).map_err(|source| NetnsError::Open { path: p.to_path_buf(), source });
+    let (theirs, ours) = (stat(path)?, stat(Path::new(OWN_NETNS))?);
+    Ok((theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()))
+}
+
 /// Runs `f` in `ns` and returns its result.
 pub fn run_in<T: Send>(ns: &Netns, f: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
     let path = match ns {
@@ -92,4 +105,25 @@ pub fn run_in_new<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, NetnsError
         .join()
         .map_err(|_| NetnsError::Panicked { path: path.clone() })?
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_namespace_is_recognised_by_identity_not_path() {
+        // Three paths, one namespace (this test's thread and process share it).
+        assert!(is_current(Path::new("/proc/self/ns/net")).unwrap());
+        assert!(is_current(Path::new(&format!("/proc/{}/ns/net", std::process::id()))).unwrap());
+        // Another namespace file (of another type) is not the network namespace.
+        assert!(!is_current(Path::new("/proc/self/ns/uts")).unwrap());
+        assert!(!is_current(Path::new("/proc/self/ns/mnt")).unwrap());
+        // A thread in a new namespace (needs CAP_SYS_ADMIN: checked only with it) is not in
+        // the process's (/proc/self is the main thread's).
+        if let Ok(fresh) = run_in_new(|| is_current(Path::new("/proc/self/ns/net"))) {
+            assert!(!fresh.unwrap());
+        }
+        assert!(matches!(is_current(Path::new("/nonexistent/ns")), Err(NetnsError::Open { .. })));
+    }
 }

@@ -4,12 +4,19 @@
 //! once the pod's rules are committed; until then the node's ruleset drops the pod's unknown
 //! interface, so no packet passes before policy. If the agent is unreachable, refuses or
 //! does not answer in time, ADD removes the veth, releases the IPAM lease and fails with
-//! code 11 (the runtime retries).
+//! code 11 (the runtime retries). When the request may have reached the agent (it refused,
+//! timed out or broke the connection), ADD first withdraws the endpoint with a DEL — to the
+//! agent, or the spool when the agent cannot be reached — so no half-made endpoint stays
+//! registered. `CNI_NETNS` naming the plugin's own network namespace is refused (code 4).
 //!
-//! DEL is best-effort and idempotent: IPAM DEL, delete the host interface (its peer, routes
-//! and addresses go with it), tell the agent — or, when it is down, spool the notification
-//! for the agent to drain at start. A repeated DEL, a vanished netns, an empty `CNI_NETNS`
-//! and a missing `prevResult` all succeed.
+//! DEL is best-effort and idempotent: delete the host interface (its peer, routes and
+//! addresses go with it), tell the agent — or, when it is down, spool the notification for
+//! the agent to drain at start — then IPAM DEL. A repeated DEL, a vanished netns, an empty
+//! `CNI_NETNS` and a missing `prevResult` all succeed.
+//!
+//! Everywhere, an IPAM lease is released only after the agent has dropped the endpoint or
+//! the DEL waits in the spool: an address handed to the next pod while the agent still maps
+//! it to the old one would carry the old pod's identity.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -21,7 +28,7 @@ use crate::dataplane::{self, DataplaneError, GATEWAY_V4, GATEWAY_V6, PodNetwork}
 use crate::env::{Env, Verb};
 use crate::protocol::{self, AddRequest, AgentError, CheckRequest, DelRequest, GcRequest, PodIdentity, Request};
 use crate::spec::{self, CniError, CniResult, Interface, IpConfig, NetConf, Route, Version, code, ipnet_lite::Cidr};
-use crate::{host_interface_name, ipam, state};
+use crate::{host_interface_name, ipam, netns, state};
 
 /// Default wait for the agent's ADD acknowledgement (kubelet's runtime timeout is 2 min).
 pub const DEFAULT_ADD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -98,7 +105,17 @@ impl Ctx<'_> {
         if !dataplane::netns_exists(&p) {
             return Err(CniError::new(code::INVALID_ENV, format!("CNI_NETNS {} cannot be opened", p.display())).with_details("CNI_NETNS"));
         }
-        Ok(p)
+        // Setting up the host's own namespace as a pod's would move its routes and
+        // addresses around; compared by identity, as any path may name it.
+        match netns::is_current(&p) {
+            Ok(false) => Ok(p),
+            Ok(true) => Err(CniError::new(
+                code::INVALID_ENV,
+                format!("CNI_NETNS {} is flock-cni's own network namespace, not a pod's", p.display()),
+            )
+            .with_details("CNI_NETNS")),
+            Err(e) => Err(CniError::new(code::INVALID_ENV, e.to_string()).with_details("CNI_NETNS")),
+        }
     }
 
     fn pod(&self) -> Result<PodIdentity, CniError> {
@@ -163,13 +180,17 @@ impl Ctx<'_> {
                 return Err(setup_error(e));
             }
         };
-        let undo = |why: &str| {
-            tracing::warn!(%host_if, why, "rolling back ADD");
+        // `release_lease` is false only while the agent may still hold the endpoint: the
+        // lease and the record then stay for the runtime's DEL (after a failed ADD) or GC.
+        let undo = |why: &str, release_lease: bool| {
+            tracing::warn!(%host_if, why, release_lease, "rolling back ADD");
             if let Err(e) = dataplane::teardown(&host_if) {
                 tracing::error!(error = %e, %host_if, "removing the interface during rollback");
             }
-            let _ = state::remove(&self.state_dir(), &self.env.container_id, &self.env.ifname);
-            release();
+            if release_lease {
+                let _ = state::remove(&self.state_dir(), &self.env.container_id, &self.env.ifname);
+                release();
+            }
         };
         let record = state::Record {
             container_id: self.env.container_id.clone(),
@@ -180,7 +201,7 @@ impl Ctx<'_> {
             pod: Some(pod.clone()),
         };
         if let Err(e) = state::write(&self.state_dir(), &record) {
-            undo("cannot write the attachment record");
+            undo("cannot write the attachment record", true);
             return Err(CniError::new(code::STATE, format!("cannot write the attachment record in {}", self.state_dir().display()))
                 .with_details(e.to_string()));
         }
@@ -195,9 +216,20 @@ impl Ctx<'_> {
             ips: addrs.clone(),
         });
         if let Err(e) = protocol::call(&self.socket(), request, timeout) {
-            undo("the agent did not acknowledge");
-            return Err(CniError::new(code::TRY_AGAIN_LATER, format!("flock-agent did not program pod {}/{}", pod.namespace, pod.name))
-                .with_details(e.to_string()));
+            let failed = CniError::new(code::TRY_AGAIN_LATER, format!("flock-agent did not program pod {}/{}", pod.namespace, pod.name));
+            // A late or failed sync leaves the endpoint registered in the agent (or about to
+            // be): withdraw it before the lease can go to another pod.
+            let withdrawn = if e.may_have_reached_agent() { self.notify_del(self.del_request(Some(pod.clone()))) } else { Ok(()) };
+            return Err(match withdrawn {
+                Ok(()) => {
+                    undo("the agent did not acknowledge", true);
+                    failed.with_details(e.to_string())
+                }
+                Err(de) => {
+                    undo("the agent did not acknowledge, and neither it nor the spool took the DEL", false);
+                    failed.with_details(format!("{e}; {de}"))
+                }
+            });
         }
         tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), %host_if, ips = ?addrs, "pod attached");
         Ok(self.result(prev, &pn, &wired, &ipam_result).to_json(self.version))
@@ -225,19 +257,19 @@ impl Ctx<'_> {
         r
     }
 
+    /// The DEL notification of this attachment.
+    fn del_request(&self, pod: Option<PodIdentity>) -> DelRequest {
+        DelRequest { container_id: self.env.container_id.clone(), ifname: self.env.ifname.clone(), host_interface: self.host_if(), pod }
+    }
+
     fn del(&self) -> Result<(), CniError> {
         let host_if = self.host_if();
-        if let Some(plugin) = self.ipam()? {
+        let ipam_plugin = self.ipam()?;
+        let removed = dataplane::teardown(&host_if).map_err(setup_error)?;
+        self.notify_del(self.del_request(self.pod().ok()))?;
+        if let Some(plugin) = ipam_plugin {
             ipam::exec(&plugin, "DEL", self.stdin, &[])?;
         }
-        let removed = dataplane::teardown(&host_if).map_err(setup_error)?;
-        let pod = self.pod().ok();
-        self.notify_del(DelRequest {
-            container_id: self.env.container_id.clone(),
-            ifname: self.env.ifname.clone(),
-            host_interface: host_if.clone(),
-            pod,
-        })?;
         state::remove(&self.state_dir(), &self.env.container_id, &self.env.ifname)
             .map_err(|e| CniError::new(code::STATE, "cannot remove the attachment record").with_details(e.to_string()))?;
         tracing::info!(%host_if, interface_removed = removed, "pod detached");
@@ -323,14 +355,8 @@ impl Ctx<'_> {
         // Attachments this network recorded that the runtime no longer lists.
         let records = state::list(&self.state_dir())
             .map_err(|e| CniError::new(code::IO, "cannot read attachment records").with_details(e.to_string()))?;
+        // Each step that fails keeps the record, so the next GC retries the rest.
         for r in records.iter().filter(|r| !valid.iter().any(|v| v.container_id == r.container_id && v.ifname == r.ifname)) {
-            if let Some(p) = &ipam_plugin
-                && let Err(e) =
-                    ipam::exec(p, "DEL", self.stdin, &[("CNI_CONTAINERID", &r.container_id), ("CNI_IFNAME", &r.ifname), ("CNI_NETNS", "")])
-            {
-                errors.push(format!("releasing the lease of {}/{}: {e}", r.container_id, r.ifname));
-                continue;
-            }
             if let Err(e) = dataplane::teardown(&r.host_interface) {
                 errors.push(format!("removing {}: {e}", r.host_interface));
                 continue;
@@ -343,6 +369,14 @@ impl Ctx<'_> {
             };
             if let Err(e) = self.notify_del(del) {
                 errors.push(e.to_string());
+                continue;
+            }
+            if let Some(p) = &ipam_plugin
+                && let Err(e) =
+                    ipam::exec(p, "DEL", self.stdin, &[("CNI_CONTAINERID", &r.container_id), ("CNI_IFNAME", &r.ifname), ("CNI_NETNS", "")])
+            {
+                errors.push(format!("releasing the lease of {}/{}: {e}", r.container_id, r.ifname));
+                continue;
             }
             if let Err(e) = state::remove(&self.state_dir(), &r.container_id, &r.ifname) {
                 errors.push(format!("removing the record of {}/{}: {e}", r.container_id, r.ifname));

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::attachment_file;
 use crate::spec::Attachment;
 
 /// Version of this protocol.
@@ -134,9 +135,18 @@ impl Reply {
 /// Why a call to the agent failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// No connection: the agent never saw the request.
     #[error("cannot reach flock-agent at {socket}: {source}")]
     Unreachable {
         socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The connection failed after it was made: the request may have arrived.
+    #[error("the connection to flock-agent at {socket} failed during {op}: {source}")]
+    Broken {
+        socket: PathBuf,
+        op: &'static str,
         #[source]
         source: std::io::Error,
     },
@@ -146,6 +156,15 @@ pub enum AgentError {
     Protocol { socket: PathBuf, op: &'static str, message: String },
     #[error("flock-agent refused {op}: {message}")]
     Refused { op: &'static str, message: String },
+}
+
+impl AgentError {
+    /// Whether the agent may have received, and acted on, the request: anything but a
+    /// connection that was never made. (An agent that refused an ADD may still hold the
+    /// endpoint: it registers it before waiting for the sync that failed.)
+    pub fn may_have_reached_agent(&self) -> bool {
+        !matches!(self, Self::Unreachable { .. })
+    }
 }
 
 /// Sends `request` and waits at most `timeout` for the reply.
@@ -161,7 +180,8 @@ pub fn call(socket: &Path, request: Request, timeout: Duration) -> Result<(), Ag
         message: e.to_string(),
     })?;
     line.push(b'\n');
-    stream.write_all(&line).map_err(unreachable)?;
+    let broken = |source| AgentError::Broken { socket: socket.to_path_buf(), op, source };
+    stream.write_all(&line).map_err(broken)?;
     let mut reader = BufReader::new(stream);
     let reply = match read_line(&mut reader) {
         Ok(Some(l)) => l,
@@ -171,7 +191,7 @@ pub fn call(socket: &Path, request: Request, timeout: Duration) -> Result<(), Ag
         Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
             return Err(AgentError::Timeout { socket: socket.to_path_buf(), op, timeout });
         }
-        Err(e) => return Err(unreachable(e)),
+        Err(e) => return Err(broken(e)),
     };
     let reply: Reply =
         serde_json::from_str(&reply).map_err(|e| AgentError::Protocol { socket: socket.to_path_buf(), op, message: e.to_string() })?;
@@ -219,12 +239,22 @@ pub fn encode_reply(reply: &Reply) -> Vec<u8> {
     v
 }
 
-/// The spool file of a DEL: `<dir>/<container id>-<ifname>.json`.
+/// The spool file of a DEL: `<dir>/<hash of container id and ifname>.json`
+/// ([`attachment_file`]).
 pub fn spool_path(dir: &Path, container_id: &str, ifname: &str) -> PathBuf {
-    dir.join(format!("{container_id}-{ifname}.json"))
+    dir.join(attachment_file::file_name(container_id, ifname))
 }
 
-/// Writes a DEL for the agent to replay (atomically: a temporary file, then rename).
+/// The key a spool file holds.
+fn spooled_key(bytes: &[u8]) -> Option<(String, String)> {
+    match decode_request(std::str::from_utf8(bytes).ok()?).ok()? {
+        Request::Del(d) => Some((d.container_id, d.ifname)),
+        _ => None,
+    }
+}
+
+/// Writes a DEL for the agent to replay (atomically: a temporary file, then rename). A
+/// repeated DEL replaces its own file, never another attachment's.
 pub fn spool_del(dir: &Path, del: &DelRequest) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     set_private(dir)?;
@@ -236,16 +266,15 @@ pub fn spool_del(dir: &Path, del: &DelRequest) -> std::io::Result<PathBuf> {
             return Err(std::io::Error::other(format!("{} DELs already wait in {}", queued, dir.display())));
         }
     }
-    let tmp = dir.join(format!(".{}-{}.tmp", del.container_id, del.ifname));
     let body = serde_json::to_vec(&RequestEnvelope { version: PROTOCOL_VERSION, request: Request::Del(del.clone()) })?;
-    std::fs::write(&tmp, body)?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(path)
+    attachment_file::write(dir, &del.container_id, &del.ifname, &body, spooled_key)
 }
 
-/// Reads every spooled DEL (the agent drains them at start), oldest name first, with the
-/// path of each so it can be removed once handled. Unreadable files are returned as errors
-/// so they can be reported and removed.
+/// Reads every spooled DEL (the agent drains them at start), in file name order (DELs of
+/// distinct attachments commute; a DEL is idempotent), with the path of each so it can be
+/// removed once handled. Each DEL is taken from the file's content, so files of every naming
+/// flock-cni has used are read. Unreadable files are returned as errors so they can be
+/// reported and removed.
 pub fn read_spool(dir: &Path) -> std::io::Result<Vec<(PathBuf, Result<DelRequest, String>)>> {
     let mut out = Vec::new();
     let entries = match std::fs::read_dir(dir) {
@@ -345,7 +374,7 @@ mod tests {
         let dir = temp("spool");
         let del = DelRequest { container_id: "c1".into(), ifname: "eth0".into(), host_interface: "flk0123456789ab".into(), pod: None };
         let p = spool_del(&dir.join("pending"), &del).unwrap();
-        assert!(p.ends_with("c1-eth0.json"));
+        assert_eq!(p, spool_path(&dir.join("pending"), "c1", "eth0"));
         spool_del(&dir.join("pending"), &del).unwrap(); // a repeated DEL replaces its file
         std::fs::write(dir.join("pending/garbage.json"), "{").unwrap();
         let read = read_spool(&dir.join("pending")).unwrap();
@@ -353,6 +382,72 @@ mod tests {
         assert_eq!(read[0].1.as_ref().unwrap(), &del);
         assert!(read[1].1.is_err());
         assert!(read_spool(&dir.join("nothing")).unwrap().is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn del(id: &str, ifname: &str) -> DelRequest {
+        DelRequest { container_id: id.into(), ifname: ifname.into(), host_interface: crate::host_interface_name(id, ifname), pod: None }
+    }
+
+    fn spooled(dir: &Path) -> Vec<DelRequest> {
+        let mut v: Vec<DelRequest> = read_spool(dir).unwrap().into_iter().map(|(_, d)| d.unwrap()).collect();
+        v.sort_by(|a, b| (&a.container_id, &a.ifname).cmp(&(&b.container_id, &b.ifname)));
+        v
+    }
+
+    #[test]
+    fn dels_whose_old_names_collide_are_both_kept() {
+        let dir = temp("spool-collide");
+        let (x, y) = (del("a-b", "c"), del("a", "b-c"));
+        spool_del(&dir, &x).unwrap();
+        spool_del(&dir, &y).unwrap();
+        assert_eq!(spooled(&dir), vec![y, x]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_container_id_of_1024_characters_is_spooled() {
+        let dir = temp("spool-long");
+        let d = del(&"c".repeat(1024), "eth0");
+        let p = spool_del(&dir, &d).unwrap();
+        assert!(p.file_name().unwrap().len() <= attachment_file::NAME_MAX);
+        assert_eq!(spooled(&dir), vec![d]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn dels_spooled_under_the_old_name_are_still_read() {
+        let dir = temp("spool-upgrade");
+        // What flock-cni wrote before: <container id>-<ifname>.json.
+        let old = del("c1", "eth0");
+        let body = serde_json::to_vec(&RequestEnvelope { version: PROTOCOL_VERSION, request: Request::Del(old.clone()) }).unwrap();
+        std::fs::write(dir.join("c1-eth0.json"), body).unwrap();
+        assert_eq!(spooled(&dir), vec![old.clone()]);
+        // A new DEL of another attachment is spooled next to it; nothing is lost.
+        spool_del(&dir, &del("c2", "eth0")).unwrap();
+        assert_eq!(spooled(&dir), vec![old, del("c2", "eth0")]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn only_a_connection_never_made_cannot_have_reached_the_agent() {
+        let dir = temp("reach");
+        let e = call(&dir.join("absent.sock"), Request::Status, Duration::from_secs(1)).unwrap_err();
+        assert!(!e.may_have_reached_agent(), "{e}");
+        let timeout = AgentError::Timeout { socket: dir.clone(), op: "add", timeout: Duration::from_secs(1) };
+        assert!(timeout.may_have_reached_agent());
+        assert!(AgentError::Refused { op: "add", message: "sync failed".into() }.may_have_reached_agent());
+        // The agent took the line, then hung up without a reply.
+        let sock = dir.join("s.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let server = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(conn);
+            read_line(&mut r).unwrap();
+        });
+        let e = call(&sock, add(), Duration::from_secs(2)).unwrap_err();
+        assert!(e.may_have_reached_agent(), "{e}");
+        server.join().unwrap();
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -310,7 +310,7 @@ fn agent_down_add_fails_11_del_spools_check_11_status_50() {
     let e = f.runtime.status(&conf).unwrap_err();
     assert_eq!(e.code, code::NOT_AVAILABLE, "{e}");
     f.runtime.del(&conf, &sb, Some(&r)).unwrap();
-    let spooled = f.dir.join("pending-del/cid-d-eth0.json");
+    let spooled = flock_cni::protocol::spool_path(&f.dir.join("pending-del"), "cid-d", "eth0");
     assert!(spooled.exists());
     let spool = flock_cni::protocol::read_spool(&f.dir.join("pending-del")).unwrap();
     assert_eq!(spool.len(), 1);
@@ -442,6 +442,273 @@ fn interop_with_debian_loopback_and_host_local_across_versions() {
     let e = f.runtime.add(&conf, &f.sandbox(&pod, "v11")).unwrap_err();
     assert!(e.msg.starts_with("flock-cni ADD: host-local"), "{e}");
     assert!(f.leases().is_empty());
+}
+
+/// The attachment records of the fixture's network.
+fn records(f: &Fixture) -> Vec<flock_cni::state::Record> {
+    flock_cni::state::list(&f.dir.join("state/flock-test")).unwrap()
+}
+
+/// The DELs waiting in the fixture's spool.
+fn spooled(f: &Fixture) -> Vec<flock_cni::protocol::DelRequest> {
+    flock_cni::protocol::read_spool(&f.dir.join("pending-del")).unwrap().into_iter().map(|(_, d)| d.unwrap()).collect()
+}
+
+#[test]
+fn container_ids_of_1024_characters_work_for_add_check_del_and_the_spool() {
+    if !require_root("container_ids_of_1024_characters_work_for_add_check_del_and_the_spool") {
+        return;
+    }
+    let f = Fixture::new("long", "198.18.59.0/24");
+    let conf = f.conf("1.0.0");
+    let pod = NetnsGuard::new("p");
+    let mut sb = f.sandbox(&pod, "long");
+    sb.container_id = "c".repeat(1024);
+    let host_if = host_interface_name(&sb.container_id, "eth0");
+
+    // Agent up: ADD, CHECK, DEL; the record exists between ADD and DEL.
+    let r = {
+        let agent = FakeAgent::acking(&f.socket());
+        let r = f.runtime.add(&conf, &sb).unwrap();
+        assert_eq!(records(&f).iter().map(|r| r.container_id.len()).collect::<Vec<_>>(), vec![1024]);
+        f.runtime.check(&conf, &sb, &r).unwrap();
+        f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+        assert!(agent.seen().iter().any(|q| matches!(q, Request::Del(d) if d.container_id == sb.container_id)));
+        assert!(!f.host_link_exists(&host_if));
+        assert!(records(&f).is_empty());
+        assert!(f.leases().is_empty(), "{:?}", f.leases());
+        f.runtime.add(&conf, &sb).unwrap()
+    };
+    // Agent down: DEL is spooled under a name the file system takes.
+    f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+    let spool = spooled(&f);
+    assert_eq!(spool.len(), 1);
+    assert_eq!((spool[0].container_id.as_str(), spool[0].host_interface.as_str()), (sb.container_id.as_str(), host_if.as_str()));
+    assert!(records(&f).is_empty());
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+}
+
+#[test]
+fn attachments_whose_old_file_names_collide_are_kept_apart() {
+    if !require_root("attachments_whose_old_file_names_collide_are_kept_apart") {
+        return;
+    }
+    // ("cid-a-b", "c") and ("cid-a", "b-c") were both "cid-a-b-c.json".
+    let f = Fixture::new("collide", "198.18.60.0/24");
+    let conf = f.conf("1.0.0");
+    let (px, py) = (NetnsGuard::new("px"), NetnsGuard::new("py"));
+    let mut x = f.sandbox(&px, "x");
+    (x.container_id, x.ifname) = ("cid-a-b".into(), "c".into());
+    let mut y = f.sandbox(&py, "y");
+    (y.container_id, y.ifname) = ("cid-a".into(), "b-c".into());
+    let (hx, hy) = (host_interface_name("cid-a-b", "c"), host_interface_name("cid-a", "b-c"));
+
+    // Agent down at DEL: both DELs wait in the spool.
+    let (rx, ry) = {
+        let _agent = FakeAgent::acking(&f.socket());
+        (f.runtime.add(&conf, &y).unwrap(), f.runtime.add(&conf, &x).unwrap())
+    };
+    assert_eq!(records(&f).len(), 2);
+    f.runtime.del(&conf, &y, Some(&ry)).unwrap();
+    f.runtime.del(&conf, &x, Some(&rx)).unwrap();
+    let mut spooled_ifs: Vec<String> = spooled(&f).into_iter().map(|d| d.host_interface).collect();
+    spooled_ifs.sort();
+    let mut want = vec![hx.clone(), hy.clone()];
+    want.sort();
+    assert_eq!(spooled_ifs, want);
+
+    // GC keeps x and collects y, releasing y's lease from y's own record.
+    let agent = FakeAgent::acking(&f.socket());
+    f.runtime.add(&conf, &y).unwrap();
+    let rx = f.runtime.add(&conf, &x).unwrap();
+    f.runtime.gc(&conf, &[Attachment { container_id: "cid-a-b".into(), ifname: "c".into() }]).unwrap();
+    assert!(f.host_link_exists(&hx));
+    assert!(!f.host_link_exists(&hy));
+    assert_eq!(f.leases().len(), 1, "y's lease was not released: {:?}", f.leases());
+    assert_eq!(records(&f).iter().map(|r| r.host_interface.clone()).collect::<Vec<_>>(), vec![hx.clone()]);
+    assert!(agent.seen().iter().any(|q| matches!(q, Request::Del(d) if d.host_interface == hy)));
+    f.runtime.del(&conf, &x, Some(&rx)).unwrap();
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+}
+
+/// An agent that takes ADDs and answers them only once the test says so (never within the
+/// plugin's timeout: the plugin has given up by then), running `on_add` when an ADD arrives;
+/// everything else is acknowledged at once.
+fn stalling_agent(socket: &Path, on_add: impl Fn() + Send + Sync + 'static) -> (FakeAgent, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let release = Arc::new(AtomicBool::new(false));
+    let r = release.clone();
+    let agent = FakeAgent::start(
+        socket,
+        Arc::new(move |q: &Request| {
+            if matches!(q, Request::Add(_)) {
+                on_add();
+                let until = std::time::Instant::now() + Duration::from_secs(60);
+                while !r.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Reply::ok()
+        }),
+    );
+    (agent, release)
+}
+
+/// ADD against an agent that takes the request, then goes away (its socket moved aside —
+/// not removed: the fake agent needs it back to stop) without answering; the ADD's error.
+fn add_while_the_agent_leaves(f: &Fixture, conf: &ConfList, sb: &Sandbox) -> flock_cni::spec::CniError {
+    let (socket, hidden) = (f.socket(), f.dir.join("hidden.sock"));
+    let (_agent, release) = stalling_agent(&f.socket(), move || std::fs::rename(&socket, &hidden).unwrap());
+    let e = f.runtime.add(conf, sb).unwrap_err();
+    std::fs::rename(f.dir.join("hidden.sock"), f.socket()).unwrap();
+    release.store(true, std::sync::atomic::Ordering::Relaxed);
+    e
+}
+
+#[test]
+fn an_add_the_agent_did_not_answer_in_time_is_withdrawn_from_it() {
+    if !require_root("an_add_the_agent_did_not_answer_in_time_is_withdrawn_from_it") {
+        return;
+    }
+    use std::sync::atomic::Ordering;
+    let f = Fixture::new("late", "198.18.61.0/24");
+    let mut conf = f.conf("1.0.0");
+    conf.plugins[0].insert("agentTimeoutSeconds".into(), json!(1));
+    let pod = NetnsGuard::new("p");
+
+    // The agent is still there after the timeout: the DEL goes to it.
+    let sb = f.sandbox(&pod, "late");
+    let host_if = host_interface_name("cid-late", "eth0");
+    {
+        let (agent, release) = stalling_agent(&f.socket(), || {});
+        let e = f.runtime.add(&conf, &sb).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+        assert!(e.details.contains("did not answer"), "{e:?}");
+        let seen = agent.seen();
+        assert!(
+            seen.iter().any(|q| matches!(q, Request::Del(d) if d.host_interface == host_if && d.container_id == "cid-late")),
+            "{seen:?}"
+        );
+        release.store(true, Ordering::Relaxed);
+    }
+    assert!(!f.host_link_exists(&host_if));
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+    assert!(records(&f).is_empty());
+    assert!(spooled(&f).is_empty());
+
+    // The agent went away after taking the ADD: the DEL waits in the spool for it.
+    let sb = f.sandbox(&pod, "gone");
+    let host_if = host_interface_name("cid-gone", "eth0");
+    let e = add_while_the_agent_leaves(&f, &conf, &sb);
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+    let spool = spooled(&f);
+    assert_eq!(spool.iter().map(|d| d.host_interface.as_str()).collect::<Vec<_>>(), vec![host_if.as_str()]);
+    assert_eq!(spool[0].pod.as_ref().map(|p| p.name.as_str()), Some("gone"));
+    assert!(!f.host_link_exists(&host_if));
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+
+    // An agent that refused the ADD (it registers before the sync that failed) hears a DEL.
+    let sb = f.sandbox(&pod, "refused");
+    let agent = FakeAgent::start(
+        &f.socket(),
+        Arc::new(|q: &Request| match q {
+            Request::Add(_) => Reply::refused("the sync failed"),
+            _ => Reply::ok(),
+        }),
+    );
+    let e = f.runtime.add(&conf, &sb).unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+    assert!(agent.seen().iter().any(|q| matches!(q, Request::Del(d) if d.container_id == "cid-refused")));
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+}
+
+#[test]
+fn a_lease_is_released_only_once_the_agent_is_told() {
+    if !require_root("a_lease_is_released_only_once_the_agent_is_told") {
+        return;
+    }
+    let f = Fixture::new("told", "198.18.63.0/24");
+    let conf = f.conf("1.0.0");
+    // The same network, but nowhere to spool: its path is a file.
+    std::fs::write(f.dir.join("blocked"), "").unwrap();
+    let mut blocked = conf.clone();
+    blocked.plugins[0].insert("pendingDelDir".into(), json!(f.dir.join("blocked")));
+    blocked.plugins[0].insert("agentTimeoutSeconds".into(), json!(1));
+    let pod = NetnsGuard::new("p");
+
+    // DEL with the agent down and no spool fails and keeps the lease and the record (the
+    // runtime retries); a DEL that can spool releases them.
+    let sb = f.sandbox(&pod, "del");
+    let r = {
+        let _agent = FakeAgent::acking(&f.socket());
+        f.runtime.add(&conf, &sb).unwrap()
+    };
+    let e = f.runtime.del(&blocked, &sb, Some(&r)).unwrap_err();
+    assert_eq!(e.code, code::STATE, "{e}");
+    assert_eq!(f.leases().len(), 1);
+    assert_eq!(records(&f).len(), 1);
+    f.runtime.del(&conf, &sb, Some(&r)).unwrap();
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+    assert!(records(&f).is_empty());
+
+    // An ADD whose endpoint cannot be withdrawn keeps its lease and record for the DEL.
+    let sb = f.sandbox(&pod, "add");
+    let e = add_while_the_agent_leaves(&f, &blocked, &sb);
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+    assert!(e.details.contains("cannot be queued"), "{e:?}");
+    assert!(!f.host_link_exists(&host_interface_name("cid-add", "eth0")));
+    assert_eq!(f.leases().len(), 1);
+    assert_eq!(records(&f).len(), 1);
+    f.runtime.del(&conf, &sb, None).unwrap();
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+
+    // GC likewise keeps a stale attachment's lease and record until the agent can be told.
+    let sb = f.sandbox(&pod, "gc");
+    {
+        let _agent = FakeAgent::acking(&f.socket());
+        f.runtime.add(&conf, &sb).unwrap();
+    }
+    assert!(f.runtime.gc(&blocked, &[]).is_err());
+    assert_eq!(f.leases().len(), 1);
+    assert_eq!(records(&f).len(), 1);
+    f.runtime.gc(&conf, &[]).unwrap();
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+    assert!(records(&f).is_empty());
+    assert!(spooled(&f).iter().any(|d| d.container_id == "cid-gc"));
+}
+
+#[test]
+fn cni_netns_naming_the_plugins_own_namespace_is_refused() {
+    if !require_root("cni_netns_naming_the_plugins_own_namespace_is_refused") {
+        return;
+    }
+    let f = Fixture::new("own", "198.18.62.0/24");
+    let agent = FakeAgent::acking(&f.socket());
+    let conf = f.conf("1.0.0");
+    let pod = NetnsGuard::new("p");
+    // The runtime runs the plugin in the node namespace; three paths name it.
+    let alias = f.dir.join("node-ns-alias");
+    std::os::unix::fs::symlink(format!("/run/netns/{}", f.node.name), &alias).unwrap();
+    for path in [format!("/run/netns/{}", f.node.name), alias.display().to_string(), "/proc/self/ns/net".to_string()] {
+        let mut sb = f.sandbox(&pod, "own");
+        sb.netns = path.clone();
+        let e = f.runtime.add(&conf, &sb).unwrap_err();
+        assert_eq!(e.code, code::INVALID_ENV, "{path}: {e}");
+        assert_eq!(e.details, "CNI_NETNS", "{path}: {e:?}");
+        assert!(e.msg.contains("own network namespace"), "{path}: {e}");
+        assert!(!f.host_link_exists("eth0"), "{path}: the node got a pod interface");
+        assert!(!f.host_link_exists(&host_interface_name("cid-own", "eth0")));
+        assert!(f.leases().is_empty(), "{path}: {:?}", f.leases());
+        // CHECK refuses it the same way.
+        let prev = json!({"cniVersion": "1.0.0", "interfaces": [], "ips": []});
+        let e = f.runtime.check(&conf, &sb, &prev).unwrap_err();
+        assert_eq!((e.code, e.details.as_str()), (code::INVALID_ENV, "CNI_NETNS"), "{path}: {e:?}");
+    }
+    assert!(agent.seen().is_empty(), "{:?}", agent.seen());
+    // The pod's own namespace still works.
+    let sb = f.sandbox(&pod, "own");
+    let r = f.runtime.add(&conf, &sb).unwrap();
+    f.runtime.del(&conf, &sb, Some(&r)).unwrap();
 }
 
 /// Runs the binary directly with the given environment and stdin.

@@ -1,7 +1,8 @@
 //! The CNI network configuration flock-agent writes for kubelet's runtime, like Cilium: only
 //! once the agent is ready (so the node does not report its network ready before flock can
 //! program pods), with this node's pod CIDRs as host-local ranges, rewritten when they
-//! change. It writes one file of its own and removes nothing else.
+//! change. It writes one file of its own and removes nothing else. The plugin gets the
+//! agent's socket and DEL spool directory from it, so both sides always agree on them.
 
 use std::path::{Path, PathBuf};
 
@@ -9,11 +10,14 @@ use ipnet::IpNet;
 use serde_json::json;
 
 /// The conflist content for `pod_cidrs`.
-pub fn render(name: &str, pod_cidrs: &[IpNet], socket: &Path, mtu: Option<u32>) -> String {
+pub fn render(name: &str, pod_cidrs: &[IpNet], socket: &Path, pending_del_dir: &Path, mtu: Option<u32>) -> String {
     let ranges: Vec<serde_json::Value> = pod_cidrs.iter().map(|c| json!([{"subnet": c.to_string()}])).collect();
     let mut plugin = json!({
         "type": "flock-cni",
         "agentSocket": socket,
+        // Where the agent drains DELs at start (`--pending-del-dir`): a plugin spooling
+        // elsewhere would lose them.
+        "pendingDelDir": pending_del_dir,
         "capabilities": {"ips": true},
         "ipam": {"type": "host-local", "ranges": ranges}
     });
@@ -36,13 +40,14 @@ pub struct Writer {
     pub path: PathBuf,
     pub network: String,
     pub socket: PathBuf,
+    pub pending_del_dir: PathBuf,
     pub mtu: Option<u32>,
     last: Option<String>,
 }
 
 impl Writer {
-    pub fn new(dir: &Path, file: &str, socket: PathBuf, mtu: Option<u32>) -> Self {
-        Self { path: dir.join(file), network: "flock".into(), socket, mtu, last: None }
+    pub fn new(dir: &Path, file: &str, socket: PathBuf, pending_del_dir: PathBuf, mtu: Option<u32>) -> Self {
+        Self { path: dir.join(file), network: "flock".into(), socket, pending_del_dir, mtu, last: None }
     }
 
     /// Writes the config for `pod_cidrs`; `Ok(true)` when the file changed. Nothing is
@@ -51,7 +56,7 @@ impl Writer {
         if pod_cidrs.is_empty() {
             return Ok(false);
         }
-        let text = render(&self.network, pod_cidrs, &self.socket, self.mtu);
+        let text = render(&self.network, pod_cidrs, &self.socket, &self.pending_del_dir, self.mtu);
         if self.last.as_deref() == Some(text.as_str()) && self.path.exists() {
             return Ok(false);
         }
@@ -73,7 +78,8 @@ mod tests {
     #[test]
     fn written_once_per_change_and_valid_for_the_plugin() {
         let dir = std::env::temp_dir().join(format!("flock-cniconf-{}", std::process::id()));
-        let mut w = Writer::new(&dir, "10-flock.conflist", PathBuf::from("/run/flock/cni.sock"), Some(1450));
+        let mut w =
+            Writer::new(&dir, "10-flock.conflist", PathBuf::from("/run/flock/cni.sock"), PathBuf::from("/var/spool/flock-del"), Some(1450));
         assert!(!w.write(&[]).unwrap());
         assert!(!w.path.exists());
         let cidrs: Vec<IpNet> = vec!["198.18.1.0/24".parse().unwrap(), "2001:db8:1::/64".parse().unwrap()];
@@ -83,6 +89,13 @@ mod tests {
         assert_eq!(list.plugins.len(), 2);
         let ranges = &list.plugins[1]["ipam"]["ranges"];
         assert_eq!(ranges[1][0]["subnet"], "2001:db8:1::/64");
+        // The plugin, as the runtime calls it, reads the agent's socket and spool directory.
+        let mut plugin = list.plugins[1].clone();
+        plugin.insert("cniVersion".into(), list.cni_version.clone().into());
+        plugin.insert("name".into(), list.name.clone().into());
+        let (conf, _) = flock_cni::spec::parse_conf(&serde_json::to_vec(&plugin).unwrap()).unwrap();
+        assert_eq!(conf.agent_socket.as_deref(), Some(Path::new("/run/flock/cni.sock")));
+        assert_eq!(conf.pending_del_dir.as_deref(), Some(Path::new("/var/spool/flock-del")));
         // Unrelated files in the directory are left alone.
         std::fs::write(dir.join("99-other.conflist"), "{}").unwrap();
         assert!(w.write(&cidrs[..1]).unwrap());
