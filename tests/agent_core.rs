@@ -208,3 +208,34 @@ async fn status_reports_the_committed_endpoints_not_the_live_registry() {
     gc.await.unwrap().unwrap();
     agent.shutdown().await;
 }
+
+/// A DEL that overtakes an ADD still waiting for its Pod (flock-cni gave up on the ADD and
+/// withdrew it) wins: the ADD registers nothing when the Pod shows up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_del_overtaking_a_waiting_add_wins() {
+    if !require_root("a_del_overtaking_a_waiting_add_wins") {
+        return;
+    }
+    let (node, dir) = (NetnsGuard::new("node"), TempDir::new("agent"));
+    let source = StaticSource::new(snapshot(&[]));
+    let mut cfg = config(&node, &dir);
+    cfg.pod_wait = Duration::from_secs(5);
+    let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
+    let socket = dir.join("cni.sock");
+    let pending = tokio::spawn({
+        let socket = socket.clone();
+        async move { call(&socket, add("late", "198.18.73.1")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let iface = flock_cni::host_interface_name("cid-late", "eth0");
+    let del = DelRequest { container_id: "cid-late".into(), ifname: "eth0".into(), host_interface: iface.clone(), pod: None };
+    call(&socket, Request::Del(del)).await.unwrap();
+    source.update(|s| s.upsert_pod(pod("late", "198.18.73.1")));
+    let e = pending.await.unwrap().unwrap_err();
+    assert!(e.contains("withdrawn by a DEL"), "{e}");
+    assert!(agent.endpoints().is_empty());
+    // A later ADD (the runtime's retry) works as usual.
+    call(&socket, add("late", "198.18.73.1")).await.unwrap();
+    assert!(table(&node).contains(&iface));
+    agent.shutdown().await;
+}

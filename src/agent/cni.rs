@@ -96,6 +96,7 @@ async fn dispatch(shared: &Arc<Shared>, req: Request) -> Reply {
         },
         Request::Del(del) => {
             let iface = del.host_interface.clone();
+            shared.note_del(&iface);
             let generation = shared.change_endpoints(|eps| eps.remove(&iface).is_some());
             // The interface is gone already; the wait only keeps DEL from racing a re-ADD.
             let _ = shared.wait_committed(generation, Duration::from_secs(5)).await;
@@ -173,15 +174,18 @@ async fn add_endpoint(shared: &Arc<Shared>, ep: LocalEndpoint) -> Reply {
             }
         }
     };
-    if let Err(_elapsed) = tokio::time::timeout(cfg.pod_wait, versions.wait_for(known)).await {
-        return Reply::refused(format!("pod {} is not known to the agent after {:?}", ep.pod, cfg.pod_wait));
-    }
     let iface = ep.interface.clone();
     let pod = ep.pod.clone();
-    let generation = shared.change_endpoints(move |eps| {
-        eps.insert(ep.interface.clone(), ep);
-        true
-    });
+    // A DEL that overtakes this ADD while it waits (the plugin gave up and withdrew it) wins.
+    let token = shared.begin_add(&iface);
+    if let Err(_elapsed) = tokio::time::timeout(cfg.pod_wait, versions.wait_for(known)).await {
+        shared.finish_add(token, &iface, None);
+        return Reply::refused(format!("pod {pod} is not known to the agent after {:?}", cfg.pod_wait));
+    }
+    let Some(generation) = shared.finish_add(token, &iface, Some(ep)) else {
+        tracing::info!(%pod, interface = %iface, "ADD withdrawn by a DEL while it waited; nothing registered");
+        return Reply::refused(format!("the ADD of {iface} was withdrawn by a DEL while it waited for pod {pod}"));
+    };
     match shared.wait_committed(generation, cfg.ack_timeout).await {
         Ok(()) => {
             tracing::info!(%pod, interface = %iface, generation = generation, "endpoint programmed");

@@ -139,6 +139,18 @@ struct Inner {
     endpoints: BTreeMap<String, LocalEndpoint>,
     /// Input generation: bumped by every change of the source or the endpoints.
     generation: u64,
+    /// ADDs in flight (waiting for their Pod), per interface: how many, and the sequence
+    /// number of the last DEL that arrived for the interface meanwhile. A DEL that overtakes
+    /// a waiting ADD (the plugin gave up and withdrew it) must win: the ADD then registers
+    /// nothing. Entries live only while an ADD for the interface is in flight.
+    pending_adds: BTreeMap<String, PendingAdd>,
+    del_seq: u64,
+}
+
+#[derive(Default)]
+struct PendingAdd {
+    count: usize,
+    last_del: u64,
 }
 
 pub(crate) struct Shared {
@@ -172,6 +184,52 @@ impl Shared {
         };
         self.wake.notify_one();
         generation
+    }
+
+    /// An ADD for `iface` starts waiting; the token to pass to [`Self::finish_add`].
+    fn begin_add(&self, iface: &str) -> u64 {
+        let mut inner = self.lock();
+        let entry = inner.pending_adds.entry(iface.to_string()).or_default();
+        entry.count += 1;
+        entry.last_del
+    }
+
+    /// A DEL for `iface` arrived: an ADD in flight for it must not register afterwards.
+    fn note_del(&self, iface: &str) {
+        let mut inner = self.lock();
+        inner.del_seq += 1;
+        let seq = inner.del_seq;
+        if let Some(p) = inner.pending_adds.get_mut(iface) {
+            p.last_del = seq;
+        }
+    }
+
+    /// The ADD begun with `token` is done waiting. With `register`, its endpoint is
+    /// registered — unless a DEL overtook the ADD — under the same lock a DEL takes, so no
+    /// DEL can slip between the check and the insert. The generation that includes the
+    /// endpoint, or `None` when a DEL overtook it (or nothing was to be registered).
+    fn finish_add(&self, token: u64, iface: &str, register: Option<LocalEndpoint>) -> Option<u64> {
+        let generation = {
+            let mut inner = self.lock();
+            let overtaken = match inner.pending_adds.get_mut(iface) {
+                Some(p) => {
+                    let overtaken = p.last_del > token;
+                    p.count = p.count.saturating_sub(1);
+                    if p.count == 0 {
+                        inner.pending_adds.remove(iface);
+                    }
+                    overtaken
+                }
+                None => false,
+            };
+            let ep = register.filter(|_| !overtaken)?;
+            inner.endpoints.insert(ep.interface.clone(), ep);
+            inner.generation += 1;
+            self.persist(&inner.endpoints);
+            inner.generation
+        };
+        self.wake.notify_one();
+        Some(generation)
     }
 
     fn persist(&self, eps: &BTreeMap<String, LocalEndpoint>) {
@@ -214,7 +272,7 @@ impl Agent {
         let listener = cni::bind(&config.socket).map_err(|source| StartError::Socket { socket: config.socket.clone(), source })?;
         let shared = Arc::new(Shared {
             config: config.clone(),
-            inner: Mutex::new(Inner { endpoints: endpoints.clone(), generation: 1 }),
+            inner: Mutex::new(Inner { endpoints: endpoints.clone(), generation: 1, pending_adds: BTreeMap::new(), del_seq: 0 }),
             wake: Notify::new(),
             status: watch::channel(SyncStatus::default()).0,
             source,
