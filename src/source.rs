@@ -1,8 +1,12 @@
 //! Sources of cluster state for the node agent.
 //!
-//! A source owns one [`Snapshot`], updated in place under a lock (a cluster-wide snapshot
-//! of 150,000 pods is too big to copy per event), with a version that increases on every
-//! change, published on a watch channel. The channel carries `None` until the source is
+//! A source owns one [`Snapshot`] behind an `Arc`, with a version that increases on every
+//! change, published on a watch channel. Readers that work long on it (the sync loop's
+//! translate and render) take the `Arc` and release the lock at once ([`Source::snapshot`]),
+//! so the watcher is never blocked behind them. The writer changes the snapshot in place
+//! (`Arc::make_mut`): a cluster-wide snapshot of 150,000 pods is too big to copy per event,
+//! and it is copied only when a reader still holds the previous version — at most once per
+//! sync, and pods themselves are shared (`Arc<Pod>`), so the copy is of the indexes. The channel carries `None` until the source is
 //! *complete* (every initial list finished): the agent never programs nft before that.
 //!
 //! [`StaticSource`] is fed from manifests and can be changed while running (the simulated
@@ -23,7 +27,7 @@ use crate::model::Snapshot;
 #[derive(Debug, Default)]
 pub struct Versioned {
     pub version: u64,
-    pub snapshot: Snapshot,
+    pub snapshot: Arc<Snapshot>,
     /// When recent versions were made (bounded), so consumers can measure how long a change
     /// took to be enforced.
     pub changed_at: VecDeque<(u64, Instant)>,
@@ -48,6 +52,13 @@ impl Source {
         }
     }
 
+    /// The current snapshot, its version and when recent versions were made, without
+    /// holding the lock (see the module doc).
+    pub fn snapshot(&self) -> (u64, Arc<Snapshot>) {
+        let g = self.read();
+        (g.version, Arc::clone(&g.snapshot))
+    }
+
     /// `None` until complete, then the latest published version.
     pub fn versions(&self) -> watch::Receiver<Option<u64>> {
         self.rx.clone()
@@ -67,7 +78,7 @@ pub struct SourceWriter {
 impl SourceWriter {
     /// A source holding `snapshot`, complete or not yet.
     pub fn new(snapshot: Snapshot, complete: bool) -> (Self, Source) {
-        let state = Arc::new(RwLock::new(Versioned { version: 1, snapshot, changed_at: VecDeque::new() }));
+        let state = Arc::new(RwLock::new(Versioned { version: 1, snapshot: Arc::new(snapshot), changed_at: VecDeque::new() }));
         let (tx, rx) = watch::channel(complete.then_some(1));
         (Self { state: state.clone(), tx }, Source { state, rx })
     }
@@ -83,7 +94,7 @@ impl SourceWriter {
     pub fn update<T>(&self, f: impl FnOnce(&mut Snapshot) -> T) -> (u64, T) {
         let (version, out) = {
             let mut g = self.write();
-            let out = f(&mut g.snapshot);
+            let out = f(Arc::make_mut(&mut g.snapshot));
             g.version += 1;
             let v = g.version;
             if g.changed_at.len() >= CHANGE_HISTORY {
@@ -136,6 +147,6 @@ impl StaticSource {
     pub fn current(&self) -> (u64, Snapshot) {
         let g = self.writer.reader();
         let r = g.read();
-        (r.version, r.snapshot.clone())
+        (r.version, Snapshot::clone(&r.snapshot))
     }
 }

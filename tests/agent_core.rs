@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use flock::agent::{Agent, AgentConfig};
+use flock::agent::{Agent, AgentConfig, SyncHook, SyncStage};
 use flock::apply::Backend;
 use flock::apply::kernel::NftCli;
 use flock::model::{Pod, PodPhase, Snapshot};
@@ -164,7 +164,9 @@ async fn restart_keeps_registry_and_rules_drains_the_spool_and_repairs_drift() {
     tokio::time::timeout(Duration::from_secs(5), status.wait_for(|s| s.ready)).await.unwrap().unwrap();
     assert!(!table(&node).contains(&b_if));
 
-    // Drift: someone flushes flock's base chain; the periodic resync repairs it.
+    // Drift: once a periodic check has a baseline to compare with, someone flushes flock's
+    // base chain; the next check repairs it.
+    tokio::time::timeout(Duration::from_secs(5), status.wait_for(|s| s.drift_checks >= 1)).await.unwrap().unwrap();
     node.exec(&["nft", "flush", "chain", "inet", "flock", "forward"]);
     tokio::time::timeout(Duration::from_secs(5), status.wait_for(|s| s.drift_repairs >= 1)).await.unwrap().unwrap();
     assert!(table(&node).contains("iifname \"flk*\" jump from-pods"));
@@ -238,4 +240,131 @@ async fn a_del_overtaking_a_waiting_add_wins() {
     call(&socket, add("late", "198.18.73.1")).await.unwrap();
     assert!(table(&node).contains(&iface));
     agent.shutdown().await;
+}
+
+/// An `nft` that fails every transaction while `fail` exists, and logs each one.
+fn failing_nft(dir: &TempDir) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let (script, fail, log) = (dir.join("nft"), dir.join("fail"), dir.join("nft.log"));
+    let text = format!(
+        "#!/bin/sh\ncase \" $* \" in *' -f '*) case \" $* \" in *' -c '*) ;; *) echo tx >> {log}; [ -e {fail} ] && {{ echo injected failure >&2; exit 1; }};; esac;; esac\nexec nft \"$@\"\n",
+        log = log.display(),
+        fail = fail.display()
+    );
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    (script, fail, log)
+}
+
+fn transactions(log: &Path) -> usize {
+    std::fs::read_to_string(log).map(|s| s.lines().count()).unwrap_or(0)
+}
+
+/// Failing syncs back off (events do not each cost an nft run) while a CNI ADD still tries
+/// at once; the first commit ends the backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_syncs_back_off_but_an_add_tries_at_once() {
+    if !require_root("failing_syncs_back_off_but_an_add_tries_at_once") {
+        return;
+    }
+    let (node, dir) = (NetnsGuard::new("node"), TempDir::new("agent"));
+    let (nft, fail, log) = failing_nft(&dir);
+    let source = StaticSource::new(snapshot(&[pod("a", "198.18.74.1"), pod("b", "198.18.74.2")]));
+    let mut cfg = config(&node, &dir);
+    cfg.nft = nft;
+    let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
+    let socket = dir.join("cni.sock");
+    call(&socket, add("a", "198.18.74.1")).await.unwrap();
+
+    // nft starts failing; a stream of policy changes follows for 2.5 s.
+    std::fs::write(&fail, b"").unwrap();
+    let before = transactions(&log);
+    let failures_before = agent.status().borrow().sync_failures;
+    for i in 0..50 {
+        source.update(|s| {
+            s.upsert_policy(flock::model::NetworkPolicy { namespace: "default".into(), name: format!("p{}", i % 2), ..Default::default() })
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Backing off 1 s, 2 s, … (±20 %): at most 3 attempts in 2.5 s, not one per change.
+    let s = agent.status().borrow().clone();
+    let attempts = s.sync_failures - failures_before;
+    assert!((1..=3).contains(&attempts), "{attempts} failed syncs ({} nft transactions) in 2.5 s", transactions(&log) - before);
+    assert!(s.consecutive_failures >= 1 && s.error.as_deref().is_some_and(|e| e.contains("injected failure")), "{s:?}");
+    let retry_at = s.retry_at.expect("a retry is scheduled");
+
+    // nft works again; an ADD does not wait for the backoff's deadline.
+    std::fs::remove_file(&fail).unwrap();
+    call(&socket, add("b", "198.18.74.2")).await.unwrap();
+    assert!(std::time::Instant::now() < retry_at, "the ADD waited for the backoff");
+    let s = agent.status().borrow().clone();
+    assert_eq!((s.consecutive_failures, s.retry_at, s.error), (0, None, None));
+    assert!(table(&node).contains(&flock_cni::host_interface_name("cid-b", "eth0")));
+    agent.shutdown().await;
+}
+
+/// A panic in a sync ends the agent (the daemon then exits non-zero and the kubelet restarts
+/// it); the rules already committed stay in the kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_a_sync_crashes_the_agent_and_keeps_the_rules() {
+    if !require_root("a_panic_in_a_sync_crashes_the_agent_and_keeps_the_rules") {
+        return;
+    }
+    for stage in [SyncStage::Render, SyncStage::Apply] {
+        let (node, dir) = (NetnsGuard::new("node"), TempDir::new("agent"));
+        let source = StaticSource::new(snapshot(&[pod("a", "198.18.75.1")]));
+        let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut cfg = config(&node, &dir);
+        cfg.sync_hook = Some(SyncHook(std::sync::Arc::new({
+            let armed = armed.clone();
+            move |s| {
+                if s == stage && armed.load(std::sync::atomic::Ordering::SeqCst) {
+                    panic!("injected panic in {s:?}");
+                }
+            }
+        })));
+        let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
+        call(&dir.join("cni.sock"), add("a", "198.18.75.1")).await.unwrap();
+        let before = table(&node);
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        source.update(|s| {
+            s.upsert_policy(flock::model::NetworkPolicy { namespace: "default".into(), name: "p".into(), ..Default::default() })
+        });
+        let why = tokio::time::timeout(Duration::from_secs(10), agent.crashed()).await.expect("the agent did not crash");
+        assert!(why.contains("panicked") && why.contains("injected panic"), "{stage:?}: {why}");
+        assert_eq!(table(&node), before, "{stage:?}: the rules changed");
+        agent.shutdown().await;
+    }
+}
+
+/// An nft that cannot load flock's rules fails the start with a message naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_nft_fails_the_start_clearly() {
+    if !require_root("an_unusable_nft_fails_the_start_clearly") {
+        return;
+    }
+    let (node, dir) = (NetnsGuard::new("node"), TempDir::new("agent"));
+    let old = dir.join("old-nft");
+    std::fs::write(&old, "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'nftables v0.9.0 (Fearless Fosdick)'; exit 0; }\necho 'Error: syntax error, unexpected ifname' >&2\nexit 1\n").unwrap();
+    std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for (program, want) in
+        [(old.clone(), "v0.9.0 (Fearless Fosdick) cannot load the rules flock writes"), (dir.join("missing-nft"), "cannot run nft")]
+    {
+        let mut cfg = config(&node, &dir);
+        cfg.nft = program.clone();
+        let Err(e) = Agent::start(cfg, StaticSource::new(snapshot(&[])).subscribe()).await else { panic!("{program:?}: started") };
+        let chain = format!("{:#}", anyhow_like(&e));
+        assert!(chain.contains(&program.display().to_string()) && chain.contains(want), "{chain}");
+    }
+}
+
+/// The error and its sources, `: `-joined (what `anyhow`'s `{:#}` prints in the daemon).
+fn anyhow_like(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
 }

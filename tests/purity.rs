@@ -1,54 +1,201 @@
-//! The translator and renderer are pure (no I/O, clock, process, randomness, async runtime or
-//! hash-order iteration): this test keeps them that way by refusing the paths that would
-//! bring those in.
+//! The translator and renderer are pure — no I/O, clock, process, randomness, async runtime,
+//! network, kernel or hash-order iteration — so they can be unit-tested, fuzzed and trusted
+//! to give equal output for equal input. This test keeps them that way structurally: it
+//! parses every source file of `src/translate/` and `src/render/` with `syn` and refuses any
+//! `use` or path (in code, types, patterns and macro names) that would bring those in. Test
+//! code (`#[cfg(test)]` items, `tests.rs`) may use what it likes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-const FORBIDDEN: &[&str] = &[
+use syn::visit::{self, Visit};
+
+/// Path prefixes the pure stages may not name (`::`-joined, matched segment-wise).
+const FORBIDDEN_PREFIXES: &[&str] = &[
     "tokio",
     "kube",
+    "kube_runtime",
+    "k8s_openapi",
     "rtnetlink",
-    "netlink",
+    "netlink_packet_route",
+    "netlink_sys",
+    "netlink_packet_core",
+    "nftables",
+    "nix",
+    "libc",
+    "rand",
+    "hyper",
     "std::process",
     "std::fs",
-    "std::net::Tcp",
-    "std::net::Udp",
+    "std::io",
+    "std::net::TcpStream",
+    "std::net::TcpListener",
+    "std::net::UdpSocket",
     "std::time",
-    "Instant",
-    "SystemTime",
     "std::thread",
     "std::env",
-    "HashMap",
-    "HashSet",
-    "rand::",
+    "std::os",
     "crate::apply",
     "crate::netns",
+    "crate::agent",
+    "crate::source",
+    "crate::sim",
+    "crate::daemon",
+    "crate::controller",
+    "crate::process",
 ];
+
+/// Names that are impure wherever they come from (hash order, clocks).
+const FORBIDDEN_NAMES: &[&str] = &["HashMap", "HashSet", "RandomState", "Instant", "SystemTime"];
+
+/// Macros that do I/O.
+const FORBIDDEN_MACROS: &[&str] = &["println", "eprintln", "print", "eprint", "dbg"];
+
+struct Checker<'a> {
+    file: &'a Path,
+    violations: Vec<String>,
+}
+
+impl Checker<'_> {
+    fn check_path(&mut self, segments: &[String]) {
+        let joined = segments.join("::");
+        for f in FORBIDDEN_PREFIXES {
+            let prefix: Vec<&str> = f.split("::").collect();
+            if segments.len() >= prefix.len() && segments.iter().zip(&prefix).all(|(a, b)| a == b) {
+                self.violations.push(format!("{}: `{joined}` ({f} is not pure)", self.file.display()));
+            }
+        }
+        for n in FORBIDDEN_NAMES {
+            if segments.iter().any(|s| s == n) {
+                self.violations.push(format!("{}: `{joined}` ({n} is not pure)", self.file.display()));
+            }
+        }
+    }
+
+    fn check_use(&mut self, tree: &syn::UseTree, prefix: &mut Vec<String>) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.check_use(&p.tree, prefix);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => {
+                prefix.push(n.ident.to_string());
+                self.check_path(prefix);
+                prefix.pop();
+            }
+            syn::UseTree::Rename(r) => {
+                prefix.push(r.ident.to_string());
+                self.check_path(prefix);
+                prefix.pop();
+            }
+            syn::UseTree::Glob(_) => self.check_path(prefix),
+            syn::UseTree::Group(g) => {
+                for t in &g.items {
+                    self.check_use(t, prefix);
+                }
+            }
+        }
+    }
+}
+
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg") && a.parse_args::<syn::Meta>().is_ok_and(|m| matches!(&m, syn::Meta::Path(p) if p.is_ident("test")))
+    }) || attrs.iter().any(|a| a.path().is_ident("test"))
+}
+
+impl<'ast> Visit<'ast> for Checker<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let attrs: &[syn::Attribute] = match item {
+            syn::Item::Mod(m) => &m.attrs,
+            syn::Item::Fn(f) => &f.attrs,
+            syn::Item::Use(u) => &u.attrs,
+            syn::Item::Impl(i) => &i.attrs,
+            _ => &[],
+        };
+        if is_test_only(attrs) {
+            return;
+        }
+        visit::visit_item(self, item);
+    }
+
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        self.check_use(&u.tree, &mut Vec::new());
+    }
+
+    fn visit_item_extern_crate(&mut self, e: &'ast syn::ItemExternCrate) {
+        self.check_path(&[e.ident.to_string()]);
+    }
+
+    fn visit_path(&mut self, p: &'ast syn::Path) {
+        let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+        self.check_path(&segments);
+        visit::visit_path(self, p);
+    }
+
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        if let Some(last) = m.path.segments.last()
+            && FORBIDDEN_MACROS.contains(&last.ident.to_string().as_str())
+        {
+            self.violations.push(format!("{}: `{}!` does I/O", self.file.display(), last.ident));
+        }
+        visit::visit_macro(self, m);
+    }
+}
+
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs") && p.file_name().is_some_and(|n| n != "tests.rs"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn violations_in(file: &Path, text: &str) -> Vec<String> {
+    let ast = syn::parse_file(text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let mut c = Checker { file, violations: Vec::new() };
+    c.visit_file(&ast);
+    c.violations
+}
 
 #[test]
 fn translate_and_render_are_pure() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut checked = 0;
+    let mut violations = Vec::new();
     for dir in ["translate", "render"] {
-        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
-            let path = entry.unwrap().path();
-            let text = std::fs::read_to_string(&path).unwrap();
-            // Test modules may use what they like.
-            let code = text.split("#[cfg(test)]").next().unwrap_or("");
-            let code = if path.file_name().is_some_and(|n| n == "tests.rs") { "" } else { code };
-            for (i, line) in code.lines().enumerate() {
-                let l = line.trim_start();
-                if l.starts_with("//") {
-                    continue;
-                }
-                for f in FORBIDDEN {
-                    assert!(!l.contains(f), "{}:{}: the pure stages may not use {f}: {line}", path.display(), i + 1);
-                }
-            }
+        for file in sources(&root.join(dir)) {
+            violations.extend(violations_in(&file, &std::fs::read_to_string(&file).unwrap()));
             checked += 1;
         }
     }
     assert!(checked >= 6, "checked only {checked} files");
+    assert!(violations.is_empty(), "the pure stages may not use these:\n{}", violations.join("\n"));
+}
+
+#[test]
+fn the_checker_catches_each_kind_of_impurity() {
+    let bad = [
+        ("use std::fs;", "std::fs"),
+        ("use std::{collections::BTreeMap, time::Instant};", "Instant"),
+        ("fn f() { let _ = std::process::Command::new(\"nft\"); }", "std::process"),
+        ("fn f() -> std::collections::HashMap<u8, u8> { todo!() }", "HashMap"),
+        ("use tokio as t;", "tokio"),
+        ("fn f() { eprintln!(\"x\"); }", "eprintln"),
+        ("use crate::apply::Applier;", "crate::apply"),
+        ("extern crate nix;", "nix"),
+        ("fn f(x: &dyn std::io::Write) {}", "std::io"),
+    ];
+    for (code, what) in bad {
+        let v = violations_in(Path::new("x.rs"), code);
+        assert!(v.iter().any(|m| m.contains(what)), "{code}: {v:?}");
+    }
+    let fine = "use std::collections::BTreeMap;\nuse crate::model::Snapshot;\n\
+                fn f(m: &BTreeMap<u8, u8>) -> String { format!(\"{}\", m.len()) }\n\
+                #[cfg(test)]\nmod tests { use std::fs; fn g() { println!(\"ok\"); } }";
+    assert_eq!(violations_in(Path::new("x.rs"), fine), Vec::<String>::new());
 }

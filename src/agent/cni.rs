@@ -186,7 +186,16 @@ async fn add_endpoint(shared: &Arc<Shared>, ep: LocalEndpoint) -> Reply {
         tracing::info!(%pod, interface = %iface, "ADD withdrawn by a DEL while it waited; nothing registered");
         return Reply::refused(format!("the ADD of {iface} was withdrawn by a DEL while it waited for pod {pod}"));
     };
-    match shared.wait_committed(generation, cfg.ack_timeout).await {
+    // Acknowledged once committed to the kernel and to the registry on disk: a restart must
+    // not forget a pod the runtime was told is wired.
+    let durable = async {
+        shared.wait_committed(generation, cfg.ack_timeout).await?;
+        match tokio::time::timeout(cfg.ack_timeout, shared.persister.wait(generation)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("the endpoint registry was not written within {:?}", cfg.ack_timeout)),
+        }
+    };
+    match durable.await {
         Ok(()) => {
             tracing::info!(%pod, interface = %iface, generation = generation, "endpoint programmed");
             Reply::ok()

@@ -63,6 +63,10 @@ impl Backend for FakeNft {
         Ok(self.table().map(Table::dump))
     }
 
+    fn read_state(&mut self) -> Result<Option<super::state::TableState>, ApplyError> {
+        Ok(self.table().map(|t| super::state::TableState::Canonical(t.dump())))
+    }
+
     fn list_objects(&mut self) -> Result<Vec<ObjectInfo>, ApplyError> {
         let Some(t) = self.table() else { return Ok(Vec::new()) };
         Ok(t.objects()

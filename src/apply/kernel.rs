@@ -49,7 +49,12 @@ impl NftCli {
                 .stderr(Stdio::piped());
             let mut child = cmd.spawn()?;
             if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-                pipe.write_all(text.as_bytes())?;
+                // An nft that exits before reading its script (it failed at once) closes the
+                // pipe: its exit status and stderr say why, not the broken pipe.
+                match pipe.write_all(text.as_bytes()) {
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                    other => other?,
+                }
             }
             child.wait_with_output()
         })?
@@ -68,10 +73,27 @@ impl NftCli {
         })
     }
 
-    /// Whether `nft` can be run here at all (binary present, privileges to read rulesets).
-    pub fn probe(&self) -> Result<(), ApplyError> {
-        let out = self.exec(&["list", "tables"], None)?;
-        if out.status.success() { Ok(()) } else { Err(ApplyError::List(String::from_utf8_lossy(&out.stderr).trim().to_string())) }
+    /// Checks, before anything is programmed, that `nft` runs here and understands the
+    /// rules flock writes: the binary answers `--version`, and `sample` (a ruleset rendered by
+    /// flock) passes `nft -c`. A missing or too old nft then fails the start with one clear
+    /// message instead of every sync. Returns nft's version line.
+    pub fn probe(&self, sample: &str) -> Result<String, ApplyError> {
+        let out = self.exec(&["--version"], None)?;
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !out.status.success() {
+            return Err(ApplyError::Rejected {
+                context: format!("{} --version", self.program.display()),
+                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        self.run_script(sample, true).map_err(|e| match e {
+            ApplyError::Rejected { message, .. } => ApplyError::Rejected {
+                context: format!("{version} cannot load the rules flock writes; flock needs nftables 1.0 or later"),
+                message,
+            },
+            other => other,
+        })?;
+        Ok(version)
     }
 }
 
@@ -96,6 +118,15 @@ impl Backend for NftCli {
             return if is_missing_table(&stderr) { Ok(None) } else { Err(ApplyError::List(stderr.trim().to_string())) };
         }
         String::from_utf8(out.stdout).map(Some).map_err(|e| ApplyError::List(e.to_string()))
+    }
+
+    fn read_state(&mut self) -> Result<Option<super::state::TableState>, ApplyError> {
+        let out = self.exec(&["-j", "-s", "list", "table", FAMILY, TABLE], None)?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            return if is_missing_table(&stderr) { Ok(None) } else { Err(ApplyError::List(stderr.trim().to_string())) };
+        }
+        super::state::TableState::from_json(&out.stdout).map(Some).map_err(ApplyError::List)
     }
 
     fn list_objects(&mut self) -> Result<Vec<ObjectInfo>, ApplyError> {

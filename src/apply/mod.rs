@@ -18,14 +18,19 @@
 //!   declaration) takes the full path.
 //! - A failed transaction leaves the previous ruleset in force and returns the error with
 //!   nft's message; the next sync is a full one that re-reads which objects exist.
-//! - [`Applier::check_drift`] compares the kernel's listing with what was applied (both in
-//!   canonical form) so a periodic resync can repair edits made behind flock's back. The
-//!   applied side's canonical form is computed on the first check, not on every apply.
+//! - [`Applier::check_drift`] compares what the kernel holds now with what it held right
+//!   after flock's last transaction (the *baseline*), both read as typed objects from nft's
+//!   JSON listing ([`state`]), so a periodic resync can repair edits made behind flock's back
+//!   — and an nft upgrade that formats listings differently is not drift. The baseline is
+//!   read after each transaction that changed the table ([`Applier::record_baseline`]; the
+//!   agent defers it until it has acknowledged the sync, so the listing never delays a pod).
+//!   Without a baseline the check answers [`Drift::Unverified`], and the caller repairs.
 //!
 //! It touches no table but `inet flock`.
 
 pub mod fake;
 pub mod kernel;
+pub mod state;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -50,7 +55,7 @@ pub struct ObjectInfo {
 pub enum ApplyError {
     #[error("nft rejected the transaction ({context}): {message}")]
     Rejected { context: String, message: String },
-    #[error("cannot run nft in {netns}: {source}")]
+    #[error("cannot run nft in {netns}")]
     Spawn {
         netns: String,
         #[source]
@@ -82,6 +87,8 @@ pub trait Backend {
     fn check(&mut self, script: &str) -> Result<(), ApplyError>;
     /// The stateless listing of table `inet flock`, or `None` when the table does not exist.
     fn list_table(&mut self) -> Result<Option<String>, ApplyError>;
+    /// What table `inet flock` holds, typed ([`state`]), or `None` when it does not exist.
+    fn read_state(&mut self) -> Result<Option<state::TableState>, ApplyError>;
     /// The chains, sets and maps of table `inet flock` (empty when it does not exist).
     fn list_objects(&mut self) -> Result<Vec<ObjectInfo>, ApplyError>;
 }
@@ -105,27 +112,22 @@ pub enum Drift {
     InSync,
     /// The table is gone.
     Missing,
-    /// The table differs; the first differing line of the canonical listings.
+    /// The table differs from the baseline: what differs first.
     Changed { first_difference: String },
+    /// No baseline was read since the last transaction: what the kernel holds cannot be
+    /// vouched for (repair it).
+    Unverified,
 }
 
 struct Applied {
     /// What the kernel holds: compared with the next render, and the base of the next
     /// incremental transaction.
     rs: Ruleset,
-    /// Its canonical text, computed when a drift check first needs it: parsing a large
-    /// render costs about as much as a quarter of the nft transaction itself.
-    canonical: Option<String>,
 }
 
 impl Applied {
     fn new(rs: Ruleset) -> Self {
-        Self { rs, canonical: None }
-    }
-
-    fn canonical(&mut self) -> &str {
-        let rs = &self.rs;
-        self.canonical.get_or_insert_with(|| crate::nft::canonical(&rs.to_text()).unwrap_or_default())
+        Self { rs }
     }
 }
 
@@ -135,11 +137,39 @@ pub struct Applier<B> {
     last: Option<Applied>,
     /// Set after any failure or drift: the next apply re-reads which objects exist.
     full: bool,
+    /// What the kernel held after flock's last transaction (see the module doc).
+    baseline: Option<state::TableState>,
+    /// Whether [`Applier::apply`] leaves reading the baseline to the caller.
+    defer_baseline: bool,
 }
 
 impl<B: Backend> Applier<B> {
     pub fn new(backend: B) -> Self {
-        Self { backend, last: None, full: true }
+        Self { backend, last: None, full: true, baseline: None, defer_baseline: false }
+    }
+
+    /// Leaves reading the drift baseline after a transaction to the caller
+    /// ([`Self::record_baseline`]), e.g. once the sync has been acknowledged.
+    pub fn defer_baseline(mut self) -> Self {
+        self.defer_baseline = true;
+        self
+    }
+
+    /// Whether a transaction since the last baseline left it to be read.
+    pub fn needs_baseline(&self) -> bool {
+        self.last.is_some() && self.baseline.is_none()
+    }
+
+    /// Reads what the kernel holds now as the drift baseline.
+    pub fn record_baseline(&mut self) -> Result<(), ApplyError> {
+        self.baseline = if self.last.is_some() { self.backend.read_state()? } else { None };
+        Ok(())
+    }
+
+    /// A transaction committed: the baseline is read now, or left to the caller.
+    fn committed(&mut self) -> Result<(), ApplyError> {
+        self.baseline = None;
+        if self.defer_baseline { Ok(()) } else { self.record_baseline() }
     }
 
     pub fn backend(&self) -> &B {
@@ -168,6 +198,7 @@ impl<B: Backend> Applier<B> {
             match self.backend.run(&script) {
                 Ok(()) => {
                     self.last = Some(Applied::new(rs.clone()));
+                    self.committed()?;
                     return Ok(Outcome::Applied { stale_deleted, incremental: true });
                 }
                 // The kernel is not what flock believed: the full path below re-reads it.
@@ -188,8 +219,10 @@ impl<B: Backend> Applier<B> {
                     Some(listing) => {
                         let canonical = crate::nft::canonical(&text).unwrap_or_default();
                         if crate::nft::canonical(&listing).is_ok_and(|c| c == canonical) {
-                            self.last = Some(Applied { rs: rs.clone(), canonical: Some(canonical) });
+                            self.last = Some(Applied::new(rs.clone()));
                             self.full = false;
+                            // Verified just now: the baseline is read at once (once per start).
+                            self.record_baseline()?;
                             return Ok(Outcome::Unchanged);
                         }
                         self.list_existing()?
@@ -222,6 +255,7 @@ impl<B: Backend> Applier<B> {
             Ok(()) => {
                 self.last = Some(Applied::new(rs.clone()));
                 self.full = false;
+                self.committed()?;
                 Ok(Outcome::Applied { stale_deleted: stale.len(), incremental: false })
             }
             Err(e) => {
@@ -249,23 +283,12 @@ impl<B: Backend> Applier<B> {
         if self.last.is_none() {
             return Ok(Drift::NotApplied);
         }
-        let Some(listing) = self.backend.list_table()? else { return Ok(Drift::Missing) };
-        let Some(last) = self.last.as_mut() else { return Ok(Drift::NotApplied) };
-        let applied = last.canonical();
-        let current = match crate::nft::canonical(&listing) {
-            Ok(c) => c,
-            Err(e) => return Ok(Drift::Changed { first_difference: format!("listing not understood: {e}") }),
-        };
-        if current == applied {
-            return Ok(Drift::InSync);
-        }
-        let first_difference = current
-            .lines()
-            .zip(applied.lines())
-            .find(|(a, b)| a != b)
-            .map(|(a, b)| format!("kernel has {:?}, flock applied {:?}", a.trim(), b.trim()))
-            .unwrap_or_else(|| "one listing is longer".into());
-        Ok(Drift::Changed { first_difference })
+        let Some(now) = self.backend.read_state()? else { return Ok(Drift::Missing) };
+        let Some(baseline) = &self.baseline else { return Ok(Drift::Unverified) };
+        Ok(match now.first_difference(baseline) {
+            None => Drift::InSync,
+            Some(first_difference) => Drift::Changed { first_difference },
+        })
     }
 }
 

@@ -24,7 +24,7 @@ fn with(policies: &str) -> Snapshot {
 /// Compares with `tests/golden/<name>.nft`; `FLOCK_BLESS=1` rewrites the file.
 fn golden(name: &str, text: &str) {
     let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(format!("{name}.nft"));
-    if std::env::var_os("FLOCK_BLESS").is_some() {
+    if std::env::var_os("FLOCK_BLESS").is_some_and(|v| v == "1") {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, text).unwrap();
         return;

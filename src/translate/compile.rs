@@ -15,28 +15,11 @@
 //! was understood. Every problem is reported with the policy's `namespace/name`, the field
 //! and the reason.
 
-use std::fmt;
-
 use ipnet::IpNet;
 
-use super::ir::{Direction, IpBlockDef, NsScope, PeerDef};
+use super::ir::{Direction, IpBlockDef, NsScope, PeerDef, PolicyProblem};
 use super::selector::Selector;
 use crate::model::{NetworkPolicy, ObjectRef, PolicyPeer, PolicyPort, PolicyRule, PortRef, Protocol};
-
-/// Something in a policy the API server would have rejected.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct PolicyProblem {
-    pub policy: ObjectRef,
-    /// Field path inside the object, e.g. `spec.ingress[0].from[1].ipBlock.except[0]`.
-    pub field: String,
-    pub message: String,
-}
-
-impl fmt::Display for PolicyProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NetworkPolicy {}: {}: {}", self.policy, self.field, self.message)
-    }
-}
 
 /// One entry of a rule's `ports`, validated.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

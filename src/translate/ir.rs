@@ -7,7 +7,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::compile::PolicyProblem;
 use super::selector::Selector;
 use crate::model::{ObjectRef, Protocol};
 
@@ -372,6 +371,21 @@ impl EndpointPolicy {
 
     pub fn has_v6(&self) -> bool {
         self.addrs.iter().any(IpAddr::is_ipv6)
+    }
+}
+
+/// Something in a policy the API server would have rejected.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PolicyProblem {
+    pub policy: ObjectRef,
+    /// Field path inside the object, e.g. `spec.ingress[0].from[1].ipBlock.except[0]`.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NetworkPolicy {}: {}: {}", self.policy, self.field, self.message)
     }
 }
 

@@ -33,7 +33,7 @@ pub mod selector;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-pub use compile::{CompiledPolicy, PolicyProblem, PortSpec};
+pub use compile::{CompiledPolicy, PortSpec};
 pub use ir::*;
 
 use crate::model::{LocalEndpoint, ObjectRef, Pod, Snapshot};
