@@ -45,7 +45,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", flock::process::error_chain(&*e));
             ExitCode::FAILURE
         }
     }
