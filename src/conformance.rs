@@ -68,7 +68,7 @@ pub struct Probe {
     pub protocol: Protocol,
     pub port_name: Option<String>,
     pub kernel_optional: bool,
-    /// `None`: each destination's first address family.
+    /// `None`: each destination's primary address (its first pod IP) decides the family.
     pub family: Option<Family>,
     /// Rows and columns.
     pub order: Vec<String>,

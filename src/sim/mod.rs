@@ -153,7 +153,7 @@ pub struct Sim {
 pub struct ProbeSpec {
     pub port: u16,
     pub protocol: Protocol,
-    /// `None`: each destination's first address family.
+    /// `None`: each destination's primary address (its first pod IP) decides the family.
     pub family: Option<Family>,
 }
 

@@ -1,5 +1,5 @@
 //! `flockctl conformance [--base FILE] DIR...`: run conformance cases on a simulated cluster
-//! built from the base, and print `PASS|FAIL|SKIP <case>` lines and a summary.
+//! built from the base, and print `PASS|FAIL|SKIP <case> (why)` lines and a summary.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,7 +11,7 @@ use clap::Args;
 use flock::conformance;
 use flock::model::manifest;
 use flock::sim::Sim;
-use flock::sim::runner::{self, Verdict};
+use flock::sim::runner::{self, CaseOutcome, Verdict};
 
 use super::sim::{CommonArgs, cleanup_on_interrupt, preflight, runtime};
 
@@ -70,13 +70,7 @@ pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
                 Verdict::Fail => failed += 1,
                 Verdict::Skip => skipped += 1,
             }
-            let mut line = format!("{} {}", o.verdict.as_str(), case.dir_name);
-            if o.verdict == Verdict::Fail {
-                let cells: Vec<String> =
-                    o.mismatches.iter().take(5).map(ToString::to_string).chain(o.errors.iter().take(3).cloned()).collect();
-                line.push_str(&format!(" ({} cells differ; {})", o.mismatches.len(), cells.join("; ")));
-            }
-            println!("{line}");
+            println!("{}", verdict_line(&case.dir_name, &o));
             steps += o.step_times.len();
             step_time += o.step_times.iter().map(|d| d.as_secs_f64()).sum::<f64>();
             if args.verbose {
@@ -94,4 +88,54 @@ pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok((passed, failed, skipped))
     })?;
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// `PASS|FAIL|SKIP <case>`, with why: the cells that differ and errors for a failure, the
+/// reason for a skip, and skipped probes of a case that passed.
+fn verdict_line(case: &str, o: &CaseOutcome) -> String {
+    let mut line = format!("{} {case}", o.verdict.as_str());
+    match o.verdict {
+        Verdict::Fail => {
+            let cells: Vec<String> = o.mismatches.iter().take(5).map(ToString::to_string).chain(o.errors.iter().take(3).cloned()).collect();
+            line.push_str(&format!(" ({} cells differ; {})", o.mismatches.len(), cells.join("; ")));
+        }
+        Verdict::Skip if o.skip_reasons.is_empty() => line.push_str(" (no probe could run)"),
+        Verdict::Skip => line.push_str(&format!(" ({})", o.skip_reasons.join("; "))),
+        Verdict::Pass if o.probes_skipped > 0 => line.push_str(&format!(
+            " ({} of {} probes skipped: {})",
+            o.probes_skipped,
+            o.probes_skipped + o.probes_run,
+            o.skip_reasons.join("; ")
+        )),
+        Verdict::Pass => {}
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(verdict: Verdict, run: usize, skipped: usize) -> CaseOutcome {
+        CaseOutcome {
+            verdict,
+            mismatches: Vec::new(),
+            errors: Vec::new(),
+            probes_run: run,
+            probes_skipped: skipped,
+            skip_reasons: if skipped > 0 { vec!["SCTP not available in this kernel".into()] } else { Vec::new() },
+            step_times: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn every_skip_says_why() {
+        assert_eq!(verdict_line("055-sctp", &outcome(Verdict::Skip, 0, 1)), "SKIP 055-sctp (SCTP not available in this kernel)");
+        assert_eq!(verdict_line("055-sctp", &outcome(Verdict::Skip, 0, 0)), "SKIP 055-sctp (no probe could run)");
+        assert_eq!(
+            verdict_line("060-mixed", &outcome(Verdict::Pass, 2, 1)),
+            "PASS 060-mixed (1 of 3 probes skipped: SCTP not available in this kernel)"
+        );
+        assert_eq!(verdict_line("001-deny", &outcome(Verdict::Pass, 1, 0)), "PASS 001-deny");
+    }
 }

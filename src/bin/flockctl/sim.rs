@@ -11,7 +11,7 @@ use serde_json::json;
 
 use flock::conformance::Family;
 use flock::model::{Protocol, manifest};
-use flock::sim::{Cell, HostSpec, ProbeSpec, Sim, SimOptions};
+use flock::sim::{Cell, HostSpec, Outcome, ProbeSpec, Sim, SimOptions};
 
 #[derive(Args)]
 pub struct SimArgs {
@@ -19,20 +19,22 @@ pub struct SimArgs {
     /// NetworkPolicies); repeatable.
     #[arg(long = "manifests", short = 'f', value_name = "PATH", required_unless_present = "cleanup")]
     manifests: Vec<PathBuf>,
-    /// A probe `PORT/PROTO[/FAMILY]` (e.g. `80/TCP`, `53/UDP/IPv6`); repeatable. Default:
-    /// every declared container port, in each family the pods have.
+    /// A probe `PORT/PROTO[/FAMILY]` (e.g. `80/TCP`, `53/UDP/IPv6`; without FAMILY, each
+    /// destination's primary address); repeatable. Default: every declared container port,
+    /// in each family the pods have.
     #[arg(long = "probe", value_name = "PORT/PROTO[/FAMILY]", value_parser = parse_probe)]
     probes: Vec<ProbeSpec>,
     /// A non-pod host on the fabric, probed as destination `host/NAME`; repeatable.
     #[arg(long = "host", value_name = "NAME=ADDR[,ADDR]")]
     hosts: Vec<HostSpec>,
-    /// Output format.
+    /// Output format: a truth table per probe, or one JSON document.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
     output: Format,
     /// Leave the namespaces, links and rules in place for inspection.
     #[arg(long)]
     keep: bool,
-    /// After probing, print `nft list table inet flock` of this node; repeatable.
+    /// After probing, print `nft list table inet flock` of this node (with `-o json`: in the
+    /// document, under `rulesets`); repeatable.
     #[arg(long, value_name = "NODE")]
     show_ruleset: Vec<String>,
     /// Only remove what earlier simulations left behind (kept or crashed; never a running
@@ -152,6 +154,10 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
     for p in flock::translate::validate_all(&snapshot) {
         eprintln!("warning: {p}");
     }
+    if let Some(node) = args.show_ruleset.iter().find(|n| snapshot.node(n).is_none()) {
+        let nodes: Vec<String> = snapshot.nodes().map(|n| n.name.clone()).collect();
+        bail!("--show-ruleset {node}: no such Node in the manifests (nodes: {})", nodes.join(", "));
+    }
     opts.hosts = args.hosts.clone();
     let mut host_ports: Vec<(u16, Protocol)> = args.probes.iter().map(|p| (p.port, p.protocol)).collect();
     if host_ports.is_empty() {
@@ -191,14 +197,24 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
             let cells = sim.probe(*spec, &pods, &dests)?;
             results.push((*spec, cells));
         }
-        match args.output {
-            Format::Table => print_tables(&results, &pods, &dests),
-            Format::Json => println!("{}", to_json(&results)),
-        }
+        let mut rulesets = Vec::new();
         for node in &args.show_ruleset {
             let ns = sim.node_netns(node).with_context(|| format!("no node {node} in the simulation"))?;
             let listing = flock::sim::fabric::run(&["ip", "netns", "exec", &ns, "nft", "list", "table", "inet", "flock"])?;
-            println!("# nft list table inet flock   (node {node})\n{listing}");
+            rulesets.push((node.clone(), listing));
+        }
+        // stdout is the result alone: one table per probe then the listings, or one JSON
+        // document holding both.
+        match args.output {
+            Format::Table => {
+                for (spec, cells) in &results {
+                    println!("{}", truth_table(*spec, cells, &pods, &dests));
+                }
+                for (node, listing) in &rulesets {
+                    println!("# nft list table inet flock   (node {node})\n{listing}");
+                }
+            }
+            Format::Json => println!("{}", to_json(&results, &rulesets)),
         }
         if args.keep {
             eprintln!(
@@ -213,33 +229,59 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_tables(results: &[(ProbeSpec, Vec<Cell>)], rows: &[String], cols: &[String]) {
-    let width = rows.iter().chain(cols).map(String::len).max().unwrap_or(3).max(3);
-    for (spec, cells) in results {
-        let fam = spec.family.map_or("first address family", Family::as_str);
-        println!("{}/{} {fam}   (. connected, X timeout, R refused, U unreachable, ? unavailable)", spec.protocol, spec.port);
-        print!("{:width$}", "");
-        for c in cols {
-            print!(" {c:>width$}");
-        }
-        println!();
-        for r in rows {
-            print!("{r:width$}");
-            for c in cols {
-                let sym = if r == c {
-                    '-'
-                } else {
-                    cells.iter().find(|x| &x.from == r && &x.to == c).and_then(|x| x.outcome).map_or(' ', |o| o.symbol())
-                };
-                print!(" {sym:>width$}");
-            }
-            println!();
-        }
-        println!();
+/// Cells that are not probed: no address of the probe's family on one side, and a pod to
+/// itself.
+const NO_ADDRESS: (char, &str) = ('~', "not probed: no address of this family on one side");
+const ITSELF: (char, &str) = ('-', "not probed: the pod itself");
+
+/// One probe's truth table: a title saying what was probed, rows (sources) by columns
+/// (destinations) with the axes labelled, and a legend of the symbols it uses.
+fn truth_table(spec: ProbeSpec, cells: &[Cell], rows: &[String], cols: &[String]) -> String {
+    use std::fmt::Write as _;
+    const CORNER: &str = "from \\ to";
+    let mut families: Vec<Family> = cells.iter().map(|c| c.family).collect();
+    families.sort();
+    families.dedup();
+    let over = match (spec.family, families.as_slice()) {
+        (Some(f), _) | (None, &[f]) => f.as_str().to_string(),
+        // `--probe PORT/PROTO` without a family on a cluster with both: each destination's
+        // primary address (its first podIP) decides.
+        _ => "each destination's primary address (IPv4 or IPv6)".to_string(),
+    };
+    let row_w = rows.iter().map(String::len).chain([CORNER.len()]).max().unwrap_or(0);
+    let col_w = cols.iter().map(String::len).max().unwrap_or(1);
+    let mut used = Vec::new();
+    let mut out = String::new();
+    let _ = writeln!(out, "{} port {}, {over}", spec.protocol, spec.port);
+    let _ = write!(out, "{CORNER:row_w$}");
+    for c in cols {
+        let _ = write!(out, " {c:>col_w$}");
     }
+    out.push('\n');
+    for r in rows {
+        let _ = write!(out, "{r:row_w$}");
+        for c in cols {
+            let sym = if r == c {
+                ITSELF.0
+            } else {
+                cells.iter().find(|x| &x.from == r && &x.to == c).and_then(|x| x.outcome).map_or(NO_ADDRESS.0, |o| o.symbol())
+            };
+            if !used.contains(&sym) {
+                used.push(sym);
+            }
+            let _ = write!(out, " {sym:>col_w$}");
+        }
+        out.push('\n');
+    }
+    let legend = Outcome::ALL.iter().map(|o| (o.symbol(), o.meaning())).chain([NO_ADDRESS, ITSELF]);
+    for (sym, meaning) in legend.filter(|(s, _)| used.contains(s)) {
+        let _ = writeln!(out, "  {sym}  {meaning}");
+    }
+    out
 }
 
-fn to_json(results: &[(ProbeSpec, Vec<Cell>)]) -> serde_json::Value {
+/// `{"probes": [...]}`, and `"rulesets": {NODE: LISTING}` when `--show-ruleset` asked.
+fn to_json(results: &[(ProbeSpec, Vec<Cell>)], rulesets: &[(String, String)]) -> serde_json::Value {
     let probes: Vec<serde_json::Value> = results
         .iter()
         .flat_map(|(spec, cells)| {
@@ -251,13 +293,19 @@ fn to_json(results: &[(ProbeSpec, Vec<Cell>)]) -> serde_json::Value {
                 let res: Vec<serde_json::Value> = cells
                     .iter()
                     .filter(|c| c.family == fam)
-                    .filter_map(|c| c.outcome.map(|o| json!({"from": c.from, "to": c.to, "connected": o == flock::sim::Outcome::Connected, "outcome": o.as_str()})))
+                    .filter_map(|c| {
+                        c.outcome.map(|o| json!({"from": c.from, "to": c.to, "connected": o == Outcome::Connected, "outcome": o.as_str()}))
+                    })
                     .collect();
                 json!({"port": spec.port, "protocol": spec.protocol.as_k8s(), "family": fam.as_str(), "results": res})
             })
         })
         .collect();
-    json!({"probes": probes})
+    let mut out = json!({"probes": probes});
+    if !rulesets.is_empty() {
+        out["rulesets"] = rulesets.iter().map(|(node, listing)| (node.clone(), json!(listing))).collect::<serde_json::Map<_, _>>().into();
+    }
+    out
 }
 
 #[cfg(test)]
@@ -272,5 +320,33 @@ mod tests {
         assert!(parse_probe("0/TCP").is_err());
         assert!(parse_probe("80/ICMP").is_err());
         assert!(parse_probe("80/TCP/IPv5").is_err());
+    }
+
+    #[test]
+    fn truth_tables_label_axes_and_explain_the_symbols_they_use() {
+        let cell = |from: &str, to: &str, family, outcome| Cell { from: from.into(), to: to.into(), family, outcome };
+        let pods = vec!["x/a".to_string(), "x/b".to_string()];
+        let mut dests = pods.clone();
+        dests.push("host/internet".into());
+        let cells = vec![
+            cell("x/a", "x/b", Family::V4, Some(Outcome::Timeout)),
+            cell("x/a", "host/internet", Family::V6, Some(Outcome::Connected)),
+            cell("x/b", "x/a", Family::V4, Some(Outcome::Timeout)),
+            cell("x/b", "host/internet", Family::V6, None),
+        ];
+        let spec = ProbeSpec { port: 80, protocol: Protocol::Tcp, family: None };
+        let want = "\
+TCP port 80, each destination's primary address (IPv4 or IPv6)
+from \\ to           x/a           x/b host/internet
+x/a                   -             X             .
+x/b                   X             -             ~
+  .  connected
+  X  timeout: no answer (a NetworkPolicy drop is silent)
+  ~  not probed: no address of this family on one side
+  -  not probed: the pod itself
+";
+        assert_eq!(truth_table(spec, &cells, &pods, &dests), want);
+        let v4 = truth_table(ProbeSpec { family: Some(Family::V4), ..spec }, &cells[..1], &pods[..1], &pods);
+        assert!(v4.starts_with("TCP port 80, IPv4\n"), "{v4}");
     }
 }
