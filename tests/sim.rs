@@ -1,7 +1,7 @@
 //! The simulated cluster end to end (root): the whole conformance suite through
 //! `flockctl conformance`, what `flockctl sim` and `conformance` print, cleanup after
-//! normal, interrupted and killed runs, probe outcomes, and policy changes under running
-//! pods.
+//! normal, interrupted, killed and kept runs, probe outcomes, and policy changes under
+//! running pods.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -131,60 +131,66 @@ fn sim_tables_label_their_axes_and_explain_their_symbols() {
     assert!(!stdout.contains("first address family"), "{stdout}");
 }
 
+/// `flockctl sim` on the base cluster, probing slowly enough to be caught while probing.
+fn spawn_sim(extra: &[&str]) -> std::process::Child {
+    let cni_dir = flock_cni_binary().parent().unwrap().to_path_buf();
+    Command::new(env!("CARGO_BIN_EXE_flockctl"))
+        .args(["sim", "-f", "tests/conformance/base-cluster.yaml", "--probe", "80/TCP", "--timeout-ms", "3000"])
+        .args(["--cni-bin-dir", cni_dir.to_str().unwrap()])
+        .args(extra)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until the simulation of `pid` has its namespaces (fabric, 2 nodes, 9 pods).
+fn wait_built(pid: u32) {
+    let t = Instant::now();
+    while leftovers(pid).len() < 12 && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(leftovers(pid).len() >= 12, "the simulation never came up");
+}
+
+/// The two tests that look at what runs leave behind sweep (`--cleanup`) and rely on
+/// leftovers (a killed run's): one at a time.
+static LEFTOVERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn sim_leaves_nothing_behind_after_normal_interrupted_and_killed_runs() {
     if !require_root("sim_leaves_nothing_behind_after_normal_interrupted_and_killed_runs") {
         return;
     }
-    let cni_dir = flock_cni_binary().parent().unwrap().to_path_buf();
-    let spawn = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_flockctl"))
-            .args([
-                "sim",
-                "-f",
-                "tests/conformance/base-cluster.yaml",
-                "--probe",
-                "80/TCP",
-                "--timeout-ms",
-                "3000",
-                "--cni-bin-dir",
-                cni_dir.to_str().unwrap(),
-            ])
-            .args(extra)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let wait_built = |pid: u32| {
-        let t = Instant::now();
-        while leftovers(pid).len() < 12 && t.elapsed() < Duration::from_secs(60) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(leftovers(pid).len() >= 12, "the simulation never came up");
-    };
-
+    let _serial = LEFTOVERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     // A normal run.
-    let child = spawn(&[]);
+    let child = spawn_sim(&[]);
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
     assert!(work_dirs(pid).is_empty());
 
-    // Interrupted (Ctrl-C) while probing.
-    let child = spawn(&["--host", "internet=198.18.200.1"]);
-    let pid = child.id();
-    wait_built(pid);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.status.code(), Some(130));
-    assert!(leftovers(pid).is_empty(), "after SIGINT: {:?}", leftovers(pid));
+    // Interrupted while probing: a closed terminal (SIGHUP), Ctrl-C (SIGINT), a stop
+    // (SIGTERM); also a kept simulation (an interrupted run is not worth inspecting).
+    use nix::sys::signal::Signal;
+    for (signal, keep) in [(Signal::SIGHUP, false), (Signal::SIGINT, false), (Signal::SIGTERM, true)] {
+        let child =
+            spawn_sim(if keep { &["--host", "internet=198.18.200.1", "--keep"][..] } else { &["--host", "internet=198.18.200.1"][..] });
+        let pid = child.id();
+        wait_built(pid);
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("interrupted ({signal})")), "{signal}: {stderr}");
+        assert_eq!(out.status.code(), Some(128 + signal as i32), "{signal}: {stderr}");
+        assert!(leftovers(pid).is_empty(), "after {signal}: {:?}", leftovers(pid));
+        assert!(work_dirs(pid).is_empty(), "after {signal}: {:?}", work_dirs(pid));
+    }
 
     // Killed: everything stays until the next run sweeps it.
-    let mut child = spawn(&[]);
+    let mut child = spawn_sim(&[]);
     let pid = child.id();
     wait_built(pid);
     child.kill().unwrap();
@@ -194,16 +200,33 @@ fn sim_leaves_nothing_behind_after_normal_interrupted_and_killed_runs() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(leftovers(pid).is_empty(), "the next run did not sweep: {:?}", leftovers(pid));
     assert!(work_dirs(pid).is_empty());
+}
 
-    // --keep leaves the simulation for inspection; --cleanup removes it.
-    let child = spawn(&["--keep", "--show-ruleset", "node-1"]);
+#[test]
+fn sim_keep_is_left_by_later_runs_until_cleanup() {
+    if !require_root("sim_keep_is_left_by_later_runs_until_cleanup") {
+        return;
+    }
+    let _serial = LEFTOVERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // --keep leaves the simulation for inspection, and later runs leave it too (they say
+    // so); only --cleanup removes it.
+    let child = spawn_sim(&["--keep", "--show-ruleset", "node-1"]);
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("table inet flock"));
-    assert!(!leftovers(pid).is_empty());
+    let kept = leftovers(pid);
+    assert!(kept.len() >= 12, "{kept:?}");
+    let out = flockctl(&["sim", "-f", "tests/conformance/base-cluster.yaml", "--probe", "81/UDP"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(leftovers(pid), kept, "the next run swept a kept simulation");
+    assert_eq!(work_dirs(pid).len(), 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("flks-{pid}-0-* ({} namespaces)", kept.len())) && stderr.contains("--cleanup"), "{stderr}");
     let out = flockctl(&["sim", "--cleanup"]);
     assert!(out.status.success());
-    assert!(leftovers(pid).is_empty());
+    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    assert!(work_dirs(pid).is_empty());
 }
 
 #[test]

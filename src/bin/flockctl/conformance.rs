@@ -13,7 +13,7 @@ use flock::model::manifest;
 use flock::sim::Sim;
 use flock::sim::runner::{self, CaseOutcome, Verdict};
 
-use super::sim::{CommonArgs, cleanup_on_interrupt, preflight, runtime};
+use super::sim::{CommonArgs, cleanup_on_interrupt, note_kept, preflight, runtime};
 
 #[derive(Args)]
 pub struct ConformanceArgs {
@@ -60,11 +60,16 @@ pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
             base.nodes().count(),
             started.elapsed().as_secs_f64()
         );
+        note_kept(&sim);
         let (mut passed, mut failed, mut skipped) = (0, 0, 0);
         let mut steps = 0usize;
         let mut step_time = 0.0;
         for case in &cases {
             let o = runner::run_case(&mut sim, &base, case).await;
+            if flock::sim::fabric::interrupted().is_some() {
+                // The case's outcome is the interrupt's doing: no verdict.
+                return Err(flock::sim::SimError::Interrupted.into());
+            }
             match o.verdict {
                 Verdict::Pass => passed += 1,
                 Verdict::Fail => failed += 1,

@@ -1,6 +1,7 @@
 //! `flockctl sim`: build a simulated cluster from manifests, probe it, print a truth table
 //! (or JSON), tear it down.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -30,7 +31,8 @@ pub struct SimArgs {
     /// Output format: a truth table per probe, or one JSON document.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
     output: Format,
-    /// Leave the namespaces, links and rules in place for inspection.
+    /// Leave the namespaces, links and rules in place for inspection; later simulations
+    /// leave them too, until `--cleanup`.
     #[arg(long)]
     keep: bool,
     /// After probing, print `nft list table inet flock` of this node (with `-o json`: in the
@@ -116,22 +118,64 @@ pub fn preflight(common: &CommonArgs) -> anyhow::Result<SimOptions> {
     Ok(o)
 }
 
-/// On SIGINT or SIGTERM: remove everything this process simulated and exit (130). Runs on
-/// its own task, so it acts at once even while probes block a worker.
+/// How long an interrupted simulation may take to unwind before it is removed under its
+/// feet (a probe or a CNI operation that ignores the removed namespaces).
+const UNWIND_LIMIT: Duration = Duration::from_secs(10);
+
+/// On SIGHUP, SIGINT or SIGTERM: stop this process's simulations (kept or not: an
+/// interrupted run is not worth inspecting) so that they unwind at once; [`exit_if_interrupted`]
+/// then removes what is left. Runs on its own task, so it acts at once even while probes
+/// block a worker; if the simulation has not unwound within [`UNWIND_LIMIT`], it removes
+/// everything and exits itself.
 pub fn cleanup_on_interrupt() -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+        let number = tokio::select! {
+            _ = hup.recv() => nix::libc::SIGHUP,
+            _ = int.recv() => nix::libc::SIGINT,
+            _ = term.recv() => nix::libc::SIGTERM,
+        };
+        flock::sim::fabric::interrupt(number);
+        // A CNI plugin started just before the interrupt would wait for its agent's answer.
+        let started = Instant::now();
+        while started.elapsed() < UNWIND_LIMIT {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            flock::sim::fabric::kill_children();
         }
-        let n = flock::sim::fabric::sweep_own();
-        eprintln!("interrupted: simulation removed ({n} network namespaces)");
-        std::process::exit(130);
+        std::process::exit(finish_interrupt().map_or(1, i32::from));
     });
     Ok(())
+}
+
+/// After an interrupt ([`cleanup_on_interrupt`]): removes what the simulation left, says so
+/// and returns the exit code (128 + the signal number). Call once nothing runs any more.
+pub fn exit_if_interrupted() -> Option<ExitCode> {
+    finish_interrupt().map(ExitCode::from)
+}
+
+fn finish_interrupt() -> Option<u8> {
+    let number = flock::sim::fabric::interrupted()?;
+    flock::sim::fabric::kill_children();
+    flock::sim::fabric::sweep_own();
+    let name = nix::sys::signal::Signal::try_from(number).map_or("a signal", |s| s.as_str());
+    // After a hangup stderr may be gone: a failed write must not stop the exit.
+    let _ = writeln!(std::io::stderr(), "interrupted ({name}): the simulation was removed");
+    Some(u8::try_from(128 + number).unwrap_or(u8::MAX))
+}
+
+/// Tells about simulations kept by earlier runs (`--keep`), which stay until `--cleanup`.
+pub fn note_kept(sim: &Sim) {
+    let kept = sim.kept_elsewhere();
+    if !kept.is_empty() {
+        let runs: Vec<String> = kept.iter().map(|(run, n)| format!("{}{run}-* ({n} namespaces)", flock::sim::fabric::PREFIX)).collect();
+        eprintln!(
+            "note: simulations kept by earlier runs are still in place: {}; remove them with `flockctl sim --cleanup`",
+            runs.join(", ")
+        );
+    }
 }
 
 /// A multi-threaded runtime for the agents and the blocking probe workers.
@@ -141,8 +185,8 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
     if args.cleanup {
-        let n = flock::sim::fabric::sweep();
-        eprintln!("removed {n} network namespaces left by earlier simulations");
+        let swept = flock::sim::fabric::sweep(flock::sim::fabric::Sweep::AlsoKept);
+        eprintln!("removed {} network namespaces left by earlier simulations (kept or crashed)", swept.removed);
         return Ok(ExitCode::SUCCESS);
     }
     let mut opts = preflight(&args.common)?;
@@ -177,8 +221,9 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
             sim.snapshot().nodes().count(),
             started.elapsed().as_secs_f64()
         );
+        note_kept(&sim);
         if args.keep {
-            sim.keep();
+            sim.keep()?;
         }
         let probes = if args.probes.is_empty() {
             let fams = sim.families();
@@ -218,7 +263,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
         }
         if args.keep {
             eprintln!(
-                "kept: namespaces {}; inspect with e.g. `ip netns exec {} nft list ruleset`; remove with `flockctl sim --cleanup`",
+                "kept: namespaces {}; inspect with e.g. `ip netns exec {} nft list ruleset`; later simulations leave them; remove with `flockctl sim --cleanup`",
                 sim.namespaces().join(" "),
                 sim.node_netns(&sim.snapshot().nodes().next().map(|n| n.name.clone()).unwrap_or_default()).unwrap_or_default()
             );
