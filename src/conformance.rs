@@ -53,12 +53,8 @@ pub enum Expect {
 /// A case folder that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CaseError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read {path}: {error}")]
+    Read { path: PathBuf, error: std::io::Error },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
     #[error(transparent)]
@@ -72,7 +68,7 @@ pub struct Probe {
     pub protocol: Protocol,
     pub port_name: Option<String>,
     pub kernel_optional: bool,
-    /// `None`: each destination's first address family.
+    /// `None`: each destination's primary address (its first pod IP) decides the family.
     pub family: Option<Family>,
     /// Rows and columns.
     pub order: Vec<String>,
@@ -181,7 +177,7 @@ pub fn find_cases(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, CaseError> {
             out.push(d.clone());
             continue;
         }
-        let read = std::fs::read_dir(d).map_err(|source| CaseError::Read { path: d.clone(), source })?;
+        let read = std::fs::read_dir(d).map_err(|error| CaseError::Read { path: d.clone(), error })?;
         let mut sub: Vec<PathBuf> = read.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("case.yaml").is_file()).collect();
         sub.sort();
         if sub.is_empty() {
@@ -195,7 +191,7 @@ pub fn find_cases(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, CaseError> {
 /// Reads `<dir>/case.yaml`.
 pub fn load_case(dir: &Path) -> Result<Case, CaseError> {
     let path = dir.join("case.yaml");
-    let text = std::fs::read_to_string(&path).map_err(|source| CaseError::Read { path: path.clone(), source })?;
+    let text = std::fs::read_to_string(&path).map_err(|error| CaseError::Read { path: path.clone(), error })?;
     let dir_name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     parse_case(&path, &dir_name, &text)
 }

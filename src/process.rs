@@ -1,5 +1,6 @@
 //! What flock's daemons (flock-agent, flock-controller) share at process level: logging
-//! setup and stopping on SIGTERM/SIGINT. Metric helpers both registries use live here too.
+//! setup and stopping on SIGTERM/SIGINT. Metric helpers both registries use live here too,
+//! and how every binary (flockctl too) prints the error it exits with.
 
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
@@ -42,6 +43,24 @@ pub fn stop_on_signals(what_stays: &'static str) -> watch::Receiver<bool> {
     stop
 }
 
+/// An error and its causes on one line, `outer: cause: root`, each message once. flock's
+/// error types either quote their source in their message or expose it as `source()`, never
+/// both; other crates' types (kube's among them) may do both, so a cause whose message the
+/// line already holds is not repeated.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let message = c.to_string();
+        if !line.contains(&message) {
+            line.push_str(": ");
+            line.push_str(&message);
+        }
+        cause = c.source();
+    }
+    line
+}
+
 /// A metric family's label set.
 pub type MetricLabels = Vec<(String, String)>;
 
@@ -60,4 +79,40 @@ pub fn encode(registry: &Registry) -> String {
     let mut s = String::new();
     let _ = prometheus_client::encoding::text::encode(&mut s, registry);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error with a message and an optional source.
+    #[derive(Debug)]
+    struct E(String, Option<Box<dyn std::error::Error + 'static>>);
+
+    impl std::fmt::Display for E {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    impl std::error::Error for E {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref()
+        }
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let io = || std::io::Error::from_raw_os_error(2);
+        let io_text = io().to_string();
+        // Quotes its source and exposes it (kube's style), under a context that does not.
+        let quoting = E(format!("cannot read x.yaml: {io_text}"), Some(Box::new(io())));
+        let top = E("reading manifests".into(), Some(Box::new(quoting)));
+        let line = error_chain(&top);
+        assert_eq!(line, format!("reading manifests: cannot read x.yaml: {io_text}"));
+        assert_eq!(line.matches("os error 2").count(), 1, "{line}");
+        // Causes that are not quoted are all printed.
+        let plain = E("starting".into(), Some(Box::new(E("no socket".into(), Some(Box::new(io()))))));
+        assert_eq!(error_chain(&plain), format!("starting: no socket: {io_text}"));
+    }
 }

@@ -59,7 +59,11 @@ fn bad_input_names_file_document_and_field() {
 
     let out = flockctl(&["render", "-f", dir.join("missing.yaml").to_str().unwrap(), "--node", "n"]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("missing.yaml"), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("missing.yaml"), "{err}");
+    // The cause once, not once per layer of the error chain.
+    assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
 
     let out = flockctl(&["render", "-f", "tests/conformance/base-cluster.yaml", "--node", "node-9"]);
     assert!(!out.status.success());

@@ -1,6 +1,7 @@
 //! The simulated cluster end to end (root): the whole conformance suite through
-//! `flockctl conformance`, cleanup after normal, interrupted and killed runs, probe
-//! outcomes, and policy changes under running pods.
+//! `flockctl conformance`, what `flockctl sim` and `conformance` print, cleanup after
+//! normal, interrupted, killed and kept runs, probe outcomes, and policy changes under
+//! running pods.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -62,65 +63,134 @@ fn the_whole_conformance_suite_passes_on_real_kernels() {
     let passed: usize = summary.split_whitespace().next().unwrap().parse().unwrap();
     assert!(passed >= 50, "{summary}");
     for line in stdout.lines().filter(|l| l.starts_with("SKIP")) {
-        // Only SCTP cases may be skipped (this kernel has no SCTP).
-        assert!(line.contains("sctp"), "{line}");
+        // Only SCTP cases may be skipped (this kernel has no SCTP), and they say so.
+        assert!(line.contains("sctp") && line.ends_with("(SCTP not available in this kernel)"), "{line}");
     }
 }
+
+/// Whether this kernel can open an SCTP socket.
+fn kernel_has_sctp() -> bool {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
+    socket(AddressFamily::Inet, SockType::Stream, SockFlag::empty(), SockProtocol::Sctp).is_ok()
+}
+
+#[test]
+fn conformance_says_why_a_case_is_skipped() {
+    if !require_root("conformance_says_why_a_case_is_skipped") {
+        return;
+    }
+    let out =
+        flockctl(&["conformance", "--base", "tests/conformance/base-cluster.yaml", "tests/conformance/055-sctp-default-deny-ingress"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let line = stdout.lines().next().unwrap_or_default();
+    if kernel_has_sctp() {
+        assert_eq!(line, "PASS 055-sctp-default-deny-ingress", "{stdout}");
+    } else {
+        assert_eq!(line, "SKIP 055-sctp-default-deny-ingress (SCTP not available in this kernel)", "{stdout}");
+    }
+}
+
+#[test]
+fn sim_tables_label_their_axes_and_explain_their_symbols() {
+    if !require_root("sim_tables_label_their_axes_and_explain_their_symbols") {
+        return;
+    }
+    let out = flockctl(&[
+        "sim",
+        "-f",
+        "deploy/examples/quickstart/cluster.yaml",
+        "--probe",
+        "5432/TCP",
+        "--probe",
+        "8080/TCP/IPv6",
+        "--timeout-ms",
+        "300",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tables: Vec<&str> = stdout.split("\n\n").filter(|t| !t.trim().is_empty()).collect();
+    assert_eq!(tables.len(), 2, "{stdout}");
+    // Without a family the pods' addresses decide: all IPv4 here, and the title says so.
+    let lines: Vec<&str> = tables[0].lines().collect();
+    assert_eq!(lines[0], "TCP port 5432, IPv4", "{stdout}");
+    assert!(lines[1].starts_with("from \\ to ") && lines[1].ends_with("shop/db    shop/web tools/debug"), "{stdout}");
+    assert!(lines[2].starts_with("shop/db ") && lines[2].ends_with("-           R           R"), "{stdout}");
+    assert!(lines[3].starts_with("shop/web ") && lines[3].contains(" .  "), "{stdout}");
+    // The legend: once, under the table, only the symbols the table uses.
+    let legend: Vec<&str> = lines[5..].to_vec();
+    assert_eq!(legend.len(), 3, "{stdout}");
+    assert!(legend[0].starts_with("  .  connected"), "{stdout}");
+    assert!(legend[1].starts_with("  R  refused"), "{stdout}");
+    assert!(legend[2].starts_with("  -  not probed: the pod itself"), "{stdout}");
+    // The quickstart pods have no IPv6 address: nothing probed, and the legend says why.
+    let v6: Vec<&str> = tables[1].lines().collect();
+    assert_eq!(v6[0], "TCP port 8080, IPv6", "{stdout}");
+    assert!(v6[2].ends_with("-           ~           ~"), "{stdout}");
+    assert!(tables[1].contains("  ~  not probed: no address of this family on one side"), "{stdout}");
+    assert!(!stdout.contains("first address family"), "{stdout}");
+}
+
+/// `flockctl sim` on the base cluster, probing slowly enough to be caught while probing.
+fn spawn_sim(extra: &[&str]) -> std::process::Child {
+    let cni_dir = flock_cni_binary().parent().unwrap().to_path_buf();
+    Command::new(env!("CARGO_BIN_EXE_flockctl"))
+        .args(["sim", "-f", "tests/conformance/base-cluster.yaml", "--probe", "80/TCP", "--timeout-ms", "3000"])
+        .args(["--cni-bin-dir", cni_dir.to_str().unwrap()])
+        .args(extra)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until the simulation of `pid` has its namespaces (fabric, 2 nodes, 9 pods).
+fn wait_built(pid: u32) {
+    let t = Instant::now();
+    while leftovers(pid).len() < 12 && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(leftovers(pid).len() >= 12, "the simulation never came up");
+}
+
+/// The two tests that look at what runs leave behind sweep (`--cleanup`) and rely on
+/// leftovers (a killed run's): one at a time.
+static LEFTOVERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn sim_leaves_nothing_behind_after_normal_interrupted_and_killed_runs() {
     if !require_root("sim_leaves_nothing_behind_after_normal_interrupted_and_killed_runs") {
         return;
     }
-    let cni_dir = flock_cni_binary().parent().unwrap().to_path_buf();
-    let spawn = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_flockctl"))
-            .args([
-                "sim",
-                "-f",
-                "tests/conformance/base-cluster.yaml",
-                "--probe",
-                "80/TCP",
-                "--timeout-ms",
-                "3000",
-                "--cni-bin-dir",
-                cni_dir.to_str().unwrap(),
-            ])
-            .args(extra)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let wait_built = |pid: u32| {
-        let t = Instant::now();
-        while leftovers(pid).len() < 12 && t.elapsed() < Duration::from_secs(60) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(leftovers(pid).len() >= 12, "the simulation never came up");
-    };
-
+    let _serial = LEFTOVERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     // A normal run.
-    let child = spawn(&[]);
+    let child = spawn_sim(&[]);
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
     assert!(work_dirs(pid).is_empty());
 
-    // Interrupted (Ctrl-C) while probing.
-    let child = spawn(&["--host", "internet=198.18.200.1"]);
-    let pid = child.id();
-    wait_built(pid);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.status.code(), Some(130));
-    assert!(leftovers(pid).is_empty(), "after SIGINT: {:?}", leftovers(pid));
+    // Interrupted while probing: a closed terminal (SIGHUP), Ctrl-C (SIGINT), a stop
+    // (SIGTERM); also a kept simulation (an interrupted run is not worth inspecting).
+    use nix::sys::signal::Signal;
+    for (signal, keep) in [(Signal::SIGHUP, false), (Signal::SIGINT, false), (Signal::SIGTERM, true)] {
+        let child =
+            spawn_sim(if keep { &["--host", "internet=198.18.200.1", "--keep"][..] } else { &["--host", "internet=198.18.200.1"][..] });
+        let pid = child.id();
+        wait_built(pid);
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("interrupted ({signal})")), "{signal}: {stderr}");
+        assert_eq!(out.status.code(), Some(128 + signal as i32), "{signal}: {stderr}");
+        assert!(leftovers(pid).is_empty(), "after {signal}: {:?}", leftovers(pid));
+        assert!(work_dirs(pid).is_empty(), "after {signal}: {:?}", work_dirs(pid));
+    }
 
     // Killed: everything stays until the next run sweeps it.
-    let mut child = spawn(&[]);
+    let mut child = spawn_sim(&[]);
     let pid = child.id();
     wait_built(pid);
     child.kill().unwrap();
@@ -130,16 +200,33 @@ fn sim_leaves_nothing_behind_after_normal_interrupted_and_killed_runs() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(leftovers(pid).is_empty(), "the next run did not sweep: {:?}", leftovers(pid));
     assert!(work_dirs(pid).is_empty());
+}
 
-    // --keep leaves the simulation for inspection; --cleanup removes it.
-    let child = spawn(&["--keep", "--show-ruleset", "node-1"]);
+#[test]
+fn sim_keep_is_left_by_later_runs_until_cleanup() {
+    if !require_root("sim_keep_is_left_by_later_runs_until_cleanup") {
+        return;
+    }
+    let _serial = LEFTOVERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // --keep leaves the simulation for inspection, and later runs leave it too (they say
+    // so); only --cleanup removes it.
+    let child = spawn_sim(&["--keep", "--show-ruleset", "node-1"]);
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("table inet flock"));
-    assert!(!leftovers(pid).is_empty());
+    let kept = leftovers(pid);
+    assert!(kept.len() >= 12, "{kept:?}");
+    let out = flockctl(&["sim", "-f", "tests/conformance/base-cluster.yaml", "--probe", "81/UDP"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(leftovers(pid), kept, "the next run swept a kept simulation");
+    assert_eq!(work_dirs(pid).len(), 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("flks-{pid}-0-* ({} namespaces)", kept.len())) && stderr.contains("--cleanup"), "{stderr}");
     let out = flockctl(&["sim", "--cleanup"]);
     assert!(out.status.success());
-    assert!(leftovers(pid).is_empty());
+    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    assert!(work_dirs(pid).is_empty());
 }
 
 #[test]
@@ -159,9 +246,15 @@ fn sim_json_and_hosts() {
         "internet=198.18.200.1",
         "-o",
         "json",
+        "--show-ruleset",
+        "node-1",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // stdout is exactly one JSON document, the ruleset listing inside it.
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}", String::from_utf8_lossy(&out.stdout)));
+    let listing = v["rulesets"]["node-1"].as_str().unwrap();
+    assert!(listing.starts_with("table inet flock {"), "{listing}");
     let probes = v["probes"].as_array().unwrap();
     assert_eq!(probes.len(), 2);
     assert_eq!(probes[0]["protocol"], "TCP");

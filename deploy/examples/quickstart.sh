@@ -8,9 +8,15 @@ tests/setup.sh
 cargo build --quiet --release --bin flockctl -p flock --bin flock-cni -p flock-cni
 flockctl=target/release/flockctl
 ex=deploy/examples/quickstart
-echo "== before: no NetworkPolicy, every pod reaches every port"
-"$flockctl" sim -f "$ex/cluster.yaml" --probe 5432/TCP --probe 8080/TCP
+probes=(--probe 5432/TCP --probe 8080/TCP)
+echo "== before: no NetworkPolicy"
+echo "   Probes over IPv4 from every pod to every other pod, on TCP 5432 (shop/db's 'pg' port)"
+echo "   and TCP 8080 (the 'http' port of shop/web and tools/debug): each pod reaches every"
+echo "   port another pod serves."
+"$flockctl" sim -f "$ex/cluster.yaml" "${probes[@]}"
 echo "== after: shop/db accepts only shop/web, on its 'pg' port"
 cat "$ex/policies.yaml"
 echo
-"$flockctl" sim -f "$ex/cluster.yaml" -f "$ex/policies.yaml" --probe 5432/TCP --probe 8080/TCP --show-ruleset node-1
+echo "   The same probes: shop/db now answers only shop/web, on TCP 5432; everything else sent"
+echo "   to shop/db is dropped (X); connections between the other pods are unchanged."
+"$flockctl" sim -f "$ex/cluster.yaml" -f "$ex/policies.yaml" "${probes[@]}" --show-ruleset node-1

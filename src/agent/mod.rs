@@ -158,24 +158,16 @@ pub struct SyncStatus {
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("cannot listen on {socket}: {source}")]
-    Socket {
-        socket: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot listen on {socket}: {error}")]
+    Socket { socket: PathBuf, error: std::io::Error },
     #[error(transparent)]
     Routes(#[from] routes::RouteError),
     #[error("cannot read the endpoint registry {path}: {message}")]
     Registry { path: PathBuf, message: String },
-    #[error("cannot start the endpoint registry writer")]
-    Persister(#[source] std::io::Error),
-    #[error("nft ({program}) cannot be used on this node")]
-    Nft {
-        program: PathBuf,
-        #[source]
-        source: crate::apply::ApplyError,
-    },
+    #[error("cannot start the endpoint registry writer: {0}")]
+    Persister(std::io::Error),
+    #[error("nft ({program}) cannot be used on this node: {error}")]
+    Nft { program: PathBuf, error: crate::apply::ApplyError },
 }
 
 /// A ruleset with one endpoint of every kind flock renders (isolated both ways, both
@@ -345,11 +337,11 @@ impl Agent {
         let version = NftCli::new(config.netns.clone())
             .with_program(config.nft.clone())
             .probe(&probe_ruleset())
-            .map_err(|source| StartError::Nft { program: config.nft.clone(), source })?;
+            .map_err(|error| StartError::Nft { program: config.nft.clone(), error })?;
         tracing::info!(nft = %version, "nft works here");
         drain_spool(&config, &mut endpoints);
         let router = if config.routes { Some(routes::Router::start(config.netns.clone())?) } else { None };
-        let listener = cni::bind(&config.socket).map_err(|source| StartError::Socket { socket: config.socket.clone(), source })?;
+        let listener = cni::bind(&config.socket).map_err(|error| StartError::Socket { socket: config.socket.clone(), error })?;
         let persister = registry::Persister::start(config.state_dir.clone()).map_err(StartError::Persister)?;
         // The spool's DELs are in the registry only once it is written again.
         persister.submit(1, &endpoints);

@@ -40,7 +40,7 @@ impl NftCli {
 
     fn exec(&self, args: &[&str], stdin: Option<&str>) -> Result<Output, ApplyError> {
         let program = self.program.clone();
-        let spawn_err = |source| ApplyError::Spawn { netns: self.netns.describe(), source };
+        let spawn_err = |error| ApplyError::Spawn { netns: self.netns.describe(), error };
         netns::run_in(&self.netns, move || -> std::io::Result<Output> {
             let mut cmd = Command::new(&program);
             cmd.args(args)

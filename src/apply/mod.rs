@@ -55,12 +55,8 @@ pub struct ObjectInfo {
 pub enum ApplyError {
     #[error("nft rejected the transaction ({context}): {message}")]
     Rejected { context: String, message: String },
-    #[error("cannot run nft in {netns}")]
-    Spawn {
-        netns: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot run nft in {netns}: {error}")]
+    Spawn { netns: String, error: std::io::Error },
     #[error(transparent)]
     Netns(#[from] crate::netns::NetnsError),
     #[error("cannot read table inet flock from nft: {0}")]

@@ -36,14 +36,10 @@ pub enum ApiServerError {
     NoHost { url: String },
     #[error("the API server URL {url:?} has a bad port")]
     BadPort { url: String },
-    #[error("cannot resolve the API server host {host}: {source}")]
-    Resolve {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot resolve the API server host {host}: {error}")]
+    Resolve { host: String, error: std::io::Error },
     #[error("cannot list the EndpointSlices of default/kubernetes: {0}")]
-    List(#[source] kube::Error),
+    List(kube::Error),
     #[error(
         "no address for the API server (client configuration: {from}; EndpointSlices of default/kubernetes: none): refusing to start rather than render profiles' apiServer rule empty"
     )]
@@ -95,7 +91,7 @@ pub async fn from_url(url: &str) -> Result<BTreeSet<ApiEndpoint>, ApiServerError
         Ok(ip) => vec![ip],
         Err(_) => tokio::net::lookup_host((host.as_str(), port))
             .await
-            .map_err(|source| ApiServerError::Resolve { host: host.clone(), source })?
+            .map_err(|error| ApiServerError::Resolve { host: host.clone(), error })?
             .map(|sa| sa.ip())
             .collect(),
     };

@@ -58,19 +58,10 @@ pub struct ProbeResult {
 /// The probe could not tell.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    #[error("cannot read DaemonSet {namespace}/{name}: {source}")]
-    DaemonSet {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("cannot list pods in kube-system with {selector}: {source}")]
-    Pods {
-        selector: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error("cannot read DaemonSet {namespace}/{name}: {error}")]
+    DaemonSet { namespace: String, name: String, error: kube::Error },
+    #[error("cannot list pods in kube-system with {selector}: {error}")]
+    Pods { selector: String, error: kube::Error },
 }
 
 /// The decision new runs pin.
@@ -122,7 +113,7 @@ pub async fn probe(client: &Client, agent: &AgentRef) -> Result<ProbeResult, Pro
     let ds = Api::<DaemonSet>::namespaced(client.clone(), &agent.namespace)
         .get_opt(&agent.name)
         .await
-        .map_err(|source| ProbeError::DaemonSet { namespace: agent.namespace.clone(), name: agent.name.clone(), source })?;
+        .map_err(|error| ProbeError::DaemonSet { namespace: agent.namespace.clone(), name: agent.name.clone(), error })?;
     let agent_state = match &ds {
         Some(ds) => {
             let st = ds.status.clone().unwrap_or_default();
@@ -144,7 +135,7 @@ pub async fn probe(client: &Client, agent: &AgentRef) -> Result<ProbeResult, Pro
         let found = pods
             .list(&ListParams::default().labels(selector).limit(1))
             .await
-            .map_err(|source| ProbeError::Pods { selector: selector.to_string(), source })?;
+            .map_err(|error| ProbeError::Pods { selector: selector.to_string(), error })?;
         if !found.items.is_empty() {
             return Ok(ProbeResult { found: true, reason: format!("{agent_state}; found {name} pods (kube-system, {selector})") });
         }
@@ -219,7 +210,7 @@ mod tests {
         let no: Result<ProbeResult, ProbeError> = Ok(ProbeResult { found: false, reason: "none".into() });
         let err: Result<ProbeResult, ProbeError> = Err(ProbeError::Pods {
             selector: "x".into(),
-            source: kube::Error::Api(Box::new(kube::core::Status::failure("no", "Forbidden"))),
+            error: kube::Error::Api(Box::new(kube::core::Status::failure("no", "Forbidden"))),
         });
         let d = |m, p| decide(m, p).enabled;
         assert!(d(EnforceMode::On, None) && d(EnforceMode::On, Some(&no)));

@@ -104,49 +104,20 @@ impl Context {
 /// A reconcile that must be retried (API errors; the run itself is fine).
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    #[error("reading RunProfile {profile}: {source}")]
-    Profile {
-        profile: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("applying {kind} {namespace}/{name}: {source}")]
-    Apply {
-        kind: String,
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error("reading RunProfile {profile}: {error}")]
+    Profile { profile: String, error: kube::Error },
+    #[error("applying {kind} {namespace}/{name}: {error}")]
+    Apply { kind: String, namespace: String, name: String, error: kube::Error },
     #[error("the API server returned {kind} {namespace}/{name} without a uid")]
     NoUid { kind: String, namespace: String, name: String },
-    #[error("deleting stale {kind} {namespace}/{name}: {source}")]
-    Delete {
-        kind: String,
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("reading Run {name}: {source}")]
-    Run {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("writing the status of {kind} {name}: {source}")]
-    Status {
-        kind: &'static str,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("encoding {what}: {source}")]
-    Encode {
-        what: String,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error("deleting stale {kind} {namespace}/{name}: {error}")]
+    Delete { kind: String, namespace: String, name: String, error: kube::Error },
+    #[error("reading Run {name}: {error}")]
+    Run { name: String, error: kube::Error },
+    #[error("writing the status of {kind} {name}: {error}")]
+    Status { kind: &'static str, name: String, error: kube::Error },
+    #[error("encoding {what}: {error}")]
+    Encode { what: String, error: serde_json::Error },
 }
 
 impl ReconcileError {
@@ -189,10 +160,7 @@ pub fn pin(status: &RunStatus, current: &Decision) -> Enforcement {
 
 /// Step 3: the run's profile, `None` when it does not exist.
 pub async fn fetch_profile(client: &Client, name: &str) -> Result<Option<RunProfile>, ReconcileError> {
-    Api::<RunProfile>::all(client.clone())
-        .get_opt(name)
-        .await
-        .map_err(|source| ReconcileError::Profile { profile: name.to_string(), source })
+    Api::<RunProfile>::all(client.clone()).get_opt(name).await.map_err(|error| ReconcileError::Profile { profile: name.to_string(), error })
 }
 
 /// Step 4 (pure): the object to apply for a run's plan (`render::plan`), of `kind`, as JSON.
@@ -224,8 +192,8 @@ pub async fn apply(client: &Client, kind: &PolicyKind, object: &Value) -> Result
     let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
     let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let api = policy_api(client, &namespace, kind);
-    let written = api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object)).await.map_err(|source| {
-        ReconcileError::Apply { kind: kind.kind().to_string(), namespace: namespace.clone(), name: name.clone(), source }
+    let written = api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object)).await.map_err(|error| {
+        ReconcileError::Apply { kind: kind.kind().to_string(), namespace: namespace.clone(), name: name.clone(), error }
     })?;
     let uid = written.uid().ok_or_else(|| ReconcileError::NoUid { kind: kind.kind().to_string(), namespace, name: name.clone() })?;
     Ok(AppliedPolicy { api_version: kind.api_version().to_string(), kind: kind.kind().to_string(), name, uid })
@@ -261,7 +229,7 @@ pub async fn confirm(
     let fresh = Api::<Run>::namespaced(client.clone(), &run.namespace().unwrap_or_default())
         .get_opt(&run.name_any())
         .await
-        .map_err(|source| ReconcileError::Run { name: key(run), source })?;
+        .map_err(|error| ReconcileError::Run { name: key(run), error })?;
     let recorded = fresh.and_then(|r| r.status?.network_policy);
     Ok((record(recorded.as_ref(), applied), recorded))
 }
@@ -280,8 +248,7 @@ pub async fn remove_policies(client: &Client, run: &Run, kinds: &[PolicyKind]) -
     let mut deleted = 0;
     for kind in kinds {
         let api = policy_api(client, &namespace, kind);
-        let err =
-            |source| ReconcileError::Delete { kind: kind.kind().to_string(), namespace: namespace.clone(), name: name.clone(), source };
+        let err = |error| ReconcileError::Delete { kind: kind.kind().to_string(), namespace: namespace.clone(), name: name.clone(), error };
         let Some(obj) = api.get_opt(&name).await.map_err(err)? else { continue };
         if !owned_by(&obj, &run_uid) {
             continue;
@@ -339,7 +306,7 @@ pub async fn write_status(client: &Client, run: &Run, current: &RunStatus, statu
     Api::<Run>::namespaced(client.clone(), &namespace)
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(|source| ReconcileError::Status { kind: "Run", name: format!("{namespace}/{name}"), source })?;
+        .map_err(|error| ReconcileError::Status { kind: "Run", name: format!("{namespace}/{name}"), error })?;
     Ok(true)
 }
 
@@ -405,7 +372,7 @@ async fn steps(run: &Run, ctx: &Context, enforcement: &Enforcement, status: &mut
         }
     };
     let object = desired(&plan, &ctx.kind)
-        .map_err(|source| ReconcileError::Encode { what: format!("{} {}/{}", ctx.kind.kind(), plan.namespace, plan.name), source })?;
+        .map_err(|error| ReconcileError::Encode { what: format!("{} {}/{}", ctx.kind.kind(), plan.namespace, plan.name), error })?;
     let applied = match apply(&ctx.client, &ctx.kind, &object).await {
         Ok(a) => a,
         Err(e) => {
@@ -516,7 +483,7 @@ pub async fn reconcile_profile(profile: Arc<RunProfile>, ctx: Arc<Context>) -> R
         Api::<RunProfile>::all(ctx.client.clone())
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(|source| ReconcileError::Status { kind: "RunProfile", name, source })?;
+            .map_err(|error| ReconcileError::Status { kind: "RunProfile", name, error })?;
     }
     ctx.metrics.reconciled("RunProfile", started.elapsed().as_secs_f64());
     Ok(Action::await_change())

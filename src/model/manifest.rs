@@ -92,19 +92,10 @@ impl Object {
 /// Why a manifest could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {doc}: not valid YAML: {source}")]
-    Yaml {
-        path: PathBuf,
-        doc: DocRef,
-        #[source]
-        source: serde_yaml_ng::Error,
-    },
+    #[error("cannot read {path}: {error}")]
+    Read { path: PathBuf, error: std::io::Error },
+    #[error("{path}: {doc}: not valid YAML: {error}")]
+    Yaml { path: PathBuf, doc: DocRef, error: serde_yaml_ng::Error },
     #[error("{path}: {doc}: {message}")]
     Object { path: PathBuf, doc: DocRef, message: String },
 }
@@ -167,7 +158,7 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
     let mut out = Manifests::default();
     for path in paths {
         for file in manifest_files(path)? {
-            let text = std::fs::read_to_string(&file).map_err(|source| ManifestError::Read { path: file.clone(), source })?;
+            let text = std::fs::read_to_string(&file).map_err(|error| ManifestError::Read { path: file.clone(), error })?;
             let parsed = parse_str(&file, &text)?;
             out.objects.extend(parsed.objects);
             out.warnings.extend(parsed.warnings);
@@ -177,15 +168,15 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
 }
 
 fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
-    let meta = std::fs::metadata(path).map_err(|source| ManifestError::Read { path: path.to_path_buf(), source })?;
+    let meta = std::fs::metadata(path).map_err(|error| ManifestError::Read { path: path.to_path_buf(), error })?;
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
     let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|source| ManifestError::Read { path: path.to_path_buf(), source })?
+        .map_err(|error| ManifestError::Read { path: path.to_path_buf(), error })?
         .map(|e| e.map(|e| e.path()))
         .collect::<Result<_, _>>()
-        .map_err(|source| ManifestError::Read { path: path.to_path_buf(), source })?;
+        .map_err(|error| ManifestError::Read { path: path.to_path_buf(), error })?;
     entries.sort();
     let mut files = Vec::new();
     for entry in entries {
@@ -203,7 +194,7 @@ pub fn parse_str(path: &Path, text: &str) -> Result<Manifests, ManifestError> {
     let mut out = Manifests::default();
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let at = DocRef { document: i + 1, item: None };
-        let value = Value::deserialize_from(doc).map_err(|source| ManifestError::Yaml { path: path.to_path_buf(), doc: at, source })?;
+        let value = Value::deserialize_from(doc).map_err(|error| ManifestError::Yaml { path: path.to_path_buf(), doc: at, error })?;
         parse_value(path, at, value, &mut out)?;
     }
     Ok(out)

@@ -1,12 +1,15 @@
 //! The simulated cluster's plumbing: network namespaces for the fabric, nodes, pods and
 //! hosts, and the links between them (a bridge in the fabric namespace, one veth per member),
-//! made with iproute2. Every namespace is named `flks-<pid>-…` and recorded, so teardown
-//! removes exactly what this run made, and a sweep removes what a crashed run left.
+//! made with iproute2. Every namespace is named `flks-<pid>-<n>-…` and recorded, so teardown
+//! removes exactly what this run made, and a sweep removes what a crashed run left. A run
+//! kept for inspection carries a marker in its work directory and is swept only on request.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::netns::Netns;
 
@@ -63,8 +66,11 @@ impl Fabric {
         format!("{}-{kind}{index}", self.run_id)
     }
 
-    /// Creates a namespace (recorded for teardown) with `lo` up.
+    /// Creates a namespace (recorded for teardown) with `lo` up; none after an interrupt.
     pub fn add_netns(&self, name: &str) -> Result<Netns, PlumbingError> {
+        if let Some(signal) = interrupted() {
+            return Err(PlumbingError { command: format!("ip netns add {name}"), message: format!("interrupted by signal {signal}") });
+        }
         run(&["ip", "netns", "add", name])?;
         if let Ok(mut c) = self.created.lock() {
             c.push(name.to_string());
@@ -139,14 +145,49 @@ impl Fabric {
         let _ = std::fs::remove_dir_all(self.work_dir());
     }
 
+    /// Marks this run as kept on purpose: the sweep every new simulation does leaves it,
+    /// only `flockctl sim --cleanup` ([`Sweep::AlsoKept`]) or an interrupt of this process
+    /// removes it. The marker lives in the work directory, so it goes with the run.
+    pub fn mark_kept(&self) -> std::io::Result<()> {
+        std::fs::write(self.work_dir().join(KEPT_MARKER), format!("namespaces {}\n", self.namespaces().join(" ")))
+    }
+
     /// Names of the namespaces still present.
     pub fn namespaces(&self) -> Vec<String> {
         self.created.lock().map(|c| c.clone()).unwrap_or_default()
     }
 }
 
-/// Removes every namespace and work directory of this process (for an interrupted run that
-/// cannot unwind).
+/// The signal that interrupted this process's simulations (0: none).
+static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
+
+/// Stops this process's simulations on `signal`: no namespace is created from now on, the
+/// existing ones are removed (so probes, syncs and waits fail fast) and in-flight child
+/// processes (CNI plugins, ip, nft) are killed. The caller lets the simulation unwind, then
+/// calls [`sweep_own`] for what was written meanwhile.
+pub fn interrupt(signal: i32) {
+    INTERRUPTED.store(signal, Ordering::SeqCst);
+    sweep_own();
+    kill_children();
+}
+
+/// The signal passed to [`interrupt`], if any.
+pub fn interrupted() -> Option<i32> {
+    Some(INTERRUPTED.load(Ordering::SeqCst)).filter(|s| *s != 0)
+}
+
+/// SIGKILLs this process's child processes (of every thread; `/proc/self/task/*/children`).
+pub fn kill_children() {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return };
+    for t in tasks.filter_map(|e| e.ok()) {
+        let Ok(children) = std::fs::read_to_string(t.path().join("children")) else { continue };
+        for pid in children.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// Removes every namespace and work directory of this process (after an interrupt).
 pub fn sweep_own() -> usize {
     let me = format!("{PREFIX}{}-", std::process::id());
     let mut removed = 0;
@@ -166,30 +207,69 @@ pub fn sweep_own() -> usize {
     removed
 }
 
-/// Removes namespaces and work directories of earlier runs whose process is gone. A
-/// simulation that is still running is never touched: its names carry its pid. Returns how
-/// many namespaces were removed.
-pub fn sweep() -> usize {
+/// What a sweep removes besides crashed runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweep {
+    /// Runs whose process is gone, except kept ones (what every new simulation does first).
+    Crashed,
+    /// Also kept runs (`flockctl sim --cleanup`).
+    AlsoKept,
+}
+
+/// What a sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Namespaces removed.
+    pub removed: usize,
+    /// Kept runs left in place (`<pid>-<n>`), with their namespace count.
+    pub kept: Vec<(String, usize)>,
+}
+
+/// Removes namespaces and work directories of earlier runs whose process is gone; kept runs
+/// (marked by [`Fabric::mark_kept`]) only with [`Sweep::AlsoKept`]. A simulation that is
+/// still running is never touched: its names carry its pid.
+pub fn sweep(mode: Sweep) -> Swept {
     let alive = |pid: i32| pid == std::process::id() as i32 || nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-    let mut removed = 0;
+    // `<pid>-<n>` of a namespace (`flks-<pid>-<n>-…`) or work directory (`<pid>-<n>`).
+    let run_of = |name: &str| -> Option<(i32, String)> {
+        let mut parts = name.splitn(3, '-');
+        let pid = parts.next()?.parse::<i32>().ok()?;
+        let n = parts.next()?.parse::<usize>().ok()?;
+        Some((pid, format!("{pid}-{n}")))
+    };
+    let removable = |run: &str, pid: i32| !alive(pid) && (mode == Sweep::AlsoKept || !is_kept(run));
+    let mut swept = Swept::default();
+    let mut kept: BTreeMap<String, usize> = BTreeMap::new();
     if let Ok(list) = run(&["ip", "netns", "list"]) {
         for line in list.lines() {
             let name = line.split_whitespace().next().unwrap_or("");
-            let Some(rest) = name.strip_prefix(PREFIX) else { continue };
-            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else { continue };
-            if !alive(pid) {
+            let Some((pid, run_id)) = name.strip_prefix(PREFIX).and_then(run_of) else { continue };
+            if removable(&run_id, pid) {
                 let _ = run(&["ip", "netns", "del", name]);
-                removed += 1;
+                swept.removed += 1;
+            } else if !alive(pid) {
+                *kept.entry(run_id).or_default() += 1;
             }
         }
     }
     if let Ok(dirs) = std::fs::read_dir(WORK_ROOT) {
         for d in dirs.filter_map(|e| e.ok()) {
-            let pid = d.file_name().to_string_lossy().split('-').next().and_then(|p| p.parse::<i32>().ok());
-            if pid.is_some_and(|p| !alive(p)) {
+            let name = d.file_name().to_string_lossy().to_string();
+            if let Some((pid, run_id)) = run_of(&name)
+                && removable(&run_id, pid)
+            {
                 let _ = std::fs::remove_dir_all(d.path());
             }
         }
     }
-    removed
+    swept.kept = kept.into_iter().collect();
+    swept
+}
+
+/// The marker file of a kept run, in its work directory.
+const KEPT_MARKER: &str = "kept";
+
+/// Whether run `<pid>-<n>` was kept on purpose.
+fn is_kept(run_id: &str) -> bool {
+    PathBuf::from(WORK_ROOT).join(run_id).join(KEPT_MARKER).is_file()
 }

@@ -53,6 +53,9 @@ pub enum SimError {
     Host { host: String, message: String },
     #[error("{0}")]
     Other(String),
+    /// A signal stopped the simulation ([`fabric::interrupt`]).
+    #[error("interrupted")]
+    Interrupted,
 }
 
 /// A non-pod host on the fabric.
@@ -146,6 +149,8 @@ pub struct Sim {
     next_pod: usize,
     keep: bool,
     torn_down: bool,
+    /// Simulations kept by earlier runs, left in place by this one's sweep.
+    kept_elsewhere: Vec<(String, usize)>,
 }
 
 /// What one probe asks.
@@ -153,7 +158,7 @@ pub struct Sim {
 pub struct ProbeSpec {
     pub port: u16,
     pub protocol: Protocol,
-    /// `None`: each destination's first address family.
+    /// `None`: each destination's primary address (its first pod IP) decides the family.
     pub family: Option<Family>,
 }
 
@@ -169,7 +174,7 @@ pub struct Cell {
 impl Sim {
     /// Builds the simulation for `snapshot`.
     pub async fn build(snapshot: Snapshot, opts: SimOptions) -> Result<Self, SimError> {
-        fabric::sweep();
+        let swept = fabric::sweep(fabric::Sweep::Crashed);
         let fabric = Arc::new(Fabric::new()?);
         let mut snapshot = snapshot;
         augment_nodes(&mut snapshot)?;
@@ -184,6 +189,7 @@ impl Sim {
             next_pod: 0,
             keep: false,
             torn_down: false,
+            kept_elsewhere: swept.kept,
         };
         let work = sim.fabric.work_dir();
         std::fs::create_dir_all(&work).map_err(|e| SimError::Other(format!("cannot create {}: {e}", work.display())))?;
@@ -235,9 +241,19 @@ impl Sim {
         Ok(sim)
     }
 
-    /// Leaves everything in place when dropped or torn down (for inspection).
-    pub fn keep(&mut self) {
+    /// Leaves everything in place when dropped or torn down (for inspection), marked so that
+    /// later simulations do not sweep it (see [`fabric::Fabric::mark_kept`]).
+    pub fn keep(&mut self) -> Result<(), SimError> {
+        let dir = self.fabric.work_dir();
+        self.fabric.mark_kept().map_err(|e| SimError::Other(format!("cannot mark the simulation kept in {}: {e}", dir.display())))?;
         self.keep = true;
+        Ok(())
+    }
+
+    /// Simulations kept by earlier runs (`<pid>-<n>` and namespace count), which stay until
+    /// swept with [`fabric::Sweep::AlsoKept`].
+    pub fn kept_elsewhere(&self) -> &[(String, usize)] {
+        &self.kept_elsewhere
     }
 
     /// The namespaces of the simulation.
@@ -280,7 +296,13 @@ impl Sim {
 
     async fn wait_synced(&self, version: u64) -> Result<(), SimError> {
         for n in self.nodes.values() {
-            n.agent.wait_source(version, self.opts.sync_timeout).await.map_err(SimError::Other)?;
+            // An interrupt removes the namespaces, so the agents cannot commit: stop waiting.
+            tokio::select! {
+                r = n.agent.wait_source(version, self.opts.sync_timeout) => r.map_err(SimError::Other)?,
+                () = async { while fabric::interrupted().is_none() { tokio::time::sleep(Duration::from_millis(50)).await } } => {
+                    return Err(SimError::Interrupted);
+                }
+            }
         }
         Ok(())
     }
@@ -549,6 +571,10 @@ impl Sim {
             }
         }
         let outcomes = tokio::task::block_in_place(|| probe::probe_all(&tasks, self.opts.probe_timeout, self.opts.parallelism));
+        if fabric::interrupted().is_some() {
+            // The namespaces went away under the probes: their outcomes mean nothing.
+            return Err(SimError::Interrupted);
+        }
         for (i, o) in index.into_iter().zip(outcomes) {
             cells[i].outcome = Some(o);
         }

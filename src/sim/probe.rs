@@ -30,6 +30,9 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in the order truth-table legends list them.
+    pub const ALL: [Outcome; 5] = [Self::Connected, Self::Timeout, Self::Refused, Self::Unreachable, Self::Unavailable];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Connected => "connected",
@@ -48,6 +51,17 @@ impl Outcome {
             Self::Timeout => 'X',
             Self::Unreachable => 'U',
             Self::Unavailable => '?',
+        }
+    }
+
+    /// What the outcome means, for the legend under a truth table.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Self::Connected => "connected",
+            Self::Timeout => "timeout: no answer (a NetworkPolicy drop is silent)",
+            Self::Refused => "refused: the packet got there, but the destination does not serve that port",
+            Self::Unreachable => "unreachable: no route to the destination",
+            Self::Unavailable => "unavailable: this kernel lacks the protocol",
         }
     }
 }

@@ -38,6 +38,8 @@ pub struct CaseOutcome {
     pub errors: Vec<String>,
     pub probes_run: usize,
     pub probes_skipped: usize,
+    /// Why probes were skipped (each reason once, e.g. `SCTP not available in this kernel`).
+    pub skip_reasons: Vec<String>,
     pub step_times: Vec<Duration>,
 }
 
@@ -49,6 +51,7 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
         errors: Vec::new(),
         probes_run: 0,
         probes_skipped: 0,
+        skip_reasons: Vec::new(),
         step_times: Vec::new(),
     };
     for (i, step) in case.steps.iter().enumerate() {
@@ -61,6 +64,10 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
             if !sim.protocol_available(probe.protocol) {
                 if probe.kernel_optional {
                     out.probes_skipped += 1;
+                    let why = format!("{} not available in this kernel", probe.protocol);
+                    if !out.skip_reasons.contains(&why) {
+                        out.skip_reasons.push(why);
+                    }
                 } else {
                     out.errors.push(format!("step {}: {}: the kernel lacks {}", i + 1, probe.label(), probe.protocol));
                 }

@@ -105,7 +105,7 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("flock-agent failed: {e:#}");
+            tracing::error!("flock-agent failed: {}", flock::process::error_chain(&*e));
             ExitCode::FAILURE
         }
     }

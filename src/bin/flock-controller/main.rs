@@ -126,7 +126,7 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("flock-controller failed: {e:#}");
+            tracing::error!("flock-controller failed: {}", flock::process::error_chain(&*e));
             ExitCode::FAILURE
         }
     }

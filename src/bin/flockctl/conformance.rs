@@ -1,5 +1,5 @@
 //! `flockctl conformance [--base FILE] DIR...`: run conformance cases on a simulated cluster
-//! built from the base, and print `PASS|FAIL|SKIP <case>` lines and a summary.
+//! built from the base, and print `PASS|FAIL|SKIP <case> (why)` lines and a summary.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,9 +11,9 @@ use clap::Args;
 use flock::conformance;
 use flock::model::manifest;
 use flock::sim::Sim;
-use flock::sim::runner::{self, Verdict};
+use flock::sim::runner::{self, CaseOutcome, Verdict};
 
-use super::sim::{CommonArgs, cleanup_on_interrupt, preflight, runtime};
+use super::sim::{CommonArgs, cleanup_on_interrupt, note_kept, preflight, runtime};
 
 #[derive(Args)]
 pub struct ConformanceArgs {
@@ -60,23 +60,22 @@ pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
             base.nodes().count(),
             started.elapsed().as_secs_f64()
         );
+        note_kept(&sim);
         let (mut passed, mut failed, mut skipped) = (0, 0, 0);
         let mut steps = 0usize;
         let mut step_time = 0.0;
         for case in &cases {
             let o = runner::run_case(&mut sim, &base, case).await;
+            if flock::sim::fabric::interrupted().is_some() {
+                // The case's outcome is the interrupt's doing: no verdict.
+                return Err(flock::sim::SimError::Interrupted.into());
+            }
             match o.verdict {
                 Verdict::Pass => passed += 1,
                 Verdict::Fail => failed += 1,
                 Verdict::Skip => skipped += 1,
             }
-            let mut line = format!("{} {}", o.verdict.as_str(), case.dir_name);
-            if o.verdict == Verdict::Fail {
-                let cells: Vec<String> =
-                    o.mismatches.iter().take(5).map(ToString::to_string).chain(o.errors.iter().take(3).cloned()).collect();
-                line.push_str(&format!(" ({} cells differ; {})", o.mismatches.len(), cells.join("; ")));
-            }
-            println!("{line}");
+            println!("{}", verdict_line(&case.dir_name, &o));
             steps += o.step_times.len();
             step_time += o.step_times.iter().map(|d| d.as_secs_f64()).sum::<f64>();
             if args.verbose {
@@ -94,4 +93,54 @@ pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok((passed, failed, skipped))
     })?;
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// `PASS|FAIL|SKIP <case>`, with why: the cells that differ and errors for a failure, the
+/// reason for a skip, and skipped probes of a case that passed.
+fn verdict_line(case: &str, o: &CaseOutcome) -> String {
+    let mut line = format!("{} {case}", o.verdict.as_str());
+    match o.verdict {
+        Verdict::Fail => {
+            let cells: Vec<String> = o.mismatches.iter().take(5).map(ToString::to_string).chain(o.errors.iter().take(3).cloned()).collect();
+            line.push_str(&format!(" ({} cells differ; {})", o.mismatches.len(), cells.join("; ")));
+        }
+        Verdict::Skip if o.skip_reasons.is_empty() => line.push_str(" (no probe could run)"),
+        Verdict::Skip => line.push_str(&format!(" ({})", o.skip_reasons.join("; "))),
+        Verdict::Pass if o.probes_skipped > 0 => line.push_str(&format!(
+            " ({} of {} probes skipped: {})",
+            o.probes_skipped,
+            o.probes_skipped + o.probes_run,
+            o.skip_reasons.join("; ")
+        )),
+        Verdict::Pass => {}
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(verdict: Verdict, run: usize, skipped: usize) -> CaseOutcome {
+        CaseOutcome {
+            verdict,
+            mismatches: Vec::new(),
+            errors: Vec::new(),
+            probes_run: run,
+            probes_skipped: skipped,
+            skip_reasons: if skipped > 0 { vec!["SCTP not available in this kernel".into()] } else { Vec::new() },
+            step_times: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn every_skip_says_why() {
+        assert_eq!(verdict_line("055-sctp", &outcome(Verdict::Skip, 0, 1)), "SKIP 055-sctp (SCTP not available in this kernel)");
+        assert_eq!(verdict_line("055-sctp", &outcome(Verdict::Skip, 0, 0)), "SKIP 055-sctp (no probe could run)");
+        assert_eq!(
+            verdict_line("060-mixed", &outcome(Verdict::Pass, 2, 1)),
+            "PASS 060-mixed (1 of 3 probes skipped: SCTP not available in this kernel)"
+        );
+        assert_eq!(verdict_line("001-deny", &outcome(Verdict::Pass, 1, 0)), "PASS 001-deny");
+    }
 }

@@ -32,7 +32,11 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        // Once a signal has removed a simulation under its agents, their complaints about
+        // the missing namespaces are noise.
+        .with_writer(|| -> Box<dyn std::io::Write> {
+            if flock::sim::fabric::interrupted().is_some() { Box::new(std::io::sink()) } else { Box::new(std::io::stderr()) }
+        })
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FLOCK_LOG").unwrap_or_else(|_| "warn".into()))
         .init();
     let cli = Cli::parse();
@@ -42,10 +46,14 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(&args),
         Command::Conformance(args) => conformance::run(&args),
     };
+    // An interrupted simulation unwinds with an error; what counts is the interrupt.
+    if let Some(code) = sim::exit_if_interrupted() {
+        return code;
+    }
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", flock::process::error_chain(&*e));
             ExitCode::FAILURE
         }
     }

@@ -1,6 +1,7 @@
 //! `flockctl sim`: build a simulated cluster from manifests, probe it, print a truth table
 //! (or JSON), tear it down.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -11,7 +12,7 @@ use serde_json::json;
 
 use flock::conformance::Family;
 use flock::model::{Protocol, manifest};
-use flock::sim::{Cell, HostSpec, ProbeSpec, Sim, SimOptions};
+use flock::sim::{Cell, HostSpec, Outcome, ProbeSpec, Sim, SimOptions};
 
 #[derive(Args)]
 pub struct SimArgs {
@@ -19,20 +20,23 @@ pub struct SimArgs {
     /// NetworkPolicies); repeatable.
     #[arg(long = "manifests", short = 'f', value_name = "PATH", required_unless_present = "cleanup")]
     manifests: Vec<PathBuf>,
-    /// A probe `PORT/PROTO[/FAMILY]` (e.g. `80/TCP`, `53/UDP/IPv6`); repeatable. Default:
-    /// every declared container port, in each family the pods have.
+    /// A probe `PORT/PROTO[/FAMILY]` (e.g. `80/TCP`, `53/UDP/IPv6`; without FAMILY, each
+    /// destination's primary address); repeatable. Default: every declared container port,
+    /// in each family the pods have.
     #[arg(long = "probe", value_name = "PORT/PROTO[/FAMILY]", value_parser = parse_probe)]
     probes: Vec<ProbeSpec>,
     /// A non-pod host on the fabric, probed as destination `host/NAME`; repeatable.
     #[arg(long = "host", value_name = "NAME=ADDR[,ADDR]")]
     hosts: Vec<HostSpec>,
-    /// Output format.
+    /// Output format: a truth table per probe, or one JSON document.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
     output: Format,
-    /// Leave the namespaces, links and rules in place for inspection.
+    /// Leave the namespaces, links and rules in place for inspection; later simulations
+    /// leave them too, until `--cleanup`.
     #[arg(long)]
     keep: bool,
-    /// After probing, print `nft list table inet flock` of this node; repeatable.
+    /// After probing, print `nft list table inet flock` of this node (with `-o json`: in the
+    /// document, under `rulesets`); repeatable.
     #[arg(long, value_name = "NODE")]
     show_ruleset: Vec<String>,
     /// Only remove what earlier simulations left behind (kept or crashed; never a running
@@ -114,22 +118,64 @@ pub fn preflight(common: &CommonArgs) -> anyhow::Result<SimOptions> {
     Ok(o)
 }
 
-/// On SIGINT or SIGTERM: remove everything this process simulated and exit (130). Runs on
-/// its own task, so it acts at once even while probes block a worker.
+/// How long an interrupted simulation may take to unwind before it is removed under its
+/// feet (a probe or a CNI operation that ignores the removed namespaces).
+const UNWIND_LIMIT: Duration = Duration::from_secs(10);
+
+/// On SIGHUP, SIGINT or SIGTERM: stop this process's simulations (kept or not: an
+/// interrupted run is not worth inspecting) so that they unwind at once; [`exit_if_interrupted`]
+/// then removes what is left. Runs on its own task, so it acts at once even while probes
+/// block a worker; if the simulation has not unwound within [`UNWIND_LIMIT`], it removes
+/// everything and exits itself.
 pub fn cleanup_on_interrupt() -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+        let number = tokio::select! {
+            _ = hup.recv() => nix::libc::SIGHUP,
+            _ = int.recv() => nix::libc::SIGINT,
+            _ = term.recv() => nix::libc::SIGTERM,
+        };
+        flock::sim::fabric::interrupt(number);
+        // A CNI plugin started just before the interrupt would wait for its agent's answer.
+        let started = Instant::now();
+        while started.elapsed() < UNWIND_LIMIT {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            flock::sim::fabric::kill_children();
         }
-        let n = flock::sim::fabric::sweep_own();
-        eprintln!("interrupted: simulation removed ({n} network namespaces)");
-        std::process::exit(130);
+        std::process::exit(finish_interrupt().map_or(1, i32::from));
     });
     Ok(())
+}
+
+/// After an interrupt ([`cleanup_on_interrupt`]): removes what the simulation left, says so
+/// and returns the exit code (128 + the signal number). Call once nothing runs any more.
+pub fn exit_if_interrupted() -> Option<ExitCode> {
+    finish_interrupt().map(ExitCode::from)
+}
+
+fn finish_interrupt() -> Option<u8> {
+    let number = flock::sim::fabric::interrupted()?;
+    flock::sim::fabric::kill_children();
+    flock::sim::fabric::sweep_own();
+    let name = nix::sys::signal::Signal::try_from(number).map_or("a signal", |s| s.as_str());
+    // After a hangup stderr may be gone: a failed write must not stop the exit.
+    let _ = writeln!(std::io::stderr(), "interrupted ({name}): the simulation was removed");
+    Some(u8::try_from(128 + number).unwrap_or(u8::MAX))
+}
+
+/// Tells about simulations kept by earlier runs (`--keep`), which stay until `--cleanup`.
+pub fn note_kept(sim: &Sim) {
+    let kept = sim.kept_elsewhere();
+    if !kept.is_empty() {
+        let runs: Vec<String> = kept.iter().map(|(run, n)| format!("{}{run}-* ({n} namespaces)", flock::sim::fabric::PREFIX)).collect();
+        eprintln!(
+            "note: simulations kept by earlier runs are still in place: {}; remove them with `flockctl sim --cleanup`",
+            runs.join(", ")
+        );
+    }
 }
 
 /// A multi-threaded runtime for the agents and the blocking probe workers.
@@ -139,8 +185,8 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
     if args.cleanup {
-        let n = flock::sim::fabric::sweep();
-        eprintln!("removed {n} network namespaces left by earlier simulations");
+        let swept = flock::sim::fabric::sweep(flock::sim::fabric::Sweep::AlsoKept);
+        eprintln!("removed {} network namespaces left by earlier simulations (kept or crashed)", swept.removed);
         return Ok(ExitCode::SUCCESS);
     }
     let mut opts = preflight(&args.common)?;
@@ -151,6 +197,10 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
     let snapshot = m.to_snapshot();
     for p in flock::translate::validate_all(&snapshot) {
         eprintln!("warning: {p}");
+    }
+    if let Some(node) = args.show_ruleset.iter().find(|n| snapshot.node(n).is_none()) {
+        let nodes: Vec<String> = snapshot.nodes().map(|n| n.name.clone()).collect();
+        bail!("--show-ruleset {node}: no such Node in the manifests (nodes: {})", nodes.join(", "));
     }
     opts.hosts = args.hosts.clone();
     let mut host_ports: Vec<(u16, Protocol)> = args.probes.iter().map(|p| (p.port, p.protocol)).collect();
@@ -171,8 +221,9 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
             sim.snapshot().nodes().count(),
             started.elapsed().as_secs_f64()
         );
+        note_kept(&sim);
         if args.keep {
-            sim.keep();
+            sim.keep()?;
         }
         let probes = if args.probes.is_empty() {
             let fams = sim.families();
@@ -191,18 +242,28 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
             let cells = sim.probe(*spec, &pods, &dests)?;
             results.push((*spec, cells));
         }
-        match args.output {
-            Format::Table => print_tables(&results, &pods, &dests),
-            Format::Json => println!("{}", to_json(&results)),
-        }
+        let mut rulesets = Vec::new();
         for node in &args.show_ruleset {
             let ns = sim.node_netns(node).with_context(|| format!("no node {node} in the simulation"))?;
             let listing = flock::sim::fabric::run(&["ip", "netns", "exec", &ns, "nft", "list", "table", "inet", "flock"])?;
-            println!("# nft list table inet flock   (node {node})\n{listing}");
+            rulesets.push((node.clone(), listing));
+        }
+        // stdout is the result alone: one table per probe then the listings, or one JSON
+        // document holding both.
+        match args.output {
+            Format::Table => {
+                for (spec, cells) in &results {
+                    println!("{}", truth_table(*spec, cells, &pods, &dests));
+                }
+                for (node, listing) in &rulesets {
+                    println!("# nft list table inet flock   (node {node})\n{listing}");
+                }
+            }
+            Format::Json => println!("{}", to_json(&results, &rulesets)),
         }
         if args.keep {
             eprintln!(
-                "kept: namespaces {}; inspect with e.g. `ip netns exec {} nft list ruleset`; remove with `flockctl sim --cleanup`",
+                "kept: namespaces {}; inspect with e.g. `ip netns exec {} nft list ruleset`; later simulations leave them; remove with `flockctl sim --cleanup`",
                 sim.namespaces().join(" "),
                 sim.node_netns(&sim.snapshot().nodes().next().map(|n| n.name.clone()).unwrap_or_default()).unwrap_or_default()
             );
@@ -213,33 +274,59 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_tables(results: &[(ProbeSpec, Vec<Cell>)], rows: &[String], cols: &[String]) {
-    let width = rows.iter().chain(cols).map(String::len).max().unwrap_or(3).max(3);
-    for (spec, cells) in results {
-        let fam = spec.family.map_or("first address family", Family::as_str);
-        println!("{}/{} {fam}   (. connected, X timeout, R refused, U unreachable, ? unavailable)", spec.protocol, spec.port);
-        print!("{:width$}", "");
-        for c in cols {
-            print!(" {c:>width$}");
-        }
-        println!();
-        for r in rows {
-            print!("{r:width$}");
-            for c in cols {
-                let sym = if r == c {
-                    '-'
-                } else {
-                    cells.iter().find(|x| &x.from == r && &x.to == c).and_then(|x| x.outcome).map_or(' ', |o| o.symbol())
-                };
-                print!(" {sym:>width$}");
-            }
-            println!();
-        }
-        println!();
+/// Cells that are not probed: no address of the probe's family on one side, and a pod to
+/// itself.
+const NO_ADDRESS: (char, &str) = ('~', "not probed: no address of this family on one side");
+const ITSELF: (char, &str) = ('-', "not probed: the pod itself");
+
+/// One probe's truth table: a title saying what was probed, rows (sources) by columns
+/// (destinations) with the axes labelled, and a legend of the symbols it uses.
+fn truth_table(spec: ProbeSpec, cells: &[Cell], rows: &[String], cols: &[String]) -> String {
+    use std::fmt::Write as _;
+    const CORNER: &str = "from \\ to";
+    let mut families: Vec<Family> = cells.iter().map(|c| c.family).collect();
+    families.sort();
+    families.dedup();
+    let over = match (spec.family, families.as_slice()) {
+        (Some(f), _) | (None, &[f]) => f.as_str().to_string(),
+        // `--probe PORT/PROTO` without a family on a cluster with both: each destination's
+        // primary address (its first podIP) decides.
+        _ => "each destination's primary address (IPv4 or IPv6)".to_string(),
+    };
+    let row_w = rows.iter().map(String::len).chain([CORNER.len()]).max().unwrap_or(0);
+    let col_w = cols.iter().map(String::len).max().unwrap_or(1);
+    let mut used = Vec::new();
+    let mut out = String::new();
+    let _ = writeln!(out, "{} port {}, {over}", spec.protocol, spec.port);
+    let _ = write!(out, "{CORNER:row_w$}");
+    for c in cols {
+        let _ = write!(out, " {c:>col_w$}");
     }
+    out.push('\n');
+    for r in rows {
+        let _ = write!(out, "{r:row_w$}");
+        for c in cols {
+            let sym = if r == c {
+                ITSELF.0
+            } else {
+                cells.iter().find(|x| &x.from == r && &x.to == c).and_then(|x| x.outcome).map_or(NO_ADDRESS.0, |o| o.symbol())
+            };
+            if !used.contains(&sym) {
+                used.push(sym);
+            }
+            let _ = write!(out, " {sym:>col_w$}");
+        }
+        out.push('\n');
+    }
+    let legend = Outcome::ALL.iter().map(|o| (o.symbol(), o.meaning())).chain([NO_ADDRESS, ITSELF]);
+    for (sym, meaning) in legend.filter(|(s, _)| used.contains(s)) {
+        let _ = writeln!(out, "  {sym}  {meaning}");
+    }
+    out
 }
 
-fn to_json(results: &[(ProbeSpec, Vec<Cell>)]) -> serde_json::Value {
+/// `{"probes": [...]}`, and `"rulesets": {NODE: LISTING}` when `--show-ruleset` asked.
+fn to_json(results: &[(ProbeSpec, Vec<Cell>)], rulesets: &[(String, String)]) -> serde_json::Value {
     let probes: Vec<serde_json::Value> = results
         .iter()
         .flat_map(|(spec, cells)| {
@@ -251,13 +338,19 @@ fn to_json(results: &[(ProbeSpec, Vec<Cell>)]) -> serde_json::Value {
                 let res: Vec<serde_json::Value> = cells
                     .iter()
                     .filter(|c| c.family == fam)
-                    .filter_map(|c| c.outcome.map(|o| json!({"from": c.from, "to": c.to, "connected": o == flock::sim::Outcome::Connected, "outcome": o.as_str()})))
+                    .filter_map(|c| {
+                        c.outcome.map(|o| json!({"from": c.from, "to": c.to, "connected": o == Outcome::Connected, "outcome": o.as_str()}))
+                    })
                     .collect();
                 json!({"port": spec.port, "protocol": spec.protocol.as_k8s(), "family": fam.as_str(), "results": res})
             })
         })
         .collect();
-    json!({"probes": probes})
+    let mut out = json!({"probes": probes});
+    if !rulesets.is_empty() {
+        out["rulesets"] = rulesets.iter().map(|(node, listing)| (node.clone(), json!(listing))).collect::<serde_json::Map<_, _>>().into();
+    }
+    out
 }
 
 #[cfg(test)]
@@ -272,5 +365,33 @@ mod tests {
         assert!(parse_probe("0/TCP").is_err());
         assert!(parse_probe("80/ICMP").is_err());
         assert!(parse_probe("80/TCP/IPv5").is_err());
+    }
+
+    #[test]
+    fn truth_tables_label_axes_and_explain_the_symbols_they_use() {
+        let cell = |from: &str, to: &str, family, outcome| Cell { from: from.into(), to: to.into(), family, outcome };
+        let pods = vec!["x/a".to_string(), "x/b".to_string()];
+        let mut dests = pods.clone();
+        dests.push("host/internet".into());
+        let cells = vec![
+            cell("x/a", "x/b", Family::V4, Some(Outcome::Timeout)),
+            cell("x/a", "host/internet", Family::V6, Some(Outcome::Connected)),
+            cell("x/b", "x/a", Family::V4, Some(Outcome::Timeout)),
+            cell("x/b", "host/internet", Family::V6, None),
+        ];
+        let spec = ProbeSpec { port: 80, protocol: Protocol::Tcp, family: None };
+        let want = "\
+TCP port 80, each destination's primary address (IPv4 or IPv6)
+from \\ to           x/a           x/b host/internet
+x/a                   -             X             .
+x/b                   X             -             ~
+  .  connected
+  X  timeout: no answer (a NetworkPolicy drop is silent)
+  ~  not probed: no address of this family on one side
+  -  not probed: the pod itself
+";
+        assert_eq!(truth_table(spec, &cells, &pods, &dests), want);
+        let v4 = truth_table(ProbeSpec { family: Some(Family::V4), ..spec }, &cells[..1], &pods[..1], &pods);
+        assert!(v4.starts_with("TCP port 80, IPv4\n"), "{v4}");
     }
 }
