@@ -18,7 +18,7 @@ use crate::agent::metrics::Metrics;
 use crate::agent::{Agent, AgentConfig, cniconf};
 use crate::model::Snapshot;
 use crate::source::SourceWriter;
-use crate::source::kube::{ApiHealth, HealthState};
+use crate::source::kube::{ApiHealth, HealthState, SourceOptions};
 
 /// How the daemon runs (the flags of `flock-agent`).
 #[derive(Debug, Clone)]
@@ -30,6 +30,8 @@ pub struct DaemonOptions {
     pub cni_mtu: Option<u32>,
     pub degraded_after: Duration,
     pub disconnected_after: Duration,
+    /// How the informers list, watch, back off and probe the API server.
+    pub source: SourceOptions,
     /// Publish Kubernetes Events for policies flock cannot enforce as written.
     pub events: bool,
     /// The reporting instance for Events (the pod name).
@@ -51,7 +53,14 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
     let health = Arc::new(ApiHealth::new(opts.degraded_after, opts.disconnected_after));
     let (writer, source) = SourceWriter::new(Snapshot::new(), false);
     let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(crate::source::kube::run(client.clone(), writer, health.clone(), metrics.clone(), stop.clone())));
+    tasks.push(tokio::spawn(crate::source::kube::run_with(
+        opts.source.clone(),
+        client.clone(),
+        writer,
+        health.clone(),
+        metrics.clone(),
+        stop.clone(),
+    )));
 
     let mut cfg = opts.agent.clone();
     cfg.full_resync = Some(health.resyncs());
@@ -73,12 +82,12 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
         }
     }));
 
-    // API health: metrics and transitions.
+    // API health: metrics and logged transitions (the state changes with time alone).
     {
         let (health, metrics, mut stop) = (health.clone(), metrics.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let mut last = HealthState::Connected;
-            metrics.health(last.as_str());
+            health.export(&metrics);
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
@@ -95,7 +104,7 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
                     );
                     last = now;
                 }
-                metrics.health(now.as_str());
+                health.export(&metrics);
             }
         }));
     }

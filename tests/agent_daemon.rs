@@ -15,9 +15,10 @@ use flock::agent::http::ListenAddr;
 use flock::apply::Backend;
 use flock::apply::kernel::NftCli;
 use flock::daemon::{self, DaemonOptions};
+use flock::source::kube::SourceOptions;
 use flock::testkit::kernel::{NetnsGuard, Node, Pod, TempDir, require_root};
 use flock_cni::protocol::{self, AddRequest, PodIdentity, Request};
-use flock_test_apiserver::ApiServer;
+use flock_test_apiserver::{ApiServer, FailRule};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -69,6 +70,7 @@ impl Rig {
             cni_mtu: None,
             degraded_after: Duration::from_millis(300),
             disconnected_after: Duration::from_millis(1500),
+            source: SourceOptions::for_node(NODE),
             events: true,
             instance: "flock-agent-test".into(),
             max_sync_age: Duration::from_secs(90),
@@ -392,6 +394,137 @@ async fn an_add_for_a_pod_the_watch_has_not_seen_waits_for_it() {
     rig.server.apply(pod_json("late", "198.18.80.40", json!({"app": "late"}))).unwrap();
     call.await.unwrap().unwrap();
     assert!(rig.table().contains(&iface), "acknowledged before the rules were in");
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
+/// Short backoffs and probe periods, no probe jitter.
+fn fast_source(o: &mut DaemonOptions) {
+    o.source.watch.backoff_min = Duration::from_millis(50);
+    o.source.watch.backoff_max = Duration::from_millis(500);
+    o.source.watch.settle = Duration::from_millis(200);
+    o.source.probe.jitter = Duration::ZERO;
+    o.source.probe.retry = Duration::from_millis(100);
+}
+
+fn json_body(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_api_server_that_loses_state_is_relisted_and_nft_follows() {
+    if !require_root("an_api_server_that_loses_state_is_relisted_and_nft_follows") {
+        return;
+    }
+    if let Ok(filter) = std::env::var("FLOCK_TEST_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+    }
+    let mut rig = Rig::new("stateloss").await;
+    let (stop, task) = rig.start(rig.options(fast_source));
+    wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    rig.add_pod("a", "198.18.80.50", json!({"app": "a"})).await;
+    rig.add_pod("b", "198.18.80.51", json!({"app": "b"})).await;
+    assert!(ping(rig.pod("a"), "198.18.80.51"));
+
+    // Twice: an etcd restore that takes resourceVersions backwards (the agent's watches get
+    // 504 Too large), and one that bumps them past everything (410 Expired). Either way the
+    // policy created after the backup vanishes without a DELETE event.
+    for (round, bumped) in [(1, false), (2, true)] {
+        let backup = rig.server.backup();
+        rig.server.apply(deny_ingress_to("deny-b", "b")).unwrap();
+        wait_until("the policy in nft", Duration::from_secs(10), || rig.table().contains("default/deny-b")).await;
+        assert!(!ping(rig.pod("a"), "198.18.80.51"));
+        if bumped {
+            rig.server.restore_bumped(&backup, 1000);
+        } else {
+            rig.server.restore(&backup);
+        }
+        wait_until(&format!("the vanished policy out of nft (round {round})"), Duration::from_secs(20), || {
+            !rig.table().contains("default/deny-b")
+        })
+        .await;
+        wait_until("no policy tracked", Duration::from_secs(5), || rig.metric("flock_policies_tracked") == 0.0).await;
+        assert!(ping(rig.pod("a"), "198.18.80.51"), "the vanished policy still isolates b (round {round})");
+        let reason = if bumped { "expired" } else { "too_large" };
+        assert!(rig.metric(&format!("flock_watch_relists_total{{resource=\"networkpolicies\",reason=\"{reason}\"}}")) >= 1.0);
+    }
+    // Losing state is not an outage, but /healthz tells what happened.
+    let (code, body) = rig.http("/healthz");
+    assert_eq!(code, 200, "{body}");
+    let health = json_body(&body);
+    assert_eq!(health["api"], "Connected", "{body}");
+    assert_eq!(health["watches"]["networkpolicies"], "ok", "{body}");
+    // (A 410 is routine, after any compaction; the state loss of round 1 is what is shown.)
+    assert!(health["apiLastError"].as_str().unwrap().contains("Too large resource version"), "{body}");
+
+    // The pods survive the restores and new changes still arrive.
+    rig.server.apply(deny_ingress_to("deny-b-again", "b")).unwrap();
+    wait_until("a policy after the restores", Duration::from_secs(10), || rig.table().contains("default/deny-b-again")).await;
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn healthz_reflects_a_failing_watch_and_shows_the_last_error() {
+    if !require_root("healthz_reflects_a_failing_watch_and_shows_the_last_error") {
+        return;
+    }
+    let rig = Rig::new("watchfail").await;
+    let (stop, task) = rig.start(rig.options(fast_source));
+    wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    let syncs = rig.metric("flock_sync_duration_seconds_count");
+
+    // Only the policies' watch fails (every request for policies gets 500).
+    rig.server.fail_requests(FailRule::new(usize::MAX, 500).path_contains("/networkpolicies"));
+    rig.server.drop_watches();
+    wait_until("Disconnected", Duration::from_secs(10), || rig.metric("flock_api_health_state{state=\"Disconnected\"}") == 1.0).await;
+    let (code, body) = rig.http("/healthz");
+    assert_eq!(code, 200, "the agent is alive and enforcing: {body}");
+    let health = json_body(&body);
+    assert_eq!(health["api"], "Disconnected", "{body}");
+    let error = health["apiLastError"].as_str().unwrap();
+    assert!(error.starts_with("networkpolicies: ") && error.contains("500"), "{body}");
+    assert!(health["apiLastErrorAgeSeconds"].as_f64().unwrap() < 10.0, "{body}");
+    assert_eq!(health["watches"]["networkpolicies"], "failing", "{body}");
+    assert_eq!(health["watches"]["pods"], "ok", "{body}");
+    assert_eq!(rig.metric("flock_watch_connected{resource=\"networkpolicies\"}"), 0.0);
+    assert_eq!(rig.metric("flock_watch_connected{resource=\"pods\"}"), 1.0);
+    // Still so while the retries grow apart.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(json_body(&rig.http("/healthz").1)["api"], "Disconnected");
+    assert_eq!(rig.metric("flock_api_health_state{state=\"Connected\"}"), 0.0);
+
+    // Recovery: Connected, every watch ok, and a full resync.
+    rig.server.clear_failures();
+    wait_until("Connected", Duration::from_secs(10), || rig.metric("flock_api_health_state{state=\"Connected\"}") == 1.0).await;
+    let health = json_body(&rig.http("/healthz").1);
+    assert!(health["watches"].as_object().unwrap().values().all(|v| v == "ok"), "{health}");
+    assert_eq!(rig.metric("flock_watch_connected{resource=\"networkpolicies\"}"), 1.0);
+    wait_until("the resync", Duration::from_secs(10), || rig.metric("flock_sync_duration_seconds_count") > syncs).await;
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_version_probes_while_watches_are_healthy() {
+    if !require_root("no_version_probes_while_watches_are_healthy") {
+        return;
+    }
+    let rig = Rig::new("noprobe").await;
+    // The test server bookmarks every watch each second; the watches are never quiet for 2 s.
+    let (stop, task) = rig.start(rig.options(|o| {
+        fast_source(o);
+        o.source.probe.quiet = Duration::from_secs(2);
+    }));
+    wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    rig.server.clear_requests();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let requests = rig.server.requests();
+    let probes = requests.iter().filter(|r| r.path == "/version").count();
+    assert_eq!(probes, 0, "/version probed while the watches were healthy");
+    // Nothing else polls either: no lists, and no new watches.
+    assert!(requests.iter().all(|r| r.path.contains("/events")), "{requests:#?}");
+    assert_eq!(rig.metric("flock_api_health_state{state=\"Connected\"}"), 1.0);
     stop.send(true).unwrap();
     task.await.unwrap();
 }

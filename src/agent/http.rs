@@ -1,5 +1,8 @@
-//! flock-agent's HTTP endpoints: `/healthz` (alive: a sync committed recently), `/readyz`
-//! (caches synced and the first sync committed), `/metrics` (Prometheus text format).
+//! flock-agent's HTTP endpoints: `/healthz` (alive: a sync committed recently; it also shows
+//! the API health, each watch's state and the last API error, which do not fail it — the
+//! agent is alive and enforcing last-known rules while the API is away), `/readyz` (caches
+//! synced and the first sync committed), `/metrics` (Prometheus text format; the health
+//! gauges are refreshed from the API health at every scrape, so they always agree with it).
 //! Served on TCP, or on a unix socket (`unix:/path`) for tests and sidecars.
 
 use std::convert::Infallible;
@@ -74,7 +77,8 @@ pub fn metrics_response(text: String) -> Response<Full<Bytes>> {
 /// Answers one request.
 pub fn respond(state: &HttpState, path: &str) -> Response<Full<Bytes>> {
     let st = state.status.borrow().clone();
-    let api = state.health.as_ref().map(|h| h.state().as_str());
+    let report = state.health.as_ref().map(|h| h.report());
+    let api = report.as_ref().map(|r| r.state.as_str());
     match path {
         "/healthz" => {
             let age = st.last_commit.map(|t| t.elapsed());
@@ -87,6 +91,12 @@ pub fn respond(state: &HttpState, path: &str) -> Response<Full<Bytes>> {
                 "lastSuccessfulSyncAgeSeconds": age.map(|a| a.as_secs_f64()),
                 "lastError": st.error,
                 "api": api,
+                "apiLastError": report.as_ref().and_then(|r| r.last_error.as_ref()).map(|(e, _)| e),
+                "apiLastErrorAgeSeconds": report.as_ref().and_then(|r| r.last_error.as_ref()).map(|(_, age)| age.as_secs_f64()),
+                "watches": report.as_ref().map(|r| {
+                    r.watches.iter().map(|(res, ok)| (res.as_str().to_string(), json!(if *ok { "ok" } else { "failing" }))).collect::<serde_json::Map<_, _>>()
+                }),
+                "apiProbeFailing": report.as_ref().map(|r| r.probe_failing),
             });
             json_response(if healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, body)
         }
@@ -96,7 +106,12 @@ pub fn respond(state: &HttpState, path: &str) -> Response<Full<Bytes>> {
             let body = json!({"ready": ready, "cachesSynced": synced, "firstSyncCommitted": st.ready, "api": api});
             json_response(if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, body)
         }
-        "/metrics" => metrics_response(state.metrics.encode()),
+        "/metrics" => {
+            if let Some(h) = &state.health {
+                h.export(&state.metrics);
+            }
+            metrics_response(state.metrics.encode())
+        }
         _ => json_response(StatusCode::NOT_FOUND, json!({"error": "not found", "paths": ["/healthz", "/readyz", "/metrics"]})),
     }
 }

@@ -1,6 +1,7 @@
 //! The Prometheus metrics operators watch (`/metrics`): sync durations and failures, the
 //! last successful sync, event-to-enforced latency, what is tracked, the ruleset's size,
-//! the watches' state and reconnects, CNI requests, coalesced events, drift repairs.
+//! the watches' state, reconnects and relists, API probes, CNI requests, coalesced events,
+//! drift repairs.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -25,6 +26,8 @@ pub struct Metrics {
     watch_connected: Family<Labels, Gauge>,
     watch_reconnects: Family<Labels, Counter>,
     watch_errors: Family<Labels, Counter>,
+    watch_relists: Family<Labels, Counter>,
+    api_probes: Family<Labels, Counter>,
     api_health: Family<Labels, Gauge>,
     cni_requests: Family<Labels, Counter>,
     coalesced: Counter,
@@ -65,6 +68,8 @@ impl Metrics {
             watch_connected: Family::default(),
             watch_reconnects: Family::default(),
             watch_errors: Family::default(),
+            watch_relists: Family::default(),
+            api_probes: Family::default(),
             api_health: Family::default(),
             cni_requests: Family::default(),
             coalesced: Counter::default(),
@@ -92,6 +97,16 @@ impl Metrics {
         r.register("watch_connected", "Whether the watch of a resource is healthy (1) or failing (0)", m.watch_connected.clone());
         r.register("watch_reconnects", "Watches re-established after an error, by resource", m.watch_reconnects.clone());
         r.register("watch_errors", "Watch errors, by resource", m.watch_errors.clone());
+        r.register(
+            "watch_relists",
+            "Complete lists of a resource swapped into the snapshot, by resource and reason (initial, expired, too_large, failing)",
+            m.watch_relists.clone(),
+        );
+        r.register(
+            "api_probes",
+            "Requests to the API server's /version, made only while every watch is quiet, by result",
+            m.api_probes.clone(),
+        );
         r.register(
             "api_health_state",
             "API server health: 1 for the current state (Connected, Degraded, Disconnected)",
@@ -150,6 +165,16 @@ impl Metrics {
         self.watch_reconnects.get_or_create(&label("resource", resource)).inc();
     }
 
+    pub fn watch_relisted(&self, resource: &str, reason: &str) {
+        self.watch_relists
+            .get_or_create(&vec![("resource".to_string(), resource.to_string()), ("reason".to_string(), reason.to_string())])
+            .inc();
+    }
+
+    pub fn api_probe(&self, ok: bool) {
+        self.api_probes.get_or_create(&label("result", if ok { "ok" } else { "failed" })).inc();
+    }
+
     pub fn health(&self, state: &str) {
         for s in ["Connected", "Degraded", "Disconnected"] {
             self.api_health.get_or_create(&label("state", s)).set(i64::from(s == state));
@@ -193,6 +218,8 @@ mod tests {
         m.health("Connected");
         m.cni("add", true);
         m.coalesced(4);
+        m.watch_relisted("networkpolicies", "too_large");
+        m.api_probe(false);
         let text = m.encode();
         for name in [
             "flock_sync_duration_seconds_bucket",
@@ -205,6 +232,8 @@ mod tests {
             "flock_api_health_state{state=\"Degraded\"} 0",
             "flock_cni_requests_total{verb=\"add\",result=\"ok\"} 1",
             "flock_coalesced_events_total 4",
+            "flock_watch_relists_total{resource=\"networkpolicies\",reason=\"too_large\"} 1",
+            "flock_api_probes_total{result=\"failed\"} 1",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }

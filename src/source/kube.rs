@@ -1,31 +1,40 @@
-//! The Kubernetes informer source: kube-runtime watchers for Pods, Namespaces,
-//! NetworkPolicies and Nodes (all namespaces), written into the snapshot as events arrive.
+//! The Kubernetes informer source: a list-and-watch loop per resource (Pods, Namespaces,
+//! NetworkPolicies, Nodes; all namespaces), written into the snapshot as events arrive, and
+//! the API health the agent reports.
 //!
 //! - Only the snapshot's fields are kept: each object is converted on arrival
 //!   (`model::convert`) and the API object dropped, so memory per pod stays small.
-//! - A watch's initial list is buffered and swapped in at `InitDone` (objects not re-listed
-//!   are gone). The source becomes complete — and the agent may program nft — only once all
-//!   four watches have finished their first list.
+//! - A (re)list replaces everything the snapshot holds of its resource at once, when the
+//!   last page is in: objects the list does not contain are gone. Until then the snapshot —
+//!   and nft — keep the last-known state; a partial list is never applied. The source becomes
+//!   complete, and the agent may program nft, only once all four resources have been listed.
+//! - Each resource's loop ([`reflect`]) relists when its resourceVersion is unusable: 410
+//!   Expired, 504 "Too large resource version" (the API server lost state, e.g. an etcd
+//!   restore: objects may have vanished without a DELETE), or a watch that keeps failing.
 //! - Pods are keyed by uid; a Delete removes the pod at once, and terminal pods stop being
 //!   peers in the translator.
-//! - Watch errors never stop the loop (kube-runtime re-lists with backoff); they drive the
-//!   API health state machine ([`ApiHealth`]): Connected → Degraded (a watch has failed for
-//!   `degraded_after`) → Disconnected (failing for `disconnected_after`); last-known rules
-//!   stay in force throughout, and recovery bumps a resync counter the agent turns into a
-//!   full sync.
+//! - Health ([`health`]) is judged from the watches themselves — events, bookmarks, lists,
+//!   watches that stay open are proof; failed requests and ERROR events are failures — and
+//!   `/version` is probed only when every watch has been quiet for 30 s (jittered), so a
+//!   healthy cluster gets no probes. Connected → Degraded (`degraded_after`) → Disconnected
+//!   (`disconnected_after`) while any watch or the probe fails; last-known rules stay in
+//!   force throughout, and recovery bumps a resync counter the agent turns into a full sync.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+mod health;
+mod reflect;
 
-use futures::{StreamExt, stream};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::networking::v1 as net;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
+pub use self::health::{ApiHealth, HealthReport, HealthState, ProbeConfig, Proof, seed_from};
+pub use self::reflect::Options as WatchOptions;
+use self::reflect::{Kind, Reflector};
 use super::SourceWriter;
 use crate::agent::metrics::Metrics;
 use crate::model::{Namespace, NetworkPolicy, Node, ObjectRef, Pod, Snapshot, convert, derived_uid};
@@ -52,144 +61,25 @@ impl Resource {
     }
 }
 
-/// The API server's health as the agent sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HealthState {
-    Connected,
-    Degraded,
-    Disconnected,
+/// How the source lists, watches and probes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceOptions {
+    pub watch: WatchOptions,
+    pub probe: ProbeConfig,
 }
 
-impl HealthState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Connected => "Connected",
-            Self::Degraded => "Degraded",
-            Self::Disconnected => "Disconnected",
-        }
+impl SourceOptions {
+    /// The defaults, with jitter seeded from the node's name (so nodes spread out).
+    pub fn for_node(node: &str) -> Self {
+        let seed = seed_from(node);
+        Self { watch: WatchOptions { seed, ..WatchOptions::default() }, probe: ProbeConfig { seed, ..ProbeConfig::default() } }
     }
 }
 
-#[derive(Debug, Default)]
-struct HealthInner {
-    /// Since when the API has been failing (no clean probe since the first error).
-    failing_since: Option<Instant>,
-    /// Errors (watch or probe) since the last probe.
-    errors_since_probe: u64,
-    last_error: Option<String>,
-    /// Per watch: whether its last item was an error.
-    watch_failing: BTreeMap<Resource, bool>,
-}
-
-/// Health of the API server as the agent sees it, shared with `/healthz`, `/metrics` and
-/// the agent.
-///
-/// kube-runtime's watchers report errors but not quiet successes (a resumed watch or a
-/// bookmark yields no event), so successes come from a probe: every `probe_interval` a
-/// request to `/version`. A probe that succeeds with no watch error since the previous one
-/// ends a failure; the failure's duration against the thresholds gives the state. A `410
-/// Expired` is a normal re-list, not an error.
-#[derive(Debug)]
-pub struct ApiHealth {
-    degraded_after: Duration,
-    disconnected_after: Duration,
-    inner: Mutex<HealthInner>,
-    /// Bumped when the API comes back after failing: the agent does a full sync.
-    resync: watch::Sender<u64>,
-}
-
-impl ApiHealth {
-    pub fn new(degraded_after: Duration, disconnected_after: Duration) -> Self {
-        Self { degraded_after, disconnected_after, inner: Mutex::new(HealthInner::default()), resync: watch::channel(0).0 }
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&mut HealthInner) -> T) -> T {
-        match self.inner.lock() {
-            Ok(mut g) => f(&mut g),
-            Err(p) => f(&mut p.into_inner()),
-        }
-    }
-
-    /// A watch delivered an item.
-    pub fn watch_ok(&self, r: Resource) {
-        self.with(|h| {
-            h.watch_failing.insert(r, false);
-        });
-    }
-
-    /// A watch error. Returns whether this starts a failure.
-    pub fn watch_error(&self, r: Resource, e: &str) -> bool {
-        self.with(|h| {
-            h.watch_failing.insert(r, true);
-            h.errors_since_probe += 1;
-            h.last_error = Some(format!("{}: {e}", r.as_str()));
-            let started = h.failing_since.is_none();
-            h.failing_since.get_or_insert_with(Instant::now);
-            started
-        })
-    }
-
-    /// A probe of the API server answered. Returns whether a failure ended (a recovery,
-    /// which also triggers the agent's full resync).
-    pub fn probe_ok(&self) -> bool {
-        let recovered = self.with(|h| {
-            let clean = h.errors_since_probe == 0;
-            h.errors_since_probe = 0;
-            if !clean {
-                return false;
-            }
-            for v in h.watch_failing.values_mut() {
-                *v = false;
-            }
-            h.last_error = None;
-            h.failing_since.take().is_some()
-        });
-        if recovered {
-            self.resync.send_modify(|n| *n += 1);
-        }
-        recovered
-    }
-
-    /// A probe failed.
-    pub fn probe_error(&self, e: &str) {
-        self.with(|h| {
-            h.errors_since_probe += 1;
-            h.last_error = Some(format!("probe: {e}"));
-            h.failing_since.get_or_insert_with(Instant::now);
-        });
-    }
-
-    /// The state now.
-    pub fn state(&self) -> HealthState {
-        let failing = self.with(|h| h.failing_since.map(|t| t.elapsed()));
-        match failing {
-            Some(d) if d >= self.disconnected_after => HealthState::Disconnected,
-            Some(d) if d >= self.degraded_after => HealthState::Degraded,
-            _ => HealthState::Connected,
-        }
-    }
-
-    /// Whether `r`'s last watch item was an error.
-    pub fn watch_failing(&self, r: Resource) -> bool {
-        self.with(|h| h.watch_failing.get(&r).copied().unwrap_or(false))
-    }
-
-    /// The last error while failing.
-    pub fn last_error(&self) -> Option<String> {
-        self.with(|h| h.last_error.clone())
-    }
-
-    /// Recoveries so far (the agent subscribes and does a full sync on each).
-    pub fn resyncs(&self) -> watch::Receiver<u64> {
-        self.resync.subscribe()
-    }
-}
-
-/// What one watch event becomes.
+/// What one watch item becomes.
 enum Change {
-    Init,
-    InitObject(Object),
-    InitDone,
+    /// A whole (re)list: replaces everything of the resource.
+    Relisted(Vec<Object>),
     Apply(Object),
     Delete(Key),
 }
@@ -208,149 +98,79 @@ enum Key {
     Node(String),
 }
 
-/// A watch error: a `410 Expired` (the watcher re-lists; normal) or anything else.
-enum WatchErr {
-    Expired,
-    Other(String),
-}
-
-impl From<watcher::Error> for WatchErr {
-    fn from(e: watcher::Error) -> Self {
-        match &e {
-            watcher::Error::WatchError(s) if s.code == 410 => WatchErr::Expired,
-            _ => WatchErr::Other(e.to_string()),
-        }
-    }
-}
-
-type Item = (Resource, Result<Option<Change>, WatchErr>);
-
 fn pod_key(p: &core::Pod) -> Key {
     let ns = p.metadata.namespace.clone().unwrap_or_else(|| convert::DEFAULT_NAMESPACE.into());
     let name = p.metadata.name.clone().unwrap_or_default();
     Key::Pod(p.metadata.uid.clone().filter(|u| !u.is_empty()).unwrap_or_else(|| derived_uid(&ns, &name)))
 }
 
-/// Maps a watcher event of one kind to a [`Change`], converting the object (and logging,
-/// then skipping, an object the API server should never have stored).
-fn change<K>(ev: Event<K>, convert: impl Fn(&K) -> Result<Object, String>, key: impl Fn(&K) -> Key) -> Option<Change> {
-    let conv = |o: &K| match convert(o) {
-        Ok(x) => Some(x),
-        Err(e) => {
-            tracing::warn!(error = %e, "skipping an object that cannot be converted");
-            None
-        }
-    };
-    match ev {
-        Event::Init => Some(Change::Init),
-        Event::InitApply(o) => conv(&o).map(Change::InitObject),
-        Event::InitDone => Some(Change::InitDone),
-        Event::Apply(o) => conv(&o).map(Change::Apply),
-        Event::Delete(o) => Some(Change::Delete(key(&o))),
-    }
+const PODS: Kind<core::Pod> =
+    Kind { convert: |p| convert::pod(p).map(Object::Pod).map_err(|e| format!("pod {:?}: {e}", p.metadata.name)), key: pod_key };
+const NAMESPACES: Kind<core::Namespace> = Kind {
+    convert: |n| convert::namespace(n).map(Object::Namespace).map_err(|e| e.to_string()),
+    key: |n| Key::Namespace(n.metadata.name.clone().unwrap_or_default()),
+};
+const POLICIES: Kind<net::NetworkPolicy> = Kind {
+    convert: |p| convert::network_policy(p).map(Object::Policy).map_err(|e| e.to_string()),
+    key: |p| Key::Policy(ObjectRef::new(p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default())),
+};
+const NODES: Kind<core::Node> = Kind {
+    convert: |n| convert::node(n).map(Object::Node).map_err(|e| e.to_string()),
+    key: |n| Key::Node(n.metadata.name.clone().unwrap_or_default()),
+};
+
+/// Runs the four watches into `writer` until `stop`, with the default options. Never returns
+/// early on errors.
+pub async fn run(client: Client, writer: SourceWriter, health: Arc<ApiHealth>, metrics: Arc<Metrics>, stop: watch::Receiver<bool>) {
+    run_with(SourceOptions::default(), client, writer, health, metrics, stop).await;
 }
 
-/// Runs the four watches into `writer` until `stop`. Never returns early on errors.
-pub async fn run(
+/// [`run`] with options.
+pub async fn run_with(
+    opts: SourceOptions,
     client: Client,
     writer: SourceWriter,
-    health: std::sync::Arc<ApiHealth>,
-    metrics: std::sync::Arc<Metrics>,
+    health: Arc<ApiHealth>,
+    metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let cfg = watcher::Config::default();
-    let probe_client = client.clone();
-    let pods = watcher::watcher(Api::<core::Pod>::all(client.clone()), cfg.clone()).default_backoff().map(|r| -> Item {
-        (
-            Resource::Pods,
-            r.map(|e| change(e, |p| convert::pod(p).map(Object::Pod).map_err(|e| format!("pod {:?}: {e}", p.metadata.name)), pod_key))
-                .map_err(WatchErr::from),
-        )
-    });
-    let namespaces = watcher::watcher(Api::<core::Namespace>::all(client.clone()), cfg.clone()).default_backoff().map(|r| -> Item {
-        (
-            Resource::Namespaces,
-            r.map(|e| {
-                change(
-                    e,
-                    |n| convert::namespace(n).map(Object::Namespace).map_err(|e| e.to_string()),
-                    |n| Key::Namespace(n.metadata.name.clone().unwrap_or_default()),
-                )
-            })
-            .map_err(WatchErr::from),
-        )
-    });
-    let policies = watcher::watcher(Api::<net::NetworkPolicy>::all(client.clone()), cfg.clone()).default_backoff().map(|r| -> Item {
-        (
-            Resource::NetworkPolicies,
-            r.map(|e| {
-                change(
-                    e,
-                    |p| convert::network_policy(p).map(Object::Policy).map_err(|e| e.to_string()),
-                    |p| {
-                        Key::Policy(ObjectRef::new(
-                            p.metadata.namespace.clone().unwrap_or_default(),
-                            p.metadata.name.clone().unwrap_or_default(),
-                        ))
-                    },
-                )
-            })
-            .map_err(WatchErr::from),
-        )
-    });
-    let nodes = watcher::watcher(Api::<core::Node>::all(client), cfg).default_backoff().map(|r| -> Item {
-        (
-            Resource::Nodes,
-            r.map(|e| {
-                change(
-                    e,
-                    |n| convert::node(n).map(Object::Node).map_err(|e| e.to_string()),
-                    |n| Key::Node(n.metadata.name.clone().unwrap_or_default()),
-                )
-            })
-            .map_err(WatchErr::from),
-        )
-    });
-    let prober = tokio::spawn(probe(probe_client, health.clone(), metrics.clone(), stop.clone()));
-    let mut events = stream::select_all([pods.boxed(), namespaces.boxed(), policies.boxed(), nodes.boxed()]).ready_chunks(1024);
+    let (tx, mut rx) = mpsc::channel::<(Resource, Change)>(4096);
+    let mut tasks = Vec::new();
+    macro_rules! reflect {
+        ($k:ty, $res:expr, $kind:expr) => {
+            tasks.push(tokio::spawn(
+                Reflector {
+                    api: Api::<$k>::all(client.clone()),
+                    resource: $res,
+                    kind: $kind,
+                    tx: tx.clone(),
+                    health: health.clone(),
+                    metrics: metrics.clone(),
+                    opts: opts.watch.clone(),
+                }
+                .run(),
+            ))
+        };
+    }
+    reflect!(core::Pod, Resource::Pods, PODS);
+    reflect!(core::Namespace, Resource::Namespaces, NAMESPACES);
+    reflect!(net::NetworkPolicy, Resource::NetworkPolicies, POLICIES);
+    reflect!(core::Node, Resource::Nodes, NODES);
+    drop(tx);
+    tasks.push(tokio::spawn(probe(client, opts.probe.clone(), health.clone(), metrics.clone(), stop.clone())));
 
-    let mut buffers: BTreeMap<Resource, Vec<Object>> = BTreeMap::new();
-    let mut listed: BTreeMap<Resource, bool> = BTreeMap::new();
+    let mut listed: BTreeSet<Resource> = BTreeSet::new();
     let mut complete = false;
+    let mut batch = Vec::with_capacity(1024);
     loop {
-        let chunk = tokio::select! {
-            c = events.next() => match c {
-                Some(c) => c,
-                None => break,
-            },
+        let received = tokio::select! {
+            n = rx.recv_many(&mut batch, 1024) => n,
             _ = stop.changed() => break,
         };
-        let mut changes: Vec<(Resource, Change)> = Vec::new();
-        for (res, item) in chunk {
-            match item {
-                Ok(c) => {
-                    if health.watch_failing(res) {
-                        metrics.watch_reconnected(res.as_str());
-                    }
-                    health.watch_ok(res);
-                    metrics.watch(res.as_str(), true);
-                    if let Some(c) = c {
-                        changes.push((res, c));
-                    }
-                }
-                // A re-list, not a failure.
-                Err(WatchErr::Expired) => {}
-                Err(WatchErr::Other(e)) => {
-                    if !health.watch_failing(res) {
-                        tracing::warn!(resource = res.as_str(), error = %e, "watch failed; last-known rules stay in force");
-                        metrics.watch_reconnected(res.as_str());
-                    }
-                    health.watch_error(res, &e);
-                    metrics.watch_error(res.as_str());
-                    metrics.watch(res.as_str(), false);
-                }
-            }
+        if received == 0 {
+            break;
         }
+        let mut changes = std::mem::take(&mut batch);
         // Most updates of a watched object (a pod's conditions, a heartbeat, a new
         // resourceVersion) change nothing flock keeps: they must not cost a sync.
         {
@@ -364,20 +184,19 @@ pub async fn run(
         writer.update(|s| {
             for (res, c) in changes {
                 match c {
-                    Change::Init => {
-                        buffers.insert(res, Vec::new());
-                    }
-                    Change::InitObject(o) => buffers.entry(res).or_default().push(o),
-                    Change::InitDone => {
-                        replace(s, res, buffers.remove(&res).unwrap_or_default());
-                        listed.insert(res, true);
+                    Change::Relisted(objects) => {
+                        let vanished = replace(s, res, objects);
+                        if vanished > 0 && listed.contains(&res) {
+                            tracing::info!(resource = res.as_str(), vanished, "objects missing from the relist are gone");
+                        }
+                        listed.insert(res);
                     }
                     Change::Apply(o) => upsert(s, o),
-                    Change::Delete(k) => delete(s, k),
+                    Change::Delete(k) => delete(s, &k),
                 }
             }
         });
-        if !complete && Resource::ALL.iter().all(|r| listed.get(r).copied().unwrap_or(false)) {
+        if !complete && Resource::ALL.iter().all(|r| listed.contains(r)) {
             complete = true;
             let s = writer.reader();
             let (pods, policies) = {
@@ -388,32 +207,62 @@ pub async fn run(
             writer.set_complete();
         }
     }
-    prober.abort();
+    for t in tasks {
+        t.abort();
+    }
 }
 
-/// Period of the API probe.
-pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Probes the API server (`/version`) every [`PROBE_INTERVAL`]; see [`ApiHealth`].
-async fn probe(client: Client, health: std::sync::Arc<ApiHealth>, metrics: std::sync::Arc<Metrics>, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(PROBE_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Probes the API server (`/version`) when the watches have been quiet long enough (see
+/// [`ApiHealth`]); after a failed probe, again after [`ProbeConfig::retry`], doubling up to
+/// the quiet period, until something answers.
+async fn probe(client: Client, cfg: ProbeConfig, health: Arc<ApiHealth>, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+    use tokio::time::Instant;
+    let mut n: u64 = 0;
+    let mut failed: u32 = 0;
+    let mut last_attempt = Instant::now();
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
+        if !health.probe_failing() {
+            failed = 0;
         }
-        match tokio::time::timeout(Duration::from_secs(2), client.apiserver_version()).await {
-            Ok(Ok(_)) => {
+        let due = if failed > 0 {
+            let backoff = cfg.retry.saturating_mul(1 << (failed - 1).min(16)).min(cfg.quiet.max(cfg.retry));
+            last_attempt + backoff
+        } else {
+            Instant::from_std(health.last_contact()) + cfg.quiet_before(n)
+        };
+        let now = Instant::now();
+        // Not due yet, or a watch is failing (its retries are probes already): look again
+        // at `due` or within a second, whichever comes first — proof may move `due`.
+        if now < due || health.any_watch_failing() {
+            let wake = if now < due { due.min(now + Duration::from_secs(1)) } else { now + cfg.retry.max(Duration::from_millis(10)) };
+            tokio::select! {
+                () = tokio::time::sleep_until(wake) => {}
+                _ = stop.changed() => return,
+            }
+            continue;
+        }
+        n += 1;
+        last_attempt = now;
+        let result = match tokio::time::timeout(cfg.timeout, client.apiserver_version()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(reflect::describe(&e)),
+            Err(_) => Err(format!("no answer within {:?}", cfg.timeout)),
+        };
+        metrics.api_probe(result.is_ok());
+        match result {
+            Ok(()) => {
+                failed = 0;
                 if health.probe_ok() {
                     tracing::info!("API server reachable again; full resync");
-                    for r in Resource::ALL {
-                        metrics.watch(r.as_str(), true);
-                    }
                 }
             }
-            Ok(Err(e)) => health.probe_error(&e.to_string()),
-            Err(_) => health.probe_error("no answer within 2s"),
+            Err(e) => {
+                if failed == 0 {
+                    tracing::warn!(error = %e, "the API server does not answer while the watches are quiet");
+                }
+                failed = failed.saturating_add(1);
+                health.probe_error(&e);
+            }
         }
     }
 }
@@ -437,87 +286,46 @@ fn upsert(s: &mut Snapshot, o: Object) {
     }
 }
 
-fn delete(s: &mut Snapshot, k: Key) {
+fn delete(s: &mut Snapshot, k: &Key) {
     match k {
         Key::Pod(uid) => {
-            s.remove_pod(&uid);
+            s.remove_pod(uid);
         }
         Key::Namespace(n) => {
-            s.remove_namespace(&n);
+            s.remove_namespace(n);
         }
         Key::Policy(r) => {
-            s.remove_policy(&r);
+            s.remove_policy(r);
         }
         Key::Node(n) => {
-            s.remove_node(&n);
+            s.remove_node(n);
         }
     }
 }
 
-/// Replaces everything of one resource with a fresh list.
-fn replace(s: &mut Snapshot, res: Resource, objects: Vec<Object>) {
-    match res {
-        Resource::Pods => {
-            let stale: Vec<String> = s.pods().map(|p| p.uid.clone()).collect();
-            for uid in stale {
-                s.remove_pod(&uid);
-            }
-        }
-        Resource::Namespaces => {
-            let stale: Vec<String> = s.namespaces().map(|n| n.name.clone()).collect();
-            for n in stale {
-                s.remove_namespace(&n);
-            }
-        }
-        Resource::NetworkPolicies => {
-            let stale: Vec<ObjectRef> = s.policies().map(NetworkPolicy::key).collect();
-            for k in stale {
-                s.remove_policy(&k);
-            }
-        }
-        Resource::Nodes => {
-            let stale: Vec<String> = s.nodes().map(|n| n.name.clone()).collect();
-            for n in stale {
-                s.remove_node(&n);
-            }
-        }
+/// Replaces everything of one resource with a fresh list; returns how many objects the
+/// snapshot had that the list no longer has.
+fn replace(s: &mut Snapshot, res: Resource, objects: Vec<Object>) -> usize {
+    let old: Vec<Key> = match res {
+        Resource::Pods => s.pods().map(|p| Key::Pod(p.uid.clone())).collect(),
+        Resource::Namespaces => s.namespaces().map(|n| Key::Namespace(n.name.clone())).collect(),
+        Resource::NetworkPolicies => s.policies().map(|p| Key::Policy(p.key())).collect(),
+        Resource::Nodes => s.nodes().map(|n| Key::Node(n.name.clone())).collect(),
+    };
+    for k in &old {
+        delete(s, k);
     }
     for o in objects {
         upsert(s, o);
     }
+    old.iter().filter(|k| !present(s, k)).count()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn health_state_machine() {
-        let h = ApiHealth::new(Duration::from_millis(50), Duration::from_millis(150));
-        assert_eq!(h.state(), HealthState::Connected);
-        h.probe_error("connection refused");
-        assert_eq!(h.state(), HealthState::Connected, "a blip is not degraded yet");
-        std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(h.state(), HealthState::Degraded);
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(h.state(), HealthState::Disconnected);
-        assert!(h.last_error().unwrap().contains("connection refused"));
-        let resyncs = h.resyncs();
-        // A probe right after an error does not end the failure; a clean one does.
-        assert!(!h.probe_ok());
-        assert!(h.probe_ok(), "recovery is reported");
-        assert_eq!(*resyncs.borrow(), 1);
-        assert_eq!(h.state(), HealthState::Connected);
-        assert!(!h.probe_ok());
-        // Watch errors between probes keep the failure going.
-        assert!(h.watch_error(Resource::Pods, "garbage"));
-        assert!(h.watch_failing(Resource::Pods));
-        assert!(!h.probe_ok());
-        h.watch_error(Resource::Pods, "garbage");
-        std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(h.state(), HealthState::Degraded);
-        assert!(!h.probe_ok());
-        assert!(h.probe_ok());
-        assert!(!h.watch_failing(Resource::Pods));
+fn present(s: &Snapshot, k: &Key) -> bool {
+    match k {
+        Key::Pod(uid) => s.pod(uid).is_some(),
+        Key::Namespace(n) => s.namespace(n).is_some(),
+        Key::Policy(r) => s.policy(r).is_some(),
+        Key::Node(n) => s.node(n).is_some(),
     }
 }

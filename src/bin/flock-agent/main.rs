@@ -13,6 +13,7 @@ use flock::agent::http::ListenAddr;
 use flock::daemon::{self, DaemonOptions};
 use flock::netns::Netns;
 use flock::process::{LogFormat, init_logging, stop_on_signals};
+use flock::source::kube::SourceOptions;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -66,10 +67,11 @@ struct Args {
     /// Do not program routes to other nodes' pod CIDRs (another component routes).
     #[arg(long, env = "FLOCK_NO_ROUTES")]
     no_routes: bool,
-    /// A watch failing this long makes the API health Degraded.
+    /// A watch (or, while the watches are quiet, the API probe) failing this long makes the
+    /// API health Degraded.
     #[arg(long, env = "FLOCK_DEGRADED_AFTER", default_value = "5s", value_parser = parse_duration)]
     degraded_after: Duration,
-    /// A watch failing this long makes the API health Disconnected.
+    /// A watch (or the API probe) failing this long makes the API health Disconnected.
     #[arg(long, env = "FLOCK_DISCONNECTED_AFTER", default_value = "60s", value_parser = parse_duration)]
     disconnected_after: Duration,
     /// Do not publish Kubernetes Events for policies flock cannot enforce as written.
@@ -129,6 +131,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             cni_mtu: args.cni_mtu,
             degraded_after: args.degraded_after,
             disconnected_after: args.disconnected_after,
+            source: SourceOptions::for_node(&args.node_name),
             events: !args.no_events,
             instance: args.pod_name.clone(),
             max_sync_age: args.resync_period * 3,

@@ -15,14 +15,16 @@ use std::{
 };
 
 /// Requests that fail with `code` before reaching the store: the next `times` requests
-/// matching `method` (any when `None`) and whose path contains `path_contains` (any when
-/// `None`).
+/// matching `method` (any when `None`), whose path contains `path_contains` (any when
+/// `None`), and that are watches or not as `watch` says (either when `None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailRule {
     /// HTTP method to match, or any.
     pub method: Option<http::Method>,
     /// Substring of the request path to match, or any.
     pub path_contains: Option<String>,
+    /// Only watch requests (`true`), only other requests (`false`), or any.
+    pub watch: Option<bool>,
     /// How many more requests fail.
     pub times: usize,
     /// The HTTP status code (the `Status` body carries the matching `reason`).
@@ -32,7 +34,7 @@ pub struct FailRule {
 impl FailRule {
     /// The next `times` requests fail with `code`.
     pub fn new(times: usize, code: u16) -> Self {
-        Self { method: None, path_contains: None, times, code }
+        Self { method: None, path_contains: None, watch: None, times, code }
     }
 
     /// Only requests with this method.
@@ -49,8 +51,18 @@ impl FailRule {
         self
     }
 
-    fn matches(&self, method: &http::Method, path: &str) -> bool {
-        self.times > 0 && self.method.as_ref().is_none_or(|m| m == method) && self.path_contains.as_deref().is_none_or(|f| path.contains(f))
+    /// Only watch requests (`true`) or only requests that are not watches (`false`).
+    #[must_use]
+    pub fn watch(mut self, watch: bool) -> Self {
+        self.watch = Some(watch);
+        self
+    }
+
+    fn matches(&self, method: &http::Method, path: &str, watch: bool) -> bool {
+        self.times > 0
+            && self.method.as_ref().is_none_or(|m| m == method)
+            && self.path_contains.as_deref().is_none_or(|f| path.contains(f))
+            && self.watch.is_none_or(|w| w == watch)
     }
 }
 
@@ -96,10 +108,14 @@ impl Faults {
         lock(&self.rules).push(rule);
     }
 
+    pub fn clear_rules(&self) {
+        lock(&self.rules).clear();
+    }
+
     /// The code the request must fail with, consuming one use of the first matching rule.
-    pub fn take_failure(&self, method: &http::Method, path: &str) -> Option<u16> {
+    pub fn take_failure(&self, method: &http::Method, path: &str, watch: bool) -> Option<u16> {
         let mut rules = lock(&self.rules);
-        let rule = rules.iter_mut().find(|r| r.matches(method, path))?;
+        let rule = rules.iter_mut().find(|r| r.matches(method, path, watch))?;
         rule.times -= 1;
         let code = rule.code;
         rules.retain(|r| r.times > 0);
@@ -165,9 +181,15 @@ mod tests {
         faults.add_rule(FailRule::new(1, 500).method(http::Method::PATCH).path_contains("/leases/"));
         faults.add_rule(FailRule::new(2, 429));
         let get = http::Method::GET;
-        assert_eq!(faults.take_failure(&get, "/api/v1/pods"), Some(429));
-        assert_eq!(faults.take_failure(&http::Method::PATCH, "/apis/coordination.k8s.io/v1/namespaces/a/leases/x"), Some(500));
-        assert_eq!(faults.take_failure(&get, "/api/v1/pods"), Some(429));
-        assert_eq!(faults.take_failure(&get, "/api/v1/pods"), None);
+        assert_eq!(faults.take_failure(&get, "/api/v1/pods", false), Some(429));
+        assert_eq!(faults.take_failure(&http::Method::PATCH, "/apis/coordination.k8s.io/v1/namespaces/a/leases/x", false), Some(500));
+        assert_eq!(faults.take_failure(&get, "/api/v1/pods", true), Some(429));
+        assert_eq!(faults.take_failure(&get, "/api/v1/pods", false), None);
+        // Watches only, until cleared.
+        faults.add_rule(FailRule::new(10, 500).watch(true));
+        assert_eq!(faults.take_failure(&get, "/api/v1/pods", false), None);
+        assert_eq!(faults.take_failure(&get, "/api/v1/pods", true), Some(500));
+        faults.clear_rules();
+        assert_eq!(faults.take_failure(&get, "/api/v1/pods", true), None);
     }
 }

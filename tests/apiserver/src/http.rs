@@ -50,7 +50,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resul
     }
     let response = if shared.faults.unavailable() {
         error_response(&ApiError::unavailable())
-    } else if let Some(code) = shared.faults.take_failure(&method, &path) {
+    } else if let Some(code) = shared.faults.take_failure(&method, &path, watch) {
         error_response(&ApiError::injected(code))
     } else {
         route(&shared, req, &path, &params).await.unwrap_or_else(|err| error_response(&err))

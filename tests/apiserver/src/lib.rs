@@ -1,7 +1,8 @@
 //! An in-memory Kubernetes API server for tests, on a unix socket, with fault injection.
 //!
 //! It speaks enough of the real HTTP API — discovery, list with pagination and selectors,
-//! watch with bookmarks and 410 Expired, create/get/replace/delete, merge/JSON/strategic
+//! watch with bookmarks, 410 Expired and 504 "Too large resource version", state loss as after
+//! an etcd restore ([`ApiServer::restore`]), create/get/replace/delete, merge/JSON/strategic
 //! patches, server-side apply, `/status` — that the real `kube::Client`, `kube::Api`,
 //! `kube::discovery` and `kube::runtime::watcher`/`reflector` work against it unchanged. No
 //! IP address is involved: the server listens on a unix socket and [`ApiServer::client`]
@@ -53,3 +54,4 @@ pub use error::{Error, Result};
 pub use faults::{FailRule, RequestRecord};
 pub use registry::{Gvr, ResourceDef};
 pub use server::{ApiServer, Config};
+pub use store::Backup;

@@ -30,7 +30,7 @@ use crate::{
     faults::{FailRule, Faults, RequestLog, RequestRecord},
     http::handle,
     registry::ResourceDef,
-    store::{ObjKey, Store},
+    store::{Backup, ObjKey, Store},
 };
 
 /// Server settings.
@@ -294,6 +294,30 @@ impl ApiServer {
         self.store().expire_history();
     }
 
+    /// The objects and resourceVersion now, to [`ApiServer::restore`] later (an etcd
+    /// snapshot).
+    pub fn backup(&self) -> Backup {
+        self.store().backup()
+    }
+
+    /// Loses state as an etcd restore does: the objects go back to `backup` (objects
+    /// written since vanish, deleted ones return, no watch event says so), the
+    /// resourceVersion goes back to the backup's, the history is gone, and open watches end.
+    /// A watch from an older resourceVersion then gets 410 Expired; a watch or a
+    /// `NotOlderThan` list from a newer one — what every client that saw later writes holds
+    /// — gets 504 "Too large resource version". New writes continue from the backup's
+    /// resourceVersion.
+    pub fn restore(&self, backup: &Backup) {
+        self.store().restore(backup, 0);
+    }
+
+    /// [`ApiServer::restore`] the way `etcdutl snapshot restore --bump-revision N
+    /// --mark-compacted` does it: the resourceVersion moves `bump` past the backup's and
+    /// everything before is compacted, so every client's watch gets 410 Expired and relists.
+    pub fn restore_bumped(&self, backup: &Backup, bump: u64) {
+        self.store().restore(backup, bump);
+    }
+
     /// While on, watch streams send a malformed JSON line before every line (and one at
     /// once), and lists and gets answer 200 with a body that is not JSON.
     pub fn garbage(&self, on: bool) {
@@ -317,6 +341,11 @@ impl ApiServer {
     /// order added.
     pub fn fail_requests(&self, rule: FailRule) {
         self.inner.shared.faults.add_rule(rule);
+    }
+
+    /// Drops the pending [`FailRule`]s (from `fail_next` and `fail_requests`).
+    pub fn clear_failures(&self) {
+        self.inner.shared.faults.clear_rules();
     }
 
     /// Sends a BOOKMARK at the current resourceVersion on every watch that allows them.

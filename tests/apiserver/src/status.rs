@@ -124,9 +124,17 @@ impl ApiError {
         Self::new(503, "ServiceUnavailable", "the server is currently unable to handle the request (injected fault)")
     }
 
-    /// 504 `Timeout`: a resourceVersion newer than the server's.
+    /// 504 `Timeout`: a list or watch from a resourceVersion the server has not reached (yet),
+    /// as the real one answers once its wait for the cache to catch up runs out: the
+    /// `ResourceVersionTooLarge` cause is what clients (client-go's reflector) key on to
+    /// relist with a consistent read.
     pub fn too_large_resource_version(asked: u64, current: u64) -> Self {
-        Self::new(504, "Timeout", format!("Too large resource version: {asked}, current: {current}"))
+        let mut err = Self::new(504, "Timeout", format!("Timeout: Too large resource version: {asked}, current: {current}"));
+        err.details = Some(json!({
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "retryAfterSeconds": 1,
+        }));
+        err
     }
 
     /// An injected failure with an arbitrary code (the `fail_next` fault).
@@ -174,5 +182,10 @@ mod tests {
         let def = ResourceDef::new("apps", "v1", "DaemonSet", "daemonsets", true);
         assert_eq!(ApiError::already_exists(&def, "a").message, "daemonsets.apps \"a\" already exists");
         assert_eq!(ApiError::injected(429).reason, "TooManyRequests");
+        let too_large = ApiError::too_large_resource_version(9, 4).to_status();
+        assert_eq!((too_large["code"].as_u64(), too_large["reason"].as_str()), (Some(504), Some("Timeout")));
+        assert_eq!(too_large["message"], "Timeout: Too large resource version: 9, current: 4");
+        assert_eq!(too_large["details"]["causes"][0]["reason"], "ResourceVersionTooLarge");
+        assert_eq!(too_large["details"]["retryAfterSeconds"], 1);
     }
 }

@@ -371,8 +371,10 @@ async fn reflector_store_stays_consistent_through_faults() {
     };
     let reader_state =
         || -> BTreeMap<String, String> { reader.state().iter().map(|p| (p.name_any(), p.resource_version().unwrap())).collect() };
+    // kube's default backoff grows across the rounds (up to 30 s, reset only after two quiet
+    // minutes), so convergence may take a while on a loaded machine.
     let converge = || async {
-        for _ in 0..200 {
+        for _ in 0..800 {
             if reader_state() == server_state() {
                 return;
             }

@@ -8,6 +8,9 @@
 //! `BTreeMap` per resource ordered by (namespace, name), which is also the list order and what
 //! `continue` tokens point into.
 //!
+//! A [`Backup`] and [`Store::restore`] model an etcd restore: objects and resourceVersion go
+//! back, the history is gone, open watches end.
+//!
 //! Server-side apply lives in the `apply` submodule.
 //!
 //! Not modelled: garbage collection of `ownerReferences` children (deleting an owner leaves
@@ -229,6 +232,20 @@ pub(crate) struct ApplyRequest<'a> {
     pub dry_run: bool,
 }
 
+/// The store's objects and resourceVersion at one moment (see [`Store::restore`]).
+#[derive(Debug, Clone)]
+pub struct Backup {
+    rv: u64,
+    objects: HashMap<Gvr, BTreeMap<ObjKey, Arc<Stored>>>,
+}
+
+impl Backup {
+    /// The resourceVersion the backup was taken at.
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+}
+
 /// The store shared by request handlers and the test handle.
 pub(crate) struct Store {
     state: Mutex<State>,
@@ -306,6 +323,29 @@ impl Store {
         state.history.clear();
     }
 
+    /// The objects and resourceVersion now, as an etcd snapshot would keep them.
+    pub fn backup(&self) -> Backup {
+        let state = self.lock();
+        Backup { rv: state.rv, objects: state.objects.clone() }
+    }
+
+    /// Puts the store back to `backup`, as an etcd restore does: objects written since
+    /// vanish, deleted ones return, and no event tells anyone. The resourceVersion becomes
+    /// the backup's plus `bump` (0: it goes backwards; etcdutl's `--bump-revision` with
+    /// `--mark-compacted` moves it ahead instead) and the history is gone, so watches from
+    /// older resourceVersions get 410 Expired and watches and lists from ones the server has
+    /// not reached get 504 Too large resource version. Open watches end (the API server
+    /// restarts after a restore). Served resources stay as they are.
+    pub fn restore(&self, backup: &Backup, bump: u64) {
+        let mut state = self.lock();
+        state.objects = backup.objects.clone();
+        state.rv = backup.rv.saturating_add(bump);
+        state.compacted = state.rv;
+        state.history.clear();
+        state.watchers.clear();
+        state.publish_watch_count();
+    }
+
     /// Number of open watch streams.
     pub fn open_watches(&self) -> usize {
         self.lock().watchers.len()
@@ -354,7 +394,8 @@ impl Store {
     /// Pages after the first are read from the current objects after the continue key, not
     /// from a snapshot, while reporting the first page's resourceVersion: a watch from it
     /// replays whatever changed in between, so list + watch still converge. A continue token
-    /// older than the retained history is 410 Expired, as on a compacted real server.
+    /// older than the retained history is 410 Expired, as on a compacted real server, and so
+    /// is one from before a restore that went back past it.
     pub fn list(&self, def: &ResourceDef, namespace: Option<&str>, query: &ListQuery) -> Result<ListPage, ApiError> {
         let state = self.lock();
         let (snapshot_rv, after) = match &query.continue_token {
@@ -363,7 +404,8 @@ impl Store {
                     return Err(ApiError::bad_request("specifying resource version is not allowed when using continue"));
                 }
                 let (rv, key) = decode_continue(token).ok_or_else(|| ApiError::bad_request("continue key is not valid"))?;
-                if rv < state.compacted {
+                // A token from before a restore may also be from the server's future.
+                if rv < state.compacted || rv > state.rv {
                     return Err(ApiError::expired(
                         "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
                     ));
@@ -395,11 +437,20 @@ impl Store {
     }
 
     /// Starts a watch: the initial messages (synthetic ADDED for "" and "0", replayed history
-    /// otherwise, or a 410 ERROR for an expired resourceVersion) and the live feed.
+    /// otherwise) and the live feed; or only an ERROR event: 410 Expired for a
+    /// resourceVersion older than the history, 504 "Too large resource version" for one the
+    /// server has not reached (after a [`Store::restore`]). Errors found once the request is
+    /// understood are ERROR events on a 200 stream, as the real server sends them.
     pub fn start_watch(self: &Arc<Self>, filter: WatchFilter, query: &WatchQuery) -> Result<WatchStart, ApiError> {
         let mut state = self.lock();
         let mut initial = Vec::new();
         let rv = query.resource_version.as_deref().filter(|rv| !rv.is_empty());
+        if let Some(asked) = rv.map(parse_rv).transpose()?
+            && asked > state.rv
+        {
+            let error = ApiError::too_large_resource_version(asked, state.rv);
+            return Ok(WatchStart { initial: vec![WatchMsg::Error(error)], live: None });
+        }
         if query.send_initial_events || rv.is_none() || rv == Some("0") {
             for (_, obj) in state.scope(&filter.def, filter.namespace.as_deref(), None) {
                 if filter.selects(obj) {
@@ -1017,6 +1068,60 @@ mod tests {
             })
             .unwrap();
         assert!(store.get(&def, &key).is_none());
+    }
+
+    fn watch_from(store: &Arc<Store>, rv: u64) -> WatchStart {
+        let filter = WatchFilter { def: pods(store), namespace: None, labels: LabelSelector::default(), fields: FieldSelector::default() };
+        let query = WatchQuery { resource_version: Some(rv.to_string()), bookmarks: true, ..Default::default() };
+        store.start_watch(filter, &query).unwrap()
+    }
+
+    fn error_of(start: &WatchStart) -> Option<(u16, &'static str)> {
+        match start.initial.as_slice() {
+            [WatchMsg::Error(e)] if start.live.is_none() => Some((e.code, e.reason)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn restore_loses_state_and_resource_versions_go_back() {
+        let store = Store::new(100);
+        let def = pods(&store);
+        store.put_direct(&def, pod("a", "kept")).unwrap();
+        store.put_direct(&def, pod("a", "deleted-later")).unwrap();
+        let backup = store.backup();
+        store.put_direct(&def, pod("a", "created-later")).unwrap();
+        store.remove_direct(&def, &("a".into(), "deleted-later".into())).unwrap();
+        let seen = store.resource_version();
+        let open = watch_from(&store, seen);
+        assert_eq!(store.open_watches(), 1);
+
+        store.restore(&backup, 0);
+        assert_eq!(store.open_watches(), 0, "a restore ends open watches");
+        drop(open);
+        assert_eq!(store.resource_version(), backup.resource_version());
+        let names: Vec<String> = store.all(&def, None).iter().map(|o| object_key(o).1).collect();
+        assert_eq!(names, ["deleted-later", "kept"]);
+        // What clients hold is now in the server's future; older history is gone.
+        assert_eq!(error_of(&watch_from(&store, seen)), Some((504, "Timeout")));
+        assert_eq!(error_of(&watch_from(&store, backup.resource_version() - 1)), Some((410, "Expired")));
+        assert_eq!(error_of(&watch_from(&store, backup.resource_version())), None);
+        let future = ListQuery { resource_version: Some(seen.to_string()), ..Default::default() };
+        assert_eq!(store.list(&def, None, &future).unwrap_err().reason, "Timeout");
+        let stale =
+            ListQuery { limit: Some(1), continue_token: Some(encode_continue(seen, &("a".into(), "a".into()))), ..Default::default() };
+        assert_eq!(store.list(&def, None, &stale).unwrap_err().code, 410);
+        let consistent = store.list(&def, None, &ListQuery::default()).unwrap();
+        assert_eq!(consistent.resource_version, backup.resource_version());
+        // New writes reuse resourceVersions clients have seen before.
+        store.put_direct(&def, pod("a", "new")).unwrap();
+        assert_eq!(store.resource_version(), backup.resource_version() + 1);
+
+        // A bumped restore moves past everything: every older watch is 410.
+        store.restore(&backup, 1000);
+        assert_eq!(store.resource_version(), backup.resource_version() + 1000);
+        assert_eq!(error_of(&watch_from(&store, seen)), Some((410, "Expired")));
+        assert_eq!(store.all(&def, None).len(), 2);
     }
 
     #[test]
