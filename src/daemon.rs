@@ -44,7 +44,11 @@ pub struct DaemonOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     #[error("cannot start the node agent: {0}")]
-    Agent(#[from] crate::agent::StartError),
+    Agent(crate::agent::StartError),
+    /// A task of the agent panicked or ended: the process must exit so the kubelet restarts
+    /// it (the rules stay in the kernel meanwhile).
+    #[error("the node agent crashed: {0}")]
+    Crashed(String),
 }
 
 /// Runs until `stop` turns true. Rules stay in the kernel afterwards.
@@ -64,7 +68,7 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
 
     let mut cfg = opts.agent.clone();
     cfg.full_resync = Some(health.resyncs());
-    let agent = Agent::start(cfg, source.clone()).await?;
+    let agent = Agent::start(cfg, source.clone()).await.map_err(DaemonError::Agent)?;
 
     let state = HttpState {
         metrics: metrics.clone(),
@@ -179,14 +183,29 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
     }
 
     let mut stop_rx = stop.clone();
-    while !*stop_rx.borrow() {
-        if stop_rx.changed().await.is_err() {
-            break;
+    let stopped = async {
+        while !*stop_rx.borrow() {
+            if stop_rx.changed().await.is_err() {
+                break;
+            }
+        }
+    };
+    let crashed = tokio::select! {
+        () = stopped => None,
+        reason = agent.crashed() => Some(reason),
+    };
+    agent.shutdown().await;
+    if crashed.is_some() {
+        // Nobody set `stop`: end the informers and servers here.
+        for t in &tasks {
+            t.abort();
         }
     }
-    agent.shutdown().await;
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    if let Some(reason) = crashed {
+        return Err(DaemonError::Crashed(reason));
     }
     tracing::info!("flock-agent stopped; rules stay in place");
     Ok(())

@@ -528,3 +528,33 @@ async fn no_version_probes_while_watches_are_healthy() {
     stop.send(true).unwrap();
     task.await.unwrap();
 }
+
+/// A panic in a sync ends `daemon::run` with an error (flock-agent then exits non-zero and
+/// the kubelet restarts it); the rules stay in the kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_a_sync_ends_the_daemon_with_an_error() {
+    if !require_root("a_panic_in_a_sync_ends_the_daemon_with_an_error") {
+        return;
+    }
+    let mut rig = Rig::new("crash").await;
+    let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let opts = rig.options(|o| {
+        let armed = armed.clone();
+        o.agent.sync_hook = Some(flock::agent::SyncHook(std::sync::Arc::new(move |stage| {
+            if stage == flock::agent::SyncStage::Apply && armed.load(std::sync::atomic::Ordering::SeqCst) {
+                panic!("injected panic in the apply");
+            }
+        })));
+    });
+    let (_stop, rx) = watch::channel(false);
+    let client = rig.server.client();
+    let task = tokio::spawn(async move { daemon::run(opts, client, rx).await });
+    rig.add_pod("a", "198.18.80.51", json!({"app": "a"})).await;
+    let before = rig.table();
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    rig.server.apply(deny_ingress_to("deny-a", "a")).unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(20), task).await.expect("the daemon kept running").unwrap();
+    let err = result.expect_err("the daemon ended without an error");
+    assert!(err.to_string().contains("injected panic in the apply"), "{err}");
+    assert_eq!(rig.table(), before, "the rules changed");
+}

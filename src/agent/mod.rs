@@ -398,8 +398,9 @@ impl Agent {
     /// so the kubelet restarts it; the rules stay in the kernel meanwhile.
     pub async fn crashed(&self) -> String {
         let mut rx = self.shared.crashed.subscribe();
-        match rx.wait_for(Option::is_some).await {
-            Ok(r) => r.clone().unwrap_or_default(),
+        let reason = rx.wait_for(Option::is_some).await.map(|r| r.clone().unwrap_or_default());
+        match reason {
+            Ok(r) => r,
             // The sender lives in `shared`, which outlives this borrow.
             Err(_) => std::future::pending().await,
         }
