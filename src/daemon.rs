@@ -91,7 +91,7 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
         let (health, metrics, mut stop) = (health.clone(), metrics.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let mut last = HealthState::Connected;
-            health.export(&metrics);
+            health.export(metrics.as_ref());
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
@@ -108,7 +108,7 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
                     );
                     last = now;
                 }
-                health.export(&metrics);
+                health.export(metrics.as_ref());
             }
         }));
     }

@@ -101,7 +101,7 @@ impl Rig {
     }
 
     fn metric(&self, name: &str) -> f64 {
-        self.health.export(&self.metrics);
+        self.health.export(self.metrics.as_ref());
         let text = self.metrics.encode();
         text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
     }

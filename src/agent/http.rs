@@ -108,7 +108,7 @@ pub fn respond(state: &HttpState, path: &str) -> Response<Full<Bytes>> {
         }
         "/metrics" => {
             if let Some(h) = &state.health {
-                h.export(&state.metrics);
+                h.export(state.metrics.as_ref());
             }
             metrics_response(state.metrics.encode())
         }

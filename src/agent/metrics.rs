@@ -239,3 +239,25 @@ mod tests {
         }
     }
 }
+
+/// The informers' counts go to the agent's metrics.
+impl crate::source::kube::SourceMetrics for Metrics {
+    fn watch(&self, resource: &str, connected: bool) {
+        Metrics::watch(self, resource, connected);
+    }
+    fn watch_error(&self, resource: &str) {
+        Metrics::watch_error(self, resource);
+    }
+    fn watch_reconnected(&self, resource: &str) {
+        Metrics::watch_reconnected(self, resource);
+    }
+    fn watch_relisted(&self, resource: &str, reason: &str) {
+        Metrics::watch_relisted(self, resource, reason);
+    }
+    fn api_probe(&self, ok: bool) {
+        Metrics::api_probe(self, ok);
+    }
+    fn health(&self, state: &str) {
+        Metrics::health(self, state);
+    }
+}

@@ -36,7 +36,6 @@ pub use self::health::{ApiHealth, HealthReport, HealthState, ProbeConfig, Proof,
 pub use self::reflect::Options as WatchOptions;
 use self::reflect::{Kind, Reflector};
 use super::SourceWriter;
-use crate::agent::metrics::Metrics;
 use crate::model::{Namespace, NetworkPolicy, Node, ObjectRef, Pod, Snapshot, convert, derived_uid};
 
 /// The watched resources.
@@ -119,9 +118,41 @@ const NODES: Kind<core::Node> = Kind {
     key: |n| Key::Node(n.metadata.name.clone().unwrap_or_default()),
 };
 
+/// What the informers count, implemented by whoever exports metrics (the agent's
+/// `Metrics`): the source layer sits below the agent and does not know its metrics type.
+pub trait SourceMetrics: Send + Sync {
+    /// Whether `resource`'s watch is connected (healthy).
+    fn watch(&self, resource: &str, connected: bool);
+    fn watch_error(&self, resource: &str);
+    fn watch_reconnected(&self, resource: &str);
+    fn watch_relisted(&self, resource: &str, reason: &str);
+    fn api_probe(&self, ok: bool);
+    /// The API health state (`Connected`, `Degraded`, `Disconnected`).
+    fn health(&self, state: &str);
+}
+
+/// Counts nothing (tests, tools).
+#[derive(Debug, Default)]
+pub struct NoMetrics;
+
+impl SourceMetrics for NoMetrics {
+    fn watch(&self, _: &str, _: bool) {}
+    fn watch_error(&self, _: &str) {}
+    fn watch_reconnected(&self, _: &str) {}
+    fn watch_relisted(&self, _: &str, _: &str) {}
+    fn api_probe(&self, _: bool) {}
+    fn health(&self, _: &str) {}
+}
+
 /// Runs the four watches into `writer` until `stop`, with the default options. Never returns
 /// early on errors.
-pub async fn run(client: Client, writer: SourceWriter, health: Arc<ApiHealth>, metrics: Arc<Metrics>, stop: watch::Receiver<bool>) {
+pub async fn run(
+    client: Client,
+    writer: SourceWriter,
+    health: Arc<ApiHealth>,
+    metrics: Arc<dyn SourceMetrics>,
+    stop: watch::Receiver<bool>,
+) {
     run_with(SourceOptions::default(), client, writer, health, metrics, stop).await;
 }
 
@@ -131,7 +162,7 @@ pub async fn run_with(
     client: Client,
     writer: SourceWriter,
     health: Arc<ApiHealth>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn SourceMetrics>,
     mut stop: watch::Receiver<bool>,
 ) {
     let (tx, mut rx) = mpsc::channel::<(Resource, Change)>(4096);
@@ -215,7 +246,7 @@ pub async fn run_with(
 /// Probes the API server (`/version`) when the watches have been quiet long enough (see
 /// [`ApiHealth`]); after a failed probe, again after [`ProbeConfig::retry`], doubling up to
 /// the quiet period, until something answers.
-async fn probe(client: Client, cfg: ProbeConfig, health: Arc<ApiHealth>, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+async fn probe(client: Client, cfg: ProbeConfig, health: Arc<ApiHealth>, metrics: Arc<dyn SourceMetrics>, mut stop: watch::Receiver<bool>) {
     use tokio::time::Instant;
     let mut n: u64 = 0;
     let mut failed: u32 = 0;

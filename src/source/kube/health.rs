@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::Resource;
-use crate::agent::metrics::Metrics;
+use super::SourceMetrics;
 
 /// The API server's health as the agent sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,7 +283,7 @@ impl ApiHealth {
     }
 
     /// Sets the health gauges (`api_health_state`, `watch_connected`) to what this says.
-    pub fn export(&self, metrics: &Metrics) {
+    pub fn export(&self, metrics: &dyn SourceMetrics) {
         let report = self.report();
         metrics.health(report.state.as_str());
         for (r, ok) in report.watches {

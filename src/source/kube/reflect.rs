@@ -27,9 +27,9 @@ use kube::{Api, Resource as KubeResource};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
+use super::SourceMetrics;
 use super::health::{ApiHealth, unit_jitter};
 use super::{Change, Key, Object, Resource};
-use crate::agent::metrics::Metrics;
 
 /// How the list-and-watch loops behave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,7 +127,7 @@ pub(super) struct Reflector<K: KubeResource + Clone> {
     pub kind: Kind<K>,
     pub tx: mpsc::Sender<(Resource, Change)>,
     pub health: Arc<ApiHealth>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<dyn SourceMetrics>,
     pub opts: Options,
 }
 
