@@ -99,7 +99,6 @@ fn controller_rbac_grants_only_what_it_uses() {
         "cluster flock.dev/runs:list",
         "cluster flock.dev/runs:watch",
         "cluster flock.dev/runs/status:patch",
-        "cluster flock.dev/runprofiles:get",
         "cluster flock.dev/runprofiles:list",
         "cluster flock.dev/runprofiles:watch",
         "cluster flock.dev/runprofiles/status:patch",

@@ -1,6 +1,6 @@
 //! flock-controller's Prometheus metrics (`/metrics`): policies applied by result,
 //! withdrawals (policies found deleted and re-created), whether enforcement is enabled for
-//! new runs, reconcile durations and failures, leadership.
+//! new runs, reconcile durations and failures, runs in backoff, leadership.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -43,6 +43,7 @@ pub struct Metrics {
     enforcement: Gauge,
     reconcile_duration: Family<Labels, Histogram, fn() -> Histogram>,
     reconcile_errors: Family<Labels, Counter>,
+    runs_in_backoff: Gauge,
     leader: Gauge,
 }
 
@@ -73,6 +74,7 @@ impl Metrics {
             enforcement: Gauge::default(),
             reconcile_duration: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
             reconcile_errors: Family::default(),
+            runs_in_backoff: Gauge::default(),
             leader: Gauge::default(),
             registry: Registry::default(),
         };
@@ -86,6 +88,7 @@ impl Metrics {
         r.register("enforcement_enabled", "Whether new runs' policies are enforced (1) or not (0)", m.enforcement.clone());
         r.register("reconcile_duration_seconds", "Duration of a reconcile, by kind (Run, RunProfile)", m.reconcile_duration.clone());
         r.register("reconcile_errors", "Reconciles that ended in an API error and were requeued, by kind", m.reconcile_errors.clone());
+        r.register("runs_in_backoff", "Runs whose last reconcile failed, waiting out their backoff", m.runs_in_backoff.clone());
         r.register("leader", "Whether this replica holds the leader lease (1) or not (0)", m.leader.clone());
         Self { registry: r, ..m }
     }
@@ -118,6 +121,15 @@ impl Metrics {
         self.reconcile_errors.get_or_create(&label("kind", kind)).inc();
     }
 
+    pub fn runs_in_backoff(&self, runs: usize) {
+        self.runs_in_backoff.set(i64::try_from(runs).unwrap_or(i64::MAX));
+    }
+
+    /// `runs_in_backoff` (for tests and diagnostics).
+    pub fn runs_in_backoff_count(&self) -> i64 {
+        self.runs_in_backoff.get()
+    }
+
     pub fn leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
@@ -148,6 +160,7 @@ mod tests {
         m.reconcile_error("Run");
         m.leader(true);
         m.deleted();
+        m.runs_in_backoff(2);
         let text = m.encode();
         for name in [
             "flock_controller_policies_applied_total{result=\"created\"} 1",
@@ -158,6 +171,7 @@ mod tests {
             "flock_controller_enforcement_enabled 1",
             "flock_controller_reconcile_duration_seconds_count{kind=\"Run\"} 1",
             "flock_controller_reconcile_errors_total{kind=\"Run\"} 1",
+            "flock_controller_runs_in_backoff 2",
             "flock_controller_leader 1",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
