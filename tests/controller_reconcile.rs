@@ -231,7 +231,8 @@ async fn metrics_text(metrics: &Arc<Metrics>) -> String {
     String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
 }
 
-/// Every metric in an exposition (sample lines and `# TYPE`/`# HELP` lines) is `flock_*`.
+/// Every metric in an exposition (sample lines and `# TYPE`/`# HELP` lines) is `flock_*`,
+/// and `flock_build_info` is there.
 fn assert_flock_metric_names(text: &str) {
     let mut names = std::collections::BTreeSet::new();
     for line in text.lines().filter(|l| !l.is_empty() && *l != "# EOF") {
@@ -243,6 +244,8 @@ fn assert_flock_metric_names(text: &str) {
     }
     let foreign: Vec<_> = names.iter().filter(|n| !n.starts_with("flock_")).collect();
     assert!(foreign.is_empty(), "metrics not named flock_*: {foreign:?}\n{text}");
+    let info = format!("flock_build_info{{version=\"{}\",commit=\"{}\"}} 1", flock::process::VERSION, flock::process::COMMIT);
+    assert!(text.lines().any(|l| l == info), "{info} missing in\n{text}");
 }
 
 /// A run is not judged against an incomplete profile cache: while the controller's first

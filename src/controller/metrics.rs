@@ -1,6 +1,7 @@
 //! flock-controller's Prometheus metrics (`/metrics`): policies applied by result,
 //! withdrawals (policies found deleted and re-created), whether enforcement is enabled for
-//! new runs, reconcile durations and failures, runs in backoff, leadership.
+//! new runs, reconcile durations and failures, runs in backoff, leadership — all
+//! `flock_controller_*` — and `flock_build_info{version,commit}`.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -66,7 +67,10 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut r = Registry::with_prefix("flock_controller");
+        // `flock_build_info` is shared with flock-agent; everything else is the controller's.
+        let mut root = Registry::with_prefix("flock");
+        crate::process::register_build_info(&mut root);
+        let r = root.sub_registry_with_prefix("controller");
         let m = Self {
             applied: Family::default(),
             withdrawn: Counter::default(),
@@ -90,7 +94,7 @@ impl Metrics {
         r.register("reconcile_errors", "Reconciles that ended in an API error and were requeued, by kind", m.reconcile_errors.clone());
         r.register("runs_in_backoff", "Runs whose last reconcile failed, waiting out their backoff", m.runs_in_backoff.clone());
         r.register("leader", "Whether this replica holds the leader lease (1) or not (0)", m.leader.clone());
-        Self { registry: r, ..m }
+        Self { registry: root, ..m }
     }
 
     /// The text exposition.
@@ -176,6 +180,8 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }
+        let info = format!("flock_build_info{{version=\"{}\",commit=\"{}\"}} 1", crate::process::VERSION, crate::process::COMMIT);
+        assert!(text.contains(&info), "{info} missing in\n{text}");
         assert_eq!(m.withdrawn_count(), 1);
     }
 }
