@@ -131,21 +131,27 @@ impl Context {
         self.backoffs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Changes the backoffs under their lock, and publishes how many runs are in backoff.
+    fn change_backoffs<T>(&self, change: impl FnOnce(&mut Backoffs) -> T) -> T {
+        let mut b = self.backoffs();
+        let out = change(&mut b);
+        self.metrics.runs_in_backoff(b.entries.len());
+        out
+    }
+
     /// Follows the run watch (each event after the run cache has it): a deleted run's
     /// backoff goes, and after a (re)list — which reports no deletions of its own, so a run
     /// deleted while the watch was down leaves no event — every backoff of a run the cache
     /// no longer has goes too.
     pub fn observe_run(&self, event: &watcher::Event<Run>) {
-        let mut b = self.backoffs();
         match event {
-            watcher::Event::Delete(run) => b.forget(run),
-            watcher::Event::InitDone => {
+            watcher::Event::Delete(run) => self.change_backoffs(|b| b.forget(run)),
+            watcher::Event::InitDone => self.change_backoffs(|b| {
                 let present: std::collections::HashSet<String> = self.caches.runs.state().iter().map(|r| backoff_key(r)).collect();
                 b.entries.retain(|k, _| present.contains(k));
-            }
+            }),
             watcher::Event::Apply(_) | watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
-        self.metrics.runs_in_backoff(b.entries.len());
     }
 }
 
@@ -551,11 +557,7 @@ pub async fn reconcile_run(run: Arc<Run>, ctx: Arc<Context>) -> Result<Action, R
     if let Outcome::Applied { policy, result: ApplyResult::Recreated, previous } = &outcome {
         withdrawn_event(&ctx.recorder, &run, previous.as_ref(), policy).await;
     }
-    {
-        let mut b = ctx.backoffs();
-        b.forget(&run);
-        ctx.metrics.runs_in_backoff(b.entries.len());
-    }
+    ctx.change_backoffs(|b| b.forget(&run));
     ctx.metrics.reconciled("Run", started.elapsed().as_secs_f64());
     tracing::debug!(run = %key(&run), outcome = ?outcome, seconds = started.elapsed().as_secs_f64(), "reconciled");
     Ok(action(&outcome, ctx.resync))
@@ -570,16 +572,13 @@ pub fn backoff(failures: u32) -> Duration {
 /// gets no backoff entry that nothing would remove).
 pub fn run_error_policy(run: Arc<Run>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_error("Run");
-    let n = {
-        let mut b = ctx.backoffs();
+    let n = ctx.change_backoffs(|b| {
         // Checked under the lock [`Context::observe_run`] takes after the cache has dropped a
         // deleted run: either the run is still cached here, and its deletion will remove the
         // entry, or it is gone and none is made.
         let cached = ctx.caches.runs.get(&ObjectRef::from_obj(&*run)).is_some_and(|r| r.uid() == run.uid());
-        let n = cached.then(|| b.failed(&run));
-        ctx.metrics.runs_in_backoff(b.entries.len());
-        n
-    };
+        cached.then(|| b.failed(&run))
+    });
     let Some(n) = n else {
         tracing::info!(run = %key(&run), error = %error, "reconcile failed for a run that is gone; not retried");
         return Action::await_change();
