@@ -1,22 +1,55 @@
-# flock's image: flock-agent (the DaemonSet), flock-cni (installed onto the node by the
-# DaemonSet's init container), flock-controller (the Deployment), flockctl, and nft/ip for
-# the agent.
+# flock's images, from one multi-stage build:
 #
-# Images cannot be built on the development machines (no container engine); users run:
-#   docker build -t ghcr.io/flock-cni/flock:dev .
-FROM rust:1-bookworm AS build
+#   docker build --target agent -t ghcr.io/flock-cni/flock:dev --build-arg FLOCK_COMMIT=$(git rev-parse --short HEAD) .
+#   docker build --target controller -t ghcr.io/flock-cni/flock-controller:dev --build-arg FLOCK_COMMIT=$(git rev-parse --short HEAD) .
+#
+# agent (the default target): flock-agent (the DaemonSet), flock-cni (installed onto the
+# node by the DaemonSet's init container), flockctl, and nft and ip for the agent, which
+# runs as root (nftables and routes). controller: flock-controller alone, without nft, as a
+# non-root user. Images cannot be built on the development machines (no container engine):
+# tests/deploy.rs checks this file's stages, tests/lint-deploy.sh lints it (hadolint).
+#
+# Debian 12 (bookworm) to build and to run: the binaries need the glibc they were built
+# against, or a newer one.
+
+FROM rust:1.95.0-bookworm AS chef
+RUN cargo install cargo-chef --locked --version 0.1.78
+WORKDIR /src
+
+# The dependency recipe: what of the workspace decides its dependencies (manifests, lockfile).
+FROM chef AS planner
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin flock-agent --bin flock-controller --bin flockctl -p flock --bin flock-cni -p flock-cni \
-    && install -D -m 0755 target/release/flock-agent /out/flock-agent \
-    && install -D -m 0755 target/release/flock-controller /out/flock-controller \
-    && install -D -m 0755 target/release/flock-cni /out/flock-cni \
-    && install -D -m 0755 target/release/flockctl /out/flockctl
+RUN cargo chef prepare --recipe-path recipe.json
 
-FROM debian:bookworm-slim
-# nft no newer than the hosts' (knftables advice): bookworm's 1.0.6.
+FROM chef AS build
+WORKDIR /src
+COPY --from=planner /src/recipe.json recipe.json
+# The dependencies alone, before any source is copied: this layer is rebuilt only when the
+# recipe changes, not on every change of flock's own code.
+RUN cargo chef cook --release --locked --recipe-path recipe.json -p flock -p flock-cni
+COPY . .
+# The commit flock_build_info reports (.git is not in the build context, see .dockerignore).
+ARG FLOCK_COMMIT=unknown
+RUN cargo build --release --locked -p flock --bin flock-agent --bin flock-controller --bin flockctl -p flock-cni --bin flock-cni \
+    && install -D -m 0755 -t /out target/release/flock-agent target/release/flock-controller target/release/flockctl target/release/flock-cni
+
+# flock-controller: the API server is all it talks to; no nft, no root.
+FROM debian:12.11-slim AS controller
+COPY --from=build /out/flock-controller /usr/local/bin/flock-controller
+# The Deployment runs it as this user too (runAsNonRoot).
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/flock-controller"]
+
+# flock-agent, flock-cni and flockctl, with nft and ip. The last stage: `docker build .`
+# builds it.
+FROM debian:12.11-slim AS agent
+# nft no newer than the hosts' (knftables' advice): bookworm's 1.0.6. The suite is pinned
+# by the base image; exact package versions are not, as they change with every point
+# release and would break the build.
+# hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends nftables=1.0.6-2+deb12u2 iproute2=6.1.0-3 \
+    && apt-get install -y --no-install-recommends nftables iproute2 \
     && rm -rf /var/lib/apt/lists/*
-COPY --from=build /out/ /usr/local/bin/
+COPY --from=build /out/flock-agent /out/flock-cni /out/flockctl /usr/local/bin/
 ENTRYPOINT ["/usr/local/bin/flock-agent"]

@@ -1,10 +1,31 @@
 //! What flock's daemons (flock-agent, flock-controller) share at process level: logging
-//! setup and stopping on SIGTERM/SIGINT. Metric helpers both registries use live here too,
-//! and how every binary (flockctl too) prints the error it exits with.
+//! setup, stopping on SIGTERM/SIGINT, and what the build is (version, commit). Metric
+//! helpers both registries use live here too, and how every binary (flockctl too) prints
+//! the error it exits with.
 
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
+
+/// This build's version (the crate's).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The git commit this build is from, short: `FLOCK_COMMIT` at build time when set (the
+/// image build passes it: its context has no `.git`), else `git rev-parse --short HEAD`,
+/// else `unknown` (see `build.rs`).
+pub const COMMIT: &str = env!("FLOCK_COMMIT");
+
+/// Registers `build_info{version,commit}`, a gauge that is always 1 (the Prometheus idiom
+/// for build metadata: join other series on it to see which build produced them), in
+/// `registry`. flock-agent and flock-controller register it in their root registries,
+/// prefixed `flock`, so it reads `flock_build_info` in both.
+pub fn register_build_info(registry: &mut Registry) {
+    let info = Family::<MetricLabels, Gauge>::default();
+    info.get_or_create(&vec![("version".to_string(), VERSION.to_string()), ("commit".to_string(), COMMIT.to_string())]).set(1);
+    registry.register("build_info", "The version and git commit of this build (always 1)", info);
+}
 
 /// `--log-format`.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -114,5 +135,19 @@ mod tests {
         // Causes that are not quoted are all printed.
         let plain = E("starting".into(), Some(Box::new(E("no socket".into(), Some(Box::new(io()))))));
         assert_eq!(error_chain(&plain), format!("starting: no socket: {io_text}"));
+    }
+
+    #[test]
+    fn build_info_is_one_gauge_named_flock_build_info() {
+        let mut r = Registry::with_prefix("flock");
+        register_build_info(&mut r);
+        let text = encode(&r);
+        assert!(text.contains("# TYPE flock_build_info gauge"), "{text}");
+        let line = format!("flock_build_info{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1\n");
+        assert!(text.contains(&line), "{line} missing in\n{text}");
+        assert_eq!(VERSION, env!("CARGO_PKG_VERSION"));
+        // build.rs only lets a plain token through.
+        assert!(!COMMIT.is_empty() && COMMIT.len() <= 40, "{COMMIT:?}");
+        assert!(COMMIT.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)), "{COMMIT:?}");
     }
 }

@@ -5,6 +5,9 @@
 //! policy and stale ones removed; the pin holds when the mode flips; API errors → requeued
 //! with backoff; CiliumNetworkPolicy where served, never both; start-up refuses without
 //! an API server address; the auto probe; leader election; API server address changes.
+//! Profiles are read from one watch's cache (no read per reconcile), and only once it holds
+//! a complete list; the per-run backoff forgets runs that succeed or are deleted; every
+//! metric is `flock_*`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -209,6 +212,103 @@ async fn create_edit_delete_and_first_create() {
     assert_eq!(events(&server, "NetworkPolicyWithdrawn").len(), 1);
     assert_eq!(ctl.metrics.withdrawn_count(), 1);
     assert_eq!(policy(&server, "job-1-egress").unwrap().metadata.uid, again.metadata.uid);
+    // Every pass read the profile from the cache: no GET of a RunProfile, and one watch of
+    // them (one list) for both controllers.
+    let requests = server.requests();
+    let gets: Vec<_> = requests.iter().filter(|r| r.method == Method::GET && r.path.contains("/runprofiles/")).collect();
+    assert!(gets.is_empty(), "RunProfiles read per reconcile: {gets:?}");
+    let lists = requests.iter().filter(|r| r.method == Method::GET && !r.watch && r.path.ends_with("/runprofiles")).count();
+    assert_eq!(lists, 1, "one RunProfile watch");
+    assert_flock_metric_names(&metrics_text(&ctl.metrics).await);
+    ctl.stop().await;
+}
+
+/// `/metrics` as the controller serves it.
+async fn metrics_text(metrics: &Arc<Metrics>) -> String {
+    use http_body_util::BodyExt;
+    let response = controller::handler(Arc::new(controller::Health::default()), metrics.clone())("/metrics");
+    assert_eq!(response.status(), 200);
+    String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+/// Every metric in an exposition (sample lines and `# TYPE`/`# HELP` lines) is `flock_*`,
+/// and `flock_build_info` is there.
+fn assert_flock_metric_names(text: &str) {
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines().filter(|l| !l.is_empty() && *l != "# EOF") {
+        let name = match line.strip_prefix("# ") {
+            Some(meta) => meta.split_whitespace().nth(1).unwrap(),
+            None => line.split(['{', ' ']).next().unwrap(),
+        };
+        names.insert(name.to_string());
+    }
+    let foreign: Vec<_> = names.iter().filter(|n| !n.starts_with("flock_")).collect();
+    assert!(foreign.is_empty(), "metrics not named flock_*: {foreign:?}\n{text}");
+    let info = format!("flock_build_info{{version=\"{}\",commit=\"{}\"}} 1", flock::process::VERSION, flock::process::COMMIT);
+    assert!(text.lines().any(|l| l == info), "{info} missing in\n{text}");
+}
+
+/// A run is not judged against an incomplete profile cache: while the controller's first
+/// lists of RunProfiles fail, a run whose profile exists waits (it is never reported
+/// ProfileNotFound), and is applied once the list succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_wait_for_a_complete_profile_cache() {
+    let server = server().await;
+    create_profile(&server, "web", profile_spec()).await;
+    create_run(&server, "job-w", "web").await;
+    server.fail_requests(FailRule::new(2, 503).method(Method::GET).path_contains("/apis/flock.dev/v1alpha1/runprofiles"));
+    let ctl = Running::start(&server, options(EnforceMode::On)).await;
+    let mut seen = std::collections::BTreeSet::new();
+    eventually(20, "Applied", || {
+        let (_, reason) = condition(&server, "job-w", NETWORK_POLICY_READY)?;
+        seen.insert(reason.clone());
+        (reason == "Applied").then_some(())
+    })
+    .await;
+    assert!(!seen.contains("ProfileNotFound"), "judged against an incomplete cache: {seen:?}");
+    let failed = server.requests().iter().filter(|r| r.path.ends_with("/runprofiles") && r.status == 503).count();
+    assert_eq!(failed, 2, "the first two lists of RunProfiles failed");
+    ctl.stop().await;
+}
+
+/// The per-run backoff holds only runs that are failing and exist: a run's entry goes when
+/// it succeeds, when it is deleted, and when a relist (after a watch gap in which it was
+/// deleted: no deletion event) no longer has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backoff_entries_go_with_success_deletion_and_relist() {
+    let server = server().await;
+    create_profile(&server, "web", profile_spec()).await;
+    let ctl = Running::start(&server, options(EnforceMode::On)).await;
+    let in_backoff = |n: i64| (ctl.metrics.runs_in_backoff_count() == n).then_some(());
+    let failing =
+        |run: &str, times: usize| FailRule::new(times, 500).method(Method::PATCH).path_contains(format!("/networkpolicies/{run}-egress"));
+
+    // Two failed applies, then success.
+    server.fail_requests(failing("job-s", 2));
+    create_run(&server, "job-s", "web").await;
+    eventually(10, "job-s in backoff", || in_backoff(1)).await;
+    eventually(15, "job-s applied", || (condition(&server, "job-s", NETWORK_POLICY_READY)?.1 == "Applied").then_some(())).await;
+    eventually(5, "job-s's backoff gone on success", || in_backoff(0)).await;
+
+    // Deleted while failing.
+    server.fail_requests(failing("job-d", 100_000));
+    create_run(&server, "job-d", "web").await;
+    eventually(10, "job-d in backoff", || in_backoff(1)).await;
+    Api::<Run>::namespaced(server.client(), NS).delete("job-d", &DeleteParams::default()).await.unwrap();
+    eventually(5, "job-d's backoff gone with the run", || in_backoff(0)).await;
+
+    // Deleted while the controller's watches were down, with the history expired: the
+    // relist reports no deletion.
+    server.fail_requests(failing("job-g", 100_000));
+    create_run(&server, "job-g", "web").await;
+    eventually(10, "job-g in backoff", || in_backoff(1)).await;
+    server.unavailable(true);
+    server.delete("flock.dev/v1alpha1", "Run", Some(NS), "job-g").unwrap();
+    server.expire_history();
+    server.unavailable(false);
+    eventually(20, "job-g's backoff gone after the relist", || in_backoff(0)).await;
+    assert!(ctl.metrics.applied_count(ApplyResult::Failed) >= 4);
+    assert_flock_metric_names(&metrics_text(&ctl.metrics).await);
     ctl.stop().await;
 }
 
@@ -575,13 +675,14 @@ async fn health_and_metrics_endpoints() {
     let health = Arc::new(controller::Health::default());
     let metrics = Arc::new(Metrics::new());
     metrics.enforcement(true);
-    let h = controller::handler(health.clone(), metrics);
+    let h = controller::handler(health.clone(), metrics.clone());
     assert_eq!(h("/healthz").status(), 200);
     assert_eq!(h("/readyz").status(), 503);
     health.started.store(true, Ordering::SeqCst);
     assert_eq!(h("/readyz").status(), 200);
     assert_eq!(h("/metrics").status(), 200);
     assert_eq!(h("/nope").status(), 404);
+    assert_flock_metric_names(&metrics_text(&metrics).await);
 }
 
 /// The grant a request needs, as in `common::grants` (`None` for discovery). A server-side

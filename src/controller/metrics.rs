@@ -1,6 +1,7 @@
 //! flock-controller's Prometheus metrics (`/metrics`): policies applied by result,
 //! withdrawals (policies found deleted and re-created), whether enforcement is enabled for
-//! new runs, reconcile durations and failures, leadership.
+//! new runs, reconcile durations and failures, runs in backoff, leadership — all
+//! `flock_controller_*` — and `flock_build_info{version,commit}`.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -43,6 +44,7 @@ pub struct Metrics {
     enforcement: Gauge,
     reconcile_duration: Family<Labels, Histogram, fn() -> Histogram>,
     reconcile_errors: Family<Labels, Counter>,
+    runs_in_backoff: Gauge,
     leader: Gauge,
 }
 
@@ -65,7 +67,10 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut r = Registry::with_prefix("flock_controller");
+        // `flock_build_info` is shared with flock-agent; everything else is the controller's.
+        let mut root = Registry::with_prefix("flock");
+        crate::process::register_build_info(&mut root);
+        let r = root.sub_registry_with_prefix("controller");
         let m = Self {
             applied: Family::default(),
             withdrawn: Counter::default(),
@@ -73,6 +78,7 @@ impl Metrics {
             enforcement: Gauge::default(),
             reconcile_duration: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
             reconcile_errors: Family::default(),
+            runs_in_backoff: Gauge::default(),
             leader: Gauge::default(),
             registry: Registry::default(),
         };
@@ -86,8 +92,9 @@ impl Metrics {
         r.register("enforcement_enabled", "Whether new runs' policies are enforced (1) or not (0)", m.enforcement.clone());
         r.register("reconcile_duration_seconds", "Duration of a reconcile, by kind (Run, RunProfile)", m.reconcile_duration.clone());
         r.register("reconcile_errors", "Reconciles that ended in an API error and were requeued, by kind", m.reconcile_errors.clone());
+        r.register("runs_in_backoff", "Runs whose last reconcile failed, waiting out their backoff", m.runs_in_backoff.clone());
         r.register("leader", "Whether this replica holds the leader lease (1) or not (0)", m.leader.clone());
-        Self { registry: r, ..m }
+        Self { registry: root, ..m }
     }
 
     /// The text exposition.
@@ -116,6 +123,15 @@ impl Metrics {
 
     pub fn reconcile_error(&self, kind: &str) {
         self.reconcile_errors.get_or_create(&label("kind", kind)).inc();
+    }
+
+    pub fn runs_in_backoff(&self, runs: usize) {
+        self.runs_in_backoff.set(i64::try_from(runs).unwrap_or(i64::MAX));
+    }
+
+    /// `runs_in_backoff` (for tests and diagnostics).
+    pub fn runs_in_backoff_count(&self) -> i64 {
+        self.runs_in_backoff.get()
     }
 
     pub fn leader(&self, leading: bool) {
@@ -148,6 +164,7 @@ mod tests {
         m.reconcile_error("Run");
         m.leader(true);
         m.deleted();
+        m.runs_in_backoff(2);
         let text = m.encode();
         for name in [
             "flock_controller_policies_applied_total{result=\"created\"} 1",
@@ -158,10 +175,13 @@ mod tests {
             "flock_controller_enforcement_enabled 1",
             "flock_controller_reconcile_duration_seconds_count{kind=\"Run\"} 1",
             "flock_controller_reconcile_errors_total{kind=\"Run\"} 1",
+            "flock_controller_runs_in_backoff 2",
             "flock_controller_leader 1",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }
+        let info = format!("flock_build_info{{version=\"{}\",commit=\"{}\"}} 1", crate::process::VERSION, crate::process::COMMIT);
+        assert!(text.contains(&info), "{info} missing in\n{text}");
         assert_eq!(m.withdrawn_count(), 1);
     }
 }

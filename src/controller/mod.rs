@@ -13,7 +13,9 @@
 //! and the policy kind, decided at start), [`apiserver`] (where the API server is),
 //! [`leader`] (Lease-based leader election), [`metrics`]. This file wires them: [`start`]
 //! makes the start-up decisions (and refuses to start without an API server address),
-//! [`run`] runs the Run and RunProfile controllers until stopped. The binary
+//! [`run`] runs the Run and RunProfile controllers until stopped: reconciles read
+//! RunProfiles from a cache that one watch fills (never a live read per reconcile), and
+//! only once that cache holds a complete list. The binary
 //! (`src/bin/flock-controller`) parses flags, serves `/healthz`, `/readyz`, `/metrics` and
 //! elects a leader around [`run`].
 
@@ -35,11 +37,11 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::DynamicObject;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::agent::http::{Handler, json_response, metrics_response};
 use crd::{Run, RunProfile};
@@ -178,6 +180,13 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
     });
 
     metrics.enforcement(startup.decision.enabled);
+    let profile_feed = ProfileFeed::new(Api::<RunProfile>::all(client.clone()));
+    let (run_store, run_writer) = reflector::store::<Run>();
+    let caches = reconcile::Caches {
+        profiles: profile_feed.store.clone(),
+        profiles_complete: profile_feed.complete.clone(),
+        runs: run_store.clone(),
+    };
     let mut ctx = reconcile::Context::new(
         client.clone(),
         cluster_rx,
@@ -185,22 +194,33 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
         startup.kind.clone(),
         Recorder::new(client.clone(), reporter(&opts.instance)),
         metrics.clone(),
+        caches,
     );
     ctx.resync = opts.resync;
     let ctx = Arc::new(ctx);
 
+    // The run controller's own watch, reflected here (as `Controller::new` would) so that
+    // the backoff of a deleted run can be forgotten: each event after the cache has it.
+    let observer = ctx.clone();
+    let run_events = watcher(Api::<Run>::all(client.clone()), watcher::Config::default())
+        .reflect(run_writer)
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                observer.observe_run(event);
+            }
+        })
+        .applied_objects();
     let owned = watcher::Config::default().labels(&render::managed_selector());
-    let runs = Controller::new(Api::<Run>::all(client.clone()), watcher::Config::default());
-    let store = runs.store();
+    let runs = Controller::for_stream(run_events, run_store.clone());
     let runs = match &startup.kind {
         PolicyKind::NetworkPolicy => runs.owns(Api::<NetworkPolicy>::all(client.clone()), owned),
         PolicyKind::Cilium(ar) => runs.owns_with(Api::<DynamicObject>::all_with(client.clone(), ar), ar.clone(), owned),
     };
     let runs = runs
-        .watches(Api::<RunProfile>::all(client.clone()), watcher::Config::default(), move |profile| {
-            // A profile change (or creation) re-renders the runs that use it.
+        .watches_stream(profile_feed.for_runs, move |profile: RunProfile| {
+            // A profile change (creation, deletion) re-renders the runs that use it.
             let name = profile.name_any();
-            store.state().into_iter().filter(|r| r.spec.profile == name).map(|r| ObjectRef::from_obj(&*r)).collect::<Vec<_>>()
+            run_store.state().into_iter().filter(|r| r.spec.profile == name).map(|r| ObjectRef::from_obj(&*r)).collect::<Vec<_>>()
         })
         .reconcile_all_on(reconcile_all)
         .graceful_shutdown_on(stopped(stop.clone()))
@@ -210,7 +230,7 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
                 tracing::debug!(error = %e, "run controller");
             }
         });
-    let profiles = Controller::new(Api::<RunProfile>::all(client.clone()), watcher::Config::default())
+    let profiles = Controller::for_stream(profile_feed.for_profiles, profile_feed.store)
         .graceful_shutdown_on(stopped(stop.clone()))
         .run(reconcile::reconcile_profile, reconcile::profile_error_policy, ctx)
         .for_each(|r| async move {
@@ -227,9 +247,68 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
     };
     tokio::select! {
         _ = async { futures::join!(runs, profiles) } => tracing::info!("controllers stopped"),
+        () = profile_feed.feed => tracing::error!("the RunProfile watch ended"),
         () = bounded_stop => tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles still in flight after the grace period; stopping anyway"),
     }
     follower.abort();
+}
+
+/// How many RunProfile changes may wait for each controller (the feed waits when one is
+/// behind; nothing is dropped).
+const PROFILE_FEED_BUFFER: usize = 64;
+
+/// The one watch of RunProfiles: it fills the cache the run reconciles read their profile
+/// from, and triggers both controllers — the profile controller (`Ready` conditions) and
+/// the run controller (the runs using a changed profile) — each change only after the cache
+/// has it. Two watches, one for the cache and one for the triggers, could wake a run before
+/// its cache showed the change, and the run would then wait for a change that had come.
+struct ProfileFeed {
+    store: Store<RunProfile>,
+    /// True once `store` holds a complete list.
+    complete: watch::Receiver<bool>,
+    /// Drives the watch; runs for as long as the controllers do.
+    feed: futures::future::BoxFuture<'static, ()>,
+    for_profiles: futures::stream::BoxStream<'static, Result<RunProfile, watcher::Error>>,
+    for_runs: futures::stream::BoxStream<'static, Result<RunProfile, watcher::Error>>,
+}
+
+impl ProfileFeed {
+    fn new(api: Api<RunProfile>) -> Self {
+        let (store, writer) = reflector::store::<RunProfile>();
+        let (complete_tx, complete) = watch::channel(false);
+        let (to_profiles, for_profiles) = mpsc::channel(PROFILE_FEED_BUFFER);
+        let (to_runs, for_runs) = mpsc::channel(PROFILE_FEED_BUFFER);
+        let feed = async move {
+            // Each event after the store has applied it.
+            let events = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                let profile = match event {
+                    // Deletions included: the runs of a deleted profile learn it is gone.
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p)) => p,
+                    Ok(watcher::Event::InitDone) => {
+                        complete_tx.send_replace(true);
+                        continue;
+                    }
+                    Ok(watcher::Event::Init) => continue,
+                    // The watcher retries (with backoff); until its first list completes,
+                    // run reconciles that need a profile wait.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "watching RunProfiles");
+                        continue;
+                    }
+                };
+                // A send fails only once that controller has stopped.
+                let _ = to_runs.send(profile.clone()).await;
+                let _ = to_profiles.send(profile).await;
+            }
+        };
+        Self { store, complete, feed: Box::pin(feed), for_profiles: receiver_stream(for_profiles), for_runs: receiver_stream(for_runs) }
+    }
+}
+
+fn receiver_stream<T: Send + 'static>(rx: mpsc::Receiver<T>) -> futures::stream::BoxStream<'static, Result<T, watcher::Error>> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (Ok(item), rx)) }).boxed()
 }
 
 /// How long stopping waits for reconciles in flight. With client-go's lease timing (renew

@@ -4,7 +4,9 @@
 //!    controller's current one. Never changed once written.
 //! 2. Not enforced → [`remove_policies`] (a stale `<run>-egress` the run owns), condition
 //!    `Disabled`.
-//! 3. [`fetch_profile`] — missing → condition `ProfileNotFound`.
+//! 3. [`cached_profile`] — from the RunProfile cache, never a live read; missing →
+//!    condition `ProfileNotFound` (only once the cache holds a complete list: before that
+//!    the reconcile waits).
 //! 4. [`render::plan`], [`desired`] — render (pure); an invalid run or profile →
 //!    `RunInvalid`/`ProfileInvalid`.
 //! 5. [`apply`] — server-side apply with the fixed field manager, forced: whatever else
@@ -24,11 +26,12 @@
 //!
 //! User errors (2, 3, 4) write their condition and wait for a change of the run or of its
 //! profile (the controller watches profiles): no requeue, no hot loop; an earlier policy
-//! stays in place. API errors requeue with a per-run exponential backoff.
+//! stays in place. API errors requeue with a per-run exponential backoff ([`Backoffs`]:
+//! forgotten on success, on the run's deletion, and when a relist no longer has the run).
 //! A RunProfile's reconcile only checks it and writes its `Ready` condition.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -37,6 +40,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -79,9 +84,24 @@ pub struct Context {
     /// Requeue period of a run whose policy is applied (the owned-policy watch reacts at
     /// once; this is the safety net).
     pub resync: Duration,
-    /// Backoff of runs whose last reconcile failed: consecutive failures and when the last
-    /// one was, by namespace/name.
-    failures: Mutex<HashMap<String, (u32, Instant)>>,
+    /// The caches the reconciles read.
+    pub caches: Caches,
+    /// Backoff of runs whose last reconcile failed.
+    backoffs: Mutex<Backoffs>,
+}
+
+/// The controller's caches (reflector stores), fed by its watches.
+#[derive(Clone)]
+pub struct Caches {
+    /// Every RunProfile: step 3 reads the run's profile here.
+    pub profiles: Store<RunProfile>,
+    /// Turns true once `profiles` holds a complete list, and stays true (a relist swaps
+    /// its new list in whole). Not `Store::wait_until_ready`: that wakes one waiter only,
+    /// and the profile controller waits on it too.
+    pub profiles_complete: watch::Receiver<bool>,
+    /// Every Run (the run controller's own cache): a failure is recorded only for a run that
+    /// is still here.
+    pub runs: Store<Run>,
 }
 
 impl Context {
@@ -92,20 +112,86 @@ impl Context {
         kind: PolicyKind,
         recorder: Recorder,
         metrics: Arc<Metrics>,
+        caches: Caches,
     ) -> Self {
-        Self { client, cluster, decision, kind, recorder, metrics, resync: Duration::from_secs(600), failures: Mutex::new(HashMap::new()) }
+        Self {
+            client,
+            cluster,
+            decision,
+            kind,
+            recorder,
+            metrics,
+            resync: Duration::from_secs(600),
+            caches,
+            backoffs: Mutex::new(Backoffs::default()),
+        }
     }
 
-    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u32, Instant)>> {
-        self.failures.lock().unwrap_or_else(PoisonError::into_inner)
+    fn backoffs(&self) -> MutexGuard<'_, Backoffs> {
+        self.backoffs.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Changes the backoffs under their lock, and publishes how many runs are in backoff.
+    fn change_backoffs<T>(&self, change: impl FnOnce(&mut Backoffs) -> T) -> T {
+        let mut b = self.backoffs();
+        let out = change(&mut b);
+        self.metrics.runs_in_backoff(b.entries.len());
+        out
+    }
+
+    /// Follows the run watch (each event after the run cache has it): a deleted run's
+    /// backoff goes, and after a (re)list — which reports no deletions of its own, so a run
+    /// deleted while the watch was down leaves no event — every backoff of a run the cache
+    /// no longer has goes too.
+    pub fn observe_run(&self, event: &watcher::Event<Run>) {
+        match event {
+            watcher::Event::Delete(run) => self.change_backoffs(|b| b.forget(run)),
+            watcher::Event::InitDone => self.change_backoffs(|b| {
+                let present: std::collections::HashSet<String> = self.caches.runs.state().iter().map(|r| backoff_key(r)).collect();
+                b.entries.retain(|k, _| present.contains(k));
+            }),
+            watcher::Event::Apply(_) | watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+    }
+}
+
+/// Consecutive failures of runs and when the last one was, by run uid (a run deleted and
+/// created again under its name starts afresh). An entry lives only while its run fails and
+/// exists: it goes on success and on the run's deletion ([`Context::observe_run`]).
+#[derive(Debug, Default)]
+pub struct Backoffs {
+    entries: HashMap<String, (u32, Instant)>,
+}
+
+impl Backoffs {
+    /// How long `run` still has to wait, if it is in backoff.
+    fn remaining(&self, run: &Run) -> Option<Duration> {
+        let (n, at) = self.entries.get(&backoff_key(run))?;
+        backoff(*n).checked_sub(at.elapsed()).filter(|w| !w.is_zero())
+    }
+
+    /// Records a failure; the number of consecutive failures.
+    fn failed(&mut self, run: &Run) -> u32 {
+        let entry = self.entries.entry(backoff_key(run)).or_insert((0, Instant::now()));
+        *entry = (entry.0.saturating_add(1), Instant::now());
+        entry.0
+    }
+
+    fn forget(&mut self, run: &Run) {
+        self.entries.remove(&backoff_key(run));
+    }
+}
+
+/// A run's key in [`Backoffs`]: its uid (every run from the API server has one).
+fn backoff_key(run: &Run) -> String {
+    run.uid().unwrap_or_else(|| key(run))
 }
 
 /// A reconcile that must be retried (API errors; the run itself is fine).
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    #[error("reading RunProfile {profile}: {error}")]
-    Profile { profile: String, error: kube::Error },
+    #[error("reading RunProfile {profile}: the RunProfile cache stopped before it was complete")]
+    ProfileCache { profile: String },
     #[error("applying {kind} {namespace}/{name}: {error}")]
     Apply { kind: String, namespace: String, name: String, error: kube::Error },
     #[error("the API server returned {kind} {namespace}/{name} without a uid")]
@@ -158,9 +244,13 @@ pub fn pin(status: &RunStatus, current: &Decision) -> Enforcement {
     })
 }
 
-/// Step 3: the run's profile, `None` when it does not exist.
-pub async fn fetch_profile(client: &Client, name: &str) -> Result<Option<RunProfile>, ReconcileError> {
-    Api::<RunProfile>::all(client.clone()).get_opt(name).await.map_err(|error| ReconcileError::Profile { profile: name.to_string(), error })
+/// Step 3: the run's profile from the RunProfile cache, `None` when it does not exist.
+/// Waits until the cache holds a complete list: before that, a profile missing from it may
+/// exist, and reporting `ProfileNotFound` would be false.
+pub async fn cached_profile(caches: &Caches, name: &str) -> Result<Option<Arc<RunProfile>>, ReconcileError> {
+    let mut complete = caches.profiles_complete.clone();
+    complete.wait_for(|c| *c).await.map_err(|_| ReconcileError::ProfileCache { profile: name.to_string() })?;
+    Ok(caches.profiles.get(&ObjectRef::new(name)))
 }
 
 /// Step 4 (pure): the object to apply for a run's plan (`render::plan`), of `kind`, as JSON.
@@ -357,7 +447,7 @@ async fn steps(run: &Run, ctx: &Context, enforcement: &Enforcement, status: &mut
         status.network_policy = None;
         return Ok(Outcome::Disabled);
     }
-    let Some(profile) = fetch_profile(&ctx.client, &run.spec.profile).await? else {
+    let Some(profile) = cached_profile(&ctx.caches, &run.spec.profile).await? else {
         return Ok(Outcome::UserError {
             reason: reason::PROFILE_NOT_FOUND,
             message: format!("RunProfile {} does not exist", run.spec.profile),
@@ -411,8 +501,8 @@ pub async fn reconcile_run(run: Arc<Run>, ctx: Arc<Context>) -> Result<Action, R
     }
     // A run in backoff waits it out whatever woke it (its own ApplyFailed status write, a
     // policy event): the failure is the API server's, and retrying early would defeat it.
-    let wait = ctx.failures().get(&key(&run)).and_then(|(n, at)| backoff(*n).checked_sub(at.elapsed()));
-    if let Some(wait) = wait.filter(|w| !w.is_zero()) {
+    let wait = ctx.backoffs().remaining(&run);
+    if let Some(wait) = wait {
         return Ok(Action::requeue(wait));
     }
     let current = run.status.clone().unwrap_or_default();
@@ -441,7 +531,7 @@ pub async fn reconcile_run(run: Arc<Run>, ctx: Arc<Context>) -> Result<Action, R
     if let Outcome::Applied { policy, result: ApplyResult::Recreated, previous } = &outcome {
         withdrawn_event(&ctx.recorder, &run, previous.as_ref(), policy).await;
     }
-    ctx.failures().remove(&key(&run));
+    ctx.change_backoffs(|b| b.forget(&run));
     ctx.metrics.reconciled("Run", started.elapsed().as_secs_f64());
     tracing::debug!(run = %key(&run), outcome = ?outcome, seconds = started.elapsed().as_secs_f64(), "reconciled");
     Ok(action(&outcome, ctx.resync))
@@ -452,17 +542,23 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs(1u64 << failures.saturating_sub(1).min(8)).min(Duration::from_secs(300))
 }
 
-/// Requeues a failed run with its backoff.
+/// Requeues a failed run with its backoff; a run deleted meanwhile is not retried (and
+/// gets no backoff entry that nothing would remove).
 pub fn run_error_policy(run: Arc<Run>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
-    let n = {
-        let mut f = ctx.failures();
-        let entry = f.entry(key(&run)).or_insert((0, Instant::now()));
-        *entry = (entry.0.saturating_add(1), Instant::now());
-        entry.0
+    ctx.metrics.reconcile_error("Run");
+    let n = ctx.change_backoffs(|b| {
+        // Checked under the lock [`Context::observe_run`] takes after the cache has dropped a
+        // deleted run: either the run is still cached here, and its deletion will remove the
+        // entry, or it is gone and none is made.
+        let cached = ctx.caches.runs.get(&ObjectRef::from_obj(&*run)).is_some_and(|r| r.uid() == run.uid());
+        cached.then(|| b.failed(&run))
+    });
+    let Some(n) = n else {
+        tracing::info!(run = %key(&run), error = %error, "reconcile failed for a run that is gone; not retried");
+        return Action::await_change();
     };
     let delay = backoff(n);
     tracing::warn!(run = %key(&run), error = %error, retry_in = ?delay, "reconcile failed");
-    ctx.metrics.reconcile_error("Run");
     Action::requeue(delay)
 }
 
@@ -554,6 +650,28 @@ mod tests {
         let before = s.clone();
         conditions(&mut s, &Outcome::Disabled, Some(2), "t4");
         assert_eq!(s, before);
+    }
+
+    fn run_with_uid(uid: &str) -> Run {
+        serde_json::from_value(
+            json!({"apiVersion": "flock.dev/v1alpha1", "kind": "Run", "metadata": {"name": "r", "namespace": "a", "uid": uid}, "spec": {"profile": "p"}}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn backoff_is_per_run_uid_and_forgotten() {
+        let mut b = Backoffs::default();
+        let first = run_with_uid("u1");
+        assert!(b.remaining(&first).is_none());
+        assert_eq!(b.failed(&first), 1);
+        assert_eq!(b.failed(&first), 2);
+        assert!(b.remaining(&first).is_some_and(|w| w <= backoff(2)));
+        // The same name created again is a new run: no inherited backoff.
+        assert!(b.remaining(&run_with_uid("u2")).is_none());
+        b.forget(&first);
+        assert!(b.remaining(&first).is_none());
+        assert!(b.entries.is_empty());
     }
 
     #[test]

@@ -168,7 +168,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         let server =
             tokio::spawn(serve_with(args.metrics_address.clone(), controller::handler(health.clone(), metrics.clone()), stop.clone()));
 
-        tracing::info!(identity = %id, mode = args.enforce.as_str(), "flock-controller starting");
+        let (version, commit) = (flock::process::VERSION, flock::process::COMMIT);
+        tracing::info!(identity = %id, mode = args.enforce.as_str(), version, commit, "flock-controller starting");
         let startup = controller::start(&client, &opts).await.context("starting")?;
         health.started.store(true, Ordering::SeqCst);
 
