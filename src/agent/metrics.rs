@@ -120,6 +120,7 @@ impl Metrics {
             "Problems in NetworkPolicies that apply to this node's pods (not enforceable as written)",
             m.policy_problems.clone(),
         );
+        crate::process::register_build_info(&mut r);
         Self { registry: r, ..m }
     }
 
@@ -203,6 +204,28 @@ impl Metrics {
     }
 }
 
+/// The informers' counts go to the agent's metrics.
+impl crate::source::kube::SourceMetrics for Metrics {
+    fn watch(&self, resource: &str, connected: bool) {
+        Metrics::watch(self, resource, connected);
+    }
+    fn watch_error(&self, resource: &str) {
+        Metrics::watch_error(self, resource);
+    }
+    fn watch_reconnected(&self, resource: &str) {
+        Metrics::watch_reconnected(self, resource);
+    }
+    fn watch_relisted(&self, resource: &str, reason: &str) {
+        Metrics::watch_relisted(self, resource, reason);
+    }
+    fn api_probe(&self, ok: bool) {
+        Metrics::api_probe(self, ok);
+    }
+    fn health(&self, state: &str) {
+        Metrics::health(self, state);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,30 +257,12 @@ mod tests {
             "flock_coalesced_events_total 4",
             "flock_watch_relists_total{resource=\"networkpolicies\",reason=\"too_large\"} 1",
             "flock_api_probes_total{result=\"failed\"} 1",
+            "flock_build_info{version=",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }
-    }
-}
-
-/// The informers' counts go to the agent's metrics.
-impl crate::source::kube::SourceMetrics for Metrics {
-    fn watch(&self, resource: &str, connected: bool) {
-        Metrics::watch(self, resource, connected);
-    }
-    fn watch_error(&self, resource: &str) {
-        Metrics::watch_error(self, resource);
-    }
-    fn watch_reconnected(&self, resource: &str) {
-        Metrics::watch_reconnected(self, resource);
-    }
-    fn watch_relisted(&self, resource: &str, reason: &str) {
-        Metrics::watch_relisted(self, resource, reason);
-    }
-    fn api_probe(&self, ok: bool) {
-        Metrics::api_probe(self, ok);
-    }
-    fn health(&self, state: &str) {
-        Metrics::health(self, state);
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            assert!(line.starts_with("flock_"), "a metric without the flock_ prefix: {line}");
+        }
     }
 }
