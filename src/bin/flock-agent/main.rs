@@ -85,20 +85,9 @@ struct Args {
     pod_name: String,
 }
 
+/// A duration as `humantime` reads it (`30s`, `500ms`, `1m 30s`).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.trim().split_at(s.trim().find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
-    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a duration like 30s, 500ms, 2m"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("{s:?}: must be a positive duration"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?}: {e} (a duration like 30s, 500ms, 1m 30s)"))
 }
 
 fn main() -> ExitCode {
@@ -151,9 +140,10 @@ mod tests {
         assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("5").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
         assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5d").is_err());
+        // A unit is required: "5" could mean seconds or milliseconds.
+        assert!(parse_duration("5").is_err());
     }
 
     #[test]
