@@ -13,9 +13,17 @@
 //! so they are unit-tested, golden-tested and fuzzed directly. [`nft`] models the subset of
 //! nft syntax flock writes: it backs the in-memory fake applier and the packet tracer used by
 //! tests. [`apply`] is the edge that runs `nft`.
+//!
+//! Around the pipeline: [`source`] (the static and the Kubernetes informer sources),
+//! [`agent`] (the node agent core: endpoint registry, CNI socket, sync loop), [`daemon`]
+//! (flock-agent wired), [`controller`] (flock-controller) and [`process`] (what both daemons
+//! share). flockctl's simulated cluster, synthetic clusters and conformance runner are
+//! modules of this crate too, hidden from its documentation: they are the tool's, not a
+//! library API.
 
 pub mod agent;
 pub mod apply;
+#[doc(hidden)]
 pub mod conformance;
 pub mod controller;
 pub mod daemon;
@@ -27,8 +35,12 @@ pub use flock_cni::netns;
 pub mod nft;
 pub mod process;
 pub mod render;
+#[doc(hidden)]
 pub mod sim;
 pub mod source;
+#[doc(hidden)]
 pub mod synth;
+#[cfg(any(test, feature = "testkit"))]
+#[doc(hidden)]
 pub mod testkit;
 pub mod translate;

@@ -8,12 +8,12 @@
 //!   last page is in: objects the list does not contain are gone. Until then the snapshot —
 //!   and nft — keep the last-known state; a partial list is never applied. The source becomes
 //!   complete, and the agent may program nft, only once all four resources have been listed.
-//! - Each resource's loop ([`reflect`]) relists when its resourceVersion is unusable: 410
+//! - Each resource's loop (`reflect`) relists when its resourceVersion is unusable: 410
 //!   Expired, 504 "Too large resource version" (the API server lost state, e.g. an etcd
 //!   restore: objects may have vanished without a DELETE), or a watch that keeps failing.
 //! - Pods are keyed by uid; a Delete removes the pod at once, and terminal pods stop being
 //!   peers in the translator.
-//! - Health ([`health`]) is judged from the watches themselves — events, bookmarks, lists,
+//! - Health (`health`) is judged from the watches themselves — events, bookmarks, lists,
 //!   watches that stay open are proof; failed requests and ERROR events are failures — and
 //!   `/version` is probed only when every watch has been quiet for 30 s (jittered), so a
 //!   healthy cluster gets no probes. Connected → Degraded (`degraded_after`) → Disconnected

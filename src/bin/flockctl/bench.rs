@@ -22,8 +22,8 @@ use flock::apply::{Applier, Backend, transaction};
 use flock::model::{ObjectRef, Pod, Snapshot};
 use flock::render::{self, Ruleset};
 use flock::synth::{self, Cluster, Params};
-use flock::testkit::kernel::NetnsGuard;
 use flock::translate::{self, Options};
+use flock_cni::testing::NetnsGuard;
 
 #[derive(Args)]
 pub struct BenchArgs {
