@@ -99,3 +99,53 @@ fn keeping_the_rules_under_a_widened_selector_fails_the_property() {
     let err = v.check(&q).unwrap_err();
     assert!(err.0.starts_with("(b)") && err.0.contains("no rule of P or of Q's valid part admits it"), "{err:?}");
 }
+
+/// The issue's reproducer on real kernels, through `flockctl sim`: the quickstart plus a
+/// policy in `shop` whose podSelector is invalid and whose rule would admit everyone.
+/// `tools/debug` must not reach `shop/db`, and the policy is reported on stderr.
+#[test]
+fn an_invalid_policy_opens_nothing_in_the_simulated_quickstart() {
+    use flock::testkit::kernel::{flock_cni_binary, require_root};
+    if !require_root("an_invalid_policy_opens_nothing_in_the_simulated_quickstart") {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = flock::testkit::kernel::TempDir::new("fail-closed");
+    let bad = dir.join("open-shop.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: open-shop, namespace: shop}\n\
+         spec:\n  podSelector: {matchLabels: {app: \"web-\"}}\n  ingress: [{}]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flockctl"))
+        .args(["sim", "--manifests"])
+        .arg(root.join("deploy/examples/quickstart"))
+        .arg("--manifests")
+        .arg(&bad)
+        .args(["--probe", "5432/TCP", "-o", "json", "--cni-bin-dir"])
+        .arg(flock_cni_binary().parent().unwrap())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("warning: NetworkPolicy shop/open-shop: spec.podSelector.matchLabels[app]") && stderr.contains("allowing nothing"),
+        "{stderr}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let connected = |from: &str, to: &str| {
+        doc["probes"][0]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["from"] == from && r["to"] == to)
+            .map(|r| r["connected"].as_bool().unwrap())
+            .unwrap()
+    };
+    // Before the fix the widened selector carried `ingress: [{}]`: debug reached the db.
+    assert!(!connected("tools/debug", "shop/db"), "{stdout}");
+    // The valid policy of the quickstart still admits the web pod.
+    assert!(connected("shop/web", "shop/db"), "{stdout}");
+}

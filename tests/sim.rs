@@ -66,6 +66,18 @@ fn the_whole_conformance_suite_passes_on_real_kernels() {
         // Only SCTP cases may be skipped (this kernel has no SCTP), and they say so.
         assert!(line.contains("sctp") && line.ends_with("(SCTP not available in this kernel)"), "{line}");
     }
+    // Policies the API server would reject are reported by name, field and reason; the case
+    // goes on (and passes: it checks what flock enforces for them).
+    assert!(
+        stderr.lines().any(|l| l
+            .starts_with("warning: 106-invalid-podselector-allows-nothing: NetworkPolicy x/bad: spec.podSelector.matchLabels[pod]")
+            && l.contains("allowing nothing")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("warning: 107-invalid-peer-rule-allows-nothing: NetworkPolicy y/a-from-b: spec.ingress[0].from[0].ipBlock.cidr"),
+        "{stderr}"
+    );
 }
 
 /// Whether this kernel can open an SCTP socket.

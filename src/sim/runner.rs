@@ -41,6 +41,9 @@ pub struct CaseOutcome {
     /// Why probes were skipped (each reason once, e.g. `SCTP not available in this kernel`).
     pub skip_reasons: Vec<String>,
     pub step_times: Vec<Duration>,
+    /// Problems of the policies the case applied (each once), as the agent reports them;
+    /// the case goes on, enforcing what the agent enforces.
+    pub problems: Vec<String>,
 }
 
 /// Runs `case` on `sim`, starting from `base`, and restores `base` afterwards.
@@ -53,12 +56,19 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
         probes_skipped: 0,
         skip_reasons: Vec::new(),
         step_times: Vec::new(),
+        problems: Vec::new(),
     };
     for (i, step) in case.steps.iter().enumerate() {
         let started = Instant::now();
         if let Err(e) = sim.apply(|s| conformance::apply_step(s, step)).await {
             out.errors.push(format!("step {}: {e}", i + 1));
             break;
+        }
+        for p in crate::translate::validate_all(&sim.snapshot()) {
+            let p = p.to_string();
+            if !out.problems.contains(&p) {
+                out.problems.push(p);
+            }
         }
         for probe in &step.probes {
             if !sim.protocol_available(probe.protocol) {

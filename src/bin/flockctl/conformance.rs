@@ -66,6 +66,9 @@ pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
         let mut step_time = 0.0;
         for case in &cases {
             let o = runner::run_case(&mut sim, &base, case).await;
+            for p in &o.problems {
+                eprintln!("warning: {}: {p}", case.dir_name);
+            }
             if flock::sim::fabric::interrupted().is_some() {
                 // The case's outcome is the interrupt's doing: no verdict.
                 return Err(flock::sim::SimError::Interrupted.into());
@@ -130,6 +133,7 @@ mod tests {
             probes_skipped: skipped,
             skip_reasons: if skipped > 0 { vec!["SCTP not available in this kernel".into()] } else { Vec::new() },
             step_times: Vec::new(),
+            problems: Vec::new(),
         }
     }
 
