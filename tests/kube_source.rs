@@ -287,3 +287,18 @@ async fn quiet_watches_are_probed_and_a_failing_probe_degrades_health() {
     assert!(probes(&rig.server) <= before + 1, "probed while the watches delivered events");
     rig.stop().await;
 }
+
+/// A pod update flock cannot read (an address the API server would never store) removes the
+/// pod's earlier version instead of leaving it in force: its old labels and address must not
+/// keep matching selectors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_pod_update_removes_the_earlier_version() {
+    let rig = Rig::start(Config::default(), options(|_| {})).await;
+    assert_eq!(rig.pods(), ["a"]);
+    rig.server.apply(pod("a", "not-an-address")).unwrap();
+    rig.wait("the unreadable pod gone", || rig.pods().is_empty()).await;
+    // Readable again: back.
+    rig.server.apply(pod("a", "198.18.0.11")).unwrap();
+    rig.wait("the pod back", || rig.pods() == ["a"]).await;
+    rig.stop.send(true).unwrap();
+}

@@ -103,19 +103,28 @@ fn pod_key(p: &core::Pod) -> Key {
     Key::Pod(p.metadata.uid.clone().filter(|u| !u.is_empty()).unwrap_or_else(|| derived_uid(&ns, &name)))
 }
 
-const PODS: Kind<core::Pod> =
-    Kind { convert: |p| convert::pod(p).map(Object::Pod).map_err(|e| format!("pod {:?}: {e}", p.metadata.name)), key: pod_key };
+// An update flock cannot read removes a pod (fail closed: no peer; a local pod is closed as
+// unknown). A policy is only unreadable without a name, which the API server never stores:
+// keeping its last version keeps its pods isolated, dropping it could open them.
+const PODS: Kind<core::Pod> = Kind {
+    convert: |p| convert::pod(p).map(Object::Pod).map_err(|e| format!("pod {:?}: {e}", p.metadata.name)),
+    key: pod_key,
+    drop_unreadable: true,
+};
 const NAMESPACES: Kind<core::Namespace> = Kind {
     convert: |n| convert::namespace(n).map(Object::Namespace).map_err(|e| e.to_string()),
     key: |n| Key::Namespace(n.metadata.name.clone().unwrap_or_default()),
+    drop_unreadable: false,
 };
 const POLICIES: Kind<net::NetworkPolicy> = Kind {
     convert: |p| convert::network_policy(p).map(Object::Policy).map_err(|e| e.to_string()),
     key: |p| Key::Policy(ObjectRef::new(p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default())),
+    drop_unreadable: false,
 };
 const NODES: Kind<core::Node> = Kind {
     convert: |n| convert::node(n).map(Object::Node).map_err(|e| e.to_string()),
     key: |n| Key::Node(n.metadata.name.clone().unwrap_or_default()),
+    drop_unreadable: false,
 };
 
 /// What the informers count, implemented by whoever exports metrics (the agent's

@@ -118,6 +118,10 @@ enum WatchEnd {
 pub(super) struct Kind<K> {
     pub convert: fn(&K) -> Result<Object, String>,
     pub key: fn(&K) -> Key,
+    /// Whether an update that cannot be converted removes the object's earlier version
+    /// (fail closed: a pod flock cannot read is no peer, and a local one is closed), rather
+    /// than leaving the earlier version in force.
+    pub drop_unreadable: bool,
 }
 
 /// One resource's loop.
@@ -357,8 +361,14 @@ where
                 Ok(None) => return WatchEnd::Closed,
                 Ok(Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)))) => {
                     advance(rv, &o);
-                    if let Some(x) = self.convert(&o)
-                        && !self.send(Change::Apply(x)).await
+                    let change = match self.convert(&o) {
+                        Some(x) => Some(Change::Apply(x)),
+                        // An earlier version must not stay in force for an object now unreadable.
+                        None if self.kind.drop_unreadable => Some(Change::Delete((self.kind.key)(&o))),
+                        None => None,
+                    };
+                    if let Some(c) = change
+                        && !self.send(c).await
                     {
                         return WatchEnd::Stopped;
                     }
