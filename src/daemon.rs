@@ -115,19 +115,27 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
 
     // The CNI config, once ready, with this node's pod CIDRs.
     if let Some((dir, file)) = opts.cni_conf.clone() {
-        let mut w = cniconf::Writer::new(&dir, &file, opts.agent.socket.clone(), opts.agent.spool_dir.clone(), opts.cni_mtu);
+        let mut writer = Some(cniconf::Writer::new(&dir, &file, opts.agent.socket.clone(), opts.agent.spool_dir.clone(), opts.cni_mtu));
         let (mut status, mut versions, source, node, mut stop) =
             (agent.status(), source.versions(), source.clone(), opts.agent.node.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             loop {
-                if status.borrow().ready {
+                let ready = status.borrow().ready;
+                if ready && let Some(mut w) = writer.take() {
                     let cidrs = source.read().snapshot.node(&node).map(|n| n.pod_cidrs.clone()).unwrap_or_default();
-                    match w.write(&cidrs) {
+                    // A file write: on a blocking thread.
+                    let job = tokio::task::spawn_blocking(move || {
+                        let r = w.write(&cidrs);
+                        (w, r, cidrs)
+                    });
+                    let Ok((w, result, cidrs)) = job.await else { return };
+                    match result {
                         Ok(true) => tracing::info!(path = %w.path.display(), ?cidrs, "CNI network config written"),
                         Ok(false) if cidrs.is_empty() => tracing::debug!(node, "node has no pod CIDR yet: no CNI config"),
                         Ok(false) => {}
                         Err(e) => tracing::error!(error = %e, path = %w.path.display(), "cannot write the CNI network config"),
                     }
+                    writer = Some(w);
                 }
                 tokio::select! {
                     _ = status.changed() => {}

@@ -168,6 +168,8 @@ pub enum StartError {
     Persister(std::io::Error),
     #[error("nft ({program}) cannot be used on this node: {error}")]
     Nft { program: PathBuf, error: crate::apply::ApplyError },
+    #[error("preparing the node agent panicked: {0}")]
+    Panicked(String),
 }
 
 /// A ruleset with one endpoint of every kind flock renders (isolated both ways, both
@@ -330,16 +332,22 @@ impl Agent {
     /// Loads the persisted registry, drains the DEL spool, listens on the socket and starts
     /// the sync loop. Nothing is programmed until `source` is complete.
     pub async fn start(config: AgentConfig, source: Source) -> Result<Self, StartError> {
-        let mut endpoints = match &config.state_dir {
-            Some(dir) => registry::load(dir).map_err(|message| StartError::Registry { path: dir.clone(), message })?,
-            None => BTreeMap::new(),
-        };
-        let version = NftCli::new(config.netns.clone())
-            .with_program(config.nft.clone())
-            .probe(&probe_ruleset())
-            .map_err(|error| StartError::Nft { program: config.nft.clone(), error })?;
+        // Files and a process: on a blocking thread, not on the runtime's.
+        let prep = config.clone();
+        let prepared = tokio::task::spawn_blocking(move || -> Result<_, StartError> {
+            let mut endpoints = match &prep.state_dir {
+                Some(dir) => registry::load(dir).map_err(|message| StartError::Registry { path: dir.clone(), message })?,
+                None => BTreeMap::new(),
+            };
+            let version = NftCli::new(prep.netns.clone())
+                .with_program(prep.nft.clone())
+                .probe(&probe_ruleset())
+                .map_err(|error| StartError::Nft { program: prep.nft.clone(), error })?;
+            drain_spool(&prep, &mut endpoints);
+            Ok((endpoints, version))
+        });
+        let (endpoints, version) = prepared.await.map_err(|e| StartError::Panicked(e.to_string()))??;
         tracing::info!(nft = %version, "nft works here");
-        drain_spool(&config, &mut endpoints);
         let router = if config.routes { Some(routes::Router::start(config.netns.clone())?) } else { None };
         let listener = cni::bind(&config.socket).map_err(|error| StartError::Socket { socket: config.socket.clone(), error })?;
         let persister = registry::Persister::start(config.state_dir.clone()).map_err(StartError::Persister)?;

@@ -376,6 +376,28 @@ fn bad_port(kind: PortCorruption) -> PolicyPort {
     }
 }
 
+/// Breaks rule `rule` (modulo their number; a new one when there is none) of `q`'s ingress or
+/// egress with `f`; the index of the broken rule.
+fn break_rule(q: &mut NetworkPolicy, egress: bool, rule: u8, f: impl FnOnce(&mut PolicyRule)) -> usize {
+    let rules = if egress { &mut q.egress } else { &mut q.ingress };
+    if rules.is_empty() {
+        rules.push(PolicyRule::default());
+    }
+    let r = usize::from(rule) % rules.len();
+    f(&mut rules[r]);
+    r
+}
+
+/// Puts `bad` in `list` in place of entry `at` (modulo its length), or as its only entry.
+fn put<T>(list: &mut Vec<T>, at: u8, bad: T) {
+    if list.is_empty() {
+        list.push(bad);
+    } else {
+        let i = usize::from(at) % list.len();
+        list[i] = bad;
+    }
+}
+
 /// The naive matcher for the generator's valid selectors.
 pub fn naive_matches(sel: &LabelSelector, labels: &Labels) -> bool {
     sel.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v.as_str()))
@@ -417,33 +439,11 @@ impl FailClosedInput {
                 Corrupted { q, valid_part: None, would_select: pods_matching(None), ingress, egress }
             }
             Corruption::Peer { egress, rule, peer, kind } => {
-                let rules = if egress { &mut q.egress } else { &mut q.ingress };
-                if rules.is_empty() {
-                    rules.push(PolicyRule::default());
-                }
-                let r = usize::from(rule) % rules.len();
-                let peers = &mut rules[r].peers;
-                if peers.is_empty() {
-                    peers.push(bad_peer(kind));
-                } else {
-                    let i = usize::from(peer) % peers.len();
-                    peers[i] = bad_peer(kind);
-                }
+                let r = break_rule(&mut q, egress, rule, |r| put(&mut r.peers, peer, bad_peer(kind)));
                 Self::without_rule(q, egress, r, pods_matching(Some(&q0.pod_selector)))
             }
             Corruption::Port { egress, rule, port, kind } => {
-                let rules = if egress { &mut q.egress } else { &mut q.ingress };
-                if rules.is_empty() {
-                    rules.push(PolicyRule::default());
-                }
-                let r = usize::from(rule) % rules.len();
-                let ports = &mut rules[r].ports;
-                if ports.is_empty() {
-                    ports.push(bad_port(kind));
-                } else {
-                    let i = usize::from(port) % ports.len();
-                    ports[i] = bad_port(kind);
-                }
+                let r = break_rule(&mut q, egress, rule, |r| put(&mut r.ports, port, bad_port(kind)));
                 Self::without_rule(q, egress, r, pods_matching(Some(&q0.pod_selector)))
             }
             Corruption::PolicyType => {

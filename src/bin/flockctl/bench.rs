@@ -171,7 +171,7 @@ fn peer_doubling(cluster: &Cluster, endpoints: &[flock::model::LocalEndpoint], o
 /// full apply into another fresh one, a full resync there, and a one-pod change there.
 fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyhow::Result<Value> {
     let (mut raw, mut full, mut resync, mut change, mut change_pipeline) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut raw_transaction, mut canonical, mut list) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut raw_transaction, mut canonical, mut list, mut read_state) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let first_transaction = transaction(rs, &BTreeSet::new(), &[], text);
     let mut one_pod = OnePodChange::new(cluster, rs)?;
     for _ in 0..runs {
@@ -182,8 +182,8 @@ fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyh
             nft.run(script).context("raw nft -f")?;
             times.push(t.elapsed());
         }
-        // The canonical form a drift check computes (once per applied render, on the
-        // periodic resync; not part of an apply).
+        // The canonical form of the render: what a restarted agent compares with the kernel's
+        // text listing to adopt its table (once per start; not part of an apply).
         let t = Instant::now();
         flock::nft::canonical(text).context("canonical form of the render")?;
         canonical.push(t.elapsed());
@@ -198,6 +198,12 @@ fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyh
         let t = Instant::now();
         applier.backend_mut().list_objects().context("listing the table's objects")?;
         list.push(t.elapsed());
+
+        // What a drift check reads (and the baseline after a transaction): the whole table
+        // as typed objects from nft's JSON listing.
+        let t = Instant::now();
+        applier.backend_mut().read_state().context("reading the table as typed objects")?;
+        read_state.push(t.elapsed());
 
         applier.invalidate();
         let t = Instant::now();
@@ -225,12 +231,13 @@ fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyh
             "apply_ms": stats(&change),
         },
         "applier_parts": {
-            "note": "pieces of an apply measured alone: nft -f of the whole first transaction (declarations and the table), the canonical form a drift check computes once per applied render, one listing of the table's objects (nft -j -t)",
+            "note": "pieces of an apply measured alone: nft -f of the whole first transaction (declarations and the table), the canonical form of the render (compared with the kernel's text listing when a restarted agent adopts its table), one listing of the table's objects (nft -j -t), and what a drift check reads: the whole table as typed objects (nft -j -s list table, parsed)",
             "transaction_bytes": first_transaction.len(),
             "text_bytes": text.len(),
             "nft_f_transaction_ms": stats(&raw_transaction),
             "canonical_ms": stats(&canonical),
             "list_objects_ms": stats(&list),
+            "read_state_ms": stats(&read_state),
         },
         "full_apply_vs_raw": median(&full) / median(&raw),
         "full_resync_vs_raw": median(&resync) / median(&raw),
