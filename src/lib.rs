@@ -27,6 +27,7 @@ pub use flock_cni::netns;
 pub mod nft;
 pub mod process;
 pub mod render;
+pub mod report;
 pub mod sim;
 pub mod source;
 pub mod synth;
