@@ -1,22 +1,20 @@
 //! flock-agent, wired: the node agent core fed by the Kubernetes informer source, with the
-//! health and metrics endpoints, the API health monitor, the CNI config writer and
-//! Kubernetes Events for policies flock cannot enforce as written. The binary only parses
+//! health and metrics endpoints, the API health monitor, the CNI config writer and the
+//! cluster-wide report of policies flock cannot enforce as written ([`crate::report`]). The binary only parses
 //! flags and builds the client; tests run this with a client to the in-repo test API server.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::watch;
 
 use crate::agent::http::{self, HttpState, ListenAddr};
 use crate::agent::metrics::Metrics;
 use crate::agent::{Agent, AgentConfig, cniconf};
 use crate::model::Snapshot;
+use crate::report::{LeaseError, ReportOptions, Reporter};
 use crate::source::SourceWriter;
 use crate::source::kube::{ApiHealth, HealthState, SourceOptions};
 
@@ -32,10 +30,14 @@ pub struct DaemonOptions {
     pub disconnected_after: Duration,
     /// How the informers list, watch, back off and probe the API server.
     pub source: SourceOptions,
-    /// Publish Kubernetes Events for policies flock cannot enforce as written.
+    /// Take part in reporting policies flock cannot enforce as written as Kubernetes Events
+    /// (one agent in the cluster, holding a Lease, publishes them).
     pub events: bool,
-    /// The reporting instance for Events (the pod name).
+    /// This agent (the pod name): the reporter Lease's holder identity, Events' reporting
+    /// instance.
     pub instance: String,
+    /// The reporter Lease and how Events are written.
+    pub report: ReportOptions,
     /// `/healthz` fails when the last committed sync is older than this.
     pub max_sync_age: Duration,
 }
@@ -45,6 +47,8 @@ pub struct DaemonOptions {
 pub enum DaemonError {
     #[error("cannot start the node agent: {0}")]
     Agent(crate::agent::StartError),
+    #[error("cannot report policy problems: {0}")]
+    Report(LeaseError),
     /// A task of the agent panicked or ended: the process must exit so the kubelet restarts
     /// it (the rules stay in the kernel meanwhile).
     #[error("the node agent crashed: {0}")]
@@ -54,6 +58,7 @@ pub enum DaemonError {
 /// Runs until `stop` turns true. Rules stay in the kernel afterwards.
 pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool>) -> Result<(), DaemonError> {
     let metrics: Arc<Metrics> = opts.agent.metrics.clone();
+    let reporter = Reporter::new(client.clone(), opts.report.clone(), &opts.instance, opts.events).map_err(DaemonError::Report)?;
     let health = Arc::new(ApiHealth::new(opts.degraded_after, opts.disconnected_after));
     let (writer, source) = SourceWriter::new(Snapshot::new(), false);
     let mut tasks = Vec::new();
@@ -146,49 +151,9 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
         }));
     }
 
-    // Events for policies flock cannot enforce as written (once per problem and process).
-    if opts.events {
-        let recorder = Recorder::new(client.clone(), Reporter { controller: "flock-agent".into(), instance: Some(opts.instance.clone()) });
-        let (mut status, mut stop) = (agent.status(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut reported: BTreeSet<String> = BTreeSet::new();
-            loop {
-                let problems = status.borrow().problems.clone();
-                for p in problems {
-                    if !reported.insert(p.to_string()) {
-                        continue;
-                    }
-                    let reference = ObjectReference {
-                        api_version: Some("networking.k8s.io/v1".into()),
-                        kind: Some("NetworkPolicy".into()),
-                        namespace: Some(p.policy.namespace.clone()),
-                        name: Some(p.policy.name.clone()),
-                        ..Default::default()
-                    };
-                    let ev = Event {
-                        type_: EventType::Warning,
-                        reason: "PolicyNotEnforceable".into(),
-                        note: Some(
-                            format!("{}: {} (flock enforces the rest of the policy; its pods stay isolated)", p.field, p.message)
-                                .chars()
-                                .take(1000)
-                                .collect(),
-                        ),
-                        action: "Enforce".into(),
-                        secondary: None,
-                    };
-                    if let Err(e) = recorder.publish(&ev, &reference).await {
-                        tracing::warn!(error = %e, policy = %p.policy, "cannot publish an Event");
-                        reported.remove(&p.to_string());
-                    }
-                }
-                tokio::select! {
-                    _ = status.changed() => {}
-                    _ = stop.changed() => return,
-                }
-            }
-        }));
-    }
+    // Policy problems: every agent counts the cluster's; the one holding the reporter Lease
+    // publishes them as Events.
+    tasks.push(tokio::spawn(reporter.run(source.clone(), metrics.clone(), stop.clone())));
 
     let mut stop_rx = stop.clone();
     let stopped = async {

@@ -16,8 +16,8 @@
 //!
 //! Around the pipeline: [`source`] (the static and the Kubernetes informer sources),
 //! [`agent`] (the node agent core: endpoint registry, CNI socket, sync loop), [`daemon`]
-//! (flock-agent wired), [`controller`] (flock-controller) and [`process`] (what both daemons
-//! share). flockctl's simulated cluster, synthetic clusters and conformance runner are
+//! (flock-agent wired), [`report`] (a policy's problems reported once for the cluster),
+//! [`controller`] (flock-controller) and [`process`] (what both daemons share). flockctl's simulated cluster, synthetic clusters and conformance runner are
 //! modules of this crate too, hidden from its documentation: they are the tool's, not a
 //! library API.
 
@@ -35,6 +35,7 @@ pub use flock_cni::netns;
 pub mod nft;
 pub mod process;
 pub mod render;
+pub mod report;
 #[doc(hidden)]
 pub mod sim;
 pub mod source;

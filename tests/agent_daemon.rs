@@ -15,6 +15,7 @@ use flock::agent::http::ListenAddr;
 use flock::apply::Backend;
 use flock::apply::kernel::NftCli;
 use flock::daemon::{self, DaemonOptions};
+use flock::report::ReportOptions;
 use flock::source::kube::SourceOptions;
 use flock::testkit::kernel::{NetnsGuard, Node, Pod, TempDir, require_root};
 use flock_cni::protocol::{self, AddRequest, PodIdentity, Request};
@@ -73,6 +74,7 @@ impl Rig {
             source: SourceOptions::for_node(NODE),
             events: true,
             instance: "flock-agent-test".into(),
+            report: ReportOptions::default(),
             max_sync_age: Duration::from_secs(90),
         };
         tweak(&mut o);
@@ -526,8 +528,9 @@ async fn no_version_probes_while_watches_are_healthy() {
     let requests = rig.server.requests();
     let probes = requests.iter().filter(|r| r.path == "/version").count();
     assert_eq!(probes, 0, "/version probed while the watches were healthy");
-    // Nothing else polls either: no lists, and no new watches.
-    assert!(requests.iter().all(|r| r.path.contains("/events")), "{requests:#?}");
+    // Nothing else polls either: no lists, and no new watches (the agent holding the
+    // reporter Lease renews it).
+    assert!(requests.iter().all(|r| r.path.contains("/events") || r.path.ends_with("/leases/flock-agent-reporter")), "{requests:#?}");
     assert_eq!(rig.metric("flock_api_health_state{state=\"Connected\"}"), 1.0);
     stop.send(true).unwrap();
     task.await.unwrap();

@@ -59,10 +59,35 @@ fn cluster_role_grants_only_what_the_agent_uses() {
     let mut want: Vec<String> = ["/pods", "/namespaces", "/nodes", "networking.k8s.io/networkpolicies"]
         .iter()
         .flat_map(|r| ["get", "list", "watch"].iter().map(move |v| format!("cluster {r}:{v}")))
-        .chain(["cluster events.k8s.io/events:create".to_string(), "cluster events.k8s.io/events:patch".to_string()])
+        .chain(
+            [
+                "cluster events.k8s.io/events:get",
+                "cluster events.k8s.io/events:create",
+                "cluster events.k8s.io/events:patch",
+                "flock-system coordination.k8s.io/leases:create",
+                "flock-system coordination.k8s.io/leases:get/flock-agent-reporter",
+                "flock-system coordination.k8s.io/leases:update/flock-agent-reporter",
+            ]
+            .map(String::from),
+        )
         .collect();
     want.sort();
     assert_eq!(got, want);
+    // Every role is bound to the agent's ServiceAccount, in the role's namespace.
+    let all = docs(&root().join("deploy/agent/rbac.yaml"));
+    for role in all.iter().filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole") {
+        let binding_kind = if role["kind"] == "Role" { "RoleBinding" } else { "ClusterRoleBinding" };
+        let b = all
+            .iter()
+            .find(|b| {
+                b["kind"] == binding_kind
+                    && b["roleRef"]["name"] == role["metadata"]["name"]
+                    && b["metadata"]["namespace"] == role["metadata"]["namespace"]
+            })
+            .unwrap_or_else(|| panic!("no binding for {:?}", role["metadata"]["name"]));
+        assert_eq!(b["subjects"][0]["name"], "flock-agent");
+        assert_eq!(b["subjects"][0]["namespace"], "flock-system");
+    }
 }
 
 #[test]

@@ -33,6 +33,9 @@ pub struct Metrics {
     coalesced: Counter,
     drift_repairs: Counter,
     policy_problems: Gauge,
+    policy_problems_cluster: Gauge,
+    policy_reporter: Gauge,
+    policy_event_requests: Family<Labels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -75,6 +78,9 @@ impl Metrics {
             coalesced: Counter::default(),
             drift_repairs: Counter::default(),
             policy_problems: Gauge::default(),
+            policy_problems_cluster: Gauge::default(),
+            policy_reporter: Gauge::default(),
+            policy_event_requests: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -119,6 +125,21 @@ impl Metrics {
             "policy_problems",
             "Problems in NetworkPolicies that apply to this node's pods (not enforceable as written)",
             m.policy_problems.clone(),
+        );
+        r.register(
+            "policy_problems_cluster",
+            "Problems in all NetworkPolicies of the cluster (counted by every agent)",
+            m.policy_problems_cluster.clone(),
+        );
+        r.register(
+            "policy_reporter",
+            "Whether this agent holds the reporter Lease and publishes the cluster's policy problems as Events",
+            m.policy_reporter.clone(),
+        );
+        r.register(
+            "policy_event_requests",
+            "Requests about PolicyNotEnforceable Events, by verb and result",
+            m.policy_event_requests.clone(),
         );
         crate::process::register_build_info(&mut r);
         Self { registry: r, ..m }
@@ -201,6 +222,23 @@ impl Metrics {
 
     pub fn problems(&self, n: usize) {
         self.policy_problems.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn cluster_problems(&self, n: usize) {
+        self.policy_problems_cluster.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn reporter(&self, holding: bool) {
+        self.policy_reporter.set(i64::from(holding));
+    }
+
+    pub fn event_request(&self, verb: &str, ok: bool) {
+        self.policy_event_requests
+            .get_or_create(&vec![
+                ("verb".to_string(), verb.to_string()),
+                ("result".to_string(), if ok { "ok" } else { "failed" }.to_string()),
+            ])
+            .inc();
     }
 }
 

@@ -90,7 +90,10 @@ pub fn compile(policy: &NetworkPolicy, problems: &mut Vec<PolicyProblem>) -> Com
         egress = !policy.egress.is_empty();
     } else {
         if policy.policy_types.len() > 2 {
-            report("spec.policyTypes".into(), format!("must have at most 2 items, has {}", policy.policy_types.len()));
+            report(
+                "spec.policyTypes".into(),
+                format!("must have at most 2 items, has {}; each entry is read as written", policy.policy_types.len()),
+            );
         }
         for (i, t) in policy.policy_types.iter().enumerate() {
             match t.as_str() {

@@ -13,6 +13,7 @@ use flock::agent::http::ListenAddr;
 use flock::daemon::{self, DaemonOptions};
 use flock::netns::Netns;
 use flock::process::{LogFormat, init_logging, stop_on_signals};
+use flock::report::{LeaseSettings, ReportOptions};
 use flock::source::kube::SourceOptions;
 
 #[derive(Parser, Debug)]
@@ -74,13 +75,20 @@ struct Args {
     /// A watch (or the API probe) failing this long makes the API health Disconnected.
     #[arg(long, env = "FLOCK_DISCONNECTED_AFTER", default_value = "60s", value_parser = parse_duration)]
     disconnected_after: Duration,
-    /// Do not publish Kubernetes Events for policies flock cannot enforce as written.
+    /// Do not publish Kubernetes Events for policies flock cannot enforce as written (nor
+    /// campaign for the reporter Lease); flock_policy_problems_cluster is kept either way.
     #[arg(long, env = "FLOCK_NO_EVENTS")]
     no_events: bool,
+    /// Name of the Lease whose holder, one agent in the cluster, publishes those Events.
+    #[arg(long, env = "FLOCK_REPORTER_LEASE", default_value = "flock-agent-reporter")]
+    reporter_lease: String,
+    /// Namespace of that Lease (from the downward API: this pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "flock-system")]
+    reporter_lease_namespace: String,
     /// The nft binary.
     #[arg(long, env = "FLOCK_NFT", default_value = "nft")]
     nft: PathBuf,
-    /// This pod's name (Events' reporting instance).
+    /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
 }
@@ -123,6 +131,14 @@ fn run(args: Args) -> anyhow::Result<()> {
             source: SourceOptions::for_node(&args.node_name),
             events: !args.no_events,
             instance: args.pod_name.clone(),
+            report: ReportOptions {
+                lease: LeaseSettings {
+                    namespace: args.reporter_lease_namespace.clone(),
+                    name: args.reporter_lease.clone(),
+                    ..LeaseSettings::default()
+                },
+                ..ReportOptions::default()
+            },
             max_sync_age: args.resync_period * 3,
         };
         let stop = stop_on_signals("rules");
