@@ -11,6 +11,7 @@
 //! its pods and reports the problem instead of guessing. Everything is ordered (`BTreeMap`) so
 //! no hash order can leak into rendered output.
 
+pub mod cnp;
 pub mod convert;
 pub mod labels;
 pub mod manifest;
@@ -369,6 +370,8 @@ pub struct Snapshot {
     /// The addresses more than one pod reports (rare; the translator checks these only).
     contested: BTreeSet<IpAddr>,
     policies: BTreeMap<ObjectRef, NetworkPolicy>,
+    /// ClusterNetworkPolicies by name (cluster-scoped).
+    cluster_policies: BTreeMap<String, cnp::ClusterNetworkPolicy>,
     nodes: BTreeMap<String, Node>,
 }
 
@@ -441,6 +444,23 @@ impl Snapshot {
 
     pub fn remove_policy(&mut self, key: &ObjectRef) -> Option<NetworkPolicy> {
         self.policies.remove(key)
+    }
+
+    pub fn upsert_cluster_policy(&mut self, policy: cnp::ClusterNetworkPolicy) {
+        self.cluster_policies.insert(policy.name.clone(), policy);
+    }
+
+    pub fn remove_cluster_policy(&mut self, name: &str) -> Option<cnp::ClusterNetworkPolicy> {
+        self.cluster_policies.remove(name)
+    }
+
+    /// ClusterNetworkPolicies, in name order.
+    pub fn cluster_policies(&self) -> impl Iterator<Item = &cnp::ClusterNetworkPolicy> {
+        self.cluster_policies.values()
+    }
+
+    pub fn cluster_policy(&self, name: &str) -> Option<&cnp::ClusterNetworkPolicy> {
+        self.cluster_policies.get(name)
     }
 
     pub fn upsert_node(&mut self, node: Node) {
