@@ -15,17 +15,26 @@
 //!   oifname "flk*" jump to-pods          a packet entering a local pod
 //! chain from-pods
 //!   iifname . ip saddr != @pod-addrs-v4 drop      unknown interface or spoofed source
-//!   iifname vmap @egress-chains                   jump egress-…: `return` on allow, else drop
+//!   iifname vmap @egress-chains                   jump egress-…: allowed → egress-allowed, else drop
+//! chain egress-allowed
+//!   oifname "flk*" goto to-pods                   the destination's ingress policy decides
+//!   accept
 //! chain to-pods
 //!   oifname vmap @ingress-chains                  goto ingress-…: final verdict, or accept
 //!   drop                                          unknown pod interface (fail closed)
 //! ```
 //!
-//! Per isolated endpoint and direction one chain of allow rules; peers are shared sets (one
-//! per peer definition and family, `flags interval` for ipBlocks, `addr . proto . port`
+//! Per endpoint and direction that something restricts, one chain (or a few: see
+//! [`Renderer::endpoint_chains`]) evaluating, in order, the Admin tier of
+//! ClusterNetworkPolicy, NetworkPolicy (allow rules, then drop, when it isolates the pod), the
+//! Baseline tier, then the default (allow). Every verdict is final — an allowed egress packet
+//! goes to the destination's ingress policy through `egress-allowed` — so a verdict can be
+//! given at any depth and `Pass` is a `goto`. Peers are shared sets (one per peer definition
+//! and family, `flags interval` for ipBlocks and networks, `addr . proto . port`
 //! concatenations for egress named ports), so the rule count of a pod never depends on how
-//! many addresses its peers have. Object order in the text satisfies nft's references:
-//! sets, policy chains, the verdict maps that jump to them, then the dispatch and base chains.
+//! many addresses its peers have. Object order in the text satisfies nft's references: sets,
+//! then each chain after the chains it refers to (ingress chains, their map, `to-pods`,
+//! `egress-allowed`, egress chains, their map, `from-pods`, `forward`).
 
 pub mod names;
 
@@ -33,7 +42,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::translate::{
-    AllowRule, Direction, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef, PeerMatch, PortMatch, PortRanges,
+    Action, AllowRule, Direction, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef, PeerMatch, PortMatch, PortRanges,
+    PriorityGroup, Tier, TierRule,
 };
 use names::{comment, quoted};
 
@@ -45,6 +55,9 @@ pub const POD_ADDRS_V4: &str = "pod-addrs-v4";
 pub const POD_ADDRS_V6: &str = "pod-addrs-v6";
 pub const EGRESS_MAP: &str = "egress-chains";
 pub const INGRESS_MAP: &str = "ingress-chains";
+/// Where an allowed egress packet goes: on to the destination's ingress policy (a pod on this
+/// node) or out.
+pub const EGRESS_ALLOWED: &str = "egress-allowed";
 /// Host-side pod interfaces flock owns (see `flock_cni::HOST_INTERFACE_PREFIX`).
 pub const POD_INTERFACES: &str = "flk*";
 
@@ -283,10 +296,14 @@ impl Family {
     }
 }
 
+/// One endpoint's chains of one direction, in reference order, and its entry chain's name.
+type EndpointChains = (String, Vec<Chain>);
+
 /// Renders the node's table.
 pub fn render(np: &NodePolicy) -> Ruleset {
     let mut r = Renderer { np, peer_sets: BTreeMap::new(), port_sets: BTreeMap::new() };
-    let mut policy_chains = Vec::new();
+    // Per endpoint, its chains in reference order, keyed by the entry's name.
+    let (mut ingress_chains, mut egress_chains): (Vec<EndpointChains>, Vec<EndpointChains>) = (Vec::new(), Vec::new());
     let mut addrs = [Vec::new(), Vec::new()];
     let (mut egress_map, mut ingress_map) = (Vec::new(), Vec::new());
 
@@ -297,15 +314,17 @@ pub fn render(np: &NodePolicy) -> Ruleset {
             let slot = usize::from(ip.is_ipv6());
             addrs[slot].push(Element { key: format!("{iface} . {ip}"), comment: comment(&pod), verdict: None });
         }
-        if ep.egress.is_isolated() {
-            let chain = r.endpoint_chain(ep, Direction::Egress);
-            egress_map.push(Element { key: iface.clone(), comment: comment(&pod), verdict: Some(format!("jump {}", chain.name)) });
-            policy_chains.push(chain);
+        if ep.egress.is_enforced() {
+            let chains = r.endpoint_chains(ep, Direction::Egress);
+            let entry = chains.last().map(|c| c.name.clone()).unwrap_or_default();
+            egress_map.push(Element { key: iface.clone(), comment: comment(&pod), verdict: Some(format!("jump {entry}")) });
+            egress_chains.push((entry, chains));
         }
-        let verdict = if ep.ingress.is_isolated() {
-            let chain = r.endpoint_chain(ep, Direction::Ingress);
-            let v = format!("goto {}", chain.name);
-            policy_chains.push(chain);
+        let verdict = if ep.ingress.is_enforced() {
+            let chains = r.endpoint_chains(ep, Direction::Ingress);
+            let entry = chains.last().map(|c| c.name.clone()).unwrap_or_default();
+            let v = format!("goto {entry}");
+            ingress_chains.push((entry, chains));
             v
         } else {
             "accept".to_string()
@@ -331,26 +350,48 @@ pub fn render(np: &NodePolicy) -> Ruleset {
     }
     sets.sort_by(|a, b| a.name.cmp(&b.name));
     objects.extend(sets.into_iter().map(Object::Set));
-    policy_chains.sort_by(|a, b| a.name.cmp(&b.name));
-    objects.extend(policy_chains.into_iter().map(Object::Chain));
-    objects.push(Object::Set(Set {
-        name: EGRESS_MAP.into(),
-        comment: "pod interface -> its egress policy chain (egress-isolated pods only)".into(),
-        key: vec!["ifname"],
-        data: Some("verdict"),
-        interval: false,
-        elements: sorted(egress_map),
-    }));
+    // Each object after those it refers to: ingress chains, their map, to-pods; then
+    // egress-allowed (which goes to to-pods), egress chains, their map, from-pods, forward.
+    let [from_pods, to_pods, forward] = skeleton();
+    let flatten = |mut v: Vec<EndpointChains>| {
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v.into_iter().flat_map(|(_, c)| c).map(Object::Chain).collect::<Vec<_>>()
+    };
+    objects.extend(flatten(ingress_chains));
     objects.push(Object::Set(Set {
         name: INGRESS_MAP.into(),
-        comment: "pod interface -> its ingress policy chain, or accept when not isolated".into(),
+        comment: "pod interface -> its ingress policy chain, or accept when nothing restricts it".into(),
         key: vec!["ifname"],
         data: Some("verdict"),
         interval: false,
         elements: sorted(ingress_map),
     }));
-    objects.extend(skeleton().into_iter().map(Object::Chain));
+    objects.push(Object::Chain(to_pods));
+    objects.push(Object::Chain(egress_allowed()));
+    objects.extend(flatten(egress_chains));
+    objects.push(Object::Set(Set {
+        name: EGRESS_MAP.into(),
+        comment: "pod interface -> its egress policy chain (pods whose egress something restricts)".into(),
+        key: vec!["ifname"],
+        data: Some("verdict"),
+        interval: false,
+        elements: sorted(egress_map),
+    }));
+    objects.push(Object::Chain(from_pods));
+    objects.push(Object::Chain(forward));
     Ruleset { comment: TABLE_COMMENT.into(), objects }
+}
+
+/// Where an egress policy sends what it allows: a packet to a pod on this node meets that
+/// pod's ingress policy (`to-pods`), any other is accepted.
+fn egress_allowed() -> Chain {
+    Chain {
+        name: EGRESS_ALLOWED.into(),
+        comment: "egress allowed by the source pod's policy: the destination's ingress policy decides (pods of this node), else accept"
+            .into(),
+        hook: None,
+        rules: vec![format!("oifname \"{POD_INTERFACES}\" goto {TO_PODS}"), "accept".into()],
+    }
 }
 
 fn sorted(mut v: Vec<Element>) -> Vec<Element> {
@@ -359,9 +400,9 @@ fn sorted(mut v: Vec<Element>) -> Vec<Element> {
     v
 }
 
-/// The static chains: dispatch and the base chain.
-fn skeleton() -> Vec<Chain> {
-    vec![
+/// The static chains: dispatch (from-pods, to-pods) and the base chain.
+fn skeleton() -> [Chain; 3] {
+    [
         Chain {
             name: FROM_PODS.into(),
             comment: "packets from a pod on this node: source check, then the pod's egress policy".into(),
@@ -395,6 +436,15 @@ fn skeleton() -> Vec<Chain> {
     ]
 }
 
+/// What the rules of one endpoint and direction share.
+struct TierCtx<'a> {
+    ep: &'a EndpointPolicy,
+    dir: Direction,
+    families: &'a [Family],
+    /// The verdict that allows (`accept`, or `goto egress-allowed`).
+    allow: &'a str,
+}
+
 struct Renderer<'a> {
     np: &'a NodePolicy,
     /// Referenced address sets by (definition, family).
@@ -403,40 +453,149 @@ struct Renderer<'a> {
 }
 
 impl Renderer<'_> {
-    fn endpoint_chain(&mut self, ep: &EndpointPolicy, dir: Direction) -> Chain {
+    /// The chains of one endpoint and direction, each before the chains that refer to it;
+    /// the last one is the entry the dispatch map points at.
+    ///
+    /// Admin-tier rules come first (entry chain), then — in the *tail* chain, which a `Pass`
+    /// jumps to — the NetworkPolicy stage when a NetworkPolicy isolates the pod (its allow
+    /// rules, then drop), else the Baseline-tier rules and the default, allow. Without Admin
+    /// rules the tail is the entry. Every verdict is final: an allowed egress packet goes on
+    /// to the destination's ingress policy through `egress-allowed`, never by returning, so
+    /// a verdict may be given at any depth.
+    fn endpoint_chains(&mut self, ep: &EndpointPolicy, dir: Direction) -> Vec<Chain> {
         let pod = ep.pod.to_string();
         let d = ep.direction(dir);
         let chain_comment = comment(&format!("{dir} policy of pod {pod} ({})", ep.interface));
-        let name = names::dynamic(dir.as_field(), &[&ep.interface, &pod, &chain_comment], &pod);
-        let verdict = match dir {
-            Direction::Ingress => "accept",
-            Direction::Egress => "return",
+        let entry = names::dynamic(dir.as_field(), &[&ep.interface, &pod, &chain_comment], &pod);
+        let allow = match dir {
+            Direction::Ingress => "accept".to_string(),
+            Direction::Egress => format!("goto {EGRESS_ALLOWED}"),
         };
-        let mut rules = Vec::new();
         let families: Vec<Family> =
             [(ep.has_v4(), Family::V4), (ep.has_v6(), Family::V6)].into_iter().filter(|(has, _)| *has).map(|(_, f)| f).collect();
-        for rule in &d.rules {
-            self.allow_rule(rule, dir, &families, verdict, &mut rules);
-        }
-        let why = if d.isolated_by.contains(&Isolation::UnknownPod) {
-            format!("{pod} is unknown to flock: closed until its Pod is seen")
+        let ctx = TierCtx { ep, dir, families: &families, allow: &allow };
+        let mut chains = Vec::new();
+
+        let mut tail_rules = Vec::new();
+        if d.is_isolated() {
+            for rule in &d.rules {
+                self.allow_rule(rule, dir, &families, &allow, &mut tail_rules);
+            }
+            let why = if d.isolated_by.contains(&Isolation::UnknownPod) {
+                format!("{pod} is unknown to flock: closed until its Pod is seen")
+            } else {
+                let by: Vec<String> = d.isolated_by.iter().map(ToString::to_string).collect();
+                format!("{dir} of {pod} not allowed (isolated by {})", by.join(", "))
+            };
+            tail_rules.push(format!("counter drop comment \"{}\"", comment(&why)));
         } else {
-            let by: Vec<String> = d.isolated_by.iter().map(ToString::to_string).collect();
-            format!("{dir} of {pod} not allowed (isolated by {})", by.join(", "))
-        };
-        rules.push(format!("counter drop comment \"{}\"", comment(&why)));
-        Chain { name, comment: chain_comment, hook: None, rules }
+            // Baseline: a Pass hands over to the default, allow.
+            self.tier_groups(&ctx, Tier::Baseline, &d.baseline, &allow, &mut tail_rules, &mut chains);
+            tail_rules.push(format!("{allow} comment \"{}\"", comment(&format!("{dir} of {pod}: no rule decided, allowed (default)"))));
+        }
+        if d.admin.is_empty() {
+            chains.push(Chain { name: entry, comment: chain_comment, hook: None, rules: tail_rules });
+            return chains;
+        }
+        let tail_comment = comment(&format!("{dir} policy of pod {pod} after the Admin tier: NetworkPolicy, then Baseline"));
+        let tail = names::dynamic(&format!("{}-np", dir.as_field()), &[&ep.interface, &pod, &tail_comment], &pod);
+        chains.push(Chain { name: tail.clone(), comment: tail_comment, hook: None, rules: tail_rules });
+        let mut entry_rules = Vec::new();
+        self.tier_groups(&ctx, Tier::Admin, &d.admin, &format!("goto {tail}"), &mut entry_rules, &mut chains);
+        entry_rules.push(format!("goto {tail} comment \"{}\"", comment(&format!("{dir} of {pod}: no Admin rule decided"))));
+        let entry_comment = comment(&format!("{dir} policy of pod {pod} ({}): Admin tier first", ep.interface));
+        chains.push(Chain { name: entry, comment: entry_comment, hook: None, rules: entry_rules });
+        chains
+    }
+
+    /// The rules of one tier, by priority. A group of one policy is written inline, first
+    /// match deciding. A group of policies with equal priority (undefined by the API) is
+    /// evaluated so the safest first match wins: every policy's Deny is checked first, then
+    /// (Admin) its Pass, then its Accept — each check a chain of the policy's rules in order,
+    /// the checked action giving its verdict and any other action `return`ing.
+    fn tier_groups(
+        &mut self,
+        ctx: &TierCtx<'_>,
+        tier: Tier,
+        groups: &[PriorityGroup],
+        pass: &str,
+        out: &mut Vec<String>,
+        chains: &mut Vec<Chain>,
+    ) {
+        let pod = ctx.ep.pod.to_string();
+        for g in groups {
+            let verdict = |a: Action| match (a, tier) {
+                (Action::Deny, _) => "counter drop".to_string(),
+                (Action::Accept, _) | (Action::Pass, Tier::Baseline) => ctx.allow.to_string(),
+                (Action::Pass, Tier::Admin) => pass.to_string(),
+            };
+            if let [policy] = g.policies.as_slice() {
+                for rule in &policy.rules {
+                    self.tier_rule(ctx, rule, &verdict(rule.action), out);
+                }
+                continue;
+            }
+            // Baseline: Pass and Accept both allow, one check.
+            let checks: &[&[Action]] = match tier {
+                Tier::Admin => &[&[Action::Deny], &[Action::Pass], &[Action::Accept]],
+                Tier::Baseline => &[&[Action::Deny], &[Action::Pass, Action::Accept]],
+            };
+            for check in checks {
+                for policy in &g.policies {
+                    if !policy.rules.iter().any(|r| check.contains(&r.action)) {
+                        continue;
+                    }
+                    let what: Vec<String> = check.iter().map(ToString::to_string).collect();
+                    let chain_comment = comment(&format!(
+                        "{} of {pod}: does {} first match {}? ({tier} tier, equal priority)",
+                        ctx.dir,
+                        policy.name,
+                        what.join(" or ")
+                    ));
+                    let name = names::dynamic(&format!("{}-tie", ctx.dir.as_field()), &[&ctx.ep.interface, &chain_comment], &pod);
+                    let mut rules = Vec::new();
+                    for rule in &policy.rules {
+                        let v = if check.contains(&rule.action) { verdict(rule.action) } else { "return".to_string() };
+                        self.tier_rule(ctx, rule, &v, &mut rules);
+                    }
+                    out.push(format!("jump {name} comment \"{chain_comment}\""));
+                    chains.push(Chain { name, comment: chain_comment, hook: None, rules });
+                }
+            }
+        }
+    }
+
+    /// One ClusterNetworkPolicy matcher with `verdict`.
+    fn tier_rule(&mut self, ctx: &TierCtx<'_>, rule: &TierRule, verdict: &str, out: &mut Vec<String>) {
+        let note = comment(&format!("{}: {}", rule.origin, rule.action));
+        self.matcher(&rule.peer, &rule.ports, ctx.dir, ctx.families, verdict, &note, out);
     }
 
     fn allow_rule(&mut self, rule: &AllowRule, dir: Direction, families: &[Family], verdict: &str, out: &mut Vec<String>) {
         let origins: Vec<String> = rule.origins.iter().map(ToString::to_string).collect();
         let note = comment(&origins.join(", "));
-        let ports = port_match(&rule.ports);
+        self.matcher(&rule.peer, &rule.ports, dir, families, verdict, &note, out);
+    }
+
+    /// The rules matching `peer` and `ports` (one per family for address sets; none when the
+    /// peer has no address: an empty set matches nothing), each with `verdict`.
+    #[allow(clippy::too_many_arguments)]
+    fn matcher(
+        &mut self,
+        peer: &PeerMatch,
+        ports: &PortMatch,
+        dir: Direction,
+        families: &[Family],
+        verdict: &str,
+        note: &str,
+        out: &mut Vec<String>,
+    ) {
+        let ports = port_match(ports);
         let addr = match dir {
             Direction::Ingress => "saddr",
             Direction::Egress => "daddr",
         };
-        match &rule.peer {
+        match peer {
             PeerMatch::Any => out.push(join(&[&ports, verdict, &format!("comment \"{note}\"")])),
             PeerMatch::Addresses(def) => {
                 for fam in families {

@@ -435,7 +435,12 @@ mod tests {
     use crate::model::ObjectRef;
 
     fn problem(name: &str, field: &str) -> PolicyProblem {
-        PolicyProblem { policy: ObjectRef::new("shop", name), field: field.into(), message: "endPort 70 is below port 80".into() }
+        PolicyProblem {
+            kind: Default::default(),
+            policy: ObjectRef::new("shop", name),
+            field: field.into(),
+            message: "endPort 70 is below port 80".into(),
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 
 use ipnet::IpNet;
 
-use super::ir::{Direction, IpBlockDef, NsScope, PeerDef, PolicyProblem};
+use super::ir::{Direction, IpBlockDef, NsScope, PeerDef, PolicyKind, PolicyProblem};
 use super::selector::Selector;
 use crate::model::{NetworkPolicy, ObjectRef, PolicyPeer, PolicyPort, PolicyRule, PortRef, Protocol};
 
@@ -71,7 +71,9 @@ impl CompiledPolicy {
 /// Validates and compiles `policy`, appending what is wrong with it to `problems`.
 pub fn compile(policy: &NetworkPolicy, problems: &mut Vec<PolicyProblem>) -> CompiledPolicy {
     let key = policy.key();
-    let mut report = |field: String, message: String| problems.push(PolicyProblem { policy: key.clone(), field, message });
+    let mut report = |field: String, message: String| {
+        problems.push(PolicyProblem { kind: PolicyKind::NetworkPolicy, policy: key.clone(), field, message })
+    };
 
     let (selector, selector_valid) = match Selector::compile(&policy.pod_selector) {
         Ok(s) => (s, true),
@@ -219,7 +221,7 @@ fn compile_peer(namespace: &str, peer: &PolicyPeer) -> Result<PeerDef, FieldErro
 /// host bits are cleared. An IPv4-mapped IPv6 CIDR (`::ffff:198.18.0.0/112`) is rejected,
 /// as Kubernetes' strict CIDR validation does: it names IPv4 addresses in IPv6 syntax, which
 /// no IPv6 packet carries, so reading it as either family would be a guess.
-fn parse_cidr(s: &str) -> Result<IpNet, String> {
+pub(super) fn parse_cidr(s: &str) -> Result<IpNet, String> {
     let net = s.parse::<IpNet>().map_err(|_| format!("{s:?} is not a valid CIDR"))?;
     if let IpNet::V6(v6) = net
         && v6.addr().to_ipv4_mapped().is_some()

@@ -330,18 +330,120 @@ impl fmt::Display for Isolation {
     }
 }
 
+/// A tier of ClusterNetworkPolicy: Admin before NetworkPolicy, Baseline after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    Admin,
+    Baseline,
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Admin => "Admin",
+            Self::Baseline => "Baseline",
+        })
+    }
+}
+
+/// What a ClusterNetworkPolicy rule does with the traffic it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Action {
+    /// Allowed in this direction; no further rule of this direction is evaluated.
+    Accept,
+    /// Dropped.
+    Deny,
+    /// The rest of this tier is skipped: the next tier decides (after Admin: NetworkPolicy,
+    /// then Baseline; after Baseline: the default, allow).
+    Pass,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Accept => "Accept",
+            Self::Deny => "Deny",
+            Self::Pass => "Pass",
+        })
+    }
+}
+
+/// Where a tier rule comes from.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CnpOrigin {
+    pub policy: String,
+    pub direction: Direction,
+    pub index: usize,
+    /// The rule's `name`, if it has one.
+    pub name: Option<String>,
+    /// Why the rule is not enforced as written (it failed closed), if it is not.
+    pub fail_closed: Option<String>,
+}
+
+impl fmt::Display for CnpOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}[{}]", self.policy, self.direction, self.index)?;
+        if let Some(n) = &self.name {
+            write!(f, " {n}")?;
+        }
+        if self.fail_closed.is_some() {
+            f.write_str(" (fail closed)")?;
+        }
+        Ok(())
+    }
+}
+
+/// One matcher of a ClusterNetworkPolicy rule, as it applies to one endpoint: the rule
+/// matches when any of its matchers does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierRule {
+    pub action: Action,
+    pub peer: PeerMatch,
+    pub ports: PortMatch,
+    pub origin: CnpOrigin,
+}
+
+/// One ClusterNetworkPolicy's rules for one endpoint and direction, in the policy's order
+/// (first match decides).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierPolicy {
+    pub name: String,
+    pub rules: Vec<TierRule>,
+}
+
+/// The policies of one tier with one priority, in name order. Within each policy the first
+/// matching rule decides; across policies of equal priority (which the API leaves
+/// undefined) flock takes the safest outcome: Deny over Pass over Accept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PriorityGroup {
+    /// The priority (`None`: a policy flock cannot place, evaluated first: see
+    /// `translate::cluster`).
+    pub priority: Option<i64>,
+    pub policies: Vec<TierPolicy>,
+}
+
 /// One direction of one endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DirectionPolicy {
-    /// Empty: not isolated, everything is allowed.
+    /// Empty: not isolated by NetworkPolicy (or flock's own isolation).
     pub isolated_by: Vec<Isolation>,
     /// The union of what the selecting policies allow (only meaningful when isolated).
     pub rules: Vec<AllowRule>,
+    /// Admin-tier ClusterNetworkPolicies selecting the pod, by priority.
+    pub admin: Vec<PriorityGroup>,
+    /// Baseline-tier ClusterNetworkPolicies selecting the pod, by priority.
+    pub baseline: Vec<PriorityGroup>,
 }
 
 impl DirectionPolicy {
+    /// Isolated by NetworkPolicy (or flock's own isolation): only allow rules admit.
     pub fn is_isolated(&self) -> bool {
         !self.isolated_by.is_empty()
+    }
+
+    /// Whether anything restricts this direction (else: every packet is allowed).
+    pub fn is_enforced(&self) -> bool {
+        self.is_isolated() || !self.admin.is_empty() || !self.baseline.is_empty()
     }
 }
 
@@ -374,9 +476,29 @@ impl EndpointPolicy {
     }
 }
 
-/// Something in a policy the API server would have rejected.
+/// The kinds of policy flock enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum PolicyKind {
+    #[default]
+    NetworkPolicy,
+    ClusterNetworkPolicy,
+}
+
+impl PolicyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NetworkPolicy => "NetworkPolicy",
+            Self::ClusterNetworkPolicy => "ClusterNetworkPolicy",
+        }
+    }
+}
+
+/// Something in a policy the API server would have rejected, or flock cannot enforce as
+/// written.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PolicyProblem {
+    pub kind: PolicyKind,
+    /// `namespace/name`; a cluster-scoped policy has an empty namespace.
     pub policy: ObjectRef,
     /// Field path inside the object, e.g. `spec.ingress[0].from[1].ipBlock.except[0]`.
     pub field: String,
@@ -385,7 +507,10 @@ pub struct PolicyProblem {
 
 impl fmt::Display for PolicyProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NetworkPolicy {}: {}: {}", self.policy, self.field, self.message)
+        match self.kind {
+            PolicyKind::NetworkPolicy => write!(f, "NetworkPolicy {}: {}: {}", self.policy, self.field, self.message),
+            PolicyKind::ClusterNetworkPolicy => write!(f, "ClusterNetworkPolicy {}: {}: {}", self.policy.name, self.field, self.message),
+        }
     }
 }
 

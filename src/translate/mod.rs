@@ -26,6 +26,7 @@
 //!
 //! Policies the API server would reject are handled as [`compile`] describes.
 
+pub mod cluster;
 pub mod compile;
 pub mod ir;
 pub mod selector;
@@ -76,14 +77,33 @@ pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Opt
             compiled.insert(ns, policies);
         }
     }
+    // ClusterNetworkPolicies are cluster-scoped: any of them may select a local pod. Their
+    // problems are reported when one does.
+    let mut cnp_problems = Vec::new();
+    let cluster: Vec<cluster::CompiledCnp> = snapshot
+        .cluster_policies()
+        .map(|p| {
+            let mut own = Vec::new();
+            let c = cluster::compile(p, &mut own);
+            cnp_problems.push(own);
+            c
+        })
+        .collect();
+    let mut selects_a_local_pod = vec![false; cluster.len()];
+
+    for ep in eps {
+        let policy = tr.endpoint(ep, &compiled, &cluster, &mut selects_a_local_pod, options);
+        tr.out.endpoints.push(policy);
+    }
+    for (own, used) in cnp_problems.into_iter().zip(selects_a_local_pod) {
+        if used {
+            problems.extend(own);
+        }
+    }
+    problems.append(&mut tr.out.problems);
     problems.sort();
     problems.dedup();
     tr.out.problems = problems;
-
-    for ep in eps {
-        let policy = tr.endpoint(ep, &compiled, options);
-        tr.out.endpoints.push(policy);
-    }
     tr.out
 }
 
@@ -92,6 +112,9 @@ pub fn validate_all(snapshot: &Snapshot) -> Vec<PolicyProblem> {
     let mut problems = Vec::new();
     for p in snapshot.policies() {
         compile::compile(p, &mut problems);
+    }
+    for p in snapshot.cluster_policies() {
+        cluster::compile(p, &mut problems);
     }
     problems
 }
@@ -187,7 +210,14 @@ impl<'a> Translator<'a> {
         pod_of(self.snapshot, ep)
     }
 
-    fn endpoint(&mut self, ep: &LocalEndpoint, compiled: &BTreeMap<&str, Vec<CompiledPolicy>>, options: &Options) -> EndpointPolicy {
+    fn endpoint(
+        &mut self,
+        ep: &LocalEndpoint,
+        compiled: &BTreeMap<&str, Vec<CompiledPolicy>>,
+        cluster: &[cluster::CompiledCnp],
+        selects_a_local_pod: &mut [bool],
+        options: &Options,
+    ) -> EndpointPolicy {
         let mut policy = EndpointPolicy {
             interface: ep.interface.clone(),
             pod: ep.pod.clone(),
@@ -221,7 +251,121 @@ impl<'a> Translator<'a> {
             slot.isolated_by.extend(isolated_by);
             slot.rules = rules.rules;
         }
+        // The tiers. flock's own isolation of a run pod whose policy does not exist yet is
+        // above all of them: no Admin Accept opens it.
+        let ns_labels = self.snapshot.namespace(&pod.namespace).map(|n| &n.labels);
+        for dir in [Direction::Ingress, Direction::Egress] {
+            let slot = match dir {
+                Direction::Ingress => &mut policy.ingress,
+                Direction::Egress => &mut policy.egress,
+            };
+            if slot.isolated_by == [Isolation::RunPod] {
+                continue;
+            }
+            let (mut admin, mut baseline): (ByPriority, ByPriority) = (BTreeMap::new(), BTreeMap::new());
+            for (i, c) in cluster.iter().enumerate() {
+                if !c.subject.matches(ns_labels, &pod.labels) {
+                    continue;
+                }
+                selects_a_local_pod[i] = true;
+                if c.rules(dir).is_empty() {
+                    continue;
+                }
+                let rules = self.tier_rules(pod, c, dir);
+                let group = match c.tier {
+                    Tier::Admin => admin.entry(c.priority).or_default(),
+                    Tier::Baseline => baseline.entry(c.priority).or_default(),
+                };
+                group.push(TierPolicy { name: c.name.clone(), rules });
+            }
+            let groups = |m: ByPriority| -> Vec<PriorityGroup> {
+                m.into_iter().map(|(priority, policies)| PriorityGroup { priority, policies }).collect()
+            };
+            let (admin, baseline) = (groups(admin), groups(baseline));
+            for g in admin.iter().chain(&baseline).filter(|g| g.policies.len() > 1 && g.priority.is_some()) {
+                let names: Vec<&str> = g.policies.iter().map(|p| p.name.as_str()).collect();
+                for p in &g.policies {
+                    self.out.problems.push(PolicyProblem {
+                        kind: PolicyKind::ClusterNetworkPolicy,
+                        policy: ObjectRef::new("", p.name.clone()),
+                        field: "spec.priority".into(),
+                        message: format!(
+                            "the same priority as {} in the same tier, selecting the same pods for {dir}: the API leaves their order undefined; flock takes Deny over Pass over Accept",
+                            names.iter().filter(|n| **n != p.name).copied().collect::<Vec<_>>().join(", "),
+                        ),
+                    });
+                }
+            }
+            slot.admin = admin;
+            slot.baseline = baseline;
+        }
         policy
+    }
+
+    /// One ClusterNetworkPolicy's rules of `dir` for the local `pod`, in order.
+    fn tier_rules(&mut self, pod: &Pod, c: &cluster::CompiledCnp, dir: Direction) -> Vec<TierRule> {
+        let mut out = Vec::new();
+        for rule in c.rules(dir) {
+            let origin = CnpOrigin {
+                policy: c.name.clone(),
+                direction: dir,
+                index: rule.index,
+                name: rule.name.clone(),
+                fail_closed: rule.fail_closed.clone(),
+            };
+            let (peers, specs) = match &rule.matches {
+                cluster::RuleMatch::Everything => {
+                    out.push(TierRule { action: rule.action, peer: PeerMatch::Any, ports: PortMatch::Any, origin });
+                    continue;
+                }
+                cluster::RuleMatch::Peers { peers, ports } => (peers, ports),
+            };
+            for peer in peers {
+                let def = peer.def();
+                let Some(specs) = specs else {
+                    let m = self.peer_match(Some(def));
+                    out.push(TierRule { action: rule.action, peer: m, ports: PortMatch::Any, origin: origin.clone() });
+                    continue;
+                };
+                let mut by_protocol: BTreeMap<crate::model::Protocol, Vec<(u16, u16)>> = BTreeMap::new();
+                for spec in specs {
+                    match spec {
+                        cluster::CnpPortSpec::Range(p, s, e) => by_protocol.entry(*p).or_default().push((*s, *e)),
+                        // A named port is the container port's protocol and number, on the
+                        // destination: the local pod for ingress, each peer pod for egress.
+                        cluster::CnpPortSpec::Named(name) => match dir {
+                            Direction::Ingress => {
+                                for cp in pod.ports.iter().filter(|cp| cp.name.as_deref() == Some(name.as_str())) {
+                                    by_protocol.entry(cp.protocol).or_default().push((cp.port, cp.port));
+                                }
+                            }
+                            Direction::Egress => {
+                                for protocol in crate::model::Protocol::ALL {
+                                    let npd = NamedPortDef { dest: Some(def.clone()), protocol, name: name.clone() };
+                                    self.named_port_set(&npd);
+                                    out.push(TierRule {
+                                        action: rule.action,
+                                        peer: PeerMatch::NamedPort(npd),
+                                        ports: PortMatch::Any,
+                                        origin: origin.clone(),
+                                    });
+                                }
+                            }
+                        },
+                    }
+                }
+                for (p, ranges) in by_protocol {
+                    let m = self.peer_match(Some(def));
+                    out.push(TierRule {
+                        action: rule.action,
+                        peer: m,
+                        ports: PortMatch::Protocol(p, PortRanges::from_ranges(ranges)),
+                        origin: origin.clone(),
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// Expands one policy rule into allow rules for `pod` (the local pod).
@@ -355,6 +499,9 @@ impl<'a> Translator<'a> {
         }
     }
 }
+
+/// One tier's policies selecting a pod, by priority (`None`, unplaceable, first).
+type ByPriority = BTreeMap<Option<i64>, Vec<TierPolicy>>;
 
 /// Allow rules of one direction, de-duplicated: an identical rule from another policy only
 /// adds its origin.
