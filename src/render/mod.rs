@@ -25,7 +25,7 @@
 //! ```
 //!
 //! Per endpoint and direction that something restricts, one chain (or a few: see
-//! [`Renderer::endpoint_chains`]) evaluating, in order, the Admin tier of
+//! `Renderer::endpoint_chains`) evaluating, in order, the Admin tier of
 //! ClusterNetworkPolicy, NetworkPolicy (allow rules, then drop, when it isolates the pod), the
 //! Baseline tier, then the default (allow). Every verdict is final — an allowed egress packet
 //! goes to the destination's ingress policy through `egress-allowed` — so a verdict can be
