@@ -222,11 +222,9 @@ pub const MAX_DEPTH: usize = 64;
 /// few containers fit many times over, a "billion laughs" document fails at once.
 pub const MAX_ALIAS_REPLAY: usize = 100_000;
 
-/// Reads one YAML document as `T` within flock's budgets. `first_line` (lines before the
-/// document in its file) makes the error's line numbers the file's; errors are one line.
-pub(crate) fn from_yaml<T: DeserializeOwned>(text: &str, first_line: usize) -> Result<T, String> {
-    use serde_saphyr::{Error, ExternalMessageSource, SnippetMode, budget::BudgetBreach, granit_parser::ErrorKind};
-    let options = serde_saphyr::options! {
+/// serde-saphyr's options for manifests: flock's budgets, one-line errors.
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
         // The limits that stop amplification (depth, aliases); the input is in memory
         // already, so its size (events, nodes, scalar bytes) is no reason to fail.
         budget: serde_saphyr::budget! {
@@ -241,8 +239,14 @@ pub(crate) fn from_yaml<T: DeserializeOwned>(text: &str, first_line: usize) -> R
         strict_booleans: true,
         emit_comments: false,
         with_snippet: false,
-    };
-    serde_saphyr::from_str_with_options(text, options).map_err(|e| {
+    }
+}
+
+/// Reads one YAML document as `T` within flock's budgets. `first_line` (lines before the
+/// document in its file) makes the error's line numbers the file's; errors are one line.
+pub(crate) fn from_yaml<T: DeserializeOwned>(text: &str, first_line: usize) -> Result<T, String> {
+    use serde_saphyr::{Error, ExternalMessageSource, SnippetMode, budget::BudgetBreach, granit_parser::ErrorKind};
+    serde_saphyr::from_str_with_options(text, yaml_options()).map_err(|e| {
         // The parser's own nesting limits (255) lie beyond the budget's but can trip first
         // when it scans ahead; either way the document nests deeper than MAX_DEPTH.
         let too_deep = match &e {
@@ -749,10 +753,47 @@ mod tests {
         for doc in ["{\"a\": 1} # c", "{a: yes}", "{\"a\": 1, \"a\": 2}", &deep, "[1]"] {
             assert_eq!(from_json(doc), None, "{doc}");
         }
+        // `kubectl get -o json`: a List, its items named by index.
+        let m = parse(
+            r#"{"apiVersion": "v1", "kind": "List", "items": [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}},
+             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.objects.len(), 1);
+        assert!(m.warnings[0].contains("document 1, items[1]: skipping Service s"), "{:?}", m.warnings);
         let e = parse("---\n{\"apiVersion\": \"v1\", \"kind\": \"Pod\", \"kind\": \"Pod\"}\n").unwrap_err().to_string();
         assert!(e.starts_with("test.yaml: document 1: not valid YAML: ") && e.contains("duplicate"), "{e}");
         let e = parse(&format!("---\n{deep}\n")).unwrap_err().to_string();
         assert!(e == "test.yaml: document 1: not valid YAML: nested deeper than 64 levels at line 2, column 70", "{e}");
+    }
+
+    /// The document split agrees with the parser's own multi-document reading on every YAML
+    /// file of the repository (manifests, CRDs, conformance cases, goldens).
+    #[test]
+    fn documents_agree_with_the_parser_on_the_repository() {
+        fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    yaml_files(&path, out);
+                } else if path.extension().is_some_and(|e| e == "yaml") {
+                    out.push(path);
+                }
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = Vec::new();
+        for dir in ["deploy", "tests/conformance", "tests/golden"] {
+            yaml_files(&root.join(dir), &mut files);
+        }
+        assert!(files.len() > 50, "{files:?}");
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let split: Vec<Value> =
+                documents(&text).into_iter().map(|d| from_yaml::<Value>(d.text, d.first_line).unwrap()).filter(|v| !v.is_null()).collect();
+            let whole: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, yaml_options()).unwrap();
+            assert_eq!(split, whole, "{}", file.display());
+        }
     }
 
     #[test]
