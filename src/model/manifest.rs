@@ -371,36 +371,71 @@ struct Document<'a> {
 /// directive.
 fn documents(text: &str) -> Vec<Document<'_>> {
     let mut docs = Vec::new();
-    // The current document: where it starts, its line, where its content starts, whether it
-    // has begun (a `---` or content) or holds only what may precede one.
-    let (mut start, mut start_line, mut body, mut begun) = (0, 0, 0, false);
-    let mut offset = 0;
-    for (n, line) in text.split_inclusive('\n').enumerate() {
+    // The current document: where it and its content start, its line; whether it has begun
+    // (a `---` or content) or holds only what may precede one, and whether that includes a
+    // directive (which needs a document: the parser is to see it).
+    let (mut start, mut body, mut start_line, mut begun, mut directive) = (0, 0, 0, false, false);
+    for (n, (offset, line)) in lines(text).enumerate() {
         let end = offset + line.len();
-        let marker =
-            |m: &str| line.strip_prefix(m).is_some_and(|rest| matches!(rest.bytes().next(), None | Some(b' ' | b'\t' | b'\r' | b'\n')));
-        if marker("---") {
+        let marker = |m: &str| line.strip_prefix(m).filter(|rest| matches!(rest.bytes().next(), None | Some(b' ' | b'\t' | b'\r' | b'\n')));
+        if marker("---").is_some() {
             if begun {
                 docs.push(Document { first_line: start_line, text: &text[start..offset], body: &text[body..offset] });
                 (start, start_line) = (offset, n);
             }
-            (body, begun) = (offset + 3, true);
-        } else if marker("...") {
-            if begun {
-                docs.push(Document { first_line: start_line, text: &text[start..end], body: &text[body..offset] });
+            (body, begun, directive) = (offset + 3, true, false);
+        } else if let Some(rest) = marker("...") {
+            if !blank_or_comment(rest) {
+                // `... x`: not a document end but an error, which the parser is to see
+                // first thing in a document (after a clean `...` it ignores the rest).
+                if begun || directive {
+                    docs.push(Document { first_line: start_line, text: &text[start..offset], body: &text[body..offset] });
+                }
+                (start, body, start_line, begun, directive) = (offset, offset, n, true, false);
+            } else {
+                if begun || directive {
+                    docs.push(Document { first_line: start_line, text: &text[start..end], body: &text[body..offset] });
+                }
+                (start, body, start_line, begun, directive) = (end, end, n + 1, false, false);
             }
-            (start, start_line, begun) = (end, n + 1, false);
         } else if !begun {
-            let trimmed = line.trim_start_matches([' ', '\t']);
-            let prefix = trimmed.is_empty() || trimmed.starts_with(['#', '\r', '\n']) || line.starts_with('%');
-            (body, begun) = (start, !prefix);
+            if line.starts_with('%') {
+                directive = true;
+            } else if !blank_or_comment(line) {
+                begun = true;
+            }
         }
-        offset = end;
     }
-    if begun {
+    if begun || directive {
         docs.push(Document { first_line: start_line, text: &text[start..], body: &text[body..] });
     }
     docs
+}
+
+/// Whether `s` holds nothing the parser reads: blanks, then a comment or the line's end.
+fn blank_or_comment(s: &str) -> bool {
+    let s = s.trim_start_matches([' ', '\t']);
+    s.is_empty() || s.starts_with(['#', '\r', '\n'])
+}
+
+/// The lines of `text` with their byte offsets. A line ends after `\n`, `\r\n` or a lone
+/// `\r`: YAML's line breaks, so lines and their numbers are the parser's.
+fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        let rest = &text[start..];
+        if rest.is_empty() {
+            return None;
+        }
+        let len = match rest.find(['\n', '\r']) {
+            Some(i) if rest[i..].starts_with("\r\n") => i + 2,
+            Some(i) => i + 1,
+            None => rest.len(),
+        };
+        let line = (start, &rest[..len]);
+        start += len;
+        Some(line)
+    })
 }
 
 /// Reads one YAML value (an object or a List) into `out`; `path` and `at` name it in errors.
@@ -726,6 +761,17 @@ mod tests {
         assert_eq!(docs("---x: 1\n----\n"), [(0, "---x: 1\n----\n")]);
         assert_eq!(docs("# only a comment\n...\n"), []);
         assert_eq!(docs(""), []);
+        // A lone `\r` breaks lines too: this comment is followed by a block scalar.
+        assert_eq!(docs("a: 1\r---\rb: 2\r"), [(0, "a: 1\r"), (1, "---\rb: 2\r")]);
+        assert_eq!(docs("#c\r>  p\n"), [(0, "#c\r>  p\n")]);
+        // What the parser must see to reject: a directive without a document, content after `...`.
+        assert_eq!(docs("%YAML 1.2\n# c\n"), [(0, "%YAML 1.2\n# c\n")]);
+        assert_eq!(docs("a: 1\n... b\nc: 2\n"), [(0, "a: 1\n"), (1, "... b\nc: 2\n")]);
+        for text in ["%YAML 1.2\n", "... b\n", "{apiVersion: v1, kind: Namespace, metadata: {name: x}}\n... b\n"] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains("not valid YAML"), "{text:?}: {e}");
+        }
+        assert!(parse("#c\r[1]\n").unwrap_err().to_string().contains("not a Kubernetes object"));
 
         // Empty documents count; errors name the file's line.
         let e = parse("# c\n---\n---\nkind: Pod\n").unwrap_err().to_string();
@@ -794,6 +840,34 @@ mod tests {
             let whole: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, yaml_options()).unwrap();
             assert_eq!(split, whole, "{}", file.display());
         }
+    }
+
+    /// The same on the `manifest` fuzz corpus (hostile input): both read the same
+    /// documents, or both fail.
+    #[test]
+    fn documents_agree_with_the_parser_on_the_fuzz_corpus() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/manifest");
+        let mut read = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+            let whole: Result<Vec<Value>, _> = serde_saphyr::from_multiple_with_options(text, yaml_options());
+            let split: Result<Vec<Value>, _> = documents(text)
+                .into_iter()
+                .map(|d| from_yaml::<Value>(d.text, d.first_line))
+                .filter(|v| v.as_ref().map_or(true, |v| !v.is_null()))
+                .collect();
+            match (whole, split) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(a, b, "{}", path.display());
+                    read += 1;
+                }
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{}: the parser: {:?}, by document: {:?}", path.display(), a.map(|v| v.len()), b.map(|v| v.len())),
+            }
+        }
+        assert!(read > 100, "{read}");
     }
 
     #[test]
