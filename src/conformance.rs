@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use serde_yaml_ng::Value;
+use serde_json::Value;
 
 use crate::model::manifest::{self, DocRef, Manifests, Object};
 use crate::model::{ObjectRef, Protocol};
@@ -199,7 +199,7 @@ pub fn load_case(dir: &Path) -> Result<Case, CaseError> {
 /// Parses a case's text; `path` names it in errors.
 pub fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseError> {
     let invalid = |message: String| CaseError::Invalid { path: path.to_path_buf(), message };
-    let raw: RawCase = serde_yaml_ng::from_str(text).map_err(|e| invalid(e.to_string()))?;
+    let raw: RawCase = manifest::from_yaml(text, 0).map_err(invalid)?;
     let bare = dir_name.split_once('-').filter(|(n, _)| n.chars().all(|c| c.is_ascii_digit())).map_or(dir_name, |(_, rest)| rest);
     if !dir_name.is_empty() && raw.name != bare {
         return Err(invalid(format!("name {:?} does not match the folder name {dir_name:?}", raw.name)));

@@ -56,14 +56,14 @@ fn cluster() -> ClusterConfig {
 }
 
 fn run(yaml: &str) -> Run {
-    let mut r: Run = serde_yaml_ng::from_str(yaml).unwrap();
+    let mut r: Run = serde_saphyr::from_str(yaml).unwrap();
     r.metadata.uid.get_or_insert_with(|| "0b5e8a4c-1d2e-4f60-9a7b-3c4d5e6f7a8b".into());
     r.metadata.namespace.get_or_insert_with(|| "agents".into());
     r
 }
 
 fn profile(yaml: &str) -> RunProfile {
-    serde_yaml_ng::from_str(yaml).unwrap()
+    serde_saphyr::from_str(yaml).unwrap()
 }
 
 const RUN: &str = "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-7}\nspec: {profile: p}\n";
@@ -107,7 +107,7 @@ fn render_goldens_for_each_profile_feature() {
         let p = profile_named(name, spec);
         assert!(p.spec.problems().is_empty(), "{name}: {:?}", p.spec.problems());
         let np = render::render(&run(RUN), &p, &cluster()).unwrap();
-        golden(dir.join(format!("{name}.yaml")), &serde_yaml_ng::to_string(&np).unwrap());
+        golden(dir.join(format!("{name}.yaml")), &crd::to_yaml(&np).unwrap());
         // flock-agent's translator takes it without a problem.
         let model = flock::model::convert::network_policy(&np).unwrap();
         let mut problems = Vec::new();
@@ -117,28 +117,28 @@ fn render_goldens_for_each_profile_feature() {
     for name in ["full", "no-egress", "ingress-closed"] {
         let (_, spec) = PROFILES.iter().find(|(n, _)| *n == name).unwrap();
         let cnp = render::render_cilium(&run(RUN), &profile_named(name, spec), &cluster()).unwrap();
-        golden(dir.join(format!("{name}.cilium.yaml")), &serde_yaml_ng::to_string(&cnp).unwrap());
+        golden(dir.join(format!("{name}.cilium.yaml")), &crd::to_yaml(&cnp).unwrap());
     }
     // A run that names its pods.
     let custom = run(
         "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-8}\nspec:\n  profile: p\n  podSelector:\n    matchLabels: {app: agent}\n    matchExpressions: [{key: tier, operator: Exists}]\n",
     );
     let np = render::render(&custom, &profile_named("dns-only", "spec: {}"), &cluster()).unwrap();
-    golden(dir.join("custom-selector.yaml"), &serde_yaml_ng::to_string(&np).unwrap());
+    golden(dir.join("custom-selector.yaml"), &crd::to_yaml(&np).unwrap());
 }
 
 #[test]
 fn render_is_byte_stable() {
     let (_, spec) = PROFILES.iter().find(|(n, _)| *n == "full").unwrap();
     let p = profile_named("full", spec);
-    let first = serde_yaml_ng::to_string(&render::render(&run(RUN), &p, &cluster()).unwrap()).unwrap();
+    let first = crd::to_yaml(&render::render(&run(RUN), &p, &cluster()).unwrap()).unwrap();
     for _ in 0..20 {
         // Equal input built in another order: the API server's addresses inserted in
         // reverse, the profile re-parsed.
         let mut c = cluster();
         let endpoints: Vec<ApiEndpoint> = c.api_server.iter().rev().copied().collect();
         c.api_server = endpoints.into_iter().collect();
-        let again = serde_yaml_ng::to_string(&render::render(&run(RUN), &profile_named("full", spec), &c).unwrap()).unwrap();
+        let again = crd::to_yaml(&render::render(&run(RUN), &profile_named("full", spec), &c).unwrap()).unwrap();
         assert_eq!(first, again);
         let cnp1 = serde_json::to_string(&render::render_cilium(&run(RUN), &p, &cluster()).unwrap()).unwrap();
         let cnp2 = serde_json::to_string(&render::render_cilium(&run(RUN), &p, &c).unwrap()).unwrap();
@@ -218,8 +218,7 @@ fn deploy_examples_are_valid_custom_resources() {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
-        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-            let value: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
+        for value in serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap() {
             match value["kind"].as_str() {
                 Some("RunProfile") => {
                     let p: RunProfile = serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));

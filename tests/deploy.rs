@@ -18,7 +18,7 @@ use common::{grants, root, yaml_docs as docs};
 fn kustomization_resources_exist_and_parse() {
     for dir in ["deploy/agent", "deploy/controller"] {
         let k = &docs(&root().join(dir).join("kustomization.yaml"))[0];
-        for r in k["resources"].as_sequence().unwrap() {
+        for r in k["resources"].as_array().unwrap() {
             let p = root().join(dir).join(r.as_str().unwrap());
             assert!(!docs(&p).is_empty(), "{} is empty", p.display());
         }
@@ -38,13 +38,13 @@ fn daemonset_has_the_install_identity_and_known_flags() {
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_flock-agent")).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
-    for env in c["env"].as_sequence().unwrap() {
+    for env in c["env"].as_array().unwrap() {
         let name = env["name"].as_str().unwrap();
         assert!(help.contains(&format!("[env: {name}")), "flock-agent has no flag for {name}");
     }
     // Mounts for the socket, the state, the CNI config and binaries. Not /run/netns:
     // flock-cni enters pods' namespaces on the host, and the agent opens none.
-    let mounts: Vec<&str> = c["volumeMounts"].as_sequence().unwrap().iter().map(|m| m["mountPath"].as_str().unwrap()).collect();
+    let mounts: Vec<&str> = c["volumeMounts"].as_array().unwrap().iter().map(|m| m["mountPath"].as_str().unwrap()).collect();
     for m in ["/run/flock", "/var/lib/flock", "/etc/cni/net.d", "/opt/cni/bin"] {
         assert!(mounts.contains(&m), "{m} not mounted");
     }
@@ -111,7 +111,7 @@ fn controller_deployment_has_the_install_identity_and_known_flags() {
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_flock-controller")).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
-    for env in c["env"].as_sequence().unwrap() {
+    for env in c["env"].as_array().unwrap() {
         let name = env["name"].as_str().unwrap();
         assert!(help.contains(&format!("[env: {name}")), "flock-controller has no flag for {name}");
     }
@@ -422,10 +422,10 @@ fn manifests_name_images_the_dockerfile_builds() {
     for dir in ["deploy/agent", "deploy/controller"] {
         let k = &docs(&root().join(dir).join("kustomization.yaml"))[0];
         let mut names = std::collections::BTreeSet::new();
-        for r in k["resources"].as_sequence().unwrap() {
+        for r in k["resources"].as_array().unwrap() {
             for doc in docs(&root().join(dir).join(r.as_str().unwrap())) {
                 let spec = &doc["spec"]["template"]["spec"];
-                let containers = spec["containers"].as_sequence().into_iter().chain(spec["initContainers"].as_sequence()).flatten();
+                let containers = spec["containers"].as_array().into_iter().chain(spec["initContainers"].as_array()).flatten();
                 for c in containers {
                     let image = c["image"].as_str().unwrap();
                     if !image.starts_with("ghcr.io/flock-cni/") {
@@ -433,7 +433,7 @@ fn manifests_name_images_the_dockerfile_builds() {
                     }
                     let target = target_of(image);
                     let bins = d.binaries(&target);
-                    let command: Vec<&str> = c["command"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+                    let command: Vec<&str> = c["command"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
                     for word in command.iter().flat_map(|a| a.split_whitespace()) {
                         if word.starts_with("/usr/local/bin/") {
                             assert!(
@@ -447,7 +447,7 @@ fn manifests_name_images_the_dockerfile_builds() {
                 }
             }
         }
-        for i in k["images"].as_sequence().unwrap() {
+        for i in k["images"].as_array().unwrap() {
             let name = i["name"].as_str().unwrap();
             assert!(names.contains(name), "{dir}/kustomization.yaml retags {name}, which none of its manifests uses ({names:?})");
             target_of(name);

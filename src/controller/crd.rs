@@ -573,15 +573,21 @@ fn check_selector(sel: &Selector, at: &str, out: &mut Vec<Problem>) {
     }
 }
 
+/// `value` as YAML, the way flock writes it: long strings (CEL rules) stay on one line,
+/// multi-line ones are literal blocks.
+pub fn to_yaml<T: serde::Serialize>(value: &T) -> Result<String, serde_saphyr::SerializeError> {
+    serde_saphyr::to_string_with_options(value, serde_saphyr::ser_options! { folded_wrap_chars: usize::MAX })
+}
+
 /// The generated CRDs as (file name under `deploy/controller/crds/`, YAML text).
-pub fn crd_files() -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
+pub fn crd_files() -> Result<Vec<(String, String)>, serde_saphyr::SerializeError> {
     let header = "# Generated from the Rust types in src/controller/crd.rs: do not edit.\n\
                   # Regenerate with FLOCK_BLESS=1 cargo test --test controller crds_are_up_to_date\n\
                   # (or `flock-controller --print-crds`).\n";
     let mut out = Vec::new();
     for crd in [RunProfile::crd(), Run::crd()] {
         let name = crd.metadata.name.clone().unwrap_or_default();
-        out.push((format!("{name}.yaml"), format!("{header}{}", serde_yaml_ng::to_string(&crd)?)));
+        out.push((format!("{name}.yaml"), format!("{header}{}", to_yaml(&crd)?)));
     }
     Ok(out)
 }

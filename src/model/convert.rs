@@ -233,7 +233,7 @@ mod tests {
     use super::*;
 
     fn pod_from(yaml: &str) -> Result<Pod, ConvertError> {
-        let p: core::Pod = serde_yaml_ng::from_str(yaml).unwrap();
+        let p: core::Pod = serde_saphyr::from_str(yaml).unwrap();
         pod(&p)
     }
 
@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn namespace_gets_its_name_label() {
-        let ns: core::Namespace = serde_yaml_ng::from_str("apiVersion: v1\nkind: Namespace\nmetadata: {name: x, labels: {a: b}}").unwrap();
+        let ns: core::Namespace = serde_saphyr::from_str("apiVersion: v1\nkind: Namespace\nmetadata: {name: x, labels: {a: b}}").unwrap();
         let ns = namespace(&ns).unwrap();
         assert_eq!(ns.labels.get(NAMESPACE_NAME_LABEL), Some("x"));
         assert_eq!(ns.labels.get("a"), Some("b"));
@@ -281,7 +281,7 @@ mod tests {
 
     #[test]
     fn policy_is_copied_as_written() {
-        let np: net::NetworkPolicy = serde_yaml_ng::from_str(
+        let np: net::NetworkPolicy = serde_saphyr::from_str(
             "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: x}\n\
              spec:\n  ingress:\n  - from: [{ipBlock: {cidr: bogus}}]\n    ports: [{port: http, protocol: QUIC, endPort: 9}]\n",
         )
@@ -296,7 +296,7 @@ mod tests {
 
     #[test]
     fn node_cidrs_and_internal_ips() {
-        let n: core::Node = serde_yaml_ng::from_str(
+        let n: core::Node = serde_saphyr::from_str(
             "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nspec: {podCIDR: 198.18.1.0/24, podCIDRs: [198.18.1.0/24, '2001:db8:1::/64']}\n\
              status: {addresses: [{type: InternalIP, address: 198.18.0.1}, {type: Hostname, address: n1}]}",
         )

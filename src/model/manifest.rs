@@ -5,6 +5,12 @@
 //! [`Object`]s; other kinds are skipped with a warning (manifest folders usually hold
 //! Deployments and Services too). Every error names the file, the document (1-based, and the
 //! `items[]` index inside a List) and the field.
+//!
+//! YAML is read by serde-saphyr (the parser kube uses), one document at a time, within
+//! budgets: nesting deeper than [`MAX_DEPTH`] and alias expansion beyond
+//! [`MAX_ALIAS_REPLAY`] events fail at once instead of exhausting time or memory. A leading
+//! UTF-8 byte order mark is accepted; `<<` merge keys are expanded. A document that is a
+//! JSON object is read by serde_json (the same value, faster).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -12,7 +18,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::networking::v1 as net;
 use serde::de::DeserializeOwned;
-use serde_yaml_ng::Value;
+use serde_json::Value;
 
 use super::convert::{self, ConvertError};
 use super::{Namespace, NetworkPolicy, Node, ObjectRef, Pod, Snapshot};
@@ -94,8 +100,9 @@ impl Object {
 pub enum ManifestError {
     #[error("cannot read {path}: {error}")]
     Read { path: PathBuf, error: std::io::Error },
-    #[error("{path}: {doc}: not valid YAML: {error}")]
-    Yaml { path: PathBuf, doc: DocRef, error: serde_yaml_ng::Error },
+    /// `message` names the line and column in the file.
+    #[error("{path}: {doc}: not valid YAML: {message}")]
+    Yaml { path: PathBuf, doc: DocRef, message: String },
     #[error("{path}: {doc}: {message}")]
     Object { path: PathBuf, doc: DocRef, message: String },
 }
@@ -192,33 +199,252 @@ fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
 /// Parses one manifest text; `path` only names it in errors.
 pub fn parse_str(path: &Path, text: &str) -> Result<Manifests, ManifestError> {
     let mut out = Manifests::default();
-    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    for (i, doc) in documents(text).into_iter().enumerate() {
         let at = DocRef { document: i + 1, item: None };
-        let value = Value::deserialize_from(doc).map_err(|error| ManifestError::Yaml { path: path.to_path_buf(), doc: at, error })?;
+        let value = match from_json(doc.body) {
+            Some(value) => value,
+            None => {
+                from_yaml(doc.text, doc.first_line).map_err(|message| ManifestError::Yaml { path: path.to_path_buf(), doc: at, message })?
+            }
+        };
         parse_value(path, at, value, &mut out)?;
     }
     Ok(out)
 }
 
-/// Extension so a document deserializer yields a [`Value`] without naming serde traits at
-/// every call site.
-trait DeserializeFrom: Sized {
-    fn deserialize_from(doc: serde_yaml_ng::Deserializer<'_>) -> Result<Self, serde_yaml_ng::Error>;
-}
+/// Deepest nesting of mappings and sequences in a manifest document (serde-saphyr's default).
+/// Kubernetes objects nest about a dozen levels, CRD schemas a few dozen; without a bound a
+/// document of `[[[[…` costs stack and quadratic time.
+pub const MAX_DEPTH: usize = 64;
 
-impl DeserializeFrom for Value {
-    fn deserialize_from(doc: serde_yaml_ng::Deserializer<'_>) -> Result<Self, serde_yaml_ng::Error> {
-        serde::Deserialize::deserialize(doc)
+/// Most events that aliases (`*name`) may replay into one YAML document: anchors shared by a
+/// few containers fit many times over, a "billion laughs" document fails at once.
+pub const MAX_ALIAS_REPLAY: usize = 100_000;
+
+/// serde-saphyr's options for manifests: flock's budgets, one-line errors.
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        // The limits that stop amplification (depth, aliases); the input is in memory
+        // already, so its size (events, nodes, scalar bytes) is no reason to fail.
+        budget: serde_saphyr::budget! {
+            max_depth: MAX_DEPTH,
+            max_events: usize::MAX,
+            max_nodes: usize::MAX,
+            max_total_scalar_bytes: usize::MAX,
+            max_total_comment_bytes: usize::MAX,
+        },
+        alias_limits: serde_saphyr::alias_limits! { max_total_replayed_events: MAX_ALIAS_REPLAY },
+        // YAML 1.2 as before: only `true` and `false` are booleans (namespace `y` is a name).
+        strict_booleans: true,
+        emit_comments: false,
+        with_snippet: false,
     }
 }
 
+/// Reads one YAML document as `T` within flock's budgets. `first_line` (lines before the
+/// document in its file) makes the error's line numbers the file's; errors are one line.
+pub(crate) fn from_yaml<T: DeserializeOwned>(text: &str, first_line: usize) -> Result<T, String> {
+    use serde_saphyr::{Error, ExternalMessageSource, SnippetMode, budget::BudgetBreach, granit_parser::ErrorKind};
+    serde_saphyr::from_str_with_options(text, yaml_options()).map_err(|e| {
+        // The parser's own nesting limits (255) lie beyond the budget's but can trip first
+        // when it scans ahead; either way the document nests deeper than MAX_DEPTH.
+        let too_deep = match &e {
+            Error::Budget { breach: BudgetBreach::Depth { .. }, .. } => true,
+            Error::ExternalMessage { source, .. } => {
+                matches!(&**source, ExternalMessageSource::Parser(p) if matches!(p.kind(), ErrorKind::RecursionLimitExceeded))
+            }
+            _ => false,
+        };
+        match e.location() {
+            Some(at) if too_deep => {
+                format!("nested deeper than {MAX_DEPTH} levels at line {}, column {}", at.line() + first_line as u64, at.column())
+            }
+            _ => e.render_with_options(serde_saphyr::render_options! { snippets: SnippetMode::Off, line_offset: first_line as u64 }),
+        }
+    })
+}
+
+/// A document that is a JSON object (as `kubectl get -o json` writes, or a flow-style
+/// manifest), read as JSON: the same value as YAML reads (JSON is YAML), several times
+/// faster. `None` when it is not one, or has a duplicate key or nests deeper than
+/// [`MAX_DEPTH`] (then YAML reads it, and names the error).
+fn from_json(body: &str) -> Option<Value> {
+    if !body.trim_start().starts_with('{') {
+        return None;
+    }
+    let mut de = serde_json::Deserializer::from_str(body);
+    let value = serde::de::DeserializeSeed::deserialize(StrictJson { depth: 1 }, &mut de).ok()?;
+    de.end().ok()?;
+    Some(value)
+}
+
+/// A JSON value at `depth` (1 for the document's), without duplicate keys.
+#[derive(Clone, Copy)]
+struct StrictJson {
+    depth: usize,
+}
+
+impl StrictJson {
+    /// The seed for the items of a collection at this depth (which YAML's budget counts).
+    fn nested<E: serde::de::Error>(self) -> Result<Self, E> {
+        if self.depth > MAX_DEPTH {
+            return Err(E::custom("nested too deep"));
+        }
+        Ok(Self { depth: self.depth + 1 })
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for StrictJson {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for StrictJson {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let inner = self.nested()?;
+        let mut items = Vec::new();
+        while let Some(v) = seq.next_element_seed(inner)? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let inner = self.nested()?;
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let v = map.next_value_seed(inner)?;
+            if out.insert(key, v).is_some() {
+                return Err(serde::de::Error::custom("duplicate key"));
+            }
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// One document of a YAML stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Document<'a> {
+    /// Lines of the stream before the document.
+    first_line: usize,
+    /// The document: comments and directives before it, its `---` and content, its `...`.
+    text: &'a str,
+    /// The content: after `---` (or all of a document without one), before `...`.
+    body: &'a str,
+}
+
+/// Splits a YAML stream into its documents, as the parser counts them (so errors can name
+/// the document, empty ones included, and each document gets its own budget). A line that
+/// starts with `---` or `...` followed by a blank or its end is a document marker wherever
+/// it appears (YAML 1.2, `c-forbidden`: it ends block and plain scalars and is an error
+/// inside quoted ones and flow collections); a document without `---` starts at the first
+/// line after the previous one's `...` (or at the start) that is not blank, a comment or a
+/// directive.
+fn documents(text: &str) -> Vec<Document<'_>> {
+    let mut docs = Vec::new();
+    // The current document: where it and its content start, its line; whether it has begun
+    // (a `---` or content) or holds only what may precede one, and whether that includes a
+    // directive (which needs a document: the parser is to see it).
+    let (mut start, mut body, mut start_line, mut begun, mut directive) = (0, 0, 0, false, false);
+    for (n, (offset, line)) in lines(text).enumerate() {
+        let end = offset + line.len();
+        let marker = |m: &str| line.strip_prefix(m).filter(|rest| matches!(rest.bytes().next(), None | Some(b' ' | b'\t' | b'\r' | b'\n')));
+        if marker("---").is_some() {
+            if begun {
+                docs.push(Document { first_line: start_line, text: &text[start..offset], body: &text[body..offset] });
+                (start, start_line) = (offset, n);
+            }
+            (body, begun, directive) = (offset + 3, true, false);
+        } else if let Some(rest) = marker("...") {
+            if !blank_or_comment(rest) {
+                // `... x`: not a document end but an error, which the parser is to see
+                // first thing in a document (after a clean `...` it ignores the rest).
+                if begun || directive {
+                    docs.push(Document { first_line: start_line, text: &text[start..offset], body: &text[body..offset] });
+                }
+                (start, body, start_line, begun, directive) = (offset, offset, n, true, false);
+            } else {
+                if begun || directive {
+                    docs.push(Document { first_line: start_line, text: &text[start..end], body: &text[body..offset] });
+                }
+                (start, body, start_line, begun, directive) = (end, end, n + 1, false, false);
+            }
+        } else if !begun {
+            if line.starts_with('%') {
+                directive = true;
+            } else if !blank_or_comment(line) {
+                begun = true;
+            }
+        }
+    }
+    if begun || directive {
+        docs.push(Document { first_line: start_line, text: &text[start..], body: &text[body..] });
+    }
+    docs
+}
+
+/// Whether `s` holds nothing the parser reads: blanks, then a comment or the line's end.
+fn blank_or_comment(s: &str) -> bool {
+    let s = s.trim_start_matches([' ', '\t']);
+    s.is_empty() || s.starts_with(['#', '\r', '\n'])
+}
+
+/// The lines of `text` with their byte offsets. A line ends after `\n`, `\r\n` or a lone
+/// `\r`: YAML's line breaks, so lines and their numbers are the parser's.
+fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        let rest = &text[start..];
+        if rest.is_empty() {
+            return None;
+        }
+        let len = match rest.find(['\n', '\r']) {
+            Some(i) if rest[i..].starts_with("\r\n") => i + 2,
+            Some(i) => i + 1,
+            None => rest.len(),
+        };
+        let line = (start, &rest[..len]);
+        start += len;
+        Some(line)
+    })
+}
+
 /// Reads one YAML value (an object or a List) into `out`; `path` and `at` name it in errors.
-pub fn parse_value(path: &Path, at: DocRef, value: Value, out: &mut Manifests) -> Result<(), ManifestError> {
+pub fn parse_value(path: &Path, at: DocRef, mut value: Value, out: &mut Manifests) -> Result<(), ManifestError> {
     let fail = |message: String| ManifestError::Object { path: path.to_path_buf(), doc: at, message };
     if value.is_null() {
         return Ok(()); // an empty document (e.g. a trailing `---`)
     }
-    let Value::Mapping(map) = &value else {
+    let Value::Object(map) = &value else {
         return Err(fail("not a Kubernetes object (expected a mapping with apiVersion and kind)".into()));
     };
     let kind = match map.get("kind") {
@@ -233,8 +459,8 @@ pub fn parse_value(path: &Path, at: DocRef, value: Value, out: &mut Manifests) -
     };
 
     if kind == "List" || (kind.ends_with("List") && at.item.is_none()) {
-        let items = match map.get("items") {
-            Some(Value::Sequence(items)) => items.clone(),
+        let items = match value.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) => items,
             None | Some(Value::Null) => Vec::new(),
             Some(_) => return Err(fail("items: expected a list".into())),
         };
@@ -289,40 +515,134 @@ pub fn parse_value(path: &Path, at: DocRef, value: Value, out: &mut Manifests) -
 }
 
 /// Deserializes `value` as `T`, naming the failing field; appends to `unknown` the paths of
-/// fields `T` does not have (those lost when the typed object is written back).
-fn typed<T: DeserializeOwned + serde::Serialize>(value: Value, unknown: &mut Vec<String>) -> Result<T, String> {
-    let written = serde_json::to_value(&value).ok();
-    let obj: T = serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) }
-    })?;
-    if let (Some(written), Ok(known)) = (written, serde_json::to_value(&obj)) {
-        unknown_fields(&written, &known, "", unknown);
+/// the fields `T` does not have (that it ignores). Nulls are absent values, not fields.
+fn typed<T: DeserializeOwned>(value: Value, unknown: &mut Vec<String>) -> Result<T, String> {
+    let ignored = std::cell::RefCell::new(Vec::new());
+    match T::deserialize(Tracked { value: &value, at: &Seg::Root, ignored: &ignored }) {
+        Ok(obj) => {
+            unknown.append(&mut ignored.into_inner());
+            Ok(obj)
+        }
+        // Naming the field costs an allocation per field: only a failure is read again so.
+        Err(plain) => Err(match serde_path_to_error::deserialize::<_, T>(&value) {
+            Err(e) if e.path().to_string() != "." => format!("{}: {}", e.path(), e.inner()),
+            _ => plain.to_string(),
+        }),
     }
-    Ok(obj)
 }
 
-/// Paths present in `written` but not in `known` (the typed round trip). Nulls are absent
-/// values, not fields; lists are compared item by item.
-fn unknown_fields(written: &serde_json::Value, known: &serde_json::Value, path: &str, out: &mut Vec<String>) {
-    use serde_json::Value as J;
-    match (written, known) {
-        (J::Object(w), J::Object(k)) => {
-            for (key, value) in w {
-                let at = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
-                match k.get(key) {
-                    _ if value.is_null() => {}
-                    None => out.push(at),
-                    Some(kv) => unknown_fields(value, kv, &at, out),
-                }
-            }
+/// Where a value is in its document: `spec.containers[0].name`.
+#[derive(Clone, Copy)]
+enum Seg<'p> {
+    Root,
+    Key(&'p Seg<'p>, &'p str),
+    Index(&'p Seg<'p>, usize),
+}
+
+impl fmt::Display for Seg<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Root => Ok(()),
+            Self::Key(Self::Root, key) => f.write_str(key),
+            Self::Key(parent, key) => write!(f, "{parent}.{key}"),
+            Self::Index(parent, i) => write!(f, "{parent}[{i}]"),
         }
-        (J::Array(w), J::Array(k)) => {
-            for (i, (wv, kv)) in w.iter().zip(k).enumerate() {
-                unknown_fields(wv, kv, &format!("{path}[{i}]"), out);
-            }
+    }
+}
+
+/// A deserializer of a JSON value (as serde_json's) that records in `ignored` the path of
+/// every non-null value the target ignores: the fields its type does not have.
+struct Tracked<'a, 'p> {
+    value: &'a Value,
+    at: &'p Seg<'p>,
+    ignored: &'p std::cell::RefCell<Vec<String>>,
+}
+
+impl<'de> serde::Deserializer<'de> for Tracked<'de, '_> {
+    type Error = serde_json::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        match self.value {
+            Value::Object(map) => visitor.visit_map(TrackedMap { iter: map.iter(), next: None, at: self.at, ignored: self.ignored }),
+            Value::Array(items) => visitor.visit_seq(TrackedSeq { iter: items.iter().enumerate(), at: self.at, ignored: self.ignored }),
+            // Scalars have nothing to ignore: serde_json reads them.
+            scalar => scalar.deserialize_any(visitor),
         }
-        _ => {}
+    }
+
+    fn deserialize_option<V: serde::de::Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        match self.value {
+            Value::Null => visitor.visit_none(),
+            _ => visitor.visit_some(self),
+        }
+    }
+
+    fn deserialize_newtype_struct<V: serde::de::Visitor<'de>>(self, _name: &'static str, visitor: V) -> Result<V::Value, Self::Error> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    fn deserialize_enum<V: serde::de::Visitor<'de>>(
+        self,
+        name: &'static str,
+        variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        self.value.deserialize_enum(name, variants, visitor)
+    }
+
+    fn deserialize_ignored_any<V: serde::de::Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        if !self.value.is_null() {
+            self.ignored.borrow_mut().push(self.at.to_string());
+        }
+        visitor.visit_unit()
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf unit unit_struct
+        seq tuple tuple_struct map struct identifier
+    }
+}
+
+struct TrackedMap<'a, 'p> {
+    iter: serde_json::map::Iter<'a>,
+    next: Option<(&'a String, &'a Value)>,
+    at: &'p Seg<'p>,
+    ignored: &'p std::cell::RefCell<Vec<String>>,
+}
+
+impl<'de> serde::de::MapAccess<'de> for TrackedMap<'de, '_> {
+    type Error = serde_json::Error;
+
+    fn next_key_seed<K: serde::de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Self::Error> {
+        self.next = self.iter.next();
+        match self.next {
+            Some((key, _)) => seed.deserialize(serde::de::value::BorrowedStrDeserializer::new(key)).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn next_value_seed<S: serde::de::DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, Self::Error> {
+        let Some((key, value)) = self.next.take() else {
+            return Err(serde::de::Error::custom("a value without its key"));
+        };
+        seed.deserialize(Tracked { value, at: &Seg::Key(self.at, key), ignored: self.ignored })
+    }
+}
+
+struct TrackedSeq<'a, 'p> {
+    iter: std::iter::Enumerate<std::slice::Iter<'a, Value>>,
+    at: &'p Seg<'p>,
+    ignored: &'p std::cell::RefCell<Vec<String>>,
+}
+
+impl<'de> serde::de::SeqAccess<'de> for TrackedSeq<'de, '_> {
+    type Error = serde_json::Error;
+
+    fn next_element_seed<S: serde::de::DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, Self::Error> {
+        match self.iter.next() {
+            Some((i, value)) => seed.deserialize(Tracked { value, at: &Seg::Index(self.at, i), ignored: self.ignored }).map(Some),
+            None => Ok(None),
+        }
     }
 }
 
@@ -405,12 +725,204 @@ mod tests {
         assert_eq!(m.objects.len(), 1);
         assert_eq!(m.warnings.len(), 1);
         assert!(m.warnings[0].contains("Pod a: spec.futureField: unknown field"), "{}", m.warnings[0]);
-        // Nulls, empty lists and data maps are not unknown fields.
+        // Nulls (even of fields the schema lacks), empty lists and data maps are not unknown
+        // fields.
+        let m = parse(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p}\nspec: {podSelector: {}, podSelecter: null}\n",
+        )
+        .unwrap();
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
         let m = parse(
             "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, labels: {any: thing}, annotations: null}\n\
              spec: {podSelector: {matchLabels: {weird.key/x: v}}, policyTypes: [Ingress], ingress: [], egress: null}\n",
         )
         .unwrap();
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+    }
+
+    #[test]
+    fn documents_are_numbered_as_the_parser_counts_them() {
+        fn docs(text: &str) -> Vec<(usize, &str)> {
+            documents(text).into_iter().map(|d| (d.first_line, d.text)).collect()
+        }
+        // Comments and directives before `---` belong to its document; `---` inside
+        // indented block scalars is text; a document ends at `...` or the next `---`.
+        let text = "# c\n%YAML 1.2\n---\na: |\n  ---\n  x\n...\n# between\n\nb: 1\n--- |\n  t\n---\n---\r\n";
+        assert_eq!(
+            docs(text),
+            [
+                (0, "# c\n%YAML 1.2\n---\na: |\n  ---\n  x\n...\n"),
+                (7, "# between\n\nb: 1\n"),
+                (10, "--- |\n  t\n"),
+                (12, "---\n"),
+                (13, "---\r\n")
+            ]
+        );
+        assert_eq!(docs("---x: 1\n----\n"), [(0, "---x: 1\n----\n")]);
+        assert_eq!(docs("# only a comment\n...\n"), []);
+        assert_eq!(docs(""), []);
+        // A lone `\r` breaks lines too: this comment is followed by a block scalar.
+        assert_eq!(docs("a: 1\r---\rb: 2\r"), [(0, "a: 1\r"), (1, "---\rb: 2\r")]);
+        assert_eq!(docs("#c\r>  p\n"), [(0, "#c\r>  p\n")]);
+        // What the parser must see to reject: a directive without a document, content after `...`.
+        assert_eq!(docs("%YAML 1.2\n# c\n"), [(0, "%YAML 1.2\n# c\n")]);
+        assert_eq!(docs("a: 1\n... b\nc: 2\n"), [(0, "a: 1\n"), (1, "... b\nc: 2\n")]);
+        for text in ["%YAML 1.2\n", "... b\n", "{apiVersion: v1, kind: Namespace, metadata: {name: x}}\n... b\n"] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains("not valid YAML"), "{text:?}: {e}");
+        }
+        assert!(parse("#c\r[1]\n").unwrap_err().to_string().contains("not a Kubernetes object"));
+
+        // Empty documents count; errors name the file's line.
+        let e = parse("# c\n---\n---\nkind: Pod\n").unwrap_err().to_string();
+        assert_eq!(e, "test.yaml: document 2: apiVersion: missing");
+        let e = parse("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n---\nkind: [\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.yaml: document 2: not valid YAML: "), "{e}");
+        assert!(e.ends_with("at line 5, column 7"), "{e}");
+    }
+
+    #[test]
+    fn json_documents_read_as_yaml_reads_them() {
+        let docs = [
+            r#"{"a": [1, -2, 3.5, 1e3, true, false, null, {}, []], "b": "\u00e9\n\"x\"\t\\", "c": {"d": {"e": "yes"}}}"#,
+            "{\"k\": \"v\"}",
+        ];
+        for doc in docs {
+            assert_eq!(from_json(doc), Some(from_yaml::<Value>(doc, 0).unwrap()), "{doc}");
+        }
+        // The same depth limit: the deepest collection at MAX_DEPTH is read, one more is not.
+        let nest = |n: usize| format!("{{\"a\": {}1{}}}", "[".repeat(n), "]".repeat(n));
+        assert!(from_json(&nest(MAX_DEPTH - 1)).is_some() && from_yaml::<Value>(&nest(MAX_DEPTH - 1), 0).is_ok());
+        assert!(from_json(&nest(MAX_DEPTH)).is_none() && from_yaml::<Value>(&nest(MAX_DEPTH), 0).is_err());
+        // Not JSON (YAML reads it): a comment, plain scalars, a duplicate key, deep nesting.
+        let deep = nest(200);
+        for doc in ["{\"a\": 1} # c", "{a: yes}", "{\"a\": 1, \"a\": 2}", &deep, "[1]"] {
+            assert_eq!(from_json(doc), None, "{doc}");
+        }
+        // `kubectl get -o json`: a List, its items named by index.
+        let m = parse(
+            r#"{"apiVersion": "v1", "kind": "List", "items": [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}},
+             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.objects.len(), 1);
+        assert!(m.warnings[0].contains("document 1, items[1]: skipping Service s"), "{:?}", m.warnings);
+        let e = parse("---\n{\"apiVersion\": \"v1\", \"kind\": \"Pod\", \"kind\": \"Pod\"}\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.yaml: document 1: not valid YAML: ") && e.contains("duplicate"), "{e}");
+        let e = parse(&format!("---\n{deep}\n")).unwrap_err().to_string();
+        assert!(e == "test.yaml: document 1: not valid YAML: nested deeper than 64 levels at line 2, column 70", "{e}");
+    }
+
+    /// The document split agrees with the parser's own multi-document reading on every YAML
+    /// file of the repository (manifests, CRDs, conformance cases, goldens).
+    #[test]
+    fn documents_agree_with_the_parser_on_the_repository() {
+        fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    yaml_files(&path, out);
+                } else if path.extension().is_some_and(|e| e == "yaml") {
+                    out.push(path);
+                }
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = Vec::new();
+        for dir in ["deploy", "tests/conformance", "tests/golden"] {
+            yaml_files(&root.join(dir), &mut files);
+        }
+        assert!(files.len() > 50, "{files:?}");
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let split: Vec<Value> =
+                documents(&text).into_iter().map(|d| from_yaml::<Value>(d.text, d.first_line).unwrap()).filter(|v| !v.is_null()).collect();
+            let whole: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, yaml_options()).unwrap();
+            assert_eq!(split, whole, "{}", file.display());
+        }
+    }
+
+    /// The same on the `manifest` fuzz corpus (hostile input): both read the same
+    /// documents, or both fail.
+    #[test]
+    fn documents_agree_with_the_parser_on_the_fuzz_corpus() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/manifest");
+        let mut read = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+            let whole: Result<Vec<Value>, _> = serde_saphyr::from_multiple_with_options(text, yaml_options());
+            let split: Result<Vec<Value>, _> = documents(text)
+                .into_iter()
+                .map(|d| from_yaml::<Value>(d.text, d.first_line))
+                .filter(|v| v.as_ref().map_or(true, |v| !v.is_null()))
+                .collect();
+            match (whole, split) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(a, b, "{}", path.display());
+                    read += 1;
+                }
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{}: the parser: {:?}, by document: {:?}", path.display(), a.map(|v| v.len()), b.map(|v| v.len())),
+            }
+        }
+        assert!(read > 100, "{read}");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_accepted() {
+        for text in [
+            "\u{feff}apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n",
+            "\u{feff}# c\n---\n{apiVersion: v1, kind: Namespace, metadata: {name: x}}\n",
+        ] {
+            let m = parse(text).unwrap();
+            assert_eq!(m.objects.len(), 1, "{text:?}");
+        }
+        let e = parse("\u{feff}# c\n---\nkind: Pod\n").unwrap_err().to_string();
+        assert_eq!(e, "test.yaml: document 1: apiVersion: missing");
+    }
+
+    /// A ConfigMap (skipped) whose `data.x` nests `depth` sequences.
+    fn nested(depth: usize, block: bool) -> String {
+        let value = if block { format!("\n    {}x", "- ".repeat(depth)) } else { format!("{}{}", "[".repeat(depth), "]".repeat(depth)) };
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: x}}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c}}\ndata:\n  x: {value}\n"
+        )
+    }
+
+    #[test]
+    fn deep_nesting_fails_at_the_depth_budget() {
+        // The document's mapping and `data` are two levels.
+        for block in [false, true] {
+            let m = parse(&nested(MAX_DEPTH - 2, block)).unwrap();
+            assert_eq!(m.objects.len(), 1);
+            assert!(m.warnings[0].contains("skipping ConfigMap c"), "{:?}", m.warnings);
+            for depth in [MAX_DEPTH - 1, 1_000, 100_000] {
+                let e = parse(&nested(depth, block)).unwrap_err().to_string();
+                assert!(e.starts_with("test.yaml: document 2: not valid YAML: "), "{e}");
+                let line = if block { 10 } else { 9 };
+                assert!(e.contains(&format!("nested deeper than {MAX_DEPTH} levels at line {line}, column ")), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn alias_bombs_fail_and_aliases_work() {
+        // "Billion laughs": nine levels of ten aliases each.
+        let mut text = String::from(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: lol}\ndata:\n  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n",
+        );
+        for (prev, name) in ["a", "b", "c", "d", "e", "f", "g", "h"].iter().zip(["b", "c", "d", "e", "f", "g", "h", "i"]) {
+            text.push_str(&format!("  {name}: &{name} [{}]\n", vec![format!("*{prev}"); 10].join(", ")));
+        }
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.starts_with("test.yaml: document 1: not valid YAML: "), "{e}");
+        assert!(e.contains("alias"), "{e}");
+
+        let m = parse("apiVersion: v1\nkind: Pod\nmetadata: {name: a, labels: &l {app: web}}\nspec: {containers: [], nodeSelector: *l}\n")
+            .unwrap();
+        assert_eq!(m.objects.len(), 1);
         assert!(m.warnings.is_empty(), "{:?}", m.warnings);
     }
 

@@ -32,7 +32,7 @@ pub async fn api_server() -> ApiServer {
     let server = ApiServer::start_temp().await.unwrap();
     for file in ["runprofiles.flock.dev.yaml", "runs.flock.dev.yaml"] {
         let text = std::fs::read_to_string(root().join("deploy/controller/crds").join(file)).unwrap();
-        server.apply(serde_yaml_ng::from_str::<Value>(&text).unwrap()).unwrap();
+        server.apply(serde_saphyr::from_str::<Value>(&text).unwrap()).unwrap();
     }
     server.apply(endpoint_slice("198.18.250.2")).unwrap();
     server
@@ -50,13 +50,10 @@ pub async fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<
     }
 }
 
-/// The documents of a YAML file.
-pub fn yaml_docs(path: &Path) -> Vec<serde_yaml_ng::Value> {
+/// The documents of a YAML file (empty ones left out).
+pub fn yaml_docs(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .filter(|v: &serde_yaml_ng::Value| !v.is_null())
-        .collect()
+    serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Every grant of the roles of `kinds` in a manifest, as `SCOPE GROUP/RESOURCE:VERB[/NAME]`
@@ -65,14 +62,14 @@ pub fn grants(path: &str, kinds: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
     for role in yaml_docs(&root().join(path)).into_iter().filter(|d| kinds.contains(&d["kind"].as_str().unwrap())) {
         let scope = role["metadata"]["namespace"].as_str().unwrap_or("cluster").to_string();
-        for r in role["rules"].as_sequence().unwrap() {
+        for r in role["rules"].as_array().unwrap() {
             let names: Vec<String> = r["resourceNames"]
-                .as_sequence()
+                .as_array()
                 .map(|n| n.iter().map(|v| format!("/{}", v.as_str().unwrap())).collect())
                 .unwrap_or_else(|| vec![String::new()]);
-            for g in r["apiGroups"].as_sequence().unwrap() {
-                for res in r["resources"].as_sequence().unwrap() {
-                    for v in r["verbs"].as_sequence().unwrap() {
+            for g in r["apiGroups"].as_array().unwrap() {
+                for res in r["resources"].as_array().unwrap() {
+                    for v in r["verbs"].as_array().unwrap() {
                         for n in &names {
                             out.push(format!("{scope} {}/{}:{}{n}", g.as_str().unwrap(), res.as_str().unwrap(), v.as_str().unwrap()));
                         }

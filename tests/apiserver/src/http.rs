@@ -374,7 +374,8 @@ fn parse_document(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
     match serde_json::from_slice(body) {
         Ok(value) => Ok(value),
         Err(_) if content_type.contains("yaml") => {
-            serde_yaml_ng::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+            let options = serde_saphyr::options! { with_snippet: false };
+            serde_saphyr::from_slice_with_options(body, options).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
         }
         Err(err) => Err(ApiError::bad_request(format!("couldn't decode the request body as JSON: {err}"))),
     }
