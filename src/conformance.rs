@@ -319,6 +319,9 @@ pub fn apply_step(snapshot: &mut crate::model::Snapshot, step: &Step) {
             manifest::Kind::NetworkPolicy => {
                 snapshot.remove_policy(&d.key);
             }
+            manifest::Kind::ClusterNetworkPolicy => {
+                snapshot.remove_cluster_policy(&d.key.name);
+            }
             manifest::Kind::Pod => {
                 let uids: Vec<String> =
                     snapshot.pods_in(&d.key.namespace).filter(|p| p.name == d.key.name).map(|p| p.uid.clone()).collect();

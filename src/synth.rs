@@ -129,7 +129,16 @@ pub fn generate(p: &Params) -> Cluster {
     let mut s = Snapshot::new();
 
     for i in 0..nodes {
-        s.upsert_node(Node { name: format!("node-{i}"), pod_cidrs: vec![node_cidr(i, ipv6)], internal_ips: vec![node_ip(i, ipv6)] });
+        let ip = node_ip(i, ipv6);
+        let mut labels = crate::model::Labels::new();
+        labels.insert("kubernetes.io/hostname", format!("node-{i}"));
+        s.upsert_node(Node {
+            name: format!("node-{i}"),
+            pod_cidrs: vec![node_cidr(i, ipv6)],
+            internal_ips: vec![ip],
+            addresses: vec![ip],
+            labels,
+        });
     }
     for i in 0..k {
         let mut labels = Labels::new();

@@ -190,3 +190,36 @@ fn a_policy_that_passes_everything_changes_nothing() {
         assert_eq!(matrix(&without, port), matrix(&with_pass, port), "port {port}");
     }
 }
+
+#[test]
+fn a_nodes_peer_matches_the_addresses_of_the_selected_nodes_not_their_pods() {
+    // Base cluster: node-1 is 198.18.0.1, node-2 198.18.0.2 (hostname labels node-1/node-2).
+    let node1 = json!({"nodes": {"matchLabels": {"kubernetes.io/hostname": "node-1"}}});
+    let s = with(
+        vec![
+            cnp("x-no-nodes", "Admin", 1, ns("x"), json!(null), json!([{"action": "Deny", "to": [{"nodes": {}}]}])),
+            cnp("y-node-1", "Admin", 2, ns("y"), json!(null), json!([{"action": "Accept", "to": [node1]}])),
+            cnp("y-rest", "Admin", 3, ns("y"), json!(null), json!([{"action": "Deny", "to": [{"networks": ["0.0.0.0/0"]}]}])),
+        ],
+        "",
+    );
+    let c = TracedCluster::build(&s);
+    let (n1, n2, outside) = ("198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap(), "198.19.0.9".parse().unwrap());
+    for pod in ["x/a", "x/b", "x/c"] {
+        assert!(!c.reaches_address(pod, n1, Tcp, 10250).unwrap(), "{pod} -> node-1");
+        assert!(!c.reaches_address(pod, n2, Tcp, 10250).unwrap(), "{pod} -> node-2");
+        assert!(c.reaches_address(pod, outside, Tcp, 443).unwrap(), "{pod} -> outside");
+    }
+    for pod in ["y/a", "y/b", "y/c"] {
+        assert!(c.reaches_address(pod, n1, Tcp, 10250).unwrap(), "{pod} -> node-1");
+        assert!(!c.reaches_address(pod, n2, Tcp, 10250).unwrap(), "{pod} -> node-2");
+    }
+    // Pods on the denied nodes stay reachable from x: node addresses are not pod addresses.
+    assert_eq!(matrix(&s, 80)[0], "-11111111");
+    // A node's labels changing moves its addresses in or out of the set.
+    let mut s2 = s.clone();
+    let mut n = s2.nodes().find(|n| n.name == "node-2").unwrap().clone();
+    n.labels.insert("kubernetes.io/hostname", "node-1");
+    s2.upsert_node(n);
+    assert!(TracedCluster::build(&s2).reaches_address("y/a", n2, Tcp, 10250).unwrap());
+}

@@ -511,18 +511,27 @@ pub fn to_manifest(objects: &[Object], annotations: &BTreeMap<usize, Annotations
         }
         let ann = annotations.get(&i);
         match o {
+            // JSON is flow-style YAML; serde_json escapes every string safely.
+            Object::ClusterNetworkPolicy(p) => {
+                out.push_str(&crate::model::cnp::to_json(p).to_string());
+                out.push('\n');
+                continue;
+            }
             Object::Namespace(ns) => {
                 out.push_str("{\"apiVersion\": \"v1\", \"kind\": \"Namespace\", ");
                 metadata(&mut out, &ns.name, None, None, Some(&ns.labels), ann);
             }
             Object::Node(n) => {
                 out.push_str("{\"apiVersion\": \"v1\", \"kind\": \"Node\", ");
-                metadata(&mut out, &n.name, None, None, None, ann);
+                metadata(&mut out, &n.name, None, None, Some(&n.labels), ann);
                 let cidrs: Vec<String> = n.pod_cidrs.iter().map(|c| yaml_str(&c.to_string())).collect();
+                let external = n.addresses.iter().filter(|a| !n.internal_ips.contains(a));
                 let addrs: Vec<String> = n
                     .internal_ips
                     .iter()
-                    .map(|a| format!("{{\"type\": \"InternalIP\", \"address\": {}}}", yaml_str(&a.to_string())))
+                    .map(|a| ("InternalIP", a))
+                    .chain(external.map(|a| ("ExternalIP", a)))
+                    .map(|(t, a)| format!("{{\"type\": \"{t}\", \"address\": {}}}", yaml_str(&a.to_string())))
                     .collect();
                 let _ = write!(
                     out,

@@ -303,6 +303,91 @@ pub fn from_json(obj: &Value) -> Result<ClusterNetworkPolicy, ConvertError> {
     })
 }
 
+/// The object as the API writes it (`from_json` reads it back to an equal value). What
+/// flock could not read (`Invalid`) is written as a field no version of the API has, so it
+/// reads back as unreadable again.
+pub fn to_json(p: &ClusterNetworkPolicy) -> Value {
+    use serde_json::json;
+    let sel = |s: &LabelSelector| {
+        let mut m = Map::new();
+        if !s.match_labels.is_empty() {
+            m.insert("matchLabels".into(), json!(s.match_labels));
+        }
+        if !s.match_expressions.is_empty() {
+            let exprs: Vec<Value> =
+                s.match_expressions.iter().map(|e| json!({"key": e.key, "operator": e.operator, "values": e.values})).collect();
+            m.insert("matchExpressions".into(), Value::Array(exprs));
+        }
+        Value::Object(m)
+    };
+    let invalid = |why: &str| json!({"flockUnreadable": why});
+    let pods = |p: &CnpPods| {
+        let mut m = Map::new();
+        if let Some(ns) = &p.namespace_selector {
+            m.insert("namespaceSelector".into(), sel(ns));
+        }
+        m.insert("podSelector".into(), sel(&p.pod_selector));
+        Value::Object(m)
+    };
+    let port = |p: &CnpPort| match p {
+        CnpPort::Number(n) => json!({"destinationPort": {"number": n}}),
+        CnpPort::Range { start, end } => json!({"destinationPort": {"range": {"start": start, "end": end}}}),
+        CnpPort::Invalid(why) => json!({"destinationPort": invalid(why)}),
+    };
+    let rule = |r: &CnpRule, peers_field: &str| {
+        let mut m = Map::new();
+        if let Some(n) = &r.name {
+            m.insert("name".into(), json!(n));
+        }
+        m.insert("action".into(), json!(r.action));
+        let peers: Vec<Value> = r
+            .peers
+            .iter()
+            .map(|x| match x {
+                CnpPeer::Namespaces(s) => json!({"namespaces": sel(s)}),
+                CnpPeer::Pods(p) => json!({"pods": pods(p)}),
+                CnpPeer::Networks(n) => json!({"networks": n}),
+                CnpPeer::Nodes(s) => json!({"nodes": sel(s)}),
+                CnpPeer::DomainNames(d) => json!({"domainNames": d}),
+                CnpPeer::Invalid(why) => invalid(why),
+            })
+            .collect();
+        m.insert(peers_field.into(), Value::Array(peers));
+        if let Some(protocols) = &r.protocols {
+            let list: Vec<Value> = protocols
+                .iter()
+                .map(|x| match x {
+                    CnpProtocol::Tcp(p) => json!({"tcp": port(p)}),
+                    CnpProtocol::Udp(p) => json!({"udp": port(p)}),
+                    CnpProtocol::Sctp(p) => json!({"sctp": port(p)}),
+                    CnpProtocol::NamedPort(n) => json!({"destinationNamedPort": n}),
+                    CnpProtocol::Invalid(why) => invalid(why),
+                })
+                .collect();
+            m.insert("protocols".into(), Value::Array(list));
+        }
+        Value::Object(m)
+    };
+    let subject = match &p.subject {
+        CnpSubject::Namespaces(s) => json!({"namespaces": sel(s)}),
+        CnpSubject::Pods(x) => json!({"pods": pods(x)}),
+        CnpSubject::Invalid(why) => invalid(why),
+    };
+    let mut spec = Map::new();
+    spec.insert("tier".into(), json!(p.tier));
+    if let Some(n) = p.priority {
+        spec.insert("priority".into(), json!(n));
+    }
+    spec.insert("subject".into(), subject);
+    if !p.ingress.is_empty() {
+        spec.insert("ingress".into(), Value::Array(p.ingress.iter().map(|r| rule(r, "from")).collect()));
+    }
+    if !p.egress.is_empty() {
+        spec.insert("egress".into(), Value::Array(p.egress.iter().map(|r| rule(r, "to")).collect()));
+    }
+    json!({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": p.name}, "spec": spec})
+}
+
 /// The spec fields flock reads (others are reported as unknown by the manifest reader).
 pub const SPEC_FIELDS: [&str; 5] = ["tier", "priority", "subject", "ingress", "egress"];
 

@@ -152,19 +152,34 @@ pub fn node(node: &core::Node) -> Result<Node, ConvertError> {
             }
         }
     }
-    let mut internal_ips = Vec::new();
+    let (mut internal_ips, mut addresses) = (Vec::new(), Vec::new());
     if let Some(status) = &node.status {
         for (i, addr) in status.addresses.iter().flatten().enumerate() {
-            if addr.type_ == "InternalIP" {
-                let ip: IpAddr = addr
-                    .address
-                    .parse()
-                    .map_err(|_| err(format!("status.addresses[{i}].address"), format!("{:?} is not an IP address", addr.address)))?;
-                internal_ips.push(ip);
+            // Hostname and DNS entries are names; only the IP-typed ones must parse.
+            let parsed = addr.address.parse::<IpAddr>();
+            match addr.type_.as_str() {
+                "InternalIP" => {
+                    let ip = parsed
+                        .map_err(|_| err(format!("status.addresses[{i}].address"), format!("{:?} is not an IP address", addr.address)))?;
+                    internal_ips.push(ip);
+                    if !addresses.contains(&ip) {
+                        addresses.push(ip);
+                    }
+                }
+                // Only matched by `nodes` peers; an address that is not one cannot be matched.
+                "ExternalIP" => {
+                    if let Ok(ip) = parsed
+                        && !addresses.contains(&ip)
+                    {
+                        addresses.push(ip);
+                    }
+                }
+                _ => {}
             }
         }
     }
-    Ok(Node { name, pod_cidrs, internal_ips })
+    let labels = node.metadata.labels.iter().flatten().collect();
+    Ok(Node { name, pod_cidrs, internal_ips, addresses, labels })
 }
 
 /// A NetworkPolicy, copied as written (see the module doc).

@@ -20,6 +20,7 @@ use k8s_openapi::api::networking::v1 as net;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::cnp::{self, ClusterNetworkPolicy};
 use super::convert::{self, ConvertError};
 use super::{Namespace, NetworkPolicy, Node, ObjectRef, Pod, Snapshot};
 
@@ -29,6 +30,7 @@ pub enum Object {
     Namespace(Namespace),
     Pod(Pod),
     NetworkPolicy(NetworkPolicy),
+    ClusterNetworkPolicy(ClusterNetworkPolicy),
     Node(Node),
 }
 
@@ -38,6 +40,7 @@ pub enum Kind {
     Namespace,
     Pod,
     NetworkPolicy,
+    ClusterNetworkPolicy,
     Node,
 }
 
@@ -47,6 +50,7 @@ impl Kind {
             "Namespace" => Some(Self::Namespace),
             "Pod" => Some(Self::Pod),
             "NetworkPolicy" => Some(Self::NetworkPolicy),
+            cnp::KIND => Some(Self::ClusterNetworkPolicy),
             "Node" => Some(Self::Node),
             _ => None,
         }
@@ -59,6 +63,7 @@ impl fmt::Display for Kind {
             Self::Namespace => "Namespace",
             Self::Pod => "Pod",
             Self::NetworkPolicy => "NetworkPolicy",
+            Self::ClusterNetworkPolicy => cnp::KIND,
             Self::Node => "Node",
         })
     }
@@ -70,6 +75,7 @@ impl Object {
             Self::Namespace(_) => Kind::Namespace,
             Self::Pod(_) => Kind::Pod,
             Self::NetworkPolicy(_) => Kind::NetworkPolicy,
+            Self::ClusterNetworkPolicy(_) => Kind::ClusterNetworkPolicy,
             Self::Node(_) => Kind::Node,
         }
     }
@@ -80,6 +86,7 @@ impl Object {
             Self::Namespace(n) => ObjectRef::new("", n.name.clone()),
             Self::Pod(p) => p.key(),
             Self::NetworkPolicy(p) => p.key(),
+            Self::ClusterNetworkPolicy(p) => ObjectRef::new("", p.name.clone()),
             Self::Node(n) => ObjectRef::new("", n.name.clone()),
         }
     }
@@ -90,6 +97,7 @@ impl Object {
             Self::Namespace(n) => snapshot.upsert_namespace(n.clone()),
             Self::Pod(p) => snapshot.upsert_pod(p.clone()),
             Self::NetworkPolicy(p) => snapshot.upsert_policy(p.clone()),
+            Self::ClusterNetworkPolicy(p) => snapshot.upsert_cluster_policy(p.clone()),
             Self::Node(n) => snapshot.upsert_node(n.clone()),
         }
     }
@@ -487,12 +495,13 @@ pub fn parse_value(path: &Path, at: DocRef, mut value: Value, out: &mut Manifest
         ("networking.k8s.io/v1", "NetworkPolicy") => Object::NetworkPolicy(
             typed::<net::NetworkPolicy>(value, &mut unknown).and_then(|o| conv(convert::network_policy(&o))).map_err(&in_object)?,
         ),
+        (cnp::API_VERSION, cnp::KIND) => Object::ClusterNetworkPolicy(cluster_policy(&value, &mut unknown).map_err(&in_object)?),
         (_, k) if Kind::parse(k).is_some() => {
             return Err(in_object(format!("apiVersion: {api_version:?} is not served for {kind}")));
         }
         _ => {
             out.warnings.push(format!(
-                "{}: {at}: skipping {} (flock reads Nodes, Namespaces, Pods and NetworkPolicies)",
+                "{}: {at}: skipping {} (flock reads Nodes, Namespaces, Pods, NetworkPolicies and ClusterNetworkPolicies)",
                 path.display(),
                 label(obj_name.as_deref())
             ));
@@ -505,13 +514,34 @@ pub fn parse_value(path: &Path, at: DocRef, mut value: Value, out: &mut Manifest
     // for a newer Kubernetes) they cannot change policy and are warnings.
     for field in unknown {
         let message = format!("{field}: unknown field (not in the Kubernetes 1.33 schema of {kind})");
-        if object.kind() == Kind::NetworkPolicy || field.starts_with("metadata.") {
+        if matches!(object.kind(), Kind::NetworkPolicy | Kind::ClusterNetworkPolicy) || field.starts_with("metadata.") {
             return Err(in_object(message));
         }
         out.warnings.push(format!("{}: {at}: {}: {message}; ignored", path.display(), label(obj_name.as_deref())));
     }
     out.objects.push(object);
     Ok(())
+}
+
+/// A ClusterNetworkPolicy (flock's own reading: `cnp::from_json`, which keeps what it cannot
+/// read inside rules visible to the translator); appends to `unknown` the fields of the
+/// object, its metadata and its spec that flock does not know.
+fn cluster_policy(value: &Value, unknown: &mut Vec<String>) -> Result<ClusterNetworkPolicy, String> {
+    if let Some(meta) = value.get("metadata").filter(|m| !m.is_null()) {
+        let mut meta_unknown = Vec::new();
+        typed::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(meta.clone(), &mut meta_unknown)
+            .map_err(|e| format!("metadata: {e}"))?;
+        unknown.extend(meta_unknown.into_iter().map(|f| format!("metadata.{f}")));
+    }
+    let top = ["apiVersion", "kind", "metadata", "spec", "status"];
+    if let Some(map) = value.as_object() {
+        unknown.extend(map.iter().filter(|(k, v)| !v.is_null() && !top.contains(&k.as_str())).map(|(k, _)| k.clone()));
+    }
+    if let Some(spec) = value.get("spec").and_then(Value::as_object) {
+        unknown
+            .extend(spec.iter().filter(|(k, v)| !v.is_null() && !cnp::SPEC_FIELDS.contains(&k.as_str())).map(|(k, _)| format!("spec.{k}")));
+    }
+    cnp::from_json(value).map_err(|e| e.to_string())
 }
 
 /// Deserializes `value` as `T`, naming the failing field; appends to `unknown` the paths of

@@ -279,6 +279,10 @@ pub struct Node {
     pub pod_cidrs: Vec<IpNet>,
     /// `status.addresses` of type InternalIP.
     pub internal_ips: Vec<IpAddr>,
+    /// Every IP address in `status.addresses` (InternalIP, ExternalIP, …): what a
+    /// ClusterNetworkPolicy `nodes` peer matches.
+    pub addresses: Vec<IpAddr>,
+    pub labels: Labels,
 }
 
 /// `ipnet` has no `Arbitrary`: networks from an arbitrary address and prefix length.

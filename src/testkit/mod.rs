@@ -202,6 +202,28 @@ impl TracedCluster {
         Ok(true)
     }
 
+    /// Whether a new connection from pod `from` to an address outside the pods (a node, a
+    /// network) leaves `from`'s node: only the source node's ruleset is on the path.
+    pub fn reaches_address(&self, from: &str, to: std::net::IpAddr, protocol: crate::model::Protocol, port: u16) -> Result<bool, String> {
+        use crate::conformance::Family;
+        use crate::nft::trace::{Ct, L4, Packet, Verdict, trace};
+        let src = self.pods.get(from).ok_or(format!("no pod {from}"))?;
+        let s = src
+            .ips
+            .iter()
+            .copied()
+            .find(|ip| Family::of(*ip) == Family::of(to))
+            .ok_or(format!("{from} has no address of {to}'s family"))?;
+        let l4 = match protocol {
+            crate::model::Protocol::Tcp => L4::Tcp,
+            crate::model::Protocol::Udp => L4::Udp,
+            crate::model::Protocol::Sctp => L4::Sctp,
+        };
+        let pkt = Packet { iif: src.interface.clone(), oif: UPLINK.into(), src: s, dst: to, l4, dport: port, ct: Ct::New };
+        let t = trace(&self.nodes[&src.node], crate::render::BASE_CHAIN, &pkt).map_err(|e| format!("node {}: {e}", src.node))?;
+        Ok(t.verdict != Verdict::Drop)
+    }
+
     /// Runs a conformance case from `base`, returning every mismatching cell (and errors for
     /// probes the tracer cannot perform).
     pub fn run_case(base: &Snapshot, case: &crate::conformance::Case) -> Result<Vec<crate::conformance::Mismatch>, String> {

@@ -16,8 +16,9 @@
 //! Fail closed, as the API asks for peers it cannot understand ("For Accept rules, treat the
 //! rule as matching no traffic. For Deny and Pass rules, treat the rule as a Deny all rule"),
 //! and extended by flock to every part of a rule it cannot read or does not support yet (an
-//! unknown action, protocol or port shape, an invalid selector or CIDR, a `nodes` or
-//! `domainNames` peer, a named port next to a `networks` peer, a peer ingress cannot have):
+//! unknown action, protocol or port shape, an invalid selector or CIDR, a
+//! `domainNames` peer, a named port next to a `networks` or `nodes` peer, a peer ingress cannot
+//! have):
 //! such a rule matches nothing if it accepts, and denies all traffic of its direction, in its
 //! place, if it denies or passes. For what concerns the whole policy:
 //! - an unknown `tier` or a `priority` outside 0–1000 cannot be placed: the policy is
@@ -59,7 +60,8 @@ impl Subject {
 pub enum CnpPeerDef {
     /// Pods (a shared address set).
     Pods(PeerDef),
-    /// A CIDR (a shared interval set); pod addresses inside it match too.
+    /// Addresses that are not pods' (a CIDR — pod addresses inside it match too — or the
+    /// addresses of some Nodes): no named port goes with them.
     Network(PeerDef),
 }
 
@@ -314,9 +316,11 @@ fn compile_matches(dir: Direction, rule: &CnpRule, action: Action) -> Result<Rul
                 addresses_only = true;
             }
             CnpPeer::Networks(_) => return Err((at(".networks"), "ingress rules have no networks peer".into())),
-            CnpPeer::Nodes(_) => {
-                return Err((at(".nodes"), "nodes peers are not supported by flock yet".into()));
+            CnpPeer::Nodes(sel) if dir == Direction::Egress => {
+                peers.push(CnpPeerDef::Network(PeerDef::Nodes(selector(sel, &at(".nodes"))?)));
+                addresses_only = true;
             }
+            CnpPeer::Nodes(_) => return Err((at(".nodes"), "ingress rules have no nodes peer".into())),
             CnpPeer::DomainNames(_) if action != Action::Accept => {
                 return Err((at(".domainNames"), "domainNames peers are only supported in Accept rules".into()));
             }
@@ -440,7 +444,7 @@ mod tests {
     fn a_rule_flock_cannot_read_matches_nothing_if_it_accepts_and_denies_all_otherwise() {
         let bad_peers: Vec<(CnpPeer, &str)> = vec![
             (CnpPeer::Invalid("unknown field \"services\"".into()), "spec.egress[0].to[1]"),
-            (CnpPeer::Nodes(LabelSelector::default()), "spec.egress[0].to[1].nodes"),
+            (CnpPeer::DomainNames(vec!["example.com".into()]), "spec.egress[0].to[1].domainNames"),
             (CnpPeer::Networks(vec!["198.18.0.0".into()]), "spec.egress[0].to[1].networks[0]"),
             (CnpPeer::Networks(vec!["::ffff:198.18.0.0/112".into()]), "spec.egress[0].to[1].networks[0]"),
             (

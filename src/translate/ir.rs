@@ -96,6 +96,8 @@ pub enum PeerDef {
     Pods { namespaces: NsScope, pods: Option<Selector> },
     /// Addresses in an ipBlock (pod addresses included).
     Block(IpBlockDef),
+    /// The addresses of the Nodes whose labels match (a ClusterNetworkPolicy `nodes` peer).
+    Nodes(Selector),
 }
 
 impl PeerDef {
@@ -112,6 +114,8 @@ impl PeerDef {
                 format!("{ns}/{pods}")
             }
             Self::Block(b) => b.cidr.to_string(),
+            Self::Nodes(s) if s.is_everything() => "nodes".to_string(),
+            Self::Nodes(s) => format!("nodes-{s}"),
         }
     }
 }
@@ -131,6 +135,8 @@ impl fmt::Display for PeerDef {
                     NsScope::Matching(s) => write!(f, " in namespaces {s}"),
                 }
             }
+            Self::Nodes(s) if s.is_everything() => f.write_str("all nodes"),
+            Self::Nodes(s) => write!(f, "nodes {s}"),
             Self::Block(b) => {
                 write!(f, "ipBlock {}", b.cidr)?;
                 if !b.except.is_empty() {

@@ -436,6 +436,14 @@ impl<'a> Translator<'a> {
                     set.insert(net, &comment);
                 }
             }
+            PeerDef::Nodes(sel) => {
+                for node in self.snapshot.nodes().filter(|n| sel.matches(&n.labels)) {
+                    let name = format!("node {}", node.name);
+                    for ip in &node.addresses {
+                        set.insert(ipnet::IpNet::from(*ip), &name);
+                    }
+                }
+            }
             PeerDef::Pods { .. } => {
                 for pod in self.pods_of(def) {
                     let name = format!("{}/{}", pod.namespace, pod.name);
@@ -480,6 +488,8 @@ impl<'a> Translator<'a> {
     fn pods_of(&self, def: &PeerDef) -> Vec<&'a Pod> {
         let (snapshot, addresses) = (self.snapshot, &self.addresses);
         match def {
+            // Node addresses are not pods' (named ports never go with a nodes peer).
+            PeerDef::Nodes(_) => Vec::new(),
             PeerDef::Block(b) => snapshot
                 .pods()
                 .filter(|p| addresses.reported(p).iter().any(|ip| b.contains(*ip)) && addresses.of(p).any(|ip| b.contains(ip)))
