@@ -21,6 +21,14 @@
 //!   endPort range), egress to the namespace's databases on the `pg` named port, allow from
 //!   the ingress controller, egress to the internet (ipBlock with excepts), and ingress from
 //!   the cluster's range minus one node (ipBlock with except).
+//! - ClusterNetworkPolicies, when asked for: Admin policies in a cycle of deny ingress from
+//!   `env: dev` namespaces to a team, accept DNS egress for every namespace, pass Prometheus to
+//!   a team's NetworkPolicies on a named port, deny a team's web pods egress to the metadata
+//!   address, deny a team egress to the kubelet port of every node, and a team's isolation
+//!   (pass from the team, deny from every other namespace); priorities spread over 0–1000 with
+//!   pairs of equal priority. Baseline policies cycle through deny ingress from other teams,
+//!   accept egress within the team, and deny SMTP to anywhere. Teams take the Admin shapes in turn
+//!   (all six for a team, then the next team), the Baseline ones round robin.
 //! - Addresses: IPv4 from 198.18.0.0/15, a /25 per node, while the nodes fit (1,024 nodes);
 //!   larger clusters are IPv6 from 2001:db8::/32, a /64 per node.
 
@@ -29,6 +37,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
+use crate::model::cnp::{ClusterNetworkPolicy, CnpPeer, CnpPods, CnpPort, CnpProtocol, CnpRule, CnpSubject};
 use crate::model::convert::NAMESPACE_NAME_LABEL;
 use crate::model::labels::intern;
 use crate::model::{
@@ -45,13 +54,17 @@ pub struct Params {
     pub namespaces: usize,
     pub pods_per_node: usize,
     pub seed: u64,
+    /// ClusterNetworkPolicies of the Admin tier.
+    pub admin_policies: usize,
+    /// ClusterNetworkPolicies of the Baseline tier.
+    pub baseline_policies: usize,
 }
 
 impl Params {
     /// `pods` pods and `policies` policies in `policies / 10` namespaces (at least one), 110
     /// pods per node.
     pub fn new(pods: usize, policies: usize) -> Self {
-        Self { pods, policies, namespaces: (policies / 10).max(1), pods_per_node: 110, seed: 1 }
+        Self { pods, policies, namespaces: (policies / 10).max(1), pods_per_node: 110, seed: 1, admin_policies: 0, baseline_policies: 0 }
     }
 }
 
@@ -192,6 +205,13 @@ pub fn generate(p: &Params) -> Cluster {
         for j in 0..count {
             s.upsert_policy(policy(i, j, apps, k, ipv6, &mut rng));
         }
+    }
+    let teams = k.div_ceil(NAMESPACES_PER_TEAM);
+    for i in 0..p.admin_policies {
+        s.upsert_cluster_policy(admin_policy(i, p.admin_policies, teams, ipv6));
+    }
+    for i in 0..p.baseline_policies {
+        s.upsert_cluster_policy(baseline_policy(i, teams, ipv6));
     }
     Cluster { snapshot: s, node: "node-0".into(), nodes, pods_per_node: per_node, ipv6 }
 }
@@ -394,6 +414,115 @@ fn policy(ns: usize, j: usize, apps: usize, namespaces: usize, ipv6: bool, rng: 
     p
 }
 
+fn cnp_rule(name: String, action: &str, peers: Vec<CnpPeer>, protocols: Option<Vec<CnpProtocol>>) -> CnpRule {
+    CnpRule { name: Some(name), action: action.into(), peers, protocols }
+}
+
+fn team(t: usize) -> LabelSelector {
+    labels(&[("team", &format!("team-{t}"))])
+}
+
+/// Admin policy `i` of `count` (see the module doc).
+fn admin_policy(i: usize, count: usize, teams: usize, ipv6: bool) -> ClusterNetworkPolicy {
+    // Every shape for a team before the next team.
+    let t = (i / 6) % teams.max(1);
+    // Pairs of equal priority, spread over the range.
+    let priority = ((i / 2) * 2 * 1000 / count.max(1)).min(1000) as i64;
+    let mut p = ClusterNetworkPolicy {
+        tier: "Admin".into(),
+        priority: Some(priority),
+        subject: CnpSubject::Namespaces(team(t)),
+        ..Default::default()
+    };
+    match i % 6 {
+        0 => {
+            p.name = format!("team-{t}-no-dev-{i}");
+            p.ingress = vec![cnp_rule(format!("deny-from-dev-{i}"), "Deny", vec![CnpPeer::Namespaces(labels(&[("env", "dev")]))], None)];
+        }
+        1 => {
+            p.name = format!("dns-{i}");
+            p.subject = CnpSubject::Namespaces(LabelSelector::default());
+            let dns = CnpPods {
+                namespace_selector: Some(labels(&[(NAMESPACE_NAME_LABEL, "kube-system")])),
+                pod_selector: labels(&[("k8s-app", "kube-dns")]),
+            };
+            p.egress = vec![cnp_rule(
+                format!("accept-dns-{i}"),
+                "Accept",
+                vec![CnpPeer::Pods(dns)],
+                Some(vec![CnpProtocol::Udp(CnpPort::Number(53)), CnpProtocol::Tcp(CnpPort::Number(53))]),
+            )];
+        }
+        2 => {
+            p.name = format!("team-{t}-monitoring-{i}");
+            p.ingress = vec![cnp_rule(
+                format!("pass-prometheus-{i}"),
+                "Pass",
+                vec![CnpPeer::Namespaces(labels(&[("purpose", "monitoring")]))],
+                Some(vec![CnpProtocol::NamedPort("metrics".into())]),
+            )];
+        }
+        3 => {
+            p.name = format!("team-{t}-web-no-metadata-{i}");
+            p.subject = CnpSubject::Pods(CnpPods { namespace_selector: Some(team(t)), pod_selector: labels(&[("tier", "web")]) });
+            let metadata = if ipv6 { "fd00:ec2::254/128" } else { "169.254.169.254/32" };
+            p.egress = vec![cnp_rule(format!("deny-metadata-{i}"), "Deny", vec![CnpPeer::Networks(vec![metadata.into()])], None)];
+        }
+        4 => {
+            p.name = format!("team-{t}-no-kubelet-{i}");
+            p.egress = vec![cnp_rule(
+                format!("deny-kubelet-{i}"),
+                "Deny",
+                vec![CnpPeer::Nodes(LabelSelector::default())],
+                Some(vec![CnpProtocol::Tcp(CnpPort::Range { start: 10249, end: 10250 })]),
+            )];
+        }
+        _ => {
+            p.name = format!("team-{t}-isolation-{i}");
+            p.ingress = vec![
+                cnp_rule(format!("pass-team-{i}"), "Pass", vec![CnpPeer::Namespaces(team(t))], None),
+                cnp_rule(format!("deny-other-namespaces-{i}"), "Deny", vec![CnpPeer::Namespaces(LabelSelector::default())], None),
+            ];
+        }
+    }
+    p
+}
+
+/// Baseline policy `i` (see the module doc).
+fn baseline_policy(i: usize, teams: usize, ipv6: bool) -> ClusterNetworkPolicy {
+    let t = i % teams.max(1);
+    let mut p = ClusterNetworkPolicy {
+        tier: "Baseline".into(),
+        priority: Some((i * 10 % 1001) as i64),
+        subject: CnpSubject::Namespaces(team(t)),
+        ..Default::default()
+    };
+    match i % 3 {
+        0 => {
+            p.name = format!("team-{t}-baseline-ingress-{i}");
+            p.ingress = vec![
+                cnp_rule(format!("accept-team-{i}"), "Accept", vec![CnpPeer::Namespaces(team(t))], None),
+                cnp_rule(format!("deny-rest-{i}"), "Deny", vec![CnpPeer::Namespaces(LabelSelector::default())], None),
+            ];
+        }
+        1 => {
+            p.name = format!("team-{t}-baseline-egress-{i}");
+            p.egress = vec![cnp_rule(format!("accept-team-{i}"), "Accept", vec![CnpPeer::Namespaces(team(t))], None)];
+        }
+        _ => {
+            p.name = format!("team-{t}-no-smtp-{i}");
+            let all = if ipv6 { "::/0" } else { "0.0.0.0/0" };
+            p.egress = vec![cnp_rule(
+                format!("deny-smtp-{i}"),
+                "Deny",
+                vec![CnpPeer::Networks(vec![all.into()])],
+                Some(vec![CnpProtocol::Tcp(CnpPort::Number(25))]),
+            )];
+        }
+    }
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,7 +530,7 @@ mod tests {
 
     #[test]
     fn sizes_and_determinism() {
-        let p = Params { pods: 1000, policies: 100, namespaces: 10, pods_per_node: 110, seed: 7 };
+        let p = Params { pods: 1000, policies: 100, namespaces: 10, pods_per_node: 110, seed: 7, admin_policies: 12, baseline_policies: 6 };
         let a = generate(&p);
         let system: usize = SYSTEM_PODS.iter().map(|s| s.3).sum();
         assert_eq!(a.snapshot.pod_count(), 1000 + system);
@@ -412,14 +541,18 @@ mod tests {
         let b = generate(&p);
         let eps = a.snapshot.derived_endpoints(&a.node);
         assert_eq!(translate(&a.snapshot, &eps, &Options::default()), translate(&b.snapshot, &eps, &Options::default()));
-        // Every generated policy is valid.
+        // Every generated policy is valid, ClusterNetworkPolicies included.
         assert!(crate::translate::validate_all(&a.snapshot).is_empty());
+        assert_eq!(a.snapshot.cluster_policies().count(), 18);
+        let np = translate(&a.snapshot, &eps, &Options::default());
+        assert!(np.problems.is_empty(), "{:?}", np.problems);
+        assert!(np.endpoints.iter().any(|e| !e.ingress.admin.is_empty()) && np.endpoints.iter().any(|e| !e.egress.baseline.is_empty()));
     }
 
     #[test]
     fn large_clusters_are_ipv6_in_the_documentation_range() {
         // More pods per node than a /25 holds: IPv6 (as are clusters of more than 1,024 nodes).
-        let p = Params { pods: 1000, policies: 10, namespaces: 10, pods_per_node: 200, seed: 1 };
+        let p = Params { pods: 1000, policies: 10, namespaces: 10, pods_per_node: 200, seed: 1, admin_policies: 0, baseline_policies: 0 };
         let c = generate(&p);
         assert!(c.ipv6);
         let range: IpNet = "2001:db8::/32".parse().unwrap();

@@ -514,6 +514,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     // read once changes have been quiet for a moment, never on a pod's path.
     let mut applier = Some(Applier::new(NftCli::new(cfg.netns.clone()).with_program(cfg.nft.clone())).defer_baseline());
     let mut baseline_at: Option<tokio::time::Instant> = None;
+    let mut baseline_job: Option<tokio::task::JoinHandle<BaselineRead>> = None;
+    // Since when a committed table has had no baseline (see the drift check below).
+    let mut unverified_since: Option<Instant> = None;
     let mut last_observed = 0u64;
     let mut last_generation = 0u64;
     let mut reported: Vec<translate::PolicyProblem> = Vec::new();
@@ -533,8 +536,33 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             () = async { match retry_at { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => retry_at = None,
             () = async { match baseline_at { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
                 baseline_at = None;
-                if let Some(ap) = applier.take() {
-                    applier = Some(record_baseline(ap).await);
+                // Listing a large table takes seconds (3 s for 225k set elements): it runs
+                // beside the loop so that a CNI ADD meanwhile is not kept waiting.
+                if baseline_job.is_none()
+                    && let Some((commit, mut backend)) = applier.as_ref().and_then(Applier::baseline_reader)
+                {
+                    baseline_job = Some(tokio::task::spawn_blocking(move || (commit, crate::apply::Backend::read_state(&mut backend))));
+                }
+                continue;
+            }
+            done = async { match baseline_job.as_mut() { Some(job) => job.await, None => std::future::pending().await } } => {
+                baseline_job = None;
+                match done {
+                    Ok((commit, Ok(state))) => {
+                        if let Some(ap) = applier.as_mut() {
+                            if ap.accept_baseline(commit, state) {
+                                unverified_since = None;
+                            } else if ap.needs_baseline() {
+                                // A transaction committed during the read: read again once quiet.
+                                baseline_at = Some(tokio::time::Instant::now() + BASELINE_QUIET);
+                            }
+                        }
+                    }
+                    Ok((_, Err(e))) => tracing::warn!(error = %e, "cannot read the table for the drift baseline; the next drift check reads it"),
+                    Err(e) => {
+                        shared.crash(format!("reading the drift baseline panicked: {e}"));
+                        return;
+                    }
                 }
                 continue;
             }
@@ -606,6 +634,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         cfg.metrics.coalesced(generation.saturating_sub(last_generation).saturating_sub(1));
         last_generation = generation;
         let Some(mut ap) = applier.take() else { return };
+        let (unverified_for, resync) = (unverified_since.map_or(Duration::ZERO, |t: Instant| t.elapsed()), cfg.resync);
         let stats = ruleset.stats();
         let rendered = started.elapsed();
         let hook = cfg.sync_hook.clone();
@@ -617,13 +646,15 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             if forced {
                 ap.invalidate();
             }
-            // Changes never went quiet long enough to read a baseline: what the kernel holds
-            // cannot be vouched for, so the drift check rewrites the table and reads it back.
-            let unverified = periodic && ap.needs_baseline();
+            // Changes never went quiet long enough to read a baseline for a whole resync
+            // period: what the kernel holds cannot be vouched for, so the drift check rewrites
+            // the table and reads it back. A baseline merely still to come (the last change
+            // was moments ago) defers the check to the next tick instead.
+            let unverified = periodic && ap.needs_baseline() && unverified_for >= resync;
             let mut checked = false;
             if unverified {
                 ap.invalidate();
-            } else if periodic {
+            } else if periodic && !ap.needs_baseline() {
                 checked = true;
                 match ap.check_drift() {
                     Ok(Drift::InSync | Drift::NotApplied) => {}
@@ -653,6 +684,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                 return;
             }
         };
+        unverified_since = if ap.needs_baseline() { unverified_since.or_else(|| Some(Instant::now())) } else { None };
         applier = Some(ap);
         if let Some(r) = &router {
             match r.sync(wanted_routes).await {
@@ -729,22 +761,11 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     }
 }
 
+/// A drift baseline read beside the sync loop: the commit it followed and what it read.
+type BaselineRead = (u64, Result<Option<crate::apply::state::TableState>, crate::apply::ApplyError>);
+
 /// How long after the last transaction the drift baseline is read (see `sync_loop`).
 const BASELINE_QUIET: Duration = Duration::from_secs(1);
-
-/// Reads the drift baseline on a blocking thread.
-async fn record_baseline(mut ap: Applier<NftCli>) -> Applier<NftCli> {
-    let job = tokio::task::spawn_blocking(move || {
-        if let Err(e) = ap.record_baseline() {
-            tracing::warn!(error = %e, "cannot read the table for the drift baseline; the next drift check reads it");
-        }
-        ap
-    });
-    match job.await {
-        Ok(ap) => ap,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
-}
 
 fn publish_failure(shared: &Shared, generation: u64, reason: &str, error: String) {
     shared.config.metrics.sync_failed(reason);

@@ -137,11 +137,14 @@ pub struct Applier<B> {
     baseline: Option<state::TableState>,
     /// Whether [`Applier::apply`] leaves reading the baseline to the caller.
     defer_baseline: bool,
+    /// Committed transactions so far: a baseline read beside the applier
+    /// ([`Applier::baseline_reader`]) is taken only if no transaction committed since.
+    commits: u64,
 }
 
 impl<B: Backend> Applier<B> {
     pub fn new(backend: B) -> Self {
-        Self { backend, last: None, full: true, baseline: None, defer_baseline: false }
+        Self { backend, last: None, full: true, baseline: None, defer_baseline: false, commits: 0 }
     }
 
     /// Leaves reading the drift baseline after a transaction to the caller
@@ -162,8 +165,29 @@ impl<B: Backend> Applier<B> {
         Ok(())
     }
 
+    /// When a baseline is due: the commit it is for and a backend to read it with, so that
+    /// the (for large tables, slow) listing runs beside the applier instead of blocking it.
+    /// Hand the result to [`Self::accept_baseline`].
+    pub fn baseline_reader(&self) -> Option<(u64, B)>
+    where
+        B: Clone,
+    {
+        self.needs_baseline().then(|| (self.commits, self.backend.clone()))
+    }
+
+    /// Takes a baseline read after commit `commit`; `false` (and nothing changes) when another
+    /// transaction committed since, which makes the read stale.
+    pub fn accept_baseline(&mut self, commit: u64, state: Option<state::TableState>) -> bool {
+        if commit != self.commits || self.last.is_none() {
+            return false;
+        }
+        self.baseline = state;
+        true
+    }
+
     /// A transaction committed: the baseline is read now, or left to the caller.
     fn committed(&mut self) -> Result<(), ApplyError> {
+        self.commits += 1;
         self.baseline = None;
         if self.defer_baseline { Ok(()) } else { self.record_baseline() }
     }

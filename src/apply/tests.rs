@@ -91,6 +91,25 @@ fn drift_is_detected_and_repaired() {
 }
 
 #[test]
+fn a_baseline_read_beside_the_applier_is_taken_only_for_the_commit_it_followed() {
+    let mut a = Applier::new(FakeNft::new()).defer_baseline();
+    assert!(a.baseline_reader().is_none(), "nothing applied, nothing to read");
+    a.apply(&ruleset(&testkit::base_cluster())).unwrap();
+    let (commit, mut reader) = a.baseline_reader().unwrap();
+    let read = reader.read_state().unwrap();
+    // Another transaction commits while the read was in flight: the read is stale.
+    let rs = ruleset(&with(DENY_X));
+    a.apply(&rs).unwrap();
+    assert!(!a.accept_baseline(commit, read));
+    assert!(a.needs_baseline());
+    assert_eq!(a.check_drift().unwrap(), Drift::Unverified);
+    let (commit, mut reader) = a.baseline_reader().unwrap();
+    assert!(a.accept_baseline(commit, reader.read_state().unwrap()));
+    assert!(!a.needs_baseline() && a.baseline_reader().is_none());
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+}
+
+#[test]
 fn conflicting_objects_are_rebuilt_in_one_transaction() {
     let mut a = Applier::new(FakeNft::new());
     let rs = ruleset(&testkit::base_cluster());

@@ -33,6 +33,12 @@ pub struct BenchArgs {
     /// NetworkPolicies in the cluster.
     #[arg(long, default_value_t = 1_000)]
     policies: usize,
+    /// ClusterNetworkPolicies of the Admin tier.
+    #[arg(long, default_value_t = 0)]
+    admin_policies: usize,
+    /// ClusterNetworkPolicies of the Baseline tier.
+    #[arg(long, default_value_t = 0)]
+    baseline_policies: usize,
     /// Application namespaces [default: policies / 10].
     #[arg(long)]
     namespaces: Option<usize>,
@@ -58,6 +64,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     params.namespaces = args.namespaces.unwrap_or(params.namespaces);
     params.pods_per_node = args.pods_per_node;
     params.seed = args.seed;
+    params.admin_policies = args.admin_policies;
+    params.baseline_policies = args.baseline_policies;
 
     let rss_before = rss_bytes();
     let started = Instant::now();
@@ -92,6 +100,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         "params": {
             "pods": params.pods,
             "policies": params.policies,
+            "admin_policies": params.admin_policies,
+            "baseline_policies": params.baseline_policies,
             "namespaces": params.namespaces,
             "pods_per_node": params.pods_per_node,
             "seed": params.seed,
@@ -100,6 +110,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         "cluster": {
             "pods": s.pod_count(),
             "policies": s.policy_count(),
+            "cluster_policies": s.cluster_policies().count(),
             "namespaces": s.namespaces().count(),
             "nodes": cluster.nodes,
             "family": if cluster.ipv6 { "ipv6" } else { "ipv4" },
@@ -189,7 +200,9 @@ fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyh
         canonical.push(t.elapsed());
 
         let ns = NetnsGuard::new("bench-apply");
-        let mut applier = Applier::new(NftCli::new(ns.netns()));
+        // As in the agent, the drift baseline is read beside the applier, not as part of a
+        // transaction: it is measured on its own below (read_state).
+        let mut applier = Applier::new(NftCli::new(ns.netns())).defer_baseline();
         let t = Instant::now();
         applier.apply(rs).context("full apply")?;
         full.push(t.elapsed());
