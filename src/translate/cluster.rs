@@ -398,6 +398,7 @@ mod tests {
     fn policy(tier: &str, priority: Option<i64>) -> ClusterNetworkPolicy {
         ClusterNetworkPolicy {
             name: "p".into(),
+            generation: None,
             tier: tier.into(),
             priority,
             subject: CnpSubject::Namespaces(LabelSelector::default()),
