@@ -162,7 +162,7 @@ impl Metrics {
         );
         r.register(
             "policy_status_requests",
-            "Server-side applies of flock's condition on ClusterNetworkPolicy status, by result",
+            "Requests about flock's condition in ClusterNetworkPolicy status (get, apply), by verb and result",
             m.policy_status_requests.clone(),
         );
         crate::process::register_build_info(&mut r);
@@ -271,8 +271,13 @@ impl Metrics {
         }
     }
 
-    pub fn status_request(&self, ok: bool) {
-        self.policy_status_requests.get_or_create(&label("result", if ok { "ok" } else { "failed" })).inc();
+    pub fn status_request(&self, verb: &str, ok: bool) {
+        self.policy_status_requests
+            .get_or_create(&vec![
+                ("verb".to_string(), verb.to_string()),
+                ("result".to_string(), if ok { "ok" } else { "failed" }.to_string()),
+            ])
+            .inc();
     }
 
     pub fn event_request(&self, verb: &str, ok: bool) {

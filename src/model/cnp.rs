@@ -33,9 +33,11 @@ pub const PLURAL: &str = "clusternetworkpolicies";
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct ClusterNetworkPolicy {
     pub name: String,
-    /// `metadata.generation` (set by the API server, `None` in manifests): what a status
-    /// condition's `observedGeneration` refers to. Not used to enforce.
+    /// `metadata.generation` and `metadata.uid` (set by the API server, `None` in
+    /// manifests): what a status condition's `observedGeneration` refers to, and which
+    /// object of that name it is on. Not used to enforce.
     pub generation: Option<i64>,
+    pub uid: Option<String>,
     /// `spec.tier` as written: `Admin` or `Baseline` (anything else: reported, fail closed).
     pub tier: String,
     /// `spec.priority` as written (`None`: absent or not an integer).
@@ -299,6 +301,7 @@ pub fn from_json(obj: &Value) -> Result<ClusterNetworkPolicy, ConvertError> {
     Ok(ClusterNetworkPolicy {
         name,
         generation: obj.pointer("/metadata/generation").and_then(Value::as_i64),
+        uid: obj.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_string),
         tier: spec.get("tier").and_then(Value::as_str).unwrap_or_default().to_string(),
         priority: spec.get("priority").and_then(Value::as_i64),
         subject: subject(spec.get("subject")),
@@ -394,6 +397,9 @@ pub fn to_json(p: &ClusterNetworkPolicy) -> Value {
     if let Some(g) = p.generation {
         metadata.insert("generation".into(), json!(g));
     }
+    if let Some(u) = &p.uid {
+        metadata.insert("uid".into(), json!(u));
+    }
     json!({"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec})
 }
 
@@ -482,9 +488,9 @@ mod tests {
     }
 
     #[test]
-    fn the_generation_is_read_and_written_back() {
-        let p = from_json(&json!({"metadata": {"name": "p", "generation": 3}, "spec": {"tier": "Admin"}})).unwrap();
-        assert_eq!(p.generation, Some(3));
+    fn the_generation_and_uid_are_read_and_written_back() {
+        let p = from_json(&json!({"metadata": {"name": "p", "generation": 3, "uid": "u-1"}, "spec": {"tier": "Admin", "subject": {"namespaces": {}}}})).unwrap();
+        assert_eq!((p.generation, p.uid.as_deref()), (Some(3), Some("u-1")));
         assert_eq!(from_json(&to_json(&p)).unwrap(), p);
     }
 }

@@ -399,6 +399,7 @@ mod tests {
         ClusterNetworkPolicy {
             name: "p".into(),
             generation: None,
+            uid: None,
             tier: tier.into(),
             priority,
             subject: CnpSubject::Namespaces(LabelSelector::default()),
