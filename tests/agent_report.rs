@@ -512,7 +512,10 @@ async fn cluster_policies_get_events_and_a_status_condition_written_only_on_chan
 
     // Every such request is granted to the agent.
     let granted = common::grants("deploy/agent/rbac.yaml", &["ClusterRole", "Role"]);
-    for g in ["cluster policy.networking.k8s.io/clusternetworkpolicies:get", "cluster policy.networking.k8s.io/clusternetworkpolicies/status:patch"] {
+    for g in [
+        "cluster policy.networking.k8s.io/clusternetworkpolicies:get",
+        "cluster policy.networking.k8s.io/clusternetworkpolicies/status:patch",
+    ] {
         assert!(granted.contains(&g.to_string()), "{g} not granted");
     }
     for r in server.requests().iter().filter(|r| r.method.as_str() == "PATCH" && r.path.contains("/clusternetworkpolicies/")) {

@@ -122,7 +122,8 @@ async fn an_absent_crd_is_normal_logged_once_and_watched_once_installed() {
     // threads log first), keeping only this thread's lines.
     let logs = Logs(Arc::default(), std::thread::current().name().map(str::to_owned));
     let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_max_level(tracing::Level::INFO).with_writer(move || writer.clone()).finish();
+    let subscriber =
+        tracing_subscriber::fmt().with_ansi(false).with_max_level(tracing::Level::INFO).with_writer(move || writer.clone()).finish();
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let rig = Rig::start(|_| {}).await;
@@ -262,16 +263,16 @@ async fn an_unreadable_policy_reaches_the_snapshot_and_fails_closed() {
     .await;
     rig.wait("complete", || rig.source.is_complete()).await;
     rig.server.apply(cnp::cnp("allow-b", 10, "b", json!([{"action": "Allow", "from": [{"namespaces": {}}]}]))).unwrap();
-    rig.server
-        .apply(cnp::cnp("services", 11, "b", json!([{"action": "Accept", "from": [{"services": {"name": "x"}}]}])))
-        .unwrap();
+    rig.server.apply(cnp::cnp("services", 11, "b", json!([{"action": "Accept", "from": [{"services": {"name": "x"}}]}]))).unwrap();
     let mut bad_subject = cnp::cnp("no-subject", 12, "b", cnp::from_everyone("Deny"));
     bad_subject["spec"]["subject"] = json!({"namespaces": {}, "pods": {"podSelector": {}}});
     rig.server.apply(bad_subject).unwrap();
     rig.wait("three policies", || rig.cluster_policies().len() == 3).await;
     let snapshot = rig.source.snapshot().1;
     assert_eq!(snapshot.cluster_policy("allow-b").unwrap().ingress[0].action, "Allow");
-    assert!(matches!(&snapshot.cluster_policy("services").unwrap().ingress[0].peers[..], [CnpPeer::Invalid(why)] if why.contains("services")));
+    assert!(
+        matches!(&snapshot.cluster_policy("services").unwrap().ingress[0].peers[..], [CnpPeer::Invalid(why)] if why.contains("services"))
+    );
     assert!(matches!(&snapshot.cluster_policy("no-subject").unwrap().subject, CnpSubject::Invalid(_)));
     let problems = flock::translate::validate_all(&snapshot);
     let named: Vec<String> = problems.iter().map(ToString::to_string).collect();

@@ -489,7 +489,10 @@ mod tests {
 
     #[test]
     fn the_generation_and_uid_are_read_and_written_back() {
-        let p = from_json(&json!({"metadata": {"name": "p", "generation": 3, "uid": "u-1"}, "spec": {"tier": "Admin", "subject": {"namespaces": {}}}})).unwrap();
+        let p = from_json(
+            &json!({"metadata": {"name": "p", "generation": 3, "uid": "u-1"}, "spec": {"tier": "Admin", "subject": {"namespaces": {}}}}),
+        )
+        .unwrap();
         assert_eq!((p.generation, p.uid.as_deref()), (Some(3), Some("u-1")));
         assert_eq!(from_json(&to_json(&p)).unwrap(), p);
     }

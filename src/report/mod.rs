@@ -55,8 +55,8 @@ use tokio::sync::watch;
 
 pub use self::lease::{Elector, LeaseError, LeaseSettings};
 use crate::agent::metrics::Metrics;
-use crate::source::Source;
 use crate::model::Snapshot;
+use crate::source::Source;
 use crate::translate::ir::PolicyKind;
 use crate::translate::{self, PolicyProblem};
 

@@ -71,7 +71,10 @@ impl Desired {
 
     /// Whether `c` (flock's condition as found on the server) says this.
     fn is_written(&self, c: &Condition) -> bool {
-        c.status == self.status() && c.reason == self.reason() && c.message == self.message && c.observed_generation == self.observed_generation
+        c.status == self.status()
+            && c.reason == self.reason()
+            && c.message == self.message
+            && c.observed_generation == self.observed_generation
     }
 
     /// The condition to apply, given what the server has (its transition time is kept while

@@ -116,7 +116,11 @@ pub(super) async fn run(
             }
             Ok(true) => {
                 if known != Some(true) {
-                    tracing::info!(resource = RESOURCE.as_str(), api_version = cnp::API_VERSION, "the ClusterNetworkPolicy CRD is installed: watching");
+                    tracing::info!(
+                        resource = RESOURCE.as_str(),
+                        api_version = cnp::API_VERSION,
+                        "the ClusterNetworkPolicy CRD is installed: watching"
+                    );
                 }
                 known = Some(true);
                 metrics.resource_served(RESOURCE.as_str(), true);

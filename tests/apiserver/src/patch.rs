@@ -245,10 +245,8 @@ pub(crate) fn fields_v1(paths: &BTreeSet<FieldPath>) -> Value {
 /// other than `f:` and `k:` (e.g. `.` or `v:` written by a real server) end the path there.
 pub(crate) fn paths_of_fields_v1(fields: &Value) -> BTreeSet<FieldPath> {
     fn walk(value: &Value, prefix: &mut FieldPath, out: &mut BTreeSet<FieldPath>) {
-        let children: Vec<(&String, &Value)> = value
-            .as_object()
-            .map(|m| m.iter().filter(|(k, _)| k.starts_with("f:") || k.starts_with("k:")).collect())
-            .unwrap_or_default();
+        let children: Vec<(&String, &Value)> =
+            value.as_object().map(|m| m.iter().filter(|(k, _)| k.starts_with("f:") || k.starts_with("k:")).collect()).unwrap_or_default();
         if children.is_empty() {
             if !prefix.is_empty() {
                 out.insert(prefix.clone());
