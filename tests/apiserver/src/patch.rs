@@ -210,13 +210,15 @@ pub(crate) fn key_list_maps(value: &mut Value, list_maps: &[(FieldPath, String)]
     }
 }
 
-/// The inverse of [`key_list_maps`]; the entries come back ordered by key.
+/// The inverse of [`key_list_maps`]; the entries come back ordered by key. An entry left
+/// empty (every field of it was dropped by its manager) is gone.
 pub(crate) fn unkey_list_maps(value: &mut Value, list_maps: &[(FieldPath, String)]) {
     for (path, _) in list_maps {
         if let Some(slot) = get_path_mut(value, path)
             && let Value::Object(map) = slot
         {
-            *slot = Value::Array(std::mem::take(map).into_iter().map(|(_, v)| v).collect());
+            let entries = std::mem::take(map).into_iter().map(|(_, v)| v);
+            *slot = Value::Array(entries.filter(|v| !v.as_object().is_some_and(Map::is_empty)).collect());
         }
     }
 }

@@ -1131,6 +1131,10 @@ mod tests {
         assert!(conditions.iter().any(|c| c["type"] == "flock.dev/Enforced" && c["status"] == "False"));
         // Another manager's entry is its own: changing it conflicts.
         assert_eq!(condition("flock", "other.dev/Accepted", "False").unwrap_err().code, 409);
+        // An entry its manager no longer applies is gone, the others' stay.
+        let (obj, _) = condition("flock", "flock.dev/Other", "True").unwrap();
+        let types: Vec<&str> = obj["status"]["conditions"].as_array().unwrap().iter().filter_map(|c| c["type"].as_str()).collect();
+        assert_eq!(types, ["flock.dev/Other", "other.dev/Accepted"], "{obj}");
     }
 
     #[test]
