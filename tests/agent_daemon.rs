@@ -565,3 +565,45 @@ async fn a_panic_in_a_sync_ends_the_daemon_with_an_error() {
     assert!(err.to_string().contains("injected panic in the apply"), "{err}");
     assert_eq!(rig.table(), before, "the rules changed");
 }
+
+#[path = "common/cnp.rs"]
+mod cnp;
+
+/// ClusterNetworkPolicies end to end: the agent starts without their CRD (ready all the
+/// same), picks up the CRD and a denying policy once installed, enforces a policy it cannot
+/// read fail closed, and lets traffic through again once the CRD is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_network_policies_are_enforced_while_their_crd_is_installed() {
+    if !require_root("cluster_network_policies_are_enforced_while_their_crd_is_installed") {
+        return;
+    }
+    let mut rig = Rig::new("cnp").await;
+    let (stop, task) = rig.start(rig.options(|o| {
+        fast_source(o);
+        o.source.watch.discovery_interval = Duration::from_millis(200);
+    }));
+    wait_until("readiness without the CRD", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    rig.add_pod("a", "198.18.80.60", json!({"app": "a"})).await;
+    rig.add_pod("b", "198.18.80.61", json!({"app": "b"})).await;
+    assert!(ping(rig.pod("a"), "198.18.80.61"));
+
+    rig.server.apply(cnp::crd()).unwrap();
+    rig.server.apply(cnp::cnp("deny-b", 10, "b", cnp::from_everyone("Deny"))).unwrap();
+    wait_until("the policy in nft", Duration::from_secs(10), || rig.table().contains("deny-b ingress[0] all-pods: Deny")).await;
+    assert!(!ping(rig.pod("a"), "198.18.80.61"), "the Admin Deny does not isolate b");
+    assert!(ping(rig.pod("b"), "198.18.80.60"));
+    assert_eq!(rig.metric("flock_cluster_policies_tracked"), 1.0);
+
+    // An action flock does not know: the rule denies (fail closed), it does not allow.
+    rig.server.apply(cnp::cnp("deny-b", 10, "b", cnp::from_everyone("Allow"))).unwrap();
+    wait_until("the fail-closed rule", Duration::from_secs(10), || rig.table().contains("deny-b ingress[0] all-pods (fail closed)")).await;
+    assert!(!ping(rig.pod("a"), "198.18.80.61"), "an unreadable policy opened b");
+
+    // The CRD goes, and its policies with it.
+    rig.server.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", None, cnp::CRD_NAME).unwrap();
+    wait_until("the policy out of nft", Duration::from_secs(10), || !rig.table().contains("deny-b")).await;
+    assert!(ping(rig.pod("a"), "198.18.80.61"));
+    assert_eq!(rig.metric("flock_cluster_policies_tracked"), 0.0);
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}

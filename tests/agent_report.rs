@@ -1,7 +1,8 @@
 //! Policy problems are reported once for the whole cluster: several flock-agents against one
 //! test API server, one holding the reporter Lease, one `PolicyNotEnforceable` Event per
 //! problem with a growing `series`, failover without re-publishing, nothing from agents that
-//! do not hold the Lease, and exactly the RBAC the reporter uses.
+//! do not hold the Lease, and exactly the RBAC the reporter uses; for ClusterNetworkPolicies
+//! also flock's status condition, written by server-side apply only when it changes.
 //!
 //! The first test runs whole agents (`daemon::run`, real nft in a node namespace each: root);
 //! the others run only what reports (the informers and [`Reporter`]), without the kernel.
@@ -420,5 +421,105 @@ async fn rbac_grants_exactly_the_requests_the_reporter_makes() {
     let unused: Vec<&String> =
         granted.iter().filter(|g| (g.contains("/events:") || g.contains("/leases:")) && !used.contains(*g)).collect();
     assert!(unused.is_empty(), "granted but never used: {unused:?}");
+    server.shutdown().await;
+}
+
+#[path = "common/cnp.rs"]
+mod cnp;
+
+/// flock's condition (`flock.dev/Enforced`) in a ClusterNetworkPolicy's status.
+fn flock_condition(server: &ApiServer, name: &str) -> Option<Value> {
+    let obj = server.get(cnp::API_VERSION, cnp::KIND, None, name).unwrap()?;
+    obj["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "flock.dev/Enforced").cloned()
+}
+
+/// Requests about ClusterNetworkPolicies with this method (GET, PATCH), other than the watch's.
+fn cnp_requests(server: &ApiServer, method: &str) -> usize {
+    server.requests().iter().filter(|r| r.method.as_str() == method && !r.watch && r.path.contains("/clusternetworkpolicies/")).count()
+}
+
+/// A ClusterNetworkPolicy flock cannot enforce as written gets a Warning Event (in `default`,
+/// regarding the cluster-scoped object) and flock's status condition, False with the field;
+/// one it can gets True; other implementations' conditions stay; only changes are written,
+/// and a new holder writes nothing that is already there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_policies_get_events_and_a_status_condition_written_only_on_change() {
+    let server = start_server().await;
+    server.apply(cnp::crd()).unwrap();
+    server.apply(cnp::cnp("bad", 10, "a", cnp::from_everyone("Allow"))).unwrap();
+    let mut good = cnp::cnp("good", 20, "a", cnp::from_everyone("Deny"));
+    good["status"] = json!({"conditions": [{"type": "other.dev/Accepted", "status": "True", "reason": "Programmed", "message": "",
+                                            "lastTransitionTime": "2024-01-01T00:00:00Z"}]});
+    server.apply(good).unwrap();
+    let (stop, task, metrics) = reporter(&server, "agent-a", fast_report());
+
+    let bad = eventually("the condition on bad", Duration::from_secs(10), || flock_condition(&server, "bad")).await;
+    assert_eq!((bad["status"].as_str(), bad["reason"].as_str()), (Some("False"), Some("NotEnforceableAsWritten")), "{bad}");
+    assert!(bad["message"].as_str().unwrap().contains("spec.ingress[0].action"), "{bad}");
+    assert_eq!(bad["observedGeneration"], 1);
+    assert!(bad["lastTransitionTime"].is_string());
+    let ok = eventually("the condition on good", Duration::from_secs(10), || flock_condition(&server, "good")).await;
+    assert_eq!((ok["status"].as_str(), ok["reason"].as_str()), (Some("True"), Some("EnforcedAsWritten")), "{ok}");
+    // Another implementation's condition is left alone; flock's is flock's (server-side apply).
+    let obj = server.get(cnp::API_VERSION, cnp::KIND, None, "good").unwrap().unwrap();
+    assert!(obj["status"]["conditions"].as_array().unwrap().iter().any(|c| c["type"] == "other.dev/Accepted"), "{obj}");
+    let managers: Vec<&str> = obj["metadata"]["managedFields"].as_array().unwrap().iter().filter_map(|m| m["manager"].as_str()).collect();
+    assert_eq!(managers, ["flock"]);
+
+    // The Event: in default, about the ClusterNetworkPolicy.
+    let ev = eventually("the Event", Duration::from_secs(10), || events_about(&server, "bad").pop()).await;
+    assert_eq!(ev["regarding"]["kind"], "ClusterNetworkPolicy");
+    assert_eq!(ev["regarding"]["apiVersion"], cnp::API_VERSION);
+    assert!(ev["regarding"]["namespace"].is_null(), "{ev}");
+    assert!(ev["note"].as_str().unwrap().contains("spec.ingress[0].action"), "{ev}");
+    eventually("the metric", Duration::from_secs(10), || {
+        let text = metrics.encode();
+        (text.contains("flock_cluster_policies_enforced{enforced=\"true\"} 1")
+            && text.contains("flock_cluster_policies_enforced{enforced=\"false\"} 1"))
+        .then_some(())
+    })
+    .await;
+
+    // Only changes are written: a new policy gets its condition, the others nothing more,
+    // however many recomputes and heartbeats pass (the transition time below relies on the
+    // two seconds too: it has a resolution of one).
+    assert_eq!(cnp_requests(&server, "PATCH"), 2);
+    server.apply(cnp::cnp("pass-z", 30, "z", cnp::from_everyone("Pass"))).unwrap();
+    eventually("the third condition", Duration::from_secs(10), || flock_condition(&server, "pass-z")).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(cnp_requests(&server, "PATCH"), 3, "conditions rewritten without a change");
+
+    // Fixed: True, for the new generation, with a new transition time.
+    server.apply(cnp::cnp("bad", 10, "a", cnp::from_everyone("Deny"))).unwrap();
+    let fixed = eventually("the condition True", Duration::from_secs(10), || {
+        flock_condition(&server, "bad").filter(|c| c["status"] == "True" && c["observedGeneration"] == 2)
+    })
+    .await;
+    assert_eq!(fixed["reason"], "EnforcedAsWritten");
+    assert_ne!(fixed["lastTransitionTime"], bad["lastTransitionTime"]);
+    stop.send(true).unwrap();
+    task.await.unwrap();
+
+    // A new holder reads each policy once and writes nothing: it is all there already.
+    let (patches, gets) = (cnp_requests(&server, "PATCH"), cnp_requests(&server, "GET"));
+    let (stop, task, _) = reporter(&server, "agent-b", fast_report());
+    eventually("agent-b holding", Duration::from_secs(10), || (holder(&server).as_deref() == Some("agent-b")).then_some(())).await;
+    eventually("agent-b's reads", Duration::from_secs(10), || (cnp_requests(&server, "GET") >= gets + 3).then_some(())).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cnp_requests(&server, "PATCH"), patches, "the new holder rewrote conditions that were up to date");
+    stop.send(true).unwrap();
+    task.await.unwrap();
+
+    // Every such request is granted to the agent.
+    let granted = common::grants("deploy/agent/rbac.yaml", &["ClusterRole", "Role"]);
+    for g in [
+        "cluster policy.networking.k8s.io/clusternetworkpolicies:get",
+        "cluster policy.networking.k8s.io/clusternetworkpolicies/status:patch",
+    ] {
+        assert!(granted.contains(&g.to_string()), "{g} not granted");
+    }
+    for r in server.requests().iter().filter(|r| r.method.as_str() == "PATCH" && r.path.contains("/clusternetworkpolicies/")) {
+        assert!(r.path.ends_with("/status"), "{} {}", r.method, r.path);
+    }
     server.shutdown().await;
 }

@@ -56,21 +56,23 @@ fn daemonset_has_the_install_identity_and_known_flags() {
 #[test]
 fn cluster_role_grants_only_what_the_agent_uses() {
     let got = grants("deploy/agent/rbac.yaml", &["ClusterRole", "Role"]);
-    let mut want: Vec<String> = ["/pods", "/namespaces", "/nodes", "networking.k8s.io/networkpolicies"]
-        .iter()
-        .flat_map(|r| ["get", "list", "watch"].iter().map(move |v| format!("cluster {r}:{v}")))
-        .chain(
-            [
-                "cluster events.k8s.io/events:get",
-                "cluster events.k8s.io/events:create",
-                "cluster events.k8s.io/events:patch",
-                "flock-system coordination.k8s.io/leases:create",
-                "flock-system coordination.k8s.io/leases:get/flock-agent-reporter",
-                "flock-system coordination.k8s.io/leases:update/flock-agent-reporter",
-            ]
-            .map(String::from),
-        )
-        .collect();
+    let mut want: Vec<String> =
+        ["/pods", "/namespaces", "/nodes", "networking.k8s.io/networkpolicies", "policy.networking.k8s.io/clusternetworkpolicies"]
+            .iter()
+            .flat_map(|r| ["get", "list", "watch"].iter().map(move |v| format!("cluster {r}:{v}")))
+            .chain(
+                [
+                    "cluster events.k8s.io/events:get",
+                    "cluster events.k8s.io/events:create",
+                    "cluster events.k8s.io/events:patch",
+                    "cluster policy.networking.k8s.io/clusternetworkpolicies/status:patch",
+                    "flock-system coordination.k8s.io/leases:create",
+                    "flock-system coordination.k8s.io/leases:get/flock-agent-reporter",
+                    "flock-system coordination.k8s.io/leases:update/flock-agent-reporter",
+                ]
+                .map(String::from),
+            )
+            .collect();
     want.sort();
     assert_eq!(got, want);
     // Every role is bound to the agent's ServiceAccount, in the role's namespace.

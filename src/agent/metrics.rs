@@ -20,6 +20,7 @@ pub struct Metrics {
     enforce_latency: Family<Labels, Histogram, fn() -> Histogram>,
     pods: Gauge,
     policies: Gauge,
+    cluster_policies: Gauge,
     endpoints: Gauge,
     set_elements: Gauge,
     rules: Gauge,
@@ -29,6 +30,7 @@ pub struct Metrics {
     watch_relists: Family<Labels, Counter>,
     api_probes: Family<Labels, Counter>,
     api_health: Family<Labels, Gauge>,
+    resource_served: Family<Labels, Gauge>,
     cni_requests: Family<Labels, Counter>,
     coalesced: Counter,
     drift_repairs: Counter,
@@ -36,6 +38,8 @@ pub struct Metrics {
     policy_problems_cluster: Gauge,
     policy_reporter: Gauge,
     policy_event_requests: Family<Labels, Counter>,
+    cluster_policies_enforced: Family<Labels, Gauge>,
+    policy_status_requests: Family<Labels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -65,6 +69,7 @@ impl Metrics {
             enforce_latency: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
             pods: Gauge::default(),
             policies: Gauge::default(),
+            cluster_policies: Gauge::default(),
             endpoints: Gauge::default(),
             set_elements: Gauge::default(),
             rules: Gauge::default(),
@@ -74,6 +79,7 @@ impl Metrics {
             watch_relists: Family::default(),
             api_probes: Family::default(),
             api_health: Family::default(),
+            resource_served: Family::default(),
             cni_requests: Family::default(),
             coalesced: Counter::default(),
             drift_repairs: Counter::default(),
@@ -81,6 +87,8 @@ impl Metrics {
             policy_problems_cluster: Gauge::default(),
             policy_reporter: Gauge::default(),
             policy_event_requests: Family::default(),
+            cluster_policies_enforced: Family::default(),
+            policy_status_requests: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -97,6 +105,7 @@ impl Metrics {
         );
         r.register("pods_tracked", "Pods in the snapshot (cluster-wide)", m.pods.clone());
         r.register("policies_tracked", "NetworkPolicies in the snapshot", m.policies.clone());
+        r.register("cluster_policies_tracked", "ClusterNetworkPolicies in the snapshot", m.cluster_policies.clone());
         r.register("local_endpoints", "Pod attachments registered on this node", m.endpoints.clone());
         r.register("ruleset_set_elements", "Set and map elements in table inet flock", m.set_elements.clone());
         r.register("ruleset_rules", "Rules in table inet flock", m.rules.clone());
@@ -117,6 +126,11 @@ impl Metrics {
             "api_health_state",
             "API server health: 1 for the current state (Connected, Degraded, Disconnected)",
             m.api_health.clone(),
+        );
+        r.register(
+            "api_resource_served",
+            "Whether an optional resource (a CRD flock does not own: clusternetworkpolicies) is served, as discovery last said",
+            m.resource_served.clone(),
         );
         r.register("cni_requests", "Requests from flock-cni, by verb and result", m.cni_requests.clone());
         r.register("coalesced_events", "Changes folded into a sync started for an earlier change", m.coalesced.clone());
@@ -140,6 +154,16 @@ impl Metrics {
             "policy_event_requests",
             "Requests about PolicyNotEnforceable Events, by verb and result",
             m.policy_event_requests.clone(),
+        );
+        r.register(
+            "cluster_policies_enforced",
+            "ClusterNetworkPolicies of the cluster by whether flock enforces them as written (enforced=\"true\") or not (counted by every agent)",
+            m.cluster_policies_enforced.clone(),
+        );
+        r.register(
+            "policy_status_requests",
+            "Requests about flock's condition in ClusterNetworkPolicy status (get, apply), by verb and result",
+            m.policy_status_requests.clone(),
         );
         crate::process::register_build_info(&mut r);
         Self { registry: r, ..m }
@@ -168,6 +192,10 @@ impl Metrics {
         self.pods.set(i64::try_from(pods).unwrap_or(i64::MAX));
         self.policies.set(i64::try_from(policies).unwrap_or(i64::MAX));
         self.endpoints.set(i64::try_from(endpoints).unwrap_or(i64::MAX));
+    }
+
+    pub fn cluster_policies_tracked(&self, n: usize) {
+        self.cluster_policies.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub fn ruleset(&self, rules: usize, elements: usize) {
@@ -203,6 +231,10 @@ impl Metrics {
         }
     }
 
+    pub fn resource_served(&self, resource: &str, served: bool) {
+        self.resource_served.get_or_create(&label("resource", resource)).set(i64::from(served));
+    }
+
     pub fn cni(&self, verb: &str, ok: bool) {
         self.cni_requests
             .get_or_create(&vec![
@@ -230,6 +262,22 @@ impl Metrics {
 
     pub fn reporter(&self, holding: bool) {
         self.policy_reporter.set(i64::from(holding));
+    }
+
+    /// How many ClusterNetworkPolicies are enforced as written, and how many are not.
+    pub fn cluster_policies_enforced(&self, enforced: usize, not_enforced: usize) {
+        for (v, n) in [("true", enforced), ("false", not_enforced)] {
+            self.cluster_policies_enforced.get_or_create(&label("enforced", v)).set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    pub fn status_request(&self, verb: &str, ok: bool) {
+        self.policy_status_requests
+            .get_or_create(&vec![
+                ("verb".to_string(), verb.to_string()),
+                ("result".to_string(), if ok { "ok" } else { "failed" }.to_string()),
+            ])
+            .inc();
     }
 
     pub fn event_request(&self, verb: &str, ok: bool) {
@@ -262,6 +310,9 @@ impl crate::source::kube::SourceMetrics for Metrics {
     fn health(&self, state: &str) {
         Metrics::health(self, state);
     }
+    fn resource_served(&self, resource: &str, served: bool) {
+        Metrics::resource_served(self, resource, served);
+    }
 }
 
 #[cfg(test)]
@@ -281,6 +332,9 @@ mod tests {
         m.coalesced(4);
         m.watch_relisted("networkpolicies", "too_large");
         m.api_probe(false);
+        m.resource_served("clusternetworkpolicies", false);
+        m.cluster_policies_tracked(2);
+        m.cluster_policies_enforced(1, 1);
         let text = m.encode();
         for name in [
             "flock_sync_duration_seconds_bucket",
@@ -295,6 +349,9 @@ mod tests {
             "flock_coalesced_events_total 4",
             "flock_watch_relists_total{resource=\"networkpolicies\",reason=\"too_large\"} 1",
             "flock_api_probes_total{result=\"failed\"} 1",
+            "flock_api_resource_served{resource=\"clusternetworkpolicies\"} 0",
+            "flock_cluster_policies_tracked 2",
+            "flock_cluster_policies_enforced{enforced=\"false\"} 1",
             "flock_build_info{version=",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");

@@ -614,7 +614,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                 (h.0)(SyncStage::Render);
             }
             let policy = translate::translate(&snapshot, &endpoints, &options);
-            let counts = (snapshot.pod_count(), snapshot.policy_count(), endpoints.len());
+            let counts = (snapshot.pod_count(), snapshot.policy_count(), endpoints.len(), snapshot.cluster_policies().count());
             (render::render(&policy), policy.problems, routes::desired_routes(&snapshot, &node), counts)
         });
         let (ruleset, problems, wanted_routes, counts) = match render_job.await {
@@ -709,6 +709,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                 m.sync(matches!(outcome, Outcome::Applied { .. }), elapsed.as_secs_f64());
                 m.ruleset(stats.rules, stats.elements);
                 m.tracked(counts.0, counts.1, counts.2);
+                m.cluster_policies_tracked(counts.3);
                 if repaired {
                     m.drift_repaired();
                 }

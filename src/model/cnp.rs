@@ -33,6 +33,11 @@ pub const PLURAL: &str = "clusternetworkpolicies";
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct ClusterNetworkPolicy {
     pub name: String,
+    /// `metadata.generation` and `metadata.uid` (set by the API server, `None` in
+    /// manifests): what a status condition's `observedGeneration` refers to, and which
+    /// object of that name it is on. Not used to enforce.
+    pub generation: Option<i64>,
+    pub uid: Option<String>,
     /// `spec.tier` as written: `Admin` or `Baseline` (anything else: reported, fail closed).
     pub tier: String,
     /// `spec.priority` as written (`None`: absent or not an integer).
@@ -295,6 +300,8 @@ pub fn from_json(obj: &Value) -> Result<ClusterNetworkPolicy, ConvertError> {
     };
     Ok(ClusterNetworkPolicy {
         name,
+        generation: obj.pointer("/metadata/generation").and_then(Value::as_i64),
+        uid: obj.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_string),
         tier: spec.get("tier").and_then(Value::as_str).unwrap_or_default().to_string(),
         priority: spec.get("priority").and_then(Value::as_i64),
         subject: subject(spec.get("subject")),
@@ -385,7 +392,15 @@ pub fn to_json(p: &ClusterNetworkPolicy) -> Value {
     if !p.egress.is_empty() {
         spec.insert("egress".into(), Value::Array(p.egress.iter().map(|r| rule(r, "to")).collect()));
     }
-    json!({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": p.name}, "spec": spec})
+    let mut metadata = Map::new();
+    metadata.insert("name".into(), json!(p.name));
+    if let Some(g) = p.generation {
+        metadata.insert("generation".into(), json!(g));
+    }
+    if let Some(u) = &p.uid {
+        metadata.insert("uid".into(), json!(u));
+    }
+    json!({"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec})
 }
 
 /// The spec fields flock reads (others are reported as unknown by the manifest reader).
@@ -468,7 +483,17 @@ mod tests {
     fn a_missing_name_is_a_conversion_error_and_a_missing_spec_reads_as_empty() {
         assert_eq!(from_json(&json!({"metadata": {}})).unwrap_err().field, "metadata.name");
         let p = from_json(&json!({"metadata": {"name": "p"}})).unwrap();
-        assert_eq!((p.tier.as_str(), p.priority), ("", None));
+        assert_eq!((p.tier.as_str(), p.priority, p.generation), ("", None, None));
         assert!(matches!(p.subject, CnpSubject::Invalid(_)));
+    }
+
+    #[test]
+    fn the_generation_and_uid_are_read_and_written_back() {
+        let p = from_json(
+            &json!({"metadata": {"name": "p", "generation": 3, "uid": "u-1"}, "spec": {"tier": "Admin", "subject": {"namespaces": {}}}}),
+        )
+        .unwrap();
+        assert_eq!((p.generation, p.uid.as_deref()), (Some(3), Some("u-1")));
+        assert_eq!(from_json(&to_json(&p)).unwrap(), p);
     }
 }

@@ -1,5 +1,5 @@
-//! Cluster-wide reports of NetworkPolicies flock cannot enforce as written: one writer for
-//! the whole cluster.
+//! Cluster-wide reports of policies (NetworkPolicies, ClusterNetworkPolicies) flock cannot
+//! enforce as written: one writer for the whole cluster.
 //!
 //! Every agent watches every policy, so every agent knows every policy's problems
 //! (`translate::validate_all` over its snapshot) and exports their number,
@@ -8,8 +8,9 @@
 //! Event per node — a storm at scale. (flock-controller is optional, so it cannot be the
 //! reporter.) Non-holders send no request about Events at all.
 //!
-//! Each (policy, problem) is one Warning Event `PolicyNotEnforceable` regarding the policy,
-//! continued with the events API's `series`:
+//! Each (policy, problem) is one Warning Event `PolicyNotEnforceable` regarding the policy
+//! (a ClusterNetworkPolicy's, being cluster-scoped, in namespace `default`, as for other
+//! cluster-scoped objects), continued with the events API's `series`:
 //! - The first observation creates the Event. Its name is a function of the policy and the
 //!   problem (`<policy>.<hash>`), so any agent can find it again: a new holder after a
 //!   failover reads each current problem's Event (one GET each) and continues its series,
@@ -31,8 +32,13 @@
 //! its key leaves out the note (two problems of one policy would share one series, showing
 //! the first one's note), it writes on every call, and its Event names carry a timestamp, so
 //! a new holder could neither find nor continue its predecessor's series.
+//!
+//! Every ClusterNetworkPolicy also gets flock's condition in its status ([`status`]), written by
+//! the holder too; every agent exports how many are enforced as written
+//! (`flock_cluster_policies_enforced`).
 
 pub mod lease;
+pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -49,13 +55,17 @@ use tokio::sync::watch;
 
 pub use self::lease::{Elector, LeaseError, LeaseSettings};
 use crate::agent::metrics::Metrics;
+use crate::model::Snapshot;
 use crate::source::Source;
+use crate::translate::ir::PolicyKind;
 use crate::translate::{self, PolicyProblem};
 
 /// The Events' reason.
 pub const REASON: &str = "PolicyNotEnforceable";
 /// The Events' reporting controller.
 pub const CONTROLLER: &str = "flock-agent";
+/// Where Events about cluster-scoped objects go.
+pub const CLUSTER_EVENT_NAMESPACE: &str = "default";
 
 /// How policy problems are reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,8 +99,33 @@ impl Default for ReportOptions {
     }
 }
 
-/// The current problems of every policy; `None` until the snapshot is complete.
-type Problems = Option<Arc<BTreeSet<PolicyProblem>>>;
+/// What the reporter publishes, from one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Findings {
+    /// The problems of every policy.
+    pub problems: BTreeSet<PolicyProblem>,
+    /// flock's condition for each ClusterNetworkPolicy, by name.
+    pub conditions: BTreeMap<String, status::Desired>,
+}
+
+impl Findings {
+    /// The findings of a snapshot (validating every policy: thousands take a while).
+    pub fn of(snapshot: &Snapshot) -> Self {
+        let problems: BTreeSet<PolicyProblem> = translate::validate_all(snapshot).into_iter().collect();
+        let mut by_cnp: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for p in problems.iter().filter(|p| p.kind == PolicyKind::ClusterNetworkPolicy) {
+            by_cnp.entry(p.policy.name.as_str()).or_default().push(format!("{}: {}", p.field, p.message));
+        }
+        let conditions = snapshot
+            .cluster_policies()
+            .map(|c| (c.name.clone(), status::Desired::new(c, by_cnp.get(c.name.as_str()).map_or(&[][..], Vec::as_slice))))
+            .collect();
+        Self { problems, conditions }
+    }
+}
+
+/// The current findings; `None` until the snapshot is complete.
+type Problems = Option<Arc<Findings>>;
 
 /// One agent's reporting: the metric always, the Events while it holds the Lease.
 pub struct Reporter {
@@ -131,11 +166,12 @@ async fn track(source: Source, metrics: Arc<Metrics>, tx: watch::Sender<Problems
             let (version, snapshot) = source.snapshot();
             last = Some(version);
             // Off the async workers: thousands of policies take a while to compile.
-            match tokio::task::spawn_blocking(move || translate::validate_all(&snapshot)).await {
+            match tokio::task::spawn_blocking(move || Findings::of(&snapshot)).await {
                 Ok(found) => {
-                    let found: BTreeSet<PolicyProblem> = found.into_iter().collect();
-                    tracing::debug!(version, problems = found.len(), "validated every policy");
-                    metrics.cluster_problems(found.len());
+                    tracing::debug!(version, problems = found.problems.len(), "validated every policy");
+                    metrics.cluster_problems(found.problems.len());
+                    let enforced = found.conditions.values().filter(|c| c.enforced).count();
+                    metrics.cluster_policies_enforced(enforced, found.conditions.len() - enforced);
                     tx.send_if_modified(|old| {
                         let changed = old.as_deref() != Some(&found);
                         if changed {
@@ -174,10 +210,17 @@ async fn lead(
         metrics.reporter(true);
         // `hold` returns by the renew deadline when renewals fail, before another agent may
         // take the Lease; the publisher (and any request of it in flight) is dropped then.
+        let statuses = status::StatusWriter {
+            client: publisher.client.clone(),
+            metrics: metrics.clone(),
+            retry: publisher.opts.retry,
+            request_interval: publisher.opts.request_interval,
+        };
+        let mut for_status = problems.clone();
         let held = tokio::select! {
             held = elector.hold(&mut stop) => held,
             // Ends only when the problems' sender is gone, i.e. on stop.
-            () = publisher.publish(&mut problems) => Ok(()),
+            _ = async { tokio::join!(publisher.publish(&mut problems), statuses.publish(&mut for_status)) } => Ok(()),
         };
         metrics.reporter(false);
         match held {
@@ -241,7 +284,7 @@ impl Publisher {
             if std::mem::take(&mut changed) || problems.has_changed().unwrap_or(false) {
                 let current = problems.borrow_and_update().clone();
                 if let Some(current) = current {
-                    observe(&mut series, &current);
+                    observe(&mut series, &current.problems);
                 }
             }
             let now = Instant::now();
@@ -275,7 +318,7 @@ impl Publisher {
 
     /// The request a due series needs: read or create its Event, or a heartbeat.
     async fn write(&self, p: &PolicyProblem, s: &mut Series, pacer: &mut Pacer) {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &p.policy.namespace);
+        let api: Api<Event> = Api::namespaced(self.client.clone(), event_namespace(p));
         let result = match s.written {
             None => self.open(&api, p, s, pacer).await,
             Some(written) => {
@@ -395,24 +438,40 @@ pub fn event_name(p: &PolicyProblem) -> String {
     if prefix.is_empty() { hash } else { format!("{prefix}.{hash}") }
 }
 
+/// The namespace of a problem's Event: the policy's, or `default` for a cluster-scoped one.
+pub fn event_namespace(p: &PolicyProblem) -> &str {
+    match p.kind {
+        PolicyKind::NetworkPolicy => &p.policy.namespace,
+        PolicyKind::ClusterNetworkPolicy => CLUSTER_EVENT_NAMESPACE,
+    }
+}
+
 /// The Event for a problem, as created.
 pub fn event(p: &PolicyProblem, name: &str, instance: &str, now: Timestamp) -> Event {
     // The message says what flock does instead (fail closed): e.g. "this rule allows nothing".
     let note = format!("{}: {}", p.field, p.message);
     Event {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(p.policy.namespace.clone()), ..ObjectMeta::default() },
+        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(event_namespace(p).into()), ..ObjectMeta::default() },
         event_time: Some(MicroTime(now)),
         type_: Some("Warning".into()),
         reason: Some(REASON.into()),
         action: Some("Enforce".into()),
         // The API's limits: 1 kB of note, 128 bytes of reporting instance.
         note: Some(truncate(&note, 1024).into()),
-        regarding: Some(ObjectReference {
-            api_version: Some("networking.k8s.io/v1".into()),
-            kind: Some("NetworkPolicy".into()),
-            namespace: Some(p.policy.namespace.clone()),
-            name: Some(p.policy.name.clone()),
-            ..ObjectReference::default()
+        regarding: Some(match p.kind {
+            PolicyKind::NetworkPolicy => ObjectReference {
+                api_version: Some("networking.k8s.io/v1".into()),
+                kind: Some("NetworkPolicy".into()),
+                namespace: Some(p.policy.namespace.clone()),
+                name: Some(p.policy.name.clone()),
+                ..ObjectReference::default()
+            },
+            PolicyKind::ClusterNetworkPolicy => ObjectReference {
+                api_version: Some(crate::model::cnp::API_VERSION.into()),
+                kind: Some(crate::model::cnp::KIND.into()),
+                name: Some(p.policy.name.clone()),
+                ..ObjectReference::default()
+            },
         }),
         reporting_controller: Some(CONTROLLER.into()),
         reporting_instance: Some(truncate(instance, 128).into()),
@@ -469,6 +528,24 @@ mod tests {
         assert_eq!(ev.regarding.as_ref().unwrap().namespace.as_deref(), Some("shop"));
         assert_eq!(ev.metadata.namespace.as_deref(), Some("shop"));
         assert!(ev.series.is_none() && ev.deprecated_count.is_none());
+    }
+
+    #[test]
+    fn a_cluster_policys_event_goes_to_default_regarding_the_cluster_scoped_object() {
+        let p = PolicyProblem {
+            kind: PolicyKind::ClusterNetworkPolicy,
+            policy: ObjectRef::new("", "deny-all"),
+            field: "spec.ingress[0].action".into(),
+            message: "unknown action \"Allow\"".into(),
+        };
+        let ev = event(&p, &event_name(&p), "i", Timestamp::UNIX_EPOCH);
+        assert_eq!(ev.metadata.namespace.as_deref(), Some("default"));
+        let r = ev.regarding.unwrap();
+        assert_eq!(r.api_version.as_deref(), Some("policy.networking.k8s.io/v1alpha2"));
+        assert_eq!((r.kind.as_deref(), r.name.as_deref(), r.namespace.as_deref()), (Some("ClusterNetworkPolicy"), Some("deny-all"), None));
+        // Not the Event of a NetworkPolicy default/deny-all with the same problem.
+        let np = PolicyProblem { kind: PolicyKind::NetworkPolicy, policy: ObjectRef::new("default", "deny-all"), ..p.clone() };
+        assert_ne!(event_name(&p), event_name(&np));
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! The Kubernetes informer source: a list-and-watch loop per resource (Pods, Namespaces,
-//! NetworkPolicies, Nodes; all namespaces), written into the snapshot as events arrive, and
-//! the API health the agent reports.
+//! NetworkPolicies, Nodes; all namespaces; and ClusterNetworkPolicies while their CRD is
+//! installed, `crd`), written into the snapshot as events arrive, and the API health the
+//! agent reports.
 //!
 //! - Only the snapshot's fields are kept: each object is converted on arrival
 //!   (`model::convert`) and the API object dropped, so memory per pod stays small.
 //! - A (re)list replaces everything the snapshot holds of its resource at once, when the
 //!   last page is in: objects the list does not contain are gone. Until then the snapshot —
 //!   and nft — keep the last-known state; a partial list is never applied. The source becomes
-//!   complete, and the agent may program nft, only once all four resources have been listed.
+//!   complete, and the agent may program nft, only once every resource has been listed (an
+//!   absent ClusterNetworkPolicy CRD counts as an empty list).
 //! - Each resource's loop (`reflect`) relists when its resourceVersion is unusable: 410
 //!   Expired, 504 "Too large resource version" (the API server lost state, e.g. an etcd
 //!   restore: objects may have vanished without a DELETE), or a watch that keeps failing.
@@ -20,6 +22,7 @@
 //!   (`disconnected_after`) while any watch or the probe fails; last-known rules stay in
 //!   force throughout, and recovery bumps a resync counter the agent turns into a full sync.
 
+mod crd;
 mod health;
 mod reflect;
 
@@ -36,6 +39,7 @@ pub use self::health::{ApiHealth, HealthReport, HealthState, ProbeConfig, Proof,
 pub use self::reflect::Options as WatchOptions;
 use self::reflect::{Kind, Reflector};
 use super::SourceWriter;
+use crate::model::cnp::ClusterNetworkPolicy;
 use crate::model::{Namespace, NetworkPolicy, Node, ObjectRef, Pod, Snapshot, convert, derived_uid};
 
 /// The watched resources.
@@ -45,10 +49,13 @@ pub enum Resource {
     Namespaces,
     NetworkPolicies,
     Nodes,
+    /// `policy.networking.k8s.io/v1alpha2`, when its CRD is installed.
+    ClusterNetworkPolicies,
 }
 
 impl Resource {
-    pub const ALL: [Resource; 4] = [Resource::Pods, Resource::Namespaces, Resource::NetworkPolicies, Resource::Nodes];
+    pub const ALL: [Resource; 5] =
+        [Resource::Pods, Resource::Namespaces, Resource::NetworkPolicies, Resource::Nodes, Resource::ClusterNetworkPolicies];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -56,6 +63,7 @@ impl Resource {
             Self::Namespaces => "namespaces",
             Self::NetworkPolicies => "networkpolicies",
             Self::Nodes => "nodes",
+            Self::ClusterNetworkPolicies => "clusternetworkpolicies",
         }
     }
 }
@@ -88,6 +96,7 @@ enum Object {
     Namespace(Namespace),
     Policy(NetworkPolicy),
     Node(Node),
+    ClusterPolicy(ClusterNetworkPolicy),
 }
 
 enum Key {
@@ -95,6 +104,7 @@ enum Key {
     Namespace(String),
     Policy(ObjectRef),
     Node(String),
+    ClusterPolicy(String),
 }
 
 fn pod_key(p: &core::Pod) -> Key {
@@ -110,21 +120,25 @@ const PODS: Kind<core::Pod> = Kind {
     convert: |p| convert::pod(p).map(Object::Pod).map_err(|e| format!("pod {:?}: {e}", p.metadata.name)),
     key: pod_key,
     drop_unreadable: true,
+    optional: false,
 };
 const NAMESPACES: Kind<core::Namespace> = Kind {
     convert: |n| convert::namespace(n).map(Object::Namespace).map_err(|e| e.to_string()),
     key: |n| Key::Namespace(n.metadata.name.clone().unwrap_or_default()),
     drop_unreadable: false,
+    optional: false,
 };
 const POLICIES: Kind<net::NetworkPolicy> = Kind {
     convert: |p| convert::network_policy(p).map(Object::Policy).map_err(|e| e.to_string()),
     key: |p| Key::Policy(ObjectRef::new(p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default())),
     drop_unreadable: false,
+    optional: false,
 };
 const NODES: Kind<core::Node> = Kind {
     convert: |n| convert::node(n).map(Object::Node).map_err(|e| e.to_string()),
     key: |n| Key::Node(n.metadata.name.clone().unwrap_or_default()),
     drop_unreadable: false,
+    optional: false,
 };
 
 /// What the informers count, implemented by whoever exports metrics (the agent's
@@ -138,6 +152,8 @@ pub trait SourceMetrics: Send + Sync {
     fn api_probe(&self, ok: bool);
     /// The API health state (`Connected`, `Degraded`, `Disconnected`).
     fn health(&self, state: &str);
+    /// Whether an optional resource (a CRD's) is served, as discovery last said.
+    fn resource_served(&self, resource: &str, served: bool);
 }
 
 /// Counts nothing (tests, tools).
@@ -151,9 +167,10 @@ impl SourceMetrics for NoMetrics {
     fn watch_relisted(&self, _: &str, _: &str) {}
     fn api_probe(&self, _: bool) {}
     fn health(&self, _: &str) {}
+    fn resource_served(&self, _: &str, _: bool) {}
 }
 
-/// Runs the four watches into `writer` until `stop`, with the default options. Never returns
+/// Runs the watches into `writer` until `stop`, with the default options. Never returns
 /// early on errors.
 pub async fn run(
     client: Client,
@@ -188,7 +205,7 @@ pub async fn run_with(
                     metrics: metrics.clone(),
                     opts: opts.watch.clone(),
                 }
-                .run(),
+                .run_until_stopped(),
             ))
         };
     }
@@ -196,6 +213,7 @@ pub async fn run_with(
     reflect!(core::Namespace, Resource::Namespaces, NAMESPACES);
     reflect!(net::NetworkPolicy, Resource::NetworkPolicies, POLICIES);
     reflect!(core::Node, Resource::Nodes, NODES);
+    tasks.push(tokio::spawn(crd::run(client.clone(), opts.watch.clone(), tx.clone(), health.clone(), metrics.clone())));
     drop(tx);
     tasks.push(tokio::spawn(probe(client, opts.probe.clone(), health.clone(), metrics.clone(), stop.clone())));
 
@@ -239,11 +257,11 @@ pub async fn run_with(
         if !complete && Resource::ALL.iter().all(|r| listed.contains(r)) {
             complete = true;
             let s = writer.reader();
-            let (pods, policies) = {
+            let (pods, policies, cluster_policies) = {
                 let r = s.read();
-                (r.snapshot.pod_count(), r.snapshot.policy_count())
+                (r.snapshot.pod_count(), r.snapshot.policy_count(), r.snapshot.cluster_policies().count())
             };
-            tracing::info!(pods, policies, "every watch finished its initial list: the source is complete");
+            tracing::info!(pods, policies, cluster_policies, "every watch finished its initial list: the source is complete");
             writer.set_complete();
         }
     }
@@ -314,6 +332,7 @@ fn unchanged(s: &Snapshot, o: &Object) -> bool {
         Object::Namespace(n) => s.namespace(&n.name) == Some(n),
         Object::Policy(p) => s.policy(&p.key()) == Some(p),
         Object::Node(n) => s.node(&n.name) == Some(n),
+        Object::ClusterPolicy(p) => s.cluster_policy(&p.name) == Some(p),
     }
 }
 
@@ -323,6 +342,7 @@ fn upsert(s: &mut Snapshot, o: Object) {
         Object::Namespace(n) => s.upsert_namespace(n),
         Object::Policy(p) => s.upsert_policy(p),
         Object::Node(n) => s.upsert_node(n),
+        Object::ClusterPolicy(p) => s.upsert_cluster_policy(p),
     }
 }
 
@@ -340,6 +360,9 @@ fn delete(s: &mut Snapshot, k: &Key) {
         Key::Node(n) => {
             s.remove_node(n);
         }
+        Key::ClusterPolicy(n) => {
+            s.remove_cluster_policy(n);
+        }
     }
 }
 
@@ -351,6 +374,7 @@ fn replace(s: &mut Snapshot, res: Resource, objects: Vec<Object>) -> usize {
         Resource::Namespaces => s.namespaces().map(|n| Key::Namespace(n.name.clone())).collect(),
         Resource::NetworkPolicies => s.policies().map(|p| Key::Policy(p.key())).collect(),
         Resource::Nodes => s.nodes().map(|n| Key::Node(n.name.clone())).collect(),
+        Resource::ClusterNetworkPolicies => s.cluster_policies().map(|p| Key::ClusterPolicy(p.name.clone())).collect(),
     };
     for k in &old {
         delete(s, k);
@@ -367,5 +391,6 @@ fn present(s: &Snapshot, k: &Key) -> bool {
         Key::Namespace(n) => s.namespace(n).is_some(),
         Key::Policy(r) => s.policy(r).is_some(),
         Key::Node(n) => s.node(n).is_some(),
+        Key::ClusterPolicy(n) => s.cluster_policy(n).is_some(),
     }
 }

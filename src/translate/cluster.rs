@@ -398,6 +398,8 @@ mod tests {
     fn policy(tier: &str, priority: Option<i64>) -> ClusterNetworkPolicy {
         ClusterNetworkPolicy {
             name: "p".into(),
+            generation: None,
+            uid: None,
             tier: tier.into(),
             priority,
             subject: CnpSubject::Namespaces(LabelSelector::default()),

@@ -49,6 +49,9 @@ pub struct Options {
     /// `timeoutSeconds` of watch requests; no data for this plus 5 s means a dead
     /// connection.
     pub watch_timeout: u32,
+    /// While an optional resource (a CRD's) is not served, discovery is asked again after
+    /// this plus up to as much again (jittered from `seed`).
+    pub discovery_interval: Duration,
     /// Seeds the backoff jitter.
     pub seed: u64,
 }
@@ -62,6 +65,7 @@ impl Default for Options {
             relist_after: 5,
             settle: Duration::from_secs(1),
             watch_timeout: 290,
+            discovery_interval: Duration::from_secs(30),
             seed: 0,
         }
     }
@@ -110,8 +114,20 @@ enum WatchEnd {
     Short,
     /// Its resourceVersion cannot be used: relist.
     Relist(ListFrom, Why),
+    /// The resource is not served (404 for an optional one).
+    NotServed,
     /// The snapshot side has gone away.
     Stopped,
+}
+
+/// Why a reflector's loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// The snapshot side has gone away.
+    Stopped,
+    /// An optional resource answered 404 (its CRD was removed, or is not there yet): the
+    /// caller checks discovery again.
+    NotServed,
 }
 
 /// Converts one kind of object for the snapshot.
@@ -122,6 +138,9 @@ pub(super) struct Kind<K> {
     /// (fail closed: a pod flock cannot read is no peer, and a local one is closed), rather
     /// than leaving the earlier version in force.
     pub drop_unreadable: bool,
+    /// The resource is a CRD that may not be installed: a 404 ends the loop
+    /// ([`Ended::NotServed`]) instead of being retried as a failure.
+    pub optional: bool,
 }
 
 /// One resource's loop.
@@ -160,7 +179,7 @@ fn describe_status(s: &Status) -> String {
 }
 
 /// Exponential backoff with deterministic jitter.
-struct Backoff {
+pub(super) struct Backoff {
     min: Duration,
     max: Duration,
     next: Duration,
@@ -169,19 +188,19 @@ struct Backoff {
 }
 
 impl Backoff {
-    fn new(opts: &Options, resource: Resource) -> Self {
+    pub(super) fn new(opts: &Options, resource: Resource) -> Self {
         let seed = opts.seed ^ super::health::seed_from(resource.as_str());
         Self { min: opts.backoff_min, max: opts.backoff_max.max(opts.backoff_min), next: opts.backoff_min, seed, n: 0 }
     }
 
-    fn next_wait(&mut self) -> Duration {
+    pub(super) fn next_wait(&mut self) -> Duration {
         let base = self.next;
         self.next = (self.next * 2).min(self.max);
         self.n += 1;
         base / 2 + (base / 2).mul_f64(unit_jitter(self.seed, self.n))
     }
 
-    fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         self.next = self.min;
     }
 }
@@ -190,8 +209,14 @@ impl<K> Reflector<K>
 where
     K: KubeResource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    /// Lists and watches until the snapshot side goes away.
-    pub async fn run(self) {
+    /// [`Reflector::run`] for a resource that is always served.
+    pub async fn run_until_stopped(self) {
+        let _ = self.run().await;
+    }
+
+    /// Lists and watches until the snapshot side goes away (or, for an optional resource,
+    /// until it is not served).
+    pub async fn run(self) -> Ended {
         let mut backoff = Backoff::new(&self.opts, self.resource);
         let mut from = ListFrom::Latest;
         let mut why = Why::Initial;
@@ -202,7 +227,7 @@ where
                     Ok((objects, rv)) => {
                         let count = objects.len();
                         if self.tx.send((self.resource, Change::Relisted(objects))).await.is_err() {
-                            return;
+                            return Ended::Stopped;
                         }
                         self.ok();
                         backoff.reset();
@@ -222,6 +247,7 @@ where
                         }
                         from = ListFrom::Latest;
                     }
+                    Err(kube::Error::Api(s)) if self.not_served(&s) => return Ended::NotServed,
                     Err(e) => {
                         self.fail(&format!("list: {}", describe(&e)));
                         tokio::time::sleep(backoff.next_wait()).await;
@@ -253,10 +279,16 @@ where
                         (from, why) = (f, w);
                         break;
                     }
-                    WatchEnd::Stopped => return,
+                    WatchEnd::NotServed => return Ended::NotServed,
+                    WatchEnd::Stopped => return Ended::Stopped,
                 }
             }
         }
+    }
+
+    /// Whether a failed request says that an optional resource is not served.
+    fn not_served(&self, s: &Status) -> bool {
+        self.kind.optional && s.code == 404
     }
 
     fn ok(&self) {
@@ -328,6 +360,7 @@ where
         let stream = match self.api.watch(&wp, rv).await {
             Ok(s) => s,
             Err(kube::Error::Api(s)) if expired(&s) || too_large(&s) => return self.unusable(&s, rv),
+            Err(kube::Error::Api(s)) if self.not_served(&s) => return WatchEnd::NotServed,
             Err(e) => {
                 self.fail(&format!("watch: {}", describe(&e)));
                 return WatchEnd::Failed;
@@ -389,6 +422,7 @@ where
                 }
                 // The server ends the stream after an ERROR event.
                 Ok(Some(Ok(WatchEvent::Error(s)))) if expired(&s) || too_large(&s) => return self.unusable(&s, rv),
+                Ok(Some(Ok(WatchEvent::Error(s)))) if self.not_served(&s) => return WatchEnd::NotServed,
                 Ok(Some(Ok(WatchEvent::Error(s)))) => {
                     self.fail(&format!("watch: {}", describe_status(&s)));
                     return WatchEnd::Failed;

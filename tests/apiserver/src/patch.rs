@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 /// A leaf path in an object (`["spec", "replicas"]`).
 pub(crate) type FieldPath = Vec<String>;
@@ -188,13 +188,54 @@ pub(crate) fn leaf_paths(value: &Value) -> BTreeSet<FieldPath> {
     out
 }
 
-/// `fieldsV1` of a set of leaf paths: `{"f:spec":{"f:replicas":{}}}`.
+/// The segment of a list-map entry in field paths: `k:{"type":"Ready"}`, as in `fieldsV1`.
+fn list_key(key: &str, value: &Value) -> String {
+    format!("k:{}", json!({key: value}))
+}
+
+/// Turns the list-maps at `list_maps` (path, key field) into maps from each entry's
+/// [`list_key`] to the entry, so that the apply rules for maps (merge by key, ownership per
+/// field) hold for their entries too. A list with an entry without the key stays a list
+/// (atomic).
+pub(crate) fn key_list_maps(value: &mut Value, list_maps: &[(FieldPath, String)]) {
+    for (path, key) in list_maps {
+        let Some(Value::Array(items)) = get_path_mut(value, path) else { continue };
+        if !items.iter().all(|i| i.get(key).is_some_and(|k| !k.is_null())) {
+            continue;
+        }
+        let keyed: Map<String, Value> = items.drain(..).map(|i| (list_key(key, &i[key.as_str()]), i)).collect();
+        if let Some(slot) = get_path_mut(value, path) {
+            *slot = Value::Object(keyed);
+        }
+    }
+}
+
+/// The inverse of [`key_list_maps`]; the entries come back ordered by key. An entry left
+/// empty (every field of it was dropped by its manager) is gone.
+pub(crate) fn unkey_list_maps(value: &mut Value, list_maps: &[(FieldPath, String)]) {
+    for (path, _) in list_maps {
+        if let Some(slot) = get_path_mut(value, path)
+            && let Value::Object(map) = slot
+        {
+            let entries = std::mem::take(map).into_iter().map(|(_, v)| v);
+            *slot = Value::Array(entries.filter(|v| !v.as_object().is_some_and(Map::is_empty)).collect());
+        }
+    }
+}
+
+fn get_path_mut<'a>(value: &'a mut Value, path: &[String]) -> Option<&'a mut Value> {
+    path.iter().try_fold(value, |v, segment| v.get_mut(segment))
+}
+
+/// `fieldsV1` of a set of leaf paths: `{"f:spec":{"f:replicas":{}}}`; list-map entries are
+/// `k:` segments.
 pub(crate) fn fields_v1(paths: &BTreeSet<FieldPath>) -> Value {
     let mut root = Map::new();
     for path in paths {
         let mut node = &mut root;
         for segment in path {
-            let entry = node.entry(format!("f:{segment}")).or_insert_with(|| Value::Object(Map::new()));
+            let name = if segment.starts_with("k:") { segment.clone() } else { format!("f:{segment}") };
+            let entry = node.entry(name).or_insert_with(|| Value::Object(Map::new()));
             let Value::Object(next) = entry else { break };
             node = next;
         }
@@ -203,11 +244,11 @@ pub(crate) fn fields_v1(paths: &BTreeSet<FieldPath>) -> Value {
 }
 
 /// The leaf paths recorded in a `fieldsV1` object (the inverse of [`fields_v1`]); entries
-/// other than `f:` (e.g. `k:` list keys written by a real server) end the path there.
+/// other than `f:` and `k:` (e.g. `.` or `v:` written by a real server) end the path there.
 pub(crate) fn paths_of_fields_v1(fields: &Value) -> BTreeSet<FieldPath> {
     fn walk(value: &Value, prefix: &mut FieldPath, out: &mut BTreeSet<FieldPath>) {
         let children: Vec<(&String, &Value)> =
-            value.as_object().map(|m| m.iter().filter(|(k, _)| k.starts_with("f:")).collect()).unwrap_or_default();
+            value.as_object().map(|m| m.iter().filter(|(k, _)| k.starts_with("f:") || k.starts_with("k:")).collect()).unwrap_or_default();
         if children.is_empty() {
             if !prefix.is_empty() {
                 out.insert(prefix.clone());
@@ -215,7 +256,7 @@ pub(crate) fn paths_of_fields_v1(fields: &Value) -> BTreeSet<FieldPath> {
             return;
         }
         for (key, child) in children {
-            prefix.push(key[2..].to_owned());
+            prefix.push(if key.starts_with("k:") { key.clone() } else { key[2..].to_owned() });
             walk(child, prefix, out);
             prefix.pop();
         }
@@ -292,5 +333,21 @@ mod tests {
         let fields = fields_v1(&paths);
         assert_eq!(fields, json!({"f:metadata": {"f:labels": {"f:a": {}}}, "f:spec": {"f:ports": {}, "f:empty": {}}}));
         assert_eq!(paths_of_fields_v1(&fields), paths);
+    }
+
+    #[test]
+    fn list_maps_key_and_unkey() {
+        let maps = vec![(vec!["status".to_owned(), "conditions".to_owned()], "type".to_owned())];
+        let mut obj = json!({"status": {"conditions": [{"type": "B", "status": "True"}, {"type": "A", "status": "False"}]}});
+        key_list_maps(&mut obj, &maps);
+        assert_eq!(obj["status"]["conditions"]["k:{\"type\":\"A\"}"]["status"], "False");
+        let paths = leaf_paths(&obj);
+        assert_eq!(paths_of_fields_v1(&fields_v1(&paths)), paths);
+        unkey_list_maps(&mut obj, &maps);
+        assert_eq!(obj, json!({"status": {"conditions": [{"type": "A", "status": "False"}, {"type": "B", "status": "True"}]}}));
+        // An entry without its key: the list stays atomic.
+        let mut atomic = json!({"status": {"conditions": [{"status": "True"}]}});
+        key_list_maps(&mut atomic, &maps);
+        assert!(atomic["status"]["conditions"].is_array());
     }
 }

@@ -45,6 +45,10 @@ pub struct ResourceDef {
     pub short_names: Vec<String>,
     /// Field selectors accepted besides `metadata.name` and `metadata.namespace`.
     pub selectable_fields: Vec<String>,
+    /// Lists that server-side apply merges by a key field, as `x-kubernetes-list-type: map`
+    /// with one `x-kubernetes-list-map-keys` entry: (path of the list, key field), e.g.
+    /// (`["status", "conditions"]`, `"type"`). Read from a CRD's schema.
+    pub list_maps: Vec<(Vec<String>, String)>,
 }
 
 impl ResourceDef {
@@ -60,6 +64,7 @@ impl ResourceDef {
             status_subresource: true,
             short_names: Vec::new(),
             selectable_fields: Vec::new(),
+            list_maps: Vec::new(),
         }
     }
 
@@ -166,6 +171,11 @@ impl Registry {
         };
         self.defs.insert(gvr, (order, def.clone()));
         def
+    }
+
+    /// Stops serving a resource.
+    pub fn unregister(&mut self, gvr: &Gvr) {
+        self.defs.remove(gvr);
     }
 
     /// The resource served at `group/version/plural`.
@@ -343,9 +353,26 @@ pub(crate) fn defs_from_crd(crd: &Value) -> Vec<ResourceDef> {
         }
         def.short_names =
             spec["names"]["shortNames"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect();
+        list_maps(&version["schema"]["openAPIV3Schema"], &mut Vec::new(), &mut def.list_maps);
         defs.push(def);
     }
     defs
+}
+
+/// The list-maps of a structural schema (not inside other lists): lists with
+/// `x-kubernetes-list-type: map` and exactly one `x-kubernetes-list-map-keys` entry.
+fn list_maps(schema: &Value, path: &mut Vec<String>, out: &mut Vec<(Vec<String>, String)>) {
+    if schema["x-kubernetes-list-type"] == "map"
+        && let Some([key]) = schema["x-kubernetes-list-map-keys"].as_array().map(Vec::as_slice)
+        && let Some(key) = key.as_str()
+    {
+        out.push((path.clone(), key.to_owned()));
+    }
+    for (name, property) in schema["properties"].as_object().into_iter().flatten() {
+        path.push(name.clone());
+        list_maps(property, path, out);
+        path.pop();
+    }
 }
 
 #[cfg(test)]
@@ -378,5 +405,14 @@ mod tests {
         assert_eq!(defs.len(), 1);
         assert_eq!(defs[0].api_version(), "flock.dev/v1alpha1");
         assert!(defs[0].status_subresource && defs[0].namespaced);
+        assert!(defs[0].list_maps.is_empty());
+        let crd = json!({"spec": {
+            "group": "policy.networking.k8s.io", "scope": "Cluster",
+            "names": {"kind": "ClusterNetworkPolicy", "plural": "clusternetworkpolicies"},
+            "versions": [{"name": "v1alpha2", "served": true, "subresources": {"status": {}}, "schema": {"openAPIV3Schema": {
+                "properties": {"status": {"properties": {"conditions": {
+                    "type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}}}}}}}]
+        }});
+        assert_eq!(defs_from_crd(&crd)[0].list_maps, [(vec!["status".to_owned(), "conditions".to_owned()], "type".to_owned())]);
     }
 }

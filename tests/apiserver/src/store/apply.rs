@@ -38,7 +38,9 @@ impl State {
             }
         }
         check_identity(def, key, &mut applied)?;
-        let config = apply_config(&applied, def, req.target);
+        let mut config = apply_config(&applied, def, req.target);
+        // List-map entries are merged and owned one by one (by key), like map fields.
+        patch::key_list_maps(&mut config, &def.list_maps);
         let new_paths = patch::leaf_paths(&config);
         let subresource = (req.target == Target::Status).then_some("status");
         let entry = |paths: &BTreeSet<FieldPath>| {
@@ -79,6 +81,8 @@ impl State {
                 && e["operation"].as_str() == Some("Apply")
                 && e["subresource"].as_str() == subresource
         };
+        let mut keyed = old.value.clone();
+        patch::key_list_maps(&mut keyed, &def.list_maps);
         let mut managed: Vec<Value> = old["metadata"]["managedFields"].as_array().cloned().unwrap_or_default();
         let previous = managed.iter().find(|e| is_own(e)).map(|e| patch::paths_of_fields_v1(&e["fieldsV1"])).unwrap_or_default();
         // Conflicts: fields another manager owns that this apply sets to a different value.
@@ -87,7 +91,7 @@ impl State {
             let owner = other["manager"].as_str().unwrap_or("unknown").to_owned();
             for owned in patch::paths_of_fields_v1(&other["fieldsV1"]) {
                 for path in new_paths.iter().filter(|p| patch::overlaps(p, &owned)) {
-                    if patch::get_path(&old, path) != patch::get_path(&config, path) {
+                    if patch::get_path(&keyed, path) != patch::get_path(&config, path) {
                         conflicts.push((owner.clone(), path.clone()));
                     }
                 }
@@ -116,7 +120,7 @@ impl State {
             }
             managed.retain(|e| is_own(e) || e["fieldsV1"].as_object().is_some_and(|m| !m.is_empty()));
         }
-        let mut candidate = old.value.clone();
+        let mut candidate = keyed;
         let others: Vec<FieldPath> =
             managed.iter().filter(|e| !is_own(e)).flat_map(|e| patch::paths_of_fields_v1(&e["fieldsV1"])).collect();
         for dropped in previous.difference(&new_paths) {
@@ -125,6 +129,7 @@ impl State {
             }
         }
         patch::apply_merge(&mut candidate, &config);
+        patch::unkey_list_maps(&mut candidate, &def.list_maps);
         managed.retain(|e| !is_own(e));
         managed.push(entry(&new_paths));
         set_meta(&mut candidate, "managedFields", Value::Array(managed));

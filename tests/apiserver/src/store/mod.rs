@@ -647,7 +647,28 @@ impl State {
         out
     }
 
+    /// What a real server does when a CRD object goes: its custom resources are deleted
+    /// (each with its DELETED event), then its kinds are no longer served (requests get 404,
+    /// discovery no longer lists them) and the open watches of those kinds end.
+    fn uninstall(&mut self, crd: &Value) {
+        for def in defs_from_crd(crd) {
+            let gvr = def.gvr();
+            let objects: Vec<(ObjKey, Arc<Stored>)> =
+                self.objects.get(&gvr).map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
+            for (key, old) in objects {
+                self.remove(&def, &key, &old);
+            }
+            self.objects.remove(&gvr);
+            self.registry.unregister(&gvr);
+            self.watchers.retain(|_, w| w.filter.def.gvr() != gvr);
+            self.publish_watch_count();
+        }
+    }
+
     fn remove(&mut self, def: &ResourceDef, key: &ObjKey, old: &Arc<Stored>) -> Value {
+        if def.group == CRD_GROUP && def.plural == "customresourcedefinitions" {
+            self.uninstall(old);
+        }
         let mut last = old.value.clone();
         let rv = self.next_rv();
         set_meta(&mut last, "resourceVersion", rv.to_string().into());
@@ -1047,6 +1068,73 @@ mod tests {
         spec["spec"]["nodeName"] = "n2".into();
         assert_eq!(store.replace(&def, &key, spec.clone(), Target::Main, false).unwrap()["metadata"]["generation"], 2);
         assert_eq!(store.replace(&def, &key, spec, Target::Main, false).unwrap_err().code, 409);
+    }
+
+    fn cnp_crd() -> Value {
+        json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+               "metadata": {"name": "clusternetworkpolicies.policy.networking.k8s.io"},
+               "spec": {"group": "policy.networking.k8s.io", "scope": "Cluster",
+                        "names": {"kind": "ClusterNetworkPolicy", "plural": "clusternetworkpolicies"},
+                        "versions": [{"name": "v1alpha2", "served": true, "storage": true, "subresources": {"status": {}},
+                                      "schema": {"openAPIV3Schema": {"properties": {"status": {"properties": {"conditions": {
+                                          "type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}}}}}}}]}})
+    }
+
+    #[test]
+    fn deleting_a_crd_deletes_its_objects_and_stops_serving_them() {
+        let store = Store::new(100);
+        let crds = store.resolve("apiextensions.k8s.io", "v1", "customresourcedefinitions").unwrap();
+        store.create(&crds, None, cnp_crd(), Mode::Api, false).unwrap();
+        let def = store.resolve("policy.networking.k8s.io", "v1alpha2", "clusternetworkpolicies").unwrap();
+        let cnp = json!({"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "p"}});
+        store.create(&def, None, cnp, Mode::Api, false).unwrap();
+        let filter = WatchFilter { def: def.clone(), namespace: None, labels: LabelSelector::default(), fields: FieldSelector::default() };
+        let rv = store.resource_version();
+        let WatchStart { live: Some((mut rx, _guard)), .. } =
+            store.start_watch(filter, &WatchQuery { resource_version: Some(rv.to_string()), ..WatchQuery::default() }).unwrap()
+        else {
+            panic!("no watch")
+        };
+        let key = (String::new(), "clusternetworkpolicies.policy.networking.k8s.io".to_owned());
+        store.delete(&crds, &key, &Preconditions::default(), false).unwrap();
+        assert!(matches!(rx.try_recv(), Ok(WatchMsg::Event(EventType::Deleted, o)) if o["metadata"]["name"] == "p"));
+        // The watch ended, and nothing of the kind is served any more.
+        assert!(matches!(rx.try_recv(), Err(mpsc::error::TryRecvError::Disconnected)));
+        assert!(store.resolve("policy.networking.k8s.io", "v1alpha2", "clusternetworkpolicies").is_none());
+        assert!(store.with_registry(|r| r.resource_list("policy.networking.k8s.io", "v1alpha2")).is_none());
+        // Installed again: served again, empty.
+        store.create(&crds, None, cnp_crd(), Mode::Api, false).unwrap();
+        assert!(store.all(&def, None).is_empty());
+    }
+
+    #[test]
+    fn server_side_apply_merges_list_map_entries_by_key() {
+        let store = Store::new(100);
+        let crds = store.resolve("apiextensions.k8s.io", "v1", "customresourcedefinitions").unwrap();
+        store.create(&crds, None, cnp_crd(), Mode::Api, false).unwrap();
+        let def = store.resolve("policy.networking.k8s.io", "v1alpha2", "clusternetworkpolicies").unwrap();
+        let cnp = json!({"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "p"}});
+        store.create(&def, None, cnp, Mode::Api, false).unwrap();
+        let key = (String::new(), "p".to_owned());
+        let condition = |manager: &str, t: &str, status: &str| {
+            let applied = json!({"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "p"},
+                                 "status": {"conditions": [{"type": t, "status": status}]}});
+            let req = ApplyRequest { manager, force: false, target: Target::Status, dry_run: false };
+            store.apply(&def, &key, applied, &req)
+        };
+        condition("other", "other.dev/Accepted", "True").unwrap();
+        condition("flock", "flock.dev/Enforced", "True").unwrap();
+        let (obj, _) = condition("flock", "flock.dev/Enforced", "False").unwrap();
+        let conditions = obj["status"]["conditions"].as_array().unwrap();
+        assert_eq!(conditions.len(), 2, "{obj}");
+        assert!(conditions.iter().any(|c| c["type"] == "other.dev/Accepted" && c["status"] == "True"));
+        assert!(conditions.iter().any(|c| c["type"] == "flock.dev/Enforced" && c["status"] == "False"));
+        // Another manager's entry is its own: changing it conflicts.
+        assert_eq!(condition("flock", "other.dev/Accepted", "False").unwrap_err().code, 409);
+        // An entry its manager no longer applies is gone, the others' stay.
+        let (obj, _) = condition("flock", "flock.dev/Other", "True").unwrap();
+        let types: Vec<&str> = obj["status"]["conditions"].as_array().unwrap().iter().filter_map(|c| c["type"].as_str()).collect();
+        assert_eq!(types, ["flock.dev/Other", "other.dev/Accepted"], "{obj}");
     }
 
     #[test]
