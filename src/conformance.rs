@@ -188,6 +188,23 @@ pub fn find_cases(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, CaseError> {
     Ok(out)
 }
 
+/// The ClusterNetworkPolicy cases to run on the IPv6 base (`tests/conformance-v6/`): that
+/// folder's own (IPv6 copies of the cases that write IPv4 CIDRs) and every case of `v4_root`
+/// that applies a ClusterNetworkPolicy and writes no IPv4 address, as is.
+pub fn ipv6_cluster_policy_cases(v4_root: &Path, v6_root: &Path) -> Result<Vec<PathBuf>, CaseError> {
+    let mut out = Vec::new();
+    for dir in find_cases(&[v4_root.to_path_buf()])? {
+        let path = dir.join("case.yaml");
+        let text = std::fs::read_to_string(&path).map_err(|error| CaseError::Read { path, error })?;
+        let ipv4 = text.split(|c: char| !(c.is_ascii_digit() || c == '.')).any(|w| w.parse::<std::net::Ipv4Addr>().is_ok());
+        if text.contains("kind: ClusterNetworkPolicy") && !ipv4 {
+            out.push(dir);
+        }
+    }
+    out.extend(find_cases(&[v6_root.to_path_buf()])?);
+    Ok(out)
+}
+
 /// Reads `<dir>/case.yaml`.
 pub fn load_case(dir: &Path) -> Result<Case, CaseError> {
     let path = dir.join("case.yaml");

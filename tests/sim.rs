@@ -87,6 +87,29 @@ fn kernel_has_sctp() -> bool {
 }
 
 #[test]
+fn the_cluster_policy_cases_pass_on_an_ipv6_cluster() {
+    if !require_root("the_cluster_policy_cases_pass_on_an_ipv6_cluster") {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let cases = flock::conformance::ipv6_cluster_policy_cases(&root.join("conformance"), &root.join("conformance-v6")).unwrap();
+    let mut args: Vec<String> = vec!["conformance".into(), "--base".into(), "tests/conformance-v6/base-cluster.yaml".into()];
+    args.extend(cases.iter().map(|c| c.display().to_string()));
+    let out = flockctl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "conformance failed:\n{stdout}\n{stderr}");
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.contains(" passed, 0 failed, "), "{summary}");
+    let run: usize = stdout.lines().filter(|l| l.starts_with("PASS")).count();
+    let skipped: Vec<&str> = stdout.lines().filter(|l| l.starts_with("SKIP")).collect();
+    assert_eq!(run + skipped.len(), cases.len(), "{stdout}");
+    for line in skipped {
+        assert!(line.ends_with("(SCTP not available in this kernel)"), "{line}");
+    }
+}
+
+#[test]
 fn conformance_says_why_a_case_is_skipped() {
     if !require_root("conformance_says_why_a_case_is_skipped") {
         return;

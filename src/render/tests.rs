@@ -196,6 +196,26 @@ fn conformance_cases_hold_through_the_tracer() {
 }
 
 #[test]
+fn cluster_policy_cases_hold_on_the_ipv6_base_through_the_tracer() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let v6 = root.join("conformance-v6");
+    let base = crate::model::manifest::load_paths(&[v6.join("base-cluster.yaml")]).unwrap().to_snapshot();
+    assert!(base.pods().all(|p| p.ips.iter().all(|ip| ip.is_ipv6())));
+    let cases = crate::conformance::ipv6_cluster_policy_cases(&root.join("conformance"), &v6).unwrap();
+    assert!(cases.len() >= 25, "{cases:?}");
+    let mut failures = Vec::new();
+    for dir in &cases {
+        let case = crate::conformance::load_case(dir).unwrap();
+        match TracedCluster::run_case(&base, &case) {
+            Ok(m) if m.is_empty() => {}
+            Ok(m) => failures.push(format!("{}: {} cells differ, first: {}", case.dir_name, m.len(), m[0])),
+            Err(e) => failures.push(format!("{}: {e}", case.dir_name)),
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases fail:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+#[test]
 fn traced_matrix_for_deny_and_allow() {
     let c = TracedCluster::build(&with(DENY_AND_ALLOW));
     use crate::model::Protocol::{Tcp, Udp};
