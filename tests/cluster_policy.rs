@@ -223,3 +223,46 @@ fn a_nodes_peer_matches_the_addresses_of_the_selected_nodes_not_their_pods() {
     s2.upsert_node(n);
     assert!(TracedCluster::build(&s2).reaches_address("y/a", n2, Tcp, 10250).unwrap());
 }
+
+/// Every ruleset the ClusterNetworkPolicy cases render (each step, each node, both bases) loads
+/// with `nft -c`: SCTP rules included, which this kernel cannot carry traffic for.
+#[test]
+fn every_cluster_policy_case_renders_rules_nft_accepts() {
+    use flock::apply::Backend;
+    use flock::apply::kernel::NftCli;
+    use flock::testkit::kernel::{NetnsGuard, require_root};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let v6_base = flock::model::manifest::load_paths(&[root.join("conformance-v6/base-cluster.yaml")]).unwrap().to_snapshot();
+    let v4_cases: Vec<_> = flock::conformance::find_cases(&[root.join("conformance")])
+        .unwrap()
+        .into_iter()
+        .filter(|d| std::fs::read_to_string(d.join("case.yaml")).unwrap().contains("kind: ClusterNetworkPolicy"))
+        .collect();
+    let v6_cases = flock::conformance::ipv6_cluster_policy_cases(&root.join("conformance"), &root.join("conformance-v6")).unwrap();
+    let mut renders = std::collections::BTreeSet::new();
+    for (base, cases) in [(base_cluster(), &v4_cases), (v6_base, &v6_cases)] {
+        for dir in cases {
+            let case = flock::conformance::load_case(dir).unwrap();
+            let mut s = base.clone();
+            for step in &case.steps {
+                flock::conformance::apply_step(&mut s, step);
+                for node in ["node-1", "node-2"] {
+                    let eps = s.derived_endpoints(node);
+                    renders.insert(flock::render::render(&translate::translate(&s, &eps, &Options::default())).to_text());
+                }
+            }
+        }
+    }
+    assert!(renders.iter().any(|t| t.contains("sctp dport 80")), "an SCTP rule is among the renders");
+    if !require_root("every_cluster_policy_case_renders_rules_nft_accepts") {
+        return;
+    }
+    let ns = NetnsGuard::new("cnp-check");
+    let mut nft = NftCli::new(ns.netns());
+    for text in &renders {
+        if let Err(e) = nft.check(text) {
+            panic!("nft -c rejected a render: {e}\n{text}");
+        }
+    }
+    eprintln!("nft -c accepted all {} distinct renders of {} + {} cases", renders.len(), v4_cases.len(), v6_cases.len());
+}
