@@ -34,6 +34,9 @@ pub mod model;
 pub use flock_cni::netns;
 pub mod nft;
 pub mod process;
+#[cfg(any(test, feature = "testkit"))]
+#[doc(hidden)]
+pub mod reference;
 pub mod render;
 pub mod report;
 #[doc(hidden)]

@@ -15,11 +15,12 @@ use flock::testkit::kernel::{NetnsGuard, require_root};
 
 type Target = fn(&[u8]) -> Vec<String>;
 
-const TARGETS: [(&str, Target); 4] = [
+const TARGETS: [(&str, Target); 5] = [
     ("pipeline", fuzzing::pipeline),
     ("manifest", fuzzing::manifest),
     ("hostile_strings", fuzzing::hostile_strings),
     ("fail_closed", fuzzing::fail_closed),
+    ("differential", fuzzing::differential),
 ];
 
 fn fuzz_dir() -> PathBuf {

@@ -18,6 +18,9 @@
 //! - [`fail_closed`]: valid policies plus one the API server would reject: the rejected one
 //!   isolates what it would select and allows nothing beyond its own valid rules
 //!   ([`fail_closed`](mod@fail_closed) module).
+//! - [`differential`]: random clusters with NetworkPolicies and ClusterNetworkPolicies: the
+//!   enforced rulesets (through the packet tracer) agree with the reference evaluator
+//!   ([`crate::reference`]) on every flow ([`differential`](mod@differential) module).
 //!
 //! Structured input comes from the model types' `Arbitrary` derives. Arbitrary strings rarely
 //! equal each other, so a few fields are *tamed*: a one-byte string becomes an entry of a small
@@ -25,8 +28,10 @@
 //! `198.18.0.0/15`), most addresses land in the clusters' ranges, and absurd port numbers
 //! near 80. Everything longer or rarer stays as arbitrary as the fuzzer made it.
 
+pub mod differential;
 pub mod fail_closed;
 
+pub use differential::differential;
 pub use fail_closed::fail_closed;
 
 use std::collections::BTreeMap;

@@ -127,6 +127,8 @@ pub struct Placement {
 pub struct TracedCluster {
     pub nodes: std::collections::BTreeMap<String, crate::nft::Table>,
     pub pods: std::collections::BTreeMap<String, Placement>,
+    /// Each node's rendered ruleset text.
+    pub texts: std::collections::BTreeMap<String, String>,
 }
 
 /// The name of the node uplink in traced packets (anything that is not a pod interface).
@@ -143,6 +145,7 @@ impl TracedCluster {
         node_names.dedup();
         let mut nodes = std::collections::BTreeMap::new();
         let mut pods = std::collections::BTreeMap::new();
+        let mut texts = std::collections::BTreeMap::new();
         for node in node_names {
             let eps = snapshot.derived_endpoints(&node);
             let np = crate::translate::translate(snapshot, &eps, &crate::translate::Options::default());
@@ -155,9 +158,10 @@ impl TracedCluster {
             for ep in eps {
                 pods.insert(ep.pod.to_string(), Placement { node: node.clone(), interface: ep.interface.clone(), ips: ep.addrs.clone() });
             }
+            texts.insert(node.clone(), rs.to_text());
             nodes.insert(node, table);
         }
-        Self { nodes, pods }
+        Self { nodes, pods, texts }
     }
 
     /// Whether a new connection from `from` to `to` passes every node's ruleset.
@@ -221,6 +225,34 @@ impl TracedCluster {
         };
         let pkt = Packet { iif: src.interface.clone(), oif: UPLINK.into(), src: s, dst: to, l4, dport: port, ct: Ct::New };
         let t = trace(&self.nodes[&src.node], crate::render::BASE_CHAIN, &pkt).map_err(|e| format!("node {}: {e}", src.node))?;
+        Ok(t.verdict != Verdict::Drop)
+    }
+
+    /// Whether a new connection from an address outside the pods (a node, a network) to pod
+    /// `to` gets in: it arrives on the uplink of `to`'s node, whose ruleset alone is on the path.
+    pub fn reached_from_address(
+        &self,
+        from: std::net::IpAddr,
+        to: &str,
+        protocol: crate::model::Protocol,
+        port: u16,
+    ) -> Result<bool, String> {
+        use crate::conformance::Family;
+        use crate::nft::trace::{Ct, L4, Packet, Verdict, trace};
+        let dst = self.pods.get(to).ok_or(format!("no pod {to}"))?;
+        let d = dst
+            .ips
+            .iter()
+            .copied()
+            .find(|ip| Family::of(*ip) == Family::of(from))
+            .ok_or(format!("{to} has no address of {from}'s family"))?;
+        let l4 = match protocol {
+            crate::model::Protocol::Tcp => L4::Tcp,
+            crate::model::Protocol::Udp => L4::Udp,
+            crate::model::Protocol::Sctp => L4::Sctp,
+        };
+        let pkt = Packet { iif: UPLINK.into(), oif: dst.interface.clone(), src: from, dst: d, l4, dport: port, ct: Ct::New };
+        let t = trace(&self.nodes[&dst.node], crate::render::BASE_CHAIN, &pkt).map_err(|e| format!("node {}: {e}", dst.node))?;
         Ok(t.verdict != Verdict::Drop)
     }
 

@@ -138,7 +138,7 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
         if p.is_empty() {
             return Err("prefix part must be non-empty".into());
         }
-        if p.len() > 253 || !p.split('.').all(is_dns_label) {
+        if p.len() > 253 || !p.split('.').all(is_subdomain_part) {
             return Err("prefix part must be a DNS subdomain (lowercase alphanumerics, '-', '.')".into());
         }
     }
@@ -171,13 +171,11 @@ fn is_label_name(s: &str) -> bool {
         && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
-fn is_dns_label(s: &str) -> bool {
+/// One dot-separated part of a DNS-1123 subdomain (`IsDNS1123Subdomain`: the whole name is
+/// limited to 253 characters, a part has no limit of its own — unlike a DNS-1123 label's 63).
+fn is_subdomain_part(s: &str) -> bool {
     let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
+    !b.is_empty() && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-') && b[0] != b'-' && b[b.len() - 1] != b'-'
 }
 
 #[cfg(test)]
@@ -260,5 +258,17 @@ mod tests {
         assert!(sel(&[(&"k".repeat(64), "v")], vec![]).is_err());
         assert!(sel(&[("k", "")], vec![]).is_ok());
         assert!(sel(&[], vec![expr("k", "In", &["ok", "-bad"])]).is_err());
+    }
+
+    /// A key prefix is a DNS subdomain: 253 characters in all, with no 63-character limit on
+    /// a part (the reference evaluator's differential test found flock rejecting such keys,
+    /// which isolated pods the API server would have let a valid selector match).
+    #[test]
+    fn a_key_prefix_is_a_subdomain_not_a_list_of_dns_labels() {
+        let long_part = format!("{}.example.com/role", "a".repeat(70));
+        assert!(sel(&[(long_part.as_str(), "v")], vec![]).is_ok());
+        assert!(sel(&[(format!("{}/role", "a".repeat(254)).as_str(), "v")], vec![]).is_err());
+        assert!(sel(&[("a..b/role", "v")], vec![]).is_err());
+        assert!(sel(&[("-a.b/role", "v")], vec![]).is_err());
     }
 }
