@@ -17,13 +17,25 @@ struct Pool {
     sweep_at: usize,
 }
 
-const MIN_SWEEP: usize = 4096;
+/// The pool is split in shards, each behind its own lock, so that threads parsing a large
+/// manifest together rarely wait for each other; a string's shard is a cheap function of its
+/// length and last byte (anyone can put every string in one shard: that is one pool, as
+/// before, not worse).
+const SHARDS: usize = 16;
 
-static POOL: LazyLock<Mutex<Pool>> = LazyLock::new(|| Mutex::new(Pool { strings: HashSet::new(), sweep_at: MIN_SWEEP }));
+/// A shard sweeps once it holds this many strings (and then whenever it has doubled).
+const MIN_SWEEP: usize = 256;
+
+static POOL: LazyLock<[Mutex<Pool>; SHARDS]> =
+    LazyLock::new(|| std::array::from_fn(|_| Mutex::new(Pool { strings: HashSet::new(), sweep_at: MIN_SWEEP })));
+
+fn shard(s: &str) -> usize {
+    (s.len() ^ usize::from(s.as_bytes().last().copied().unwrap_or(0))) % SHARDS
+}
 
 /// The shared copy of `s`.
 pub fn intern(s: &str) -> Arc<str> {
-    let mut pool = match POOL.lock() {
+    let mut pool = match POOL[shard(s)].lock() {
         Ok(p) => p,
         // A panic elsewhere while holding the lock cannot leave the set inconsistent.
         Err(poisoned) => poisoned.into_inner(),
@@ -114,8 +126,21 @@ impl Labels {
 impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for Labels {
     /// The last value of a repeated key wins, as for a map.
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        let map: BTreeMap<Arc<str>, Arc<str>> = iter.into_iter().map(|(k, v)| (intern(k.as_ref()), intern(v.as_ref()))).collect();
-        Self(map.into_iter().collect())
+        let mut entries: Vec<(Arc<str>, Arc<str>)> = iter.into_iter().map(|(k, v)| (intern(k.as_ref()), intern(v.as_ref()))).collect();
+        // Usually sorted already (a map's labels): then there is nothing to do.
+        if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
+            // Stable: of equal keys, the last one stays last.
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            let mut unique: Vec<(Arc<str>, Arc<str>)> = Vec::with_capacity(entries.len());
+            for (k, v) in entries {
+                match unique.last_mut() {
+                    Some(last) if last.0 == k => last.1 = v,
+                    _ => unique.push((k, v)),
+                }
+            }
+            entries = unique;
+        }
+        Self(entries.into_boxed_slice())
     }
 }
 
@@ -184,6 +209,8 @@ mod tests {
         assert_eq!(l.remove("b").as_deref(), Some("3"));
         assert_eq!(l.len(), 2);
         assert_eq!(l, Labels::from([("c", "4"), ("a", "5")]));
+        let repeated = Labels::from([("b", "1"), ("a", "1"), ("b", "2"), ("a", "3"), ("b", "4")]);
+        assert_eq!(repeated.iter().collect::<Vec<_>>(), [("a", "3"), ("b", "4")]);
         assert_eq!(format!("{l:?}"), r#"{"a": "5", "c": "4"}"#);
     }
 
@@ -193,11 +220,11 @@ mod tests {
         let b = Labels::from([("app", "shared-value")]);
         assert!(Arc::ptr_eq(&a.0[0].1, &b.0[0].1));
         // Many strings nobody keeps: the pool sweeps them instead of growing without bound.
-        for i in 0..4 * MIN_SWEEP {
+        for i in 0..4 * SHARDS * MIN_SWEEP {
             drop(intern(&format!("churn-{i}")));
         }
-        let pool = POOL.lock().map(|p| p.strings.len()).unwrap_or(usize::MAX);
-        assert!(pool <= 2 * MIN_SWEEP, "pool holds {pool} strings");
+        let pool: usize = POOL.iter().map(|p| p.lock().map(|p| p.strings.len()).unwrap_or(usize::MAX)).sum();
+        assert!(pool <= 2 * SHARDS * MIN_SWEEP, "pool holds {pool} strings");
         assert!(Arc::ptr_eq(&a.0[0].1, &intern("shared-value")));
     }
 }

@@ -91,6 +91,17 @@ impl Object {
         }
     }
 
+    /// Adds or replaces this object in `snapshot`, moving it there.
+    pub fn upsert_into(self, snapshot: &mut Snapshot) {
+        match self {
+            Self::Namespace(n) => snapshot.upsert_namespace(n),
+            Self::Pod(p) => snapshot.upsert_pod(p),
+            Self::NetworkPolicy(p) => snapshot.upsert_policy(p),
+            Self::ClusterNetworkPolicy(p) => snapshot.upsert_cluster_policy(p),
+            Self::Node(n) => snapshot.upsert_node(n),
+        }
+    }
+
     /// Adds or replaces this object in `snapshot`.
     pub fn apply_to(&self, snapshot: &mut Snapshot) {
         match self {
@@ -151,18 +162,32 @@ impl Manifests {
         add_implicit_namespaces(&mut snapshot);
         snapshot
     }
+
+    /// [`Self::to_snapshot`], moving the objects instead of copying them (the warnings are
+    /// dropped: read them first).
+    pub fn into_snapshot(self) -> Snapshot {
+        let (pods, rest): (Vec<Object>, Vec<Object>) = self.objects.into_iter().partition(|o| matches!(o, Object::Pod(_)));
+        let mut snapshot = Snapshot::with_pods(pods.into_iter().filter_map(|o| match o {
+            Object::Pod(p) => Some(p),
+            _ => None,
+        }));
+        for obj in rest {
+            obj.upsert_into(&mut snapshot);
+        }
+        add_implicit_namespaces(&mut snapshot);
+        snapshot
+    }
 }
 
 /// Adds a namespace object for every namespace referenced by a pod or policy but missing.
 pub fn add_implicit_namespaces(snapshot: &mut Snapshot) {
-    let mut missing: Vec<String> = snapshot
+    let missing: std::collections::BTreeSet<String> = snapshot
         .pods()
-        .map(|p| p.namespace.clone())
-        .chain(snapshot.policies().map(|p| p.namespace.clone()))
+        .map(|p| p.namespace.as_str())
+        .chain(snapshot.policies().map(|p| p.namespace.as_str()))
         .filter(|ns| snapshot.namespace(ns).is_none())
+        .map(str::to_string)
         .collect();
-    missing.sort();
-    missing.dedup();
     for ns in missing {
         snapshot.upsert_namespace(convert::implicit_namespace(&ns));
     }
@@ -205,11 +230,95 @@ fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
 }
 
 /// Parses one manifest text; `path` only names it in errors.
+///
+/// Documents are independent, so a large file's are parsed on every core, in contiguous
+/// runs whose results are joined in document order: the objects, warnings and the first
+/// error are those of a sequential parse.
 pub fn parse_str(path: &Path, text: &str) -> Result<Manifests, ManifestError> {
-    let mut out = Manifests::default();
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    for (i, doc) in documents(text).into_iter().enumerate() {
-        let at = DocRef { document: i + 1, item: None };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let docs = split_documents(text, cores);
+    let threads = cores.min(docs.len() / PARALLEL_MIN_DOCUMENTS).max(1);
+    if threads == 1 {
+        return parse_documents(path, &docs, 0);
+    }
+    let run = docs.len().div_ceil(threads);
+    let parts: Vec<Result<Manifests, ManifestError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            docs.chunks(run).enumerate().map(|(i, part)| scope.spawn(move || parse_documents(path, part, i * run))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    let mut out = Manifests::default();
+    for part in parts {
+        let part = part?;
+        out.objects.extend(part.objects);
+        out.warnings.extend(part.warnings);
+    }
+    Ok(out)
+}
+
+/// Fewer documents than this per thread are parsed on one (a thread costs more than it saves).
+const PARALLEL_MIN_DOCUMENTS: usize = 2048;
+
+/// [`documents`] of `text`, a large one's found on up to `threads` threads: the text is cut
+/// where a document marker (`---`) follows a line of content, which ends the document before
+/// it whatever came earlier, so each piece splits exactly as the whole would.
+fn split_documents(text: &str, threads: usize) -> Vec<Document<'_>> {
+    if threads < 2 || text.len() < PARALLEL_MIN_BYTES {
+        return documents(text).0;
+    }
+    let mut cuts = vec![0];
+    for i in 1..threads {
+        if let Some(cut) = document_cut(text, (i * text.len() / threads).max(cuts[cuts.len() - 1] + 1)) {
+            cuts.push(cut);
+        }
+    }
+    cuts.push(text.len());
+    cuts.dedup();
+    let parts: Vec<(Vec<Document<'_>>, usize)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cuts.windows(2).map(|w| scope.spawn(move || documents(&text[w[0]..w[1]]))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    let mut all = Vec::new();
+    let mut lines_before = 0;
+    for (mut docs, lines) in parts {
+        for d in &mut docs {
+            d.first_line += lines_before;
+        }
+        lines_before += lines;
+        all.append(&mut docs);
+    }
+    all
+}
+
+/// Fewer bytes than this are split on one thread.
+const PARALLEL_MIN_BYTES: usize = 1 << 20;
+
+/// The first offset at or after `from` where `text` can be cut into pieces that split into
+/// documents exactly as the whole does: the start of a `---` marker line whose previous line
+/// is content (not blank, a comment, a directive or `...`), so that the document before it
+/// has begun and ends there. `None` if there is none.
+fn document_cut(text: &str, from: usize) -> Option<usize> {
+    let mut at = (from..text.len()).find(|i| text.is_char_boundary(*i))?;
+    while let Some(i) = text[at..].find("\n---") {
+        let cut = at + i + 1;
+        at = cut;
+        let marker = matches!(text.as_bytes().get(cut + 3), None | Some(b' ' | b'\t' | b'\r' | b'\n'));
+        let line_start = text[..cut - 1].rfind('\n').map_or(0, |j| j + 1);
+        let previous = text[line_start..cut - 1].strip_suffix('\r').unwrap_or(&text[line_start..cut - 1]);
+        let content = !previous.contains('\r') && !blank_or_comment(previous) && !previous.starts_with('%') && !previous.starts_with("...");
+        if marker && content {
+            return Some(cut);
+        }
+    }
+    None
+}
+
+/// Parses `docs`, the first of which is document `first + 1` of its file.
+fn parse_documents(path: &Path, docs: &[Document<'_>], first: usize) -> Result<Manifests, ManifestError> {
+    let mut out = Manifests::default();
+    for (i, doc) in docs.iter().enumerate() {
+        let at = DocRef { document: first + i + 1, item: None };
         let value = match from_json(doc.body) {
             Some(value) => value,
             None => {
@@ -377,13 +486,15 @@ struct Document<'a> {
 /// inside quoted ones and flow collections); a document without `---` starts at the first
 /// line after the previous one's `...` (or at the start) that is not blank, a comment or a
 /// directive.
-fn documents(text: &str) -> Vec<Document<'_>> {
+fn documents(text: &str) -> (Vec<Document<'_>>, usize) {
     let mut docs = Vec::new();
+    let mut line_count = 0;
     // The current document: where it and its content start, its line; whether it has begun
     // (a `---` or content) or holds only what may precede one, and whether that includes a
     // directive (which needs a document: the parser is to see it).
     let (mut start, mut body, mut start_line, mut begun, mut directive) = (0, 0, 0, false, false);
     for (n, (offset, line)) in lines(text).enumerate() {
+        line_count = n + 1;
         let end = offset + line.len();
         let marker = |m: &str| line.strip_prefix(m).filter(|rest| matches!(rest.bytes().next(), None | Some(b' ' | b'\t' | b'\r' | b'\n')));
         if marker("---").is_some() {
@@ -417,7 +528,7 @@ fn documents(text: &str) -> Vec<Document<'_>> {
     if begun || directive {
         docs.push(Document { first_line: start_line, text: &text[start..], body: &text[body..] });
     }
-    docs
+    (docs, line_count)
 }
 
 /// Whether `s` holds nothing the parser reads: blanks, then a comment or the line's end.
@@ -770,10 +881,67 @@ mod tests {
         assert!(m.warnings.is_empty(), "{:?}", m.warnings);
     }
 
+    /// A manifest large enough to be parsed on several threads reads as one thread reads it:
+    /// the same objects in the same order, the same warnings, and the first error with the
+    /// same document and line.
+    #[test]
+    fn a_large_manifest_parses_on_several_threads_as_on_one() {
+        let mut text = String::new();
+        for i in 0..6000 {
+            if i % 7 == 0 {
+                text.push_str(&format!("---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: p{i}\n  namespace: ns-{}\n  labels: {{app: a{}}}\nspec: {{nodeName: n1}}\nstatus: {{podIPs: [{{ip: 198.18.{}.{}}}]}}\n", i % 5, i % 3, i / 250, i % 250));
+            } else if i % 11 == 0 {
+                text.push_str(&format!(
+                    "---\n{{\"apiVersion\": \"apps/v1\", \"kind\": \"Deployment\", \"metadata\": {{\"name\": \"d{i}\"}}}}\n"
+                ));
+            } else {
+                text.push_str(&format!("---\n{{\"apiVersion\": \"v1\", \"kind\": \"Pod\", \"metadata\": {{\"name\": \"p{i}\", \"namespace\": \"ns-{}\", \"labels\": {{\"app\": \"a{}\"}}}}, \"spec\": {{\"nodeName\": \"n1\", \"priority\": 3}}}}\n", i % 5, i % 3));
+            }
+        }
+        assert!(text.len() > PARALLEL_MIN_BYTES / 2, "{}", text.len());
+        let text = text.repeat(2);
+        let path = Path::new("big.yaml");
+        let sequential = parse_documents(path, &documents(&text).0, 0).unwrap();
+        let parallel = parse_str(path, &text).unwrap();
+        assert_eq!(parallel.objects, sequential.objects);
+        assert_eq!(parallel.warnings, sequential.warnings);
+        assert!(parallel.objects.len() > 10_000 && !parallel.warnings.is_empty());
+        // An error late in the file: the same message (document and line) either way.
+        let bad = format!(
+            "{text}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: x}}\nspec: {{containers: [{{name: c, ports: [{{containerPort: abc}}]}}]}}\n{text}"
+        );
+        let one = parse_documents(path, &documents(&bad).0, 0).unwrap_err().to_string();
+        let many = parse_str(path, &bad).unwrap_err().to_string();
+        assert_eq!(many, one);
+        let bad_yaml = format!("{text}---\na: [\n{text}");
+        let one = parse_documents(path, &documents(&bad_yaml).0, 0).unwrap_err().to_string();
+        assert_eq!(parse_str(path, &bad_yaml).unwrap_err().to_string(), one);
+        assert!(one.contains("document 12001"), "{one}");
+    }
+
+    #[test]
+    fn a_large_text_splits_into_the_same_documents_on_several_threads() {
+        let block = "# c\n%YAML 1.2\n---\na: |\n  ---\n  x\n...\n# between\n\nb: 1\n--- |\n  t\n---\n---\r\nkey: v\r\n---\n\
+                     {\"apiVersion\": \"v1\"}\n  indented: é\n--- \nz: 1\n...\n---\n";
+        let text = block.repeat(2 + 2 * PARALLEL_MIN_BYTES / block.len());
+        let whole: Vec<_> = documents(&text).0.into_iter().map(|d| (d.first_line, d.text, d.body)).collect();
+        for threads in 2..=5 {
+            let split: Vec<_> = split_documents(&text, threads).into_iter().map(|d| (d.first_line, d.text, d.body)).collect();
+            assert_eq!(split.len(), whole.len(), "{threads} threads");
+            assert!(split == whole, "{threads} threads: the documents differ");
+        }
+        // A cut is only ever after a line of content.
+        assert_eq!(document_cut("a: 1\n---\n", 0), Some(5));
+        assert_eq!(document_cut("# c\n---\n", 0), None);
+        assert_eq!(document_cut("...\n---\n", 0), None);
+        assert_eq!(document_cut("%YAML 1.2\n---\n", 0), None);
+        assert_eq!(document_cut("a: 1\n---x\n", 0), None);
+    }
+
     #[test]
     fn documents_are_numbered_as_the_parser_counts_them() {
         fn docs(text: &str) -> Vec<(usize, &str)> {
-            documents(text).into_iter().map(|d| (d.first_line, d.text)).collect()
+            documents(text).0.into_iter().map(|d| (d.first_line, d.text)).collect()
         }
         // Comments and directives before `---` belong to its document; `---` inside
         // indented block scalars is text; a document ends at `...` or the next `---`.
@@ -865,8 +1033,12 @@ mod tests {
         assert!(files.len() > 50, "{files:?}");
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
-            let split: Vec<Value> =
-                documents(&text).into_iter().map(|d| from_yaml::<Value>(d.text, d.first_line).unwrap()).filter(|v| !v.is_null()).collect();
+            let split: Vec<Value> = documents(&text)
+                .0
+                .into_iter()
+                .map(|d| from_yaml::<Value>(d.text, d.first_line).unwrap())
+                .filter(|v| !v.is_null())
+                .collect();
             let whole: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, yaml_options()).unwrap();
             assert_eq!(split, whole, "{}", file.display());
         }
@@ -884,6 +1056,7 @@ mod tests {
             let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
             let whole: Result<Vec<Value>, _> = serde_saphyr::from_multiple_with_options(text, yaml_options());
             let split: Result<Vec<Value>, _> = documents(text)
+                .0
                 .into_iter()
                 .map(|d| from_yaml::<Value>(d.text, d.first_line))
                 .filter(|v| v.as_ref().map_or(true, |v| !v.is_null()))

@@ -379,6 +379,35 @@ pub struct Snapshot {
     nodes: BTreeMap<String, Node>,
 }
 
+/// `pods` (in uid order, one per uid) by namespace.
+fn namespace_index(pods: &[Arc<Pod>]) -> BTreeMap<String, BTreeSet<ByUid>> {
+    // Stable: each namespace's pods stay in uid order.
+    let mut by_namespace: Vec<&Arc<Pod>> = pods.iter().collect();
+    by_namespace.sort_by(|a, b| a.namespace.cmp(&b.namespace));
+    by_namespace
+        .chunk_by(|a, b| a.namespace == b.namespace)
+        .map(|run| (run[0].namespace.clone(), run.iter().map(|p| ByUid(Arc::clone(p))).collect()))
+        .collect()
+}
+
+/// `pods` (one per uid) by address, and the addresses more than one reports.
+fn address_index(pods: &[Arc<Pod>]) -> (BTreeMap<IpAddr, Vec<Arc<Pod>>>, BTreeSet<IpAddr>) {
+    let mut by_ip: Vec<(IpAddr, &Arc<Pod>)> = pods.iter().flat_map(|p| p.ips.iter().map(move |ip| (*ip, p))).collect();
+    by_ip.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.uid.cmp(&b.1.uid)));
+    by_ip.dedup_by(|a, b| a.0 == b.0 && a.1.uid == b.1.uid);
+    let mut contested = BTreeSet::new();
+    let index = by_ip
+        .chunk_by(|a, b| a.0 == b.0)
+        .map(|run| {
+            if run.len() > 1 {
+                contested.insert(run[0].0);
+            }
+            (run[0].0, run.iter().map(|(_, p)| Arc::clone(p)).collect())
+        })
+        .collect();
+    (index, contested)
+}
+
 impl Snapshot {
     pub fn new() -> Self {
         Self::default()
@@ -390,6 +419,34 @@ impl Snapshot {
 
     pub fn remove_namespace(&mut self, name: &str) -> Option<Namespace> {
         self.namespaces.remove(name)
+    }
+
+    /// A snapshot of many pods at once, as [`Self::upsert_pod`] for each in turn would make it
+    /// (of two with one uid, the later stays) but built in bulk: sorted runs instead of one
+    /// tree walk per pod and index, several times faster for a whole cluster.
+    pub fn with_pods(pods: impl IntoIterator<Item = Pod>) -> Self {
+        let mut all: Vec<Arc<Pod>> = pods.into_iter().map(Arc::new).collect();
+        // Stable: of equal uids the later stays last, and is the one kept.
+        all.sort_by(|a, b| a.uid.cmp(&b.uid));
+        let mut unique: Vec<Arc<Pod>> = Vec::with_capacity(all.len());
+        for pod in all {
+            match unique.last_mut() {
+                Some(last) if last.uid == pod.uid => *last = pod,
+                _ => unique.push(pod),
+            }
+        }
+        // The two indexes are independent: a large cluster builds them side by side.
+        let (pods_by_namespace, (pods_by_ip, contested)) = if unique.len() < 4096 {
+            (namespace_index(&unique), address_index(&unique))
+        } else {
+            std::thread::scope(|scope| {
+                let by_namespace = scope.spawn(|| namespace_index(&unique));
+                let by_address = address_index(&unique);
+                (by_namespace.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)), by_address)
+            })
+        };
+        let pods: BTreeSet<ByUid> = unique.into_iter().map(ByUid).collect();
+        Self { pods, pods_by_namespace, pods_by_ip, contested, ..Self::default() }
     }
 
     /// Inserts or replaces the pod with this uid.
@@ -408,7 +465,15 @@ impl Snapshot {
                 self.contested.insert(*ip);
             }
         }
-        self.pods_by_namespace.entry(pod.namespace.clone()).or_default().replace(ByUid(pod));
+        // The namespace's set usually exists: no key copy for it.
+        match self.pods_by_namespace.get_mut(pod.namespace.as_str()) {
+            Some(pods) => {
+                pods.replace(ByUid(pod));
+            }
+            None => {
+                self.pods_by_namespace.insert(pod.namespace.clone(), BTreeSet::from([ByUid(pod)]));
+            }
+        }
     }
 
     pub fn remove_pod(&mut self, uid: &str) -> Option<Pod> {
@@ -604,6 +669,45 @@ mod tests {
         assert_eq!(s.pods_in("y").count(), 0);
         assert_eq!(s.pod_count(), 0);
         assert!(s.pods_by_ip.is_empty());
+    }
+
+    #[test]
+    fn a_bulk_built_snapshot_equals_one_built_pod_by_pod() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let mut pods = Vec::new();
+        for (ns, name, uid, addr) in [
+            ("x", "a", "u3", "198.18.1.1"),
+            ("y", "b", "u1", "198.18.1.1"),
+            ("x", "c", "u2", "198.18.1.2"),
+            ("y", "b2", "u1", "198.18.1.3"),
+        ] {
+            let mut p = pod(ns, name, uid, PodPhase::Running);
+            p.ips = vec![ip(addr), ip("2001:db8::1")];
+            pods.push(p);
+        }
+        let mut one_by_one = Snapshot::new();
+        for p in pods.clone() {
+            one_by_one.upsert_pod(p);
+        }
+        let bulk = Snapshot::with_pods(pods);
+        let names = |s: &Snapshot| s.pods().map(|p| format!("{}/{}/{}", p.uid, p.namespace, p.name)).collect::<Vec<_>>();
+        assert_eq!(names(&bulk), names(&one_by_one));
+        assert_eq!(names(&bulk), ["u1/y/b2", "u2/x/c", "u3/x/a"], "the later of two with one uid stays");
+        for ns in ["x", "y"] {
+            let uids = |s: &Snapshot| s.pods_in(ns).map(|p| p.uid.clone()).collect::<Vec<_>>();
+            assert_eq!(uids(&bulk), uids(&one_by_one));
+        }
+        for addr in ["198.18.1.1", "198.18.1.2", "198.18.1.3", "2001:db8::1"] {
+            let uids = |s: &Snapshot| {
+                let mut v: Vec<String> = s.pods_with_ip(&ip(addr)).map(|p| p.uid.clone()).collect();
+                v.sort();
+                v
+            };
+            assert_eq!(uids(&bulk), uids(&one_by_one), "{addr}");
+            assert_eq!(bulk.is_contested(&ip(addr)), one_by_one.is_contested(&ip(addr)), "{addr}");
+        }
+        assert!(bulk.is_contested(&ip("2001:db8::1")) && !bulk.is_contested(&ip("198.18.1.1")));
+        assert_eq!(bulk.pods_by_ip.len(), one_by_one.pods_by_ip.len());
     }
 
     #[test]
