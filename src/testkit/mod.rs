@@ -131,6 +131,15 @@ pub struct TracedCluster {
     pub texts: std::collections::BTreeMap<String, String>,
 }
 
+/// The address of family `family` of the pod `name` placed at `p`.
+fn address_of(p: &Placement, name: &str, family: crate::conformance::Family) -> Result<std::net::IpAddr, String> {
+    p.ips
+        .iter()
+        .copied()
+        .find(|ip| crate::conformance::Family::of(*ip) == family)
+        .ok_or(format!("{name} has no {} address", family.as_str()))
+}
+
 /// The name of the node uplink in traced packets (anything that is not a pod interface).
 pub const UPLINK: &str = "eth0";
 
@@ -174,32 +183,20 @@ impl TracedCluster {
         family: Option<crate::conformance::Family>,
     ) -> Result<bool, String> {
         use crate::conformance::Family;
-        use crate::nft::trace::{Ct, L4, Packet, Verdict, trace};
         let src = self.pods.get(from).ok_or(format!("no pod {from}"))?;
         let dst = self.pods.get(to).ok_or(format!("no pod {to}"))?;
         let fam = match family {
             Some(f) => f,
             None => Family::of(*dst.ips.first().ok_or(format!("{to} has no address"))?),
         };
-        let pick = |p: &Placement, name: &str| {
-            p.ips.iter().copied().find(|ip| Family::of(*ip) == fam).ok_or(format!("{name} has no {} address", fam.as_str()))
-        };
-        let (s, d) = (pick(src, from)?, pick(dst, to)?);
-        let l4 = match protocol {
-            crate::model::Protocol::Tcp => L4::Tcp,
-            crate::model::Protocol::Udp => L4::Udp,
-            crate::model::Protocol::Sctp => L4::Sctp,
-        };
+        let (s, d) = (address_of(src, from, fam)?, address_of(dst, to, fam)?);
         let hops: Vec<(&str, &str, &str)> = if src.node == dst.node {
             vec![(&src.node, &src.interface, &dst.interface)]
         } else {
             vec![(&src.node, &src.interface, UPLINK), (&dst.node, UPLINK, &dst.interface)]
         };
         for (node, iif, oif) in hops {
-            let table = &self.nodes[node];
-            let pkt = Packet { iif: iif.into(), oif: oif.into(), src: s, dst: d, l4, dport: port, ct: Ct::New };
-            let t = trace(table, crate::render::BASE_CHAIN, &pkt).map_err(|e| format!("node {node}: {e}"))?;
-            if t.verdict == Verdict::Drop {
+            if !self.passes(node, iif, oif, (s, d), protocol, port)? {
                 return Ok(false);
             }
         }
@@ -209,23 +206,9 @@ impl TracedCluster {
     /// Whether a new connection from pod `from` to an address outside the pods (a node, a
     /// network) leaves `from`'s node: only the source node's ruleset is on the path.
     pub fn reaches_address(&self, from: &str, to: std::net::IpAddr, protocol: crate::model::Protocol, port: u16) -> Result<bool, String> {
-        use crate::conformance::Family;
-        use crate::nft::trace::{Ct, L4, Packet, Verdict, trace};
         let src = self.pods.get(from).ok_or(format!("no pod {from}"))?;
-        let s = src
-            .ips
-            .iter()
-            .copied()
-            .find(|ip| Family::of(*ip) == Family::of(to))
-            .ok_or(format!("{from} has no address of {to}'s family"))?;
-        let l4 = match protocol {
-            crate::model::Protocol::Tcp => L4::Tcp,
-            crate::model::Protocol::Udp => L4::Udp,
-            crate::model::Protocol::Sctp => L4::Sctp,
-        };
-        let pkt = Packet { iif: src.interface.clone(), oif: UPLINK.into(), src: s, dst: to, l4, dport: port, ct: Ct::New };
-        let t = trace(&self.nodes[&src.node], crate::render::BASE_CHAIN, &pkt).map_err(|e| format!("node {}: {e}", src.node))?;
-        Ok(t.verdict != Verdict::Drop)
+        let s = address_of(src, from, crate::conformance::Family::of(to))?;
+        self.passes(&src.node, &src.interface, UPLINK, (s, to), protocol, port)
     }
 
     /// Whether a new connection from an address outside the pods (a node, a network) to pod
@@ -237,22 +220,30 @@ impl TracedCluster {
         protocol: crate::model::Protocol,
         port: u16,
     ) -> Result<bool, String> {
-        use crate::conformance::Family;
-        use crate::nft::trace::{Ct, L4, Packet, Verdict, trace};
         let dst = self.pods.get(to).ok_or(format!("no pod {to}"))?;
-        let d = dst
-            .ips
-            .iter()
-            .copied()
-            .find(|ip| Family::of(*ip) == Family::of(from))
-            .ok_or(format!("{to} has no address of {from}'s family"))?;
+        let d = address_of(dst, to, crate::conformance::Family::of(from))?;
+        self.passes(&dst.node, UPLINK, &dst.interface, (from, d), protocol, port)
+    }
+
+    /// Whether the first packet of a new connection passes `node`'s ruleset from `iif` to `oif`.
+    fn passes(
+        &self,
+        node: &str,
+        iif: &str,
+        oif: &str,
+        (src, dst): (std::net::IpAddr, std::net::IpAddr),
+        protocol: crate::model::Protocol,
+        port: u16,
+    ) -> Result<bool, String> {
+        use crate::nft::trace::{Ct, L4, Packet, Verdict, trace};
         let l4 = match protocol {
             crate::model::Protocol::Tcp => L4::Tcp,
             crate::model::Protocol::Udp => L4::Udp,
             crate::model::Protocol::Sctp => L4::Sctp,
         };
-        let pkt = Packet { iif: UPLINK.into(), oif: dst.interface.clone(), src: from, dst: d, l4, dport: port, ct: Ct::New };
-        let t = trace(&self.nodes[&dst.node], crate::render::BASE_CHAIN, &pkt).map_err(|e| format!("node {}: {e}", dst.node))?;
+        let table = self.nodes.get(node).ok_or(format!("no node {node}"))?;
+        let pkt = Packet { iif: iif.into(), oif: oif.into(), src, dst, l4, dport: port, ct: Ct::New };
+        let t = trace(table, crate::render::BASE_CHAIN, &pkt).map_err(|e| format!("node {node}: {e}"))?;
         Ok(t.verdict != Verdict::Drop)
     }
 
