@@ -76,6 +76,11 @@ fn chance(u: &mut Unstructured<'_>, percent: u8) -> R<bool> {
     Ok(u.int_in_range(0..=99u8)? >= 100 - percent)
 }
 
+/// A literal of the generator's own making (always well-formed), parsed.
+fn parsed<T: std::str::FromStr>(s: &str) -> R<T> {
+    s.parse().map_err(|_| arbitrary::Error::IncorrectFormat)
+}
+
 fn pick<'a, T>(u: &mut Unstructured<'_>, items: &'a [T]) -> R<&'a T> {
     u.choose(items)
 }
@@ -163,7 +168,7 @@ impl Gen<'_, '_> {
     fn ipblock(&mut self) -> R<PolicyPeer> {
         let all = cidrs(self.fam.v4, self.fam.v6);
         let cidr = *pick(self.u, &all)?;
-        let net: ipnet::IpNet = cidr.parse().map_err(|_| arbitrary::Error::IncorrectFormat)?;
+        let net: ipnet::IpNet = parsed(cidr)?;
         let mut except = Vec::new();
         if chance(self.u, 40)? {
             let inside: Vec<&str> = all
@@ -349,20 +354,20 @@ pub fn generate(u: &mut Unstructured<'_>) -> R<Vec<Object>> {
         let mut addresses: Vec<IpAddr> = Vec::new();
         let mut pod_cidrs = Vec::new();
         if fam.v4 {
-            addresses.push(format!("198.19.0.{n}").parse().map_err(|_| arbitrary::Error::IncorrectFormat)?);
-            pod_cidrs.push(format!("198.18.{n}.0/24").parse().map_err(|_| arbitrary::Error::IncorrectFormat)?);
+            addresses.push(parsed(&format!("198.19.0.{n}"))?);
+            pod_cidrs.push(parsed(&format!("198.18.{n}.0/24"))?);
         }
         if fam.v6 {
-            addresses.push(format!("2001:db8:ff::{n}").parse().map_err(|_| arbitrary::Error::IncorrectFormat)?);
-            pod_cidrs.push(format!("2001:db8:{n}::/64").parse().map_err(|_| arbitrary::Error::IncorrectFormat)?);
+            addresses.push(parsed(&format!("2001:db8:ff::{n}"))?);
+            pod_cidrs.push(parsed(&format!("2001:db8:{n}::/64"))?);
         }
         let internal_ips = addresses.clone();
         if chance(u, 30)? {
             if fam.v4 {
-                addresses.push(format!("198.19.1.{n}").parse().map_err(|_| arbitrary::Error::IncorrectFormat)?);
+                addresses.push(parsed(&format!("198.19.1.{n}"))?);
             }
             if fam.v6 {
-                addresses.push(format!("2001:db8:fe::{n}").parse().map_err(|_| arbitrary::Error::IncorrectFormat)?);
+                addresses.push(parsed(&format!("2001:db8:fe::{n}"))?);
             }
         }
         let node = Node { name: format!("node-{n}"), pod_cidrs, internal_ips, addresses, labels: labels(u, &NODE_KEYS)? };
@@ -402,10 +407,10 @@ pub fn generate(u: &mut Unstructured<'_>) -> R<Vec<Object>> {
         } else {
             let host = 10 + i;
             if fam.v4 {
-                ips.push(format!("198.18.{n}.{host}").parse().map_err(|_| arbitrary::Error::IncorrectFormat)?);
+                ips.push(parsed(&format!("198.18.{n}.{host}"))?);
             }
             if fam.v6 {
-                ips.push(format!("2001:db8:{n}::{host:x}").parse().map_err(|_| arbitrary::Error::IncorrectFormat)?);
+                ips.push(parsed(&format!("2001:db8:{n}::{host:x}"))?);
             }
             if !phase.is_terminal() {
                 live_ips.push(ips.clone());
@@ -456,13 +461,7 @@ pub fn generate(u: &mut Unstructured<'_>) -> R<Vec<Object>> {
 pub fn snapshot(objects: &[Object]) -> Snapshot {
     let mut s = Snapshot::new();
     for o in objects {
-        match o.clone() {
-            Object::Namespace(n) => s.upsert_namespace(n),
-            Object::Pod(p) => s.upsert_pod(p),
-            Object::NetworkPolicy(p) => s.upsert_policy(p),
-            Object::ClusterNetworkPolicy(p) => s.upsert_cluster_policy(p),
-            Object::Node(n) => s.upsert_node(n),
-        }
+        o.apply_to(&mut s);
     }
     s
 }

@@ -131,14 +131,7 @@ impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for Labels {
         if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
             // Stable: of equal keys, the last one stays last.
             entries.sort_by(|a, b| a.0.cmp(&b.0));
-            let mut unique: Vec<(Arc<str>, Arc<str>)> = Vec::with_capacity(entries.len());
-            for (k, v) in entries {
-                match unique.last_mut() {
-                    Some(last) if last.0 == k => last.1 = v,
-                    _ => unique.push((k, v)),
-                }
-            }
-            entries = unique;
+            entries = super::keep_last(entries, |a, b| a.0 == b.0);
         }
         Self(entries.into_boxed_slice())
     }

@@ -102,15 +102,9 @@ impl Object {
         }
     }
 
-    /// Adds or replaces this object in `snapshot`.
+    /// Adds or replaces a copy of this object in `snapshot`.
     pub fn apply_to(&self, snapshot: &mut Snapshot) {
-        match self {
-            Self::Namespace(n) => snapshot.upsert_namespace(n.clone()),
-            Self::Pod(p) => snapshot.upsert_pod(p.clone()),
-            Self::NetworkPolicy(p) => snapshot.upsert_policy(p.clone()),
-            Self::ClusterNetworkPolicy(p) => snapshot.upsert_cluster_policy(p.clone()),
-            Self::Node(n) => snapshot.upsert_node(n.clone()),
-        }
+        self.clone().upsert_into(snapshot);
     }
 }
 
@@ -155,22 +149,20 @@ impl Manifests {
     /// key. Namespaces that pods or policies use but no manifest declares are added with only
     /// their `kubernetes.io/metadata.name` label, as they exist in every real cluster.
     pub fn to_snapshot(&self) -> Snapshot {
-        let mut snapshot = Snapshot::new();
-        for obj in &self.objects {
-            obj.apply_to(&mut snapshot);
-        }
-        add_implicit_namespaces(&mut snapshot);
-        snapshot
+        Manifests { objects: self.objects.clone(), warnings: Vec::new() }.into_snapshot()
     }
 
     /// [`Self::to_snapshot`], moving the objects instead of copying them (the warnings are
     /// dropped: read them first).
     pub fn into_snapshot(self) -> Snapshot {
-        let (pods, rest): (Vec<Object>, Vec<Object>) = self.objects.into_iter().partition(|o| matches!(o, Object::Pod(_)));
-        let mut snapshot = Snapshot::with_pods(pods.into_iter().filter_map(|o| match o {
-            Object::Pod(p) => Some(p),
-            _ => None,
-        }));
+        let (mut pods, mut rest) = (Vec::new(), Vec::new());
+        for obj in self.objects {
+            match obj {
+                Object::Pod(p) => pods.push(p),
+                other => rest.push(other),
+            }
+        }
+        let mut snapshot = Snapshot::with_pods(pods);
         for obj in rest {
             obj.upsert_into(&mut snapshot);
         }

@@ -379,6 +379,19 @@ pub struct Snapshot {
     nodes: BTreeMap<String, Node>,
 }
 
+/// `sorted` with each run of items that are `same` reduced to its last item (after a stable
+/// sort by key: "the later one wins", as for a map).
+pub(crate) fn keep_last<T>(sorted: Vec<T>, same: impl Fn(&T, &T) -> bool) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(sorted.len());
+    for item in sorted {
+        match out.last_mut() {
+            Some(last) if same(last, &item) => *last = item,
+            _ => out.push(item),
+        }
+    }
+    out
+}
+
 /// `pods` (in uid order, one per uid) by namespace.
 fn namespace_index(pods: &[Arc<Pod>]) -> BTreeMap<String, BTreeSet<ByUid>> {
     // Stable: each namespace's pods stay in uid order.
@@ -428,13 +441,7 @@ impl Snapshot {
         let mut all: Vec<Arc<Pod>> = pods.into_iter().map(Arc::new).collect();
         // Stable: of equal uids the later stays last, and is the one kept.
         all.sort_by(|a, b| a.uid.cmp(&b.uid));
-        let mut unique: Vec<Arc<Pod>> = Vec::with_capacity(all.len());
-        for pod in all {
-            match unique.last_mut() {
-                Some(last) if last.uid == pod.uid => *last = pod,
-                _ => unique.push(pod),
-            }
-        }
+        let unique = keep_last(all, |a, b| a.uid == b.uid);
         // The two indexes are independent: a large cluster builds them side by side.
         let (pods_by_namespace, (pods_by_ip, contested)) = if unique.len() < 4096 {
             (namespace_index(&unique), address_index(&unique))
