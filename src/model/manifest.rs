@@ -174,8 +174,7 @@ impl Manifests {
 /// Adds a namespace object for every namespace referenced by a pod or policy but missing.
 pub fn add_implicit_namespaces(snapshot: &mut Snapshot) {
     let missing: std::collections::BTreeSet<String> = snapshot
-        .pods()
-        .map(|p| p.namespace.as_str())
+        .namespaces_with_pods()
         .chain(snapshot.policies().map(|p| p.namespace.as_str()))
         .filter(|ns| snapshot.namespace(ns).is_none())
         .map(str::to_string)
@@ -649,17 +648,17 @@ fn cluster_policy(value: &Value, unknown: &mut Vec<String>) -> Result<ClusterNet
 
 /// Deserializes `value` as `T`, naming the failing field; appends to `unknown` the paths of
 /// the fields `T` does not have (that it ignores). Nulls are absent values, not fields.
+/// The value is consumed: its strings move into `T` instead of being copied.
 fn typed<T: DeserializeOwned>(value: Value, unknown: &mut Vec<String>) -> Result<T, String> {
-    let ignored = std::cell::RefCell::new(Vec::new());
-    match T::deserialize(Tracked { value: &value, at: &Seg::Root, ignored: &ignored }) {
+    let track = Track::default();
+    match T::deserialize(Tracked { value, at: &Seg::Root, track: &track }) {
         Ok(obj) => {
-            unknown.append(&mut ignored.into_inner());
+            unknown.append(&mut track.ignored.into_inner());
             Ok(obj)
         }
-        // Naming the field costs an allocation per field: only a failure is read again so.
-        Err(plain) => Err(match serde_path_to_error::deserialize::<_, T>(&value) {
-            Err(e) if e.path().to_string() != "." => format!("{}: {}", e.path(), e.inner()),
-            _ => plain.to_string(),
+        Err(e) => Err(match track.failed_at.into_inner() {
+            Some(path) => format!("{path}: {e}"),
+            None => e.to_string(),
         }),
     }
 }
@@ -683,21 +682,43 @@ impl fmt::Display for Seg<'_> {
     }
 }
 
-/// A deserializer of a JSON value (as serde_json's) that records in `ignored` the path of
-/// every non-null value the target ignores: the fields its type does not have.
-struct Tracked<'a, 'p> {
-    value: &'a Value,
-    at: &'p Seg<'p>,
-    ignored: &'p std::cell::RefCell<Vec<String>>,
+/// What [`Tracked`] learns on its way through a value.
+#[derive(Default)]
+struct Track {
+    /// The path of every non-null value the target ignores: the fields its type lacks.
+    ignored: std::cell::RefCell<Vec<String>>,
+    /// The path of the innermost value whose deserialization failed (the first to see the
+    /// error records it; the levels above find it set).
+    failed_at: std::cell::RefCell<Option<String>>,
 }
 
-impl<'de> serde::Deserializer<'de> for Tracked<'de, '_> {
+impl Track {
+    fn fail<T, E>(&self, at: &Seg<'_>, r: Result<T, E>) -> Result<T, E> {
+        if r.is_err() {
+            let mut failed = self.failed_at.borrow_mut();
+            if failed.is_none() {
+                *failed = Some(at.to_string());
+            }
+        }
+        r
+    }
+}
+
+/// A deserializer of a JSON value (as serde_json's, by value) that records what the target
+/// ignores and where it failed, in `track`.
+struct Tracked<'p> {
+    value: Value,
+    at: &'p Seg<'p>,
+    track: &'p Track,
+}
+
+impl<'de> serde::Deserializer<'de> for Tracked<'_> {
     type Error = serde_json::Error;
 
     fn deserialize_any<V: serde::de::Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.value {
-            Value::Object(map) => visitor.visit_map(TrackedMap { iter: map.iter(), next: None, at: self.at, ignored: self.ignored }),
-            Value::Array(items) => visitor.visit_seq(TrackedSeq { iter: items.iter().enumerate(), at: self.at, ignored: self.ignored }),
+            Value::Object(map) => visitor.visit_map(TrackedMap { iter: map.into_iter(), next: None, at: self.at, track: self.track }),
+            Value::Array(items) => visitor.visit_seq(TrackedSeq { iter: items.into_iter().enumerate(), at: self.at, track: self.track }),
             // Scalars have nothing to ignore: serde_json reads them.
             scalar => scalar.deserialize_any(visitor),
         }
@@ -725,7 +746,7 @@ impl<'de> serde::Deserializer<'de> for Tracked<'de, '_> {
 
     fn deserialize_ignored_any<V: serde::de::Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         if !self.value.is_null() {
-            self.ignored.borrow_mut().push(self.at.to_string());
+            self.track.ignored.borrow_mut().push(self.at.to_string());
         }
         visitor.visit_unit()
     }
@@ -736,20 +757,20 @@ impl<'de> serde::Deserializer<'de> for Tracked<'de, '_> {
     }
 }
 
-struct TrackedMap<'a, 'p> {
-    iter: serde_json::map::Iter<'a>,
-    next: Option<(&'a String, &'a Value)>,
+struct TrackedMap<'p> {
+    iter: serde_json::map::IntoIter,
+    next: Option<(String, Value)>,
     at: &'p Seg<'p>,
-    ignored: &'p std::cell::RefCell<Vec<String>>,
+    track: &'p Track,
 }
 
-impl<'de> serde::de::MapAccess<'de> for TrackedMap<'de, '_> {
+impl<'de> serde::de::MapAccess<'de> for TrackedMap<'_> {
     type Error = serde_json::Error;
 
     fn next_key_seed<K: serde::de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Self::Error> {
         self.next = self.iter.next();
-        match self.next {
-            Some((key, _)) => seed.deserialize(serde::de::value::BorrowedStrDeserializer::new(key)).map(Some),
+        match &self.next {
+            Some((key, _)) => seed.deserialize(serde::de::value::StrDeserializer::new(key)).map(Some),
             None => Ok(None),
         }
     }
@@ -758,24 +779,38 @@ impl<'de> serde::de::MapAccess<'de> for TrackedMap<'de, '_> {
         let Some((key, value)) = self.next.take() else {
             return Err(serde::de::Error::custom("a value without its key"));
         };
-        seed.deserialize(Tracked { value, at: &Seg::Key(self.at, key), ignored: self.ignored })
+        let at = Seg::Key(self.at, &key);
+        let r = seed.deserialize(Tracked { value, at: &at, track: self.track });
+        self.track.fail(&at, r)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.iter.len())
     }
 }
 
-struct TrackedSeq<'a, 'p> {
-    iter: std::iter::Enumerate<std::slice::Iter<'a, Value>>,
+struct TrackedSeq<'p> {
+    iter: std::iter::Enumerate<std::vec::IntoIter<Value>>,
     at: &'p Seg<'p>,
-    ignored: &'p std::cell::RefCell<Vec<String>>,
+    track: &'p Track,
 }
 
-impl<'de> serde::de::SeqAccess<'de> for TrackedSeq<'de, '_> {
+impl<'de> serde::de::SeqAccess<'de> for TrackedSeq<'_> {
     type Error = serde_json::Error;
 
     fn next_element_seed<S: serde::de::DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, Self::Error> {
         match self.iter.next() {
-            Some((i, value)) => seed.deserialize(Tracked { value, at: &Seg::Index(self.at, i), ignored: self.ignored }).map(Some),
+            Some((i, value)) => {
+                let at = Seg::Index(self.at, i);
+                let r = seed.deserialize(Tracked { value, at: &at, track: self.track }).map(Some);
+                self.track.fail(&at, r)
+            }
             None => Ok(None),
         }
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.iter.len())
     }
 }
 
@@ -812,6 +847,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("test.yaml: document 2: Pod a: spec.containers[0].ports[0].containerPort:"), "{e}");
+        // The innermost failing value is named, after fields and items that read fine.
+        let e = parse("apiVersion: v1\nkind: Pod\nmetadata: {name: a, labels: {app: web, tier: [x]}}\nspec: {containers: [{name: c}, {name: d, ports: [{containerPort: 80}, {containerPort: 81, protocol: 7}]}]}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("test.yaml: document 1: Pod a: metadata.labels.tier: invalid type: sequence"), "{e}");
+        let e = parse("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec: {containers: [{name: c}, {name: d, ports: [{containerPort: 80}, {containerPort: 81, protocol: [7]}]}]}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("test.yaml: document 1: Pod a: spec.containers[1].ports[1].protocol: invalid type"), "{e}");
 
         let e = parse("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nstatus: {podIP: 1.2.3}\n").unwrap_err().to_string();
         assert_eq!(e, "test.yaml: document 1: Pod a: status.podIP: \"1.2.3\" is not an IP address");

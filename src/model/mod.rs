@@ -568,6 +568,11 @@ impl Snapshot {
         self.pods.len()
     }
 
+    /// The namespaces that have pods (whether or not their Namespace object is known).
+    pub fn namespaces_with_pods(&self) -> impl Iterator<Item = &str> {
+        self.pods_by_namespace.keys().map(String::as_str)
+    }
+
     /// Pods of one namespace, in uid order.
     pub fn pods_in(&self, namespace: &str) -> impl Iterator<Item = &Pod> {
         self.pods_by_namespace.get(namespace).into_iter().flat_map(|pods| pods.iter().map(|p| &*p.0))
