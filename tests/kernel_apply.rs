@@ -12,7 +12,7 @@ use std::time::Duration;
 use flock::apply::kernel::NftCli;
 use flock::apply::{Applier, Backend, Drift, Outcome};
 use flock::model::{LocalEndpoint, Pod, PodPhase, Snapshot};
-use flock::render::{BASE_CHAIN, Ruleset, render};
+use flock::render::{BASE_CHAIN, RenderOptions, Ruleset, render, render_with};
 use flock::testkit::kernel::{NetnsGuard, Node, require_root};
 use flock::testkit::{self, policies};
 use flock::translate::{Options, translate};
@@ -64,6 +64,11 @@ fn snapshot(with_policies: bool) -> Snapshot {
 
 fn ruleset(s: &Snapshot) -> Ruleset {
     render(&translate(s, &s.derived_endpoints("node-1"), &Options::default()))
+}
+
+/// Every pod's allow rules through peer classes (the shape of pods with many rules).
+fn ruleset_classes(s: &Snapshot) -> Ruleset {
+    render_with(&translate(s, &s.derived_endpoints("node-1"), &Options::default()), &RenderOptions { peer_classes_from: 0 })
 }
 
 fn base_handle(a: &mut Applier<NftCli>) -> u64 {
@@ -157,6 +162,12 @@ fn incremental_transactions_reach_exactly_the_render() {
     if !require_root("incremental_transactions_reach_exactly_the_render") {
         return;
     }
+    for (shape, ruleset) in [("one rule per allow rule", ruleset as fn(&Snapshot) -> Ruleset), ("peer classes", ruleset_classes)] {
+        incremental_transactions_in(shape, ruleset);
+    }
+}
+
+fn incremental_transactions_in(shape: &str, ruleset: fn(&Snapshot) -> Ruleset) {
     let ns = NetnsGuard::new("incr");
     let mut a = Applier::new(NftCli::new(ns.netns()));
     let variants = variants();
@@ -173,7 +184,7 @@ fn incremental_transactions_reach_exactly_the_render() {
                     continue;
                 }
                 let rs = ruleset(&variants[step].1);
-                let ctx = format!("{} → {}", variants[current].0, variants[step].0);
+                let ctx = format!("{shape}: {} → {}", variants[current].0, variants[step].0);
                 let out = a.apply(&rs).unwrap();
                 assert!(matches!(out, Outcome::Applied { incremental: true, .. }), "{ctx}: {out:?}");
                 let listing = a.backend_mut().list_table().unwrap().unwrap();
@@ -181,6 +192,21 @@ fn incremental_transactions_reach_exactly_the_render() {
                 current = step;
             }
         }
+    }
+    // The shape changes in place (an agent upgrade, or a pod crossing the threshold): one
+    // incremental transaction, the base chain (and established flows) untouched.
+    let other =
+        if ruleset(&variants[0].1) == ruleset_classes(&variants[0].1) { None } else { Some(ruleset_classes as fn(&Snapshot) -> Ruleset) };
+    for next in other.into_iter().chain([ruleset]) {
+        let rs = next(&variants[current].1);
+        let out = a.apply(&rs).unwrap();
+        assert!(matches!(out, Outcome::Applied { incremental: true, .. } | Outcome::Unchanged), "{shape}: shape change: {out:?}");
+        let listing = a.backend_mut().list_table().unwrap().unwrap();
+        assert_eq!(
+            flock::nft::canonical(&listing).unwrap(),
+            flock::nft::canonical(&rs.to_text()).unwrap(),
+            "{shape}: shape change:\n{listing}"
+        );
     }
     assert_eq!(base_handle(&mut a), handle, "the base chain was re-created");
 }

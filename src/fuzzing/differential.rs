@@ -499,7 +499,14 @@ pub fn compare(s: &Snapshot) -> Result<Comparison, String> {
 /// Every flow of `s` through the reference and of `enforced` through the pipeline: the same
 /// snapshot, except in tests that show a wrong pipeline is caught.
 pub fn compare_with(s: &Snapshot, enforced: &Snapshot) -> Result<Comparison, String> {
-    let cluster = TracedCluster::build(enforced);
+    // Both ruleset shapes meet the reference: half the clusters (by the parity of their pod
+    // count, a cheap deterministic coin) have every pod's allow rules go through peer classes.
+    let shape = if enforced.pod_count().is_multiple_of(2) {
+        crate::render::RenderOptions { peer_classes_from: 0 }
+    } else {
+        crate::render::RenderOptions::default()
+    };
+    let cluster = TracedCluster::build_with(enforced, &shape);
     let mut out = Comparison { renders: cluster.texts.values().cloned().collect(), ..Default::default() };
     // The pods flock enforces: those with an endpoint on some node.
     let pods: Vec<&Pod> = s.pods().filter(|p| cluster.pods.contains_key(&format!("{}/{}", p.namespace, p.name))).collect();

@@ -129,8 +129,14 @@ fn run_chain(table: &Table, name: &str, pkt: &Packet, path: &mut Vec<String>, de
     }
     let chain = table.chains.get(name).ok_or_else(|| err("", "no such chain".into()))?;
     for rule in &chain.rules {
-        let Some(action) = eval_rule(table, rule, pkt).map_err(|m| err(rule, m))? else { continue };
-        path.push(format!("{name}: {rule}"));
+        let mut notes = Vec::new();
+        let Some(action) = eval_rule(table, rule, pkt, &mut notes).map_err(|m| err(rule, m))? else { continue };
+        notes.retain(|n| !n.is_empty());
+        if notes.is_empty() {
+            path.push(format!("{name}: {rule}"));
+        } else {
+            path.push(format!("{name}: {rule} [matched {}]", notes.join("; ")));
+        }
         let flow = match action {
             Action::Continue => continue,
             Action::Verdict(v) => {
@@ -178,7 +184,9 @@ enum Action {
 }
 
 /// Evaluates one rule: `Ok(None)` if it does not match.
-fn eval_rule(table: &Table, rule: &str, pkt: &Packet) -> Result<Option<Action>, String> {
+/// `notes` gets the comment of each set or map element the rule matched on (the pod and
+/// policy rule behind it).
+fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -> Result<Option<Action>, String> {
     let toks: Vec<Tok> = parse::tokenize(rule).map_err(|e| e.message)?.into_iter().map(|(t, _)| t).collect();
     let mut c = Cursor { toks: &toks, pos: 0 };
     let v6 = pkt.src.is_ipv6();
@@ -234,6 +242,27 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet) -> Result<Option<Action>, 
                     let m = table.sets.get(&map).ok_or(format!("no map {map}"))?;
                     return Ok(m.elements.get(&key).and_then(|e| e.verdict.clone()).map(Action::Verdict));
                 }
+                if let Some(set) = c.peek_word().and_then(|w| w.strip_prefix('@')).map(str::to_string) {
+                    // oifname @set
+                    c.pos += 1;
+                    let hit = set_match(table, &set, &[Val::Iface(iface)])?;
+                    matched &= note(hit, notes);
+                    continue;
+                }
+                if c.peek_word() == Some(".") && c.toks.get(c.pos + 1) == Some(&Tok::Word("meta".into())) {
+                    // oifname . meta l4proto . th dport @set
+                    for kw in [".", "meta", "l4proto", ".", "th", "dport"] {
+                        c.keyword(kw)?;
+                    }
+                    let set = c.set_ref()?;
+                    if pkt.l4 == L4::Icmp {
+                        matched = false;
+                        continue;
+                    }
+                    let hit = set_match(table, &set, &[Val::Iface(iface), Val::Proto(pkt.l4.nft_name(v6)), Val::Port(pkt.dport)])?;
+                    matched &= note(hit, notes);
+                    continue;
+                }
                 if c.peek_word() == Some(".") {
                     // iifname . ip saddr [!=] @set
                     c.pos += 1;
@@ -260,6 +289,23 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet) -> Result<Option<Action>, 
             "ip" | "ip6" => {
                 let (fam_v6, field) = c.addr_field()?;
                 let addr = if field == "saddr" { pkt.src } else { pkt.dst };
+                if c.peek_word() == Some("vmap") {
+                    // ip saddr vmap @map: the element containing the address gives the verdict
+                    c.pos += 1;
+                    let map = c.set_ref()?;
+                    c.end()?;
+                    if !matched || fam_v6 != v6 {
+                        return Ok(None);
+                    }
+                    let m = table.sets.get(&map).ok_or(format!("no map {map}"))?;
+                    for (key, e) in &m.elements {
+                        if addr_matches(key, addr).ok_or(format!("bad address {key} in {map}"))? {
+                            notes.push(e.comment.clone().unwrap_or_default());
+                            return Ok(e.verdict.clone().map(Action::Verdict));
+                        }
+                    }
+                    return Ok(None);
+                }
                 if c.peek_word() == Some(".") {
                     // ip daddr . meta l4proto . th dport @set
                     for kw in [".", "meta", "l4proto", ".", "th", "dport"] {
@@ -421,8 +467,25 @@ enum Val<'a> {
 
 /// Whether `set` holds an element matching every field of `vals`.
 fn set_contains(table: &Table, set: &str, vals: &[Val<'_>]) -> Result<bool, String> {
+    Ok(set_match(table, set, vals)?.is_some())
+}
+
+/// Records the matched element's comment; whether an element matched.
+fn note(hit: Option<String>, notes: &mut Vec<String>) -> bool {
+    match hit {
+        Some(comment) => {
+            notes.push(comment);
+            true
+        }
+        None => false,
+    }
+}
+
+/// The comment of the element of `set` matching every field of `vals` (empty if it has
+/// none), or `None` when no element matches.
+fn set_match(table: &Table, set: &str, vals: &[Val<'_>]) -> Result<Option<String>, String> {
     let s = table.sets.get(set).ok_or(format!("no set {set}"))?;
-    for key in s.elements.keys() {
+    for (key, elem) in &s.elements {
         let parts: Vec<&str> = key.split(" . ").collect();
         if parts.len() != vals.len() {
             return Err(format!("element {key} of {set} does not have {} fields", vals.len()));
@@ -446,10 +509,10 @@ fn set_contains(table: &Table, set: &str, vals: &[Val<'_>]) -> Result<bool, Stri
             }
         }
         if all {
-            return Ok(true);
+            return Ok(Some(elem.comment.clone().unwrap_or_default()));
         }
     }
-    Ok(false)
+    Ok(None)
 }
 
 /// Whether `lit` (an address, a prefix or a range `a-b`) contains `addr`; `None` if `lit` is

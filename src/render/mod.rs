@@ -29,14 +29,17 @@
 //! ClusterNetworkPolicy, NetworkPolicy (allow rules, then drop, when it isolates the pod), the
 //! Baseline tier, then the default (allow). Every verdict is final — an allowed egress packet
 //! goes to the destination's ingress policy through `egress-allowed` — so a verdict can be
-//! given at any depth and `Pass` is a `goto`. Peers are shared sets (one per peer definition
-//! and family, `flags interval` for ipBlocks and networks, `addr . proto . port`
-//! concatenations for egress named ports), so the rule count of a pod never depends on how
-//! many addresses its peers have. Object order in the text satisfies nft's references: sets,
+//! given at any depth and `Pass` is a `goto`. NetworkPolicy allow rules become a constant
+//! number of lookups through peer classes ([`peers`]): the pod's rules never grow with its
+//! policies, rules or peers. ClusterNetworkPolicy rules keep their order (first match
+//! decides), each rule one lookup in a shared peer set (one per peer definition and family,
+//! `flags interval` for ipBlocks and networks, `addr . proto . port` concatenations for
+//! named ports). Object order in the text satisfies nft's references: sets,
 //! then each chain after the chains it refers to (ingress chains, their map, `to-pods`,
 //! `egress-allowed`, egress chains, their map, `from-pods`, `forward`).
 
 pub mod names;
+mod peers;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -46,6 +49,7 @@ use crate::translate::{
     PriorityGroup, Tier, TierRule,
 };
 use names::{comment, quoted};
+use peers::PeerPlan;
 
 /// The base chain and the static objects (names are part of flock's contract with operators).
 pub const BASE_CHAIN: &str = "forward";
@@ -299,9 +303,40 @@ impl Family {
 /// One endpoint's chains of one direction, in reference order, and its entry chain's name.
 type EndpointChains = (String, Vec<Chain>);
 
+/// Choices of shape that do not change what is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// An endpoint direction whose NetworkPolicy allow rules would take at least this many
+    /// lookups one rule each goes through the peer classes instead ([`peers`]): a constant
+    /// number of lookups per packet. Below it, one rule per allow rule and shared peer set is
+    /// as fast per packet, and cheaper to change: every element of a class map is a `jump`,
+    /// which the kernel re-validates in each transaction that adds one.
+    pub peer_classes_from: usize,
+}
+
+/// Lookups from which a pod's allow rules go through peer classes, by default.
+pub const PEER_CLASSES_FROM: usize = 8;
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        Self { peer_classes_from: PEER_CLASSES_FROM }
+    }
+}
+
 /// Renders the node's table.
 pub fn render(np: &NodePolicy) -> Ruleset {
-    let mut r = Renderer { np, peer_sets: BTreeMap::new(), port_sets: BTreeMap::new() };
+    render_with(np, &RenderOptions::default())
+}
+
+/// [`render`] with a choice of shape.
+pub fn render_with(np: &NodePolicy, options: &RenderOptions) -> Ruleset {
+    let mut plans = [
+        PeerPlan::new(np, Direction::Ingress, "accept", options.peer_classes_from),
+        PeerPlan::new(np, Direction::Egress, &format!("goto {EGRESS_ALLOWED}"), options.peer_classes_from),
+    ];
+    let plan_sets: Vec<Set> = plans.iter_mut().flat_map(|p| std::mem::take(&mut p.sets)).collect();
+    let [ingress_class_chains, egress_class_chains] = [std::mem::take(&mut plans[0].chains), std::mem::take(&mut plans[1].chains)];
+    let mut r = Renderer { np, peer_sets: BTreeMap::new(), port_sets: BTreeMap::new(), plans: &plans };
     // Per endpoint, its chains in reference order, keyed by the entry's name.
     let (mut ingress_chains, mut egress_chains): (Vec<EndpointChains>, Vec<EndpointChains>) = (Vec::new(), Vec::new());
     let mut addrs = [Vec::new(), Vec::new()];
@@ -333,7 +368,16 @@ pub fn render(np: &NodePolicy) -> Ruleset {
     }
 
     let mut objects: Vec<Object> = Vec::new();
-    let mut sets: Vec<Set> = r.peer_sets.into_values().chain(r.port_sets.into_values()).collect();
+    // Class maps refer to class chains, which refer to sets: maps go with the chains.
+    let (maps, mut sets): (Vec<Set>, Vec<Set>) =
+        r.peer_sets.into_values().chain(r.port_sets.into_values()).chain(plan_sets).partition(|s| s.data.is_some());
+    let (mut ingress_maps, mut egress_maps): (Vec<Set>, Vec<Set>) = maps.into_iter().partition(|m| m.name.starts_with("ingress"));
+    ingress_maps.sort_by(|a, b| a.name.cmp(&b.name));
+    egress_maps.sort_by(|a, b| a.name.cmp(&b.name));
+    let class_chains = |mut v: Vec<Chain>| {
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v.into_iter().map(Object::Chain)
+    };
     let [v4, v6] = addrs;
     for (name, fam, elements) in [(POD_ADDRS_V4, Family::V4, v4), (POD_ADDRS_V6, Family::V6, v6)] {
         sets.push(Set {
@@ -357,6 +401,8 @@ pub fn render(np: &NodePolicy) -> Ruleset {
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v.into_iter().flat_map(|(_, c)| c).map(Object::Chain).collect::<Vec<_>>()
     };
+    objects.extend(class_chains(ingress_class_chains));
+    objects.extend(ingress_maps.into_iter().map(Object::Set));
     objects.extend(flatten(ingress_chains));
     objects.push(Object::Set(Set {
         name: INGRESS_MAP.into(),
@@ -368,6 +414,8 @@ pub fn render(np: &NodePolicy) -> Ruleset {
     }));
     objects.push(Object::Chain(to_pods));
     objects.push(Object::Chain(egress_allowed()));
+    objects.extend(class_chains(egress_class_chains));
+    objects.extend(egress_maps.into_iter().map(Object::Set));
     objects.extend(flatten(egress_chains));
     objects.push(Object::Set(Set {
         name: EGRESS_MAP.into(),
@@ -450,6 +498,8 @@ struct Renderer<'a> {
     /// Referenced address sets by (definition, family).
     peer_sets: BTreeMap<(PeerDef, Family), Set>,
     port_sets: BTreeMap<(NamedPortDef, Family), Set>,
+    /// The NetworkPolicy stage of each direction ([`peers`]).
+    plans: &'a [PeerPlan; 2],
 }
 
 impl Renderer<'_> {
@@ -478,8 +528,17 @@ impl Renderer<'_> {
 
         let mut tail_rules = Vec::new();
         if d.is_isolated() {
-            for rule in &d.rules {
-                self.allow_rule(rule, dir, &families, &allow, &mut tail_rules);
+            // A rule allowing everything decides alone; otherwise the peer classes, or (few
+            // lookups) one rule per allow rule.
+            let plan = &self.plans[usize::from(dir == Direction::Egress)];
+            match d.rules.iter().find(|r| r.peer == PeerMatch::Any && r.ports == PortMatch::Any) {
+                Some(rule) => self.allow_rule(rule, dir, &families, &allow, &mut tail_rules),
+                None if plan.covers(&ep.interface) => tail_rules.extend(plan.rules(&ep.interface, &allow)),
+                None => {
+                    for rule in &d.rules {
+                        self.allow_rule(rule, dir, &families, &allow, &mut tail_rules);
+                    }
+                }
             }
             let why = if d.isolated_by.contains(&Isolation::UnknownPod) {
                 format!("{pod} is unknown to flock: closed until its Pod is seen")

@@ -13,6 +13,13 @@ fn render_node(s: &Snapshot, node: &str) -> Ruleset {
     render(&translate(s, &s.derived_endpoints(node), &Options::default()))
 }
 
+/// Every endpoint's allow rules through peer classes, however few.
+const CLASSES: RenderOptions = RenderOptions { peer_classes_from: 0 };
+
+fn render_classes(s: &Snapshot, node: &str) -> Ruleset {
+    render_with(&translate(s, &s.derived_endpoints(node), &Options::default()), &CLASSES)
+}
+
 fn with(policies: &str) -> Snapshot {
     let mut s = testkit::base_cluster();
     for p in testkit::policies(policies) {
@@ -81,6 +88,7 @@ fn golden_no_policy() {
 #[test]
 fn golden_deny_and_allow() {
     golden("deny-and-allow-node-1", &render_node(&with(DENY_AND_ALLOW), "node-1").to_text());
+    golden("deny-and-allow-classes-node-1", &render_classes(&with(DENY_AND_ALLOW), "node-1").to_text());
 }
 
 #[test]
@@ -94,6 +102,7 @@ fn golden_egress_mix_dual_stack() {
         s.upsert_pod(p);
     }
     golden("egress-mix-dual-stack-node-1", &render_node(&s, "node-1").to_text());
+    golden("egress-mix-dual-stack-classes-node-1", &render_classes(&s, "node-1").to_text());
 }
 
 #[test]
@@ -144,10 +153,16 @@ fn rules_per_pod_do_not_grow_with_peer_addresses() {
 
 #[test]
 fn equal_peers_share_one_set_across_pods_and_policies() {
-    let rs = render_node(&with(DENY_AND_ALLOW), "node-1");
-    let text = rs.to_text();
+    let text = render_node(&with(DENY_AND_ALLOW), "node-1").to_text();
     let peer_sets: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("set peers-")).collect();
     assert_eq!(peer_sets.len(), 1, "{text}");
+    let rs = render_classes(&with(DENY_AND_ALLOW), "node-1");
+    let text = rs.to_text();
+    // One peer class (all pods of namespace y), one map element per peer address.
+    let classes: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("chain ingress-class-")).collect();
+    assert_eq!(classes.len(), 1, "{text}");
+    let Some(Object::Set(map)) = rs.object("ingress-peer-addrs-v4") else { panic!("no ingress-peer-addrs-v4 map:\n{text}") };
+    assert_eq!(map.elements.len(), 3, "{text}");
 }
 
 #[test]
@@ -186,10 +201,12 @@ fn conformance_cases_hold_through_the_tracer() {
     let mut failures = Vec::new();
     for dir in &cases {
         let case = crate::conformance::load_case(dir).unwrap();
-        match TracedCluster::run_case(&base, &case) {
-            Ok(m) if m.is_empty() => {}
-            Ok(m) => failures.push(format!("{}: {} cells differ, first: {}", case.dir_name, m.len(), m[0])),
-            Err(e) => failures.push(format!("{}: {e}", case.dir_name)),
+        for shape in [RenderOptions::default(), CLASSES] {
+            match TracedCluster::run_case_with(&base, &case, &shape) {
+                Ok(m) if m.is_empty() => {}
+                Ok(m) => failures.push(format!("{} ({shape:?}): {} cells differ, first: {}", case.dir_name, m.len(), m[0])),
+                Err(e) => failures.push(format!("{} ({shape:?}): {e}", case.dir_name)),
+            }
         }
     }
     assert!(failures.is_empty(), "{} of {} cases fail:\n{}", failures.len(), cases.len(), failures.join("\n"));
@@ -206,10 +223,12 @@ fn cluster_policy_cases_hold_on_the_ipv6_base_through_the_tracer() {
     let mut failures = Vec::new();
     for dir in &cases {
         let case = crate::conformance::load_case(dir).unwrap();
-        match TracedCluster::run_case(&base, &case) {
-            Ok(m) if m.is_empty() => {}
-            Ok(m) => failures.push(format!("{}: {} cells differ, first: {}", case.dir_name, m.len(), m[0])),
-            Err(e) => failures.push(format!("{}: {e}", case.dir_name)),
+        for shape in [RenderOptions::default(), CLASSES] {
+            match TracedCluster::run_case_with(&base, &case, &shape) {
+                Ok(m) if m.is_empty() => {}
+                Ok(m) => failures.push(format!("{} ({shape:?}): {} cells differ, first: {}", case.dir_name, m.len(), m[0])),
+                Err(e) => failures.push(format!("{} ({shape:?}): {e}", case.dir_name)),
+            }
         }
     }
     assert!(failures.is_empty(), "{} of {} cases fail:\n{}", failures.len(), cases.len(), failures.join("\n"));

@@ -147,6 +147,12 @@ impl TracedCluster {
     /// Translates, renders and applies (to a fake nft) every node of the snapshot.
     #[allow(clippy::panic)]
     pub fn build(snapshot: &Snapshot) -> Self {
+        Self::build_with(snapshot, &crate::render::RenderOptions::default())
+    }
+
+    /// [`Self::build`] with a choice of ruleset shape.
+    #[allow(clippy::panic)]
+    pub fn build_with(snapshot: &Snapshot, render: &crate::render::RenderOptions) -> Self {
         use crate::apply::{Applier, fake::FakeNft};
         let mut node_names: Vec<String> = snapshot.nodes().map(|n| n.name.clone()).collect();
         node_names.extend(snapshot.pods().filter_map(|p| p.node.clone()));
@@ -158,7 +164,7 @@ impl TracedCluster {
         for node in node_names {
             let eps = snapshot.derived_endpoints(&node);
             let np = crate::translate::translate(snapshot, &eps, &crate::translate::Options::default());
-            let rs = crate::render::render(&np);
+            let rs = crate::render::render_with(&np, render);
             let mut applier = Applier::new(FakeNft::new());
             if let Err(e) = applier.apply(&rs) {
                 panic!("node {node}: the fake nft refused the ruleset: {e}\n{}", rs.to_text());
@@ -250,11 +256,20 @@ impl TracedCluster {
     /// Runs a conformance case from `base`, returning every mismatching cell (and errors for
     /// probes the tracer cannot perform).
     pub fn run_case(base: &Snapshot, case: &crate::conformance::Case) -> Result<Vec<crate::conformance::Mismatch>, String> {
+        Self::run_case_with(base, case, &crate::render::RenderOptions::default())
+    }
+
+    /// [`Self::run_case`] with a choice of ruleset shape.
+    pub fn run_case_with(
+        base: &Snapshot,
+        case: &crate::conformance::Case,
+        render: &crate::render::RenderOptions,
+    ) -> Result<Vec<crate::conformance::Mismatch>, String> {
         let mut snapshot = base.clone();
         let mut mismatches = Vec::new();
         for (i, step) in case.steps.iter().enumerate() {
             crate::conformance::apply_step(&mut snapshot, step);
-            let cluster = Self::build(&snapshot);
+            let cluster = Self::build_with(&snapshot, render);
             for probe in &step.probes {
                 let mut observed = std::collections::BTreeMap::new();
                 for from in &probe.order {

@@ -7,6 +7,9 @@
 //! (`flkt-*`, removed on exit): a first full apply, a full resync of an existing table and a
 //! one-pod change through the [`Applier`], each next to a raw `nft -f` of the same rendered
 //! text in a fresh namespace, measured in the same loop.
+//!
+//! With `--dataplane`, the data path instead (`crate::dataplane`): new connections per second
+//! through a node with flock's ruleset, next to conntrack alone.
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
@@ -54,6 +57,13 @@ pub struct BenchArgs {
     /// Skip the nft measurements (otherwise run as root, in throwaway network namespaces).
     #[arg(long)]
     no_apply: bool,
+    /// Measure the data path instead of the pipeline: new TCP connections/s through a node
+    /// with flock's ruleset and with conntrack alone (root; throwaway network namespaces).
+    /// Its synthetic scenario is the cluster of the options above (--pods, --policies, …).
+    #[arg(long)]
+    dataplane: bool,
+    #[command(flatten)]
+    dataplane_args: crate::dataplane::DataplaneArgs,
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
@@ -66,6 +76,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     params.seed = args.seed;
     params.admin_policies = args.admin_policies;
     params.baseline_policies = args.baseline_policies;
+    if args.dataplane {
+        let out = crate::dataplane::run(&params, &args.dataplane_args).context("data-path benchmark")?;
+        print_json(&out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
 
     let rss_before = rss_bytes();
     let started = Instant::now();
@@ -148,10 +163,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         apply_bench(&cluster, &rs, &text, args.runs).context("nft measurements")?
     };
-    let mut stdout = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut stdout, &out).context("writing to stdout")?;
-    writeln!(stdout).context("writing to stdout")?;
+    print_json(&out)?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn print_json(out: &Value) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut stdout, out).context("writing to stdout")?;
+    writeln!(stdout).context("writing to stdout")
 }
 
 /// Rules must not grow with the number of peer addresses: every pod of the other nodes gets
@@ -271,12 +290,13 @@ struct OnePodChange {
 impl OnePodChange {
     fn new(cluster: &Cluster, rs: &Ruleset) -> anyhow::Result<Self> {
         let s = &cluster.snapshot;
-        // Elements of peer sets name their pod (`namespace/name`): copy the first one's.
+        // Elements of peer sets and peer-address maps name their pod (`namespace/name`): copy
+        // the first one's.
         let peer = rs
             .objects
             .iter()
             .filter_map(|o| match o {
-                render::Object::Set(set) if set.name.starts_with("peers-") => set.elements.first(),
+                render::Object::Set(set) if set.name.starts_with("peers-") || set.name.contains("-peer-addrs-") => set.elements.first(),
                 _ => None,
             })
             .find_map(|e| e.comment.split_once('/').and_then(|(ns, name)| s.pod_by_name(&ObjectRef::new(ns, name))));

@@ -3,6 +3,7 @@
 
 mod bench;
 mod conformance;
+mod dataplane;
 mod render;
 mod sim;
 

@@ -1,0 +1,1106 @@
+//! `flockctl bench --dataplane`: what flock's ruleset costs the data path, as new TCP
+//! connections per second through a node with the rendered table, next to the same node with
+//! the table's skeleton and no policy (conntrack alone).
+//!
+//! This module owns the whole measurement: the scenarios' snapshots (built here, or taken from
+//! [`flock::synth`]), the topology per scenario in throwaway network namespaces (`flkt-<pid>-dp…`,
+//! removed on exit, on error and on SIGINT/SIGTERM/SIGHUP; a killed run's are swept by the
+//! next one), the load generator (std threads, no external tool) and the JSON report.
+//!
+//! Topology, twice per scenario (one node with flock's table, one with the conntrack-only
+//! table: the same snapshot without policies, where the server's map entry is `accept`): a
+//! client namespace (`eth0`, the client's address) — routed by the node over its uplink
+//! `uplink0` (not a pod interface: the client is a pod of another node or an outside
+//! address) — the node namespace (forwarding, the table applied with real nft through the
+//! [`Applier`]) and the server pod's namespace (`eth0`, the address the snapshot gives the
+//! pod), whose host side carries the name the ruleset's maps use for the pod. Routes are /32
+//! (/128) and neighbours static, so no ARP or ND runs during a round and only 198.18.0.0/15
+//! or 2001:db8::/32 addresses are ever assigned or used.
+//!
+//! Each round gives every scenario `--dataplane-seconds` of load on each twin, in slices that
+//! alternate ABBA…; a round's ratio is flock / conntrack-only of that round. Twins, not one
+//! node whose table is swapped between measurements: a swap of the large tables takes
+//! seconds and leaves the kernel freeing thousands of sets while the next measurement runs,
+//! and twins let the tables take turns in short slices, which keeps the noise of a shared
+//! two-core machine out of the ratio.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use nix::sys::socket::{self as sock, AddressFamily, SockFlag, SockType, SockaddrStorage, sockopt};
+use serde_json::{Value, json};
+
+use flock::apply::Applier;
+use flock::apply::kernel::NftCli;
+use flock::model::convert::NAMESPACE_NAME_LABEL;
+use flock::model::{
+    ContainerPort, IpBlock, LabelSelector, Labels, LocalEndpoint, Namespace, NetworkPolicy, Node, Pod, PodPhase, PolicyPeer, PolicyPort,
+    PolicyRule, PortRef, Protocol, Snapshot,
+};
+use flock::netns::Netns;
+use flock::nft::NftRuleset;
+use flock::nft::trace::{self, Ct, L4, Packet, Verdict};
+use flock::render::{self, Object, Ruleset};
+use flock::sim::fabric::run as sh;
+use flock::synth::{self, Params, Rng};
+use flock::translate::{self, Options};
+use flock_cni::testing::{NetnsGuard, PREFIX};
+
+#[derive(Args)]
+pub struct DataplaneArgs {
+    /// --dataplane: NetworkPolicies selecting the server in the ip_blocks and pod_selectors
+    /// scenarios.
+    #[arg(long, default_value_t = 1_000)]
+    dataplane_policies: usize,
+    /// --dataplane: peers per policy (ipBlocks in ip_blocks, pod selectors in pod_selectors).
+    #[arg(long, default_value_t = 10)]
+    dataplane_blocks: usize,
+    /// --dataplane: seconds of load per round on each table (in slices of about 0.25 s).
+    #[arg(long, default_value_t = 2.0)]
+    dataplane_seconds: f64,
+    /// --dataplane: rounds (each measures every scenario with flock's ruleset and with
+    /// conntrack alone).
+    #[arg(long, default_value_t = 5)]
+    dataplane_rounds: usize,
+    /// --dataplane: client threads (each opens one connection at a time).
+    #[arg(long, default_value_t = 2)]
+    dataplane_clients: usize,
+    /// --dataplane: server threads accepting connections.
+    #[arg(long, default_value_t = 1)]
+    dataplane_servers: usize,
+}
+
+/// The port the hand-built scenarios' server listens on and their policies allow.
+const PORT: u16 = 8080;
+/// The node's interface towards the client (not `flk*`: the node's uplink).
+const UPLINK: &str = "uplink0";
+/// Locally administered MAC addresses of the four veth ends (static neighbours).
+const MAC_UPLINK: &str = "02:66:6c:6b:00:01";
+const MAC_CLIENT: &str = "02:66:6c:6b:00:02";
+const MAC_POD_HOST: &str = "02:66:6c:6b:00:03";
+const MAC_SERVER: &str = "02:66:6c:6b:00:04";
+/// What a client sends and the server answers: a few bytes each way.
+const REQUEST: &[u8] = b"ping\n";
+const REPLY: &[u8] = b"pong\n";
+/// A connect that takes longer failed (a SYN retransmitted after 1 s still makes it).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const IO_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a connection the policy denies is given before it counts as dropped.
+const DENIED_TIMEOUT: Duration = Duration::from_millis(500);
+/// Conntrack timeouts (seconds) in the node namespace, so closed connections leave the
+/// table within the round (the defaults are 10 s and 120 s).
+const CT_TIMEOUTS: [(&str, &str); 2] =
+    [("net.netfilter.nf_conntrack_tcp_timeout_close", "1"), ("net.netfilter.nf_conntrack_tcp_timeout_time_wait", "1")];
+
+/// One scenario: a server pod on the node, a client the policies allow, and the two tables.
+struct Scenario {
+    name: &'static str,
+    what: String,
+    server: LocalEndpoint,
+    server_addr: IpAddr,
+    port: u16,
+    client: IpAddr,
+    /// A source the flock table drops (checked once at setup), if one was found.
+    denied: Option<IpAddr>,
+    flock: Ruleset,
+    conntrack_only: Ruleset,
+}
+
+pub fn run(params: &Params, args: &DataplaneArgs) -> anyhow::Result<Value> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(json!({"dataplane": {"skipped": "not root"}}));
+    }
+    if args.dataplane_rounds == 0 || args.dataplane_clients == 0 || args.dataplane_servers == 0 {
+        bail!("--dataplane-rounds, --dataplane-clients and --dataplane-servers must be at least 1");
+    }
+    if !(args.dataplane_seconds > 0.0 && args.dataplane_seconds.is_finite()) {
+        bail!("--dataplane-seconds must be a positive number");
+    }
+    if args.dataplane_policies == 0 || args.dataplane_blocks == 0 {
+        bail!("--dataplane-policies and --dataplane-blocks must be at least 1");
+    }
+    // Namespaces of killed earlier runs (whose process is gone), then ours on a signal.
+    flock_cni::testing::sweep();
+    remove_on_signal().context("installing the signal handlers")?;
+
+    let started = Instant::now();
+    let scenarios = [ip_blocks(args)?, pod_selectors(args)?, synthetic_busiest(params)?];
+    eprintln!("dataplane: scenarios built in {:.2}s", started.elapsed().as_secs_f64());
+    let mut topologies = Vec::new();
+    for s in &scenarios {
+        eprintln!("dataplane: {}: wiring and checking ({} rules in the table)", s.name, s.flock.stats().rules);
+        topologies.push(Topology::new(s, args).with_context(|| format!("setting up scenario {}", s.name))?);
+    }
+
+    let seconds = Duration::from_secs_f64(args.dataplane_seconds);
+    let mut results: Vec<[Vec<Load>; 2]> = scenarios.iter().map(|_| [Vec::new(), Vec::new()]).collect();
+    for round in 0..args.dataplane_rounds {
+        for ((s, topo), result) in scenarios.iter().zip(&mut topologies).zip(&mut results) {
+            let [flock, ct] =
+                topo.round(round, seconds, args.dataplane_clients).with_context(|| format!("scenario {}, round {}", s.name, round + 1))?;
+            eprintln!(
+                "dataplane: round {}/{} {}: flock {:.0}/s, conntrack only {:.0}/s ({:.3})",
+                round + 1,
+                args.dataplane_rounds,
+                s.name,
+                flock.rate(),
+                ct.rate(),
+                flock.rate() / ct.rate().max(f64::MIN_POSITIVE)
+            );
+            result[0].push(flock);
+            result[1].push(ct);
+        }
+    }
+
+    let mut out = serde_json::Map::new();
+    let mut worst: Option<(&str, f64)> = None;
+    for ((s, topo), [flock, ct]) in scenarios.iter().zip(&topologies).zip(&results) {
+        let ratios: Vec<f64> = flock.iter().zip(ct).map(|(f, c)| f.rate() / c.rate().max(f64::MIN_POSITIVE)).collect();
+        let median_ratio = median(&ratios);
+        if worst.is_none_or(|(_, r)| median_ratio < r) {
+            worst = Some((s.name, median_ratio));
+        }
+        out.insert(s.name.into(), report(s, topo, flock, ct, &ratios));
+    }
+    let Some((worst, ratio)) = worst else { bail!("no scenario") };
+    let ct_timeouts: serde_json::Map<String, Value> = CT_TIMEOUTS.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+    Ok(json!({"dataplane": {
+        "ratio": round3(ratio),
+        "worst": worst,
+        "rounds": args.dataplane_rounds,
+        "seconds_per_round": args.dataplane_seconds,
+        "machine": {
+            "cpus": std::thread::available_parallelism().map_or(0, usize::from),
+            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default(),
+        },
+        "load": {
+            "client_threads": args.dataplane_clients,
+            "server_threads": args.dataplane_servers,
+            "connection": format!(
+                "connect, {} bytes each way, then the client resets it (SO_LINGER 0: no TIME_WAIT, so no port runs out); one connection at a time per client thread",
+                REQUEST.len()
+            ),
+            "conn_per_s": format!(
+                "per round, connections completed / seconds of load; the two tables take turns in slices of about {} s (ABBA…) and a round's ratio is flock / conntrack-only of that round",
+                SLICE.as_secs_f64()
+            ),
+        },
+        "topology": format!(
+            "per scenario, twice (flock's table, conntrack-only table): client netns (eth0) <-> {UPLINK} [node netns: forwarding, table inet flock] <pod interface> <-> server pod netns (eth0); static /32 (/128) routes and neighbours"
+        ),
+        "sysctls": {
+            "client": {"net.ipv4.ip_local_port_range": "1024 65535", "net.ipv4.tcp_tw_reuse": "1"},
+            "node": {"net.ipv4.ip_forward": "1", "net.ipv6.conf.all.forwarding": "1", "conntrack": ct_timeouts},
+            "server": {"net.core.somaxconn": "4096", "listen_backlog": 4096},
+        },
+        "scenarios": out,
+    }}))
+}
+
+fn report(s: &Scenario, topo: &Topology, flock: &[Load], ct: &[Load], ratios: &[f64]) -> Value {
+    let rates = |v: &[Load]| spread(&v.iter().map(Load::rate).collect::<Vec<_>>());
+    let slowest = |v: &[Load]| round3(v.iter().map(|l| l.slowest).max().unwrap_or_default().as_secs_f64() * 1e3);
+    let st = s.flock.stats();
+    let ct_st = s.conntrack_only.stats();
+    let chains = &topo.server_chains;
+    json!({
+        "what": s.what,
+        "server": {
+            "pod": s.server.pod.to_string(),
+            "interface": s.server.interface,
+            "address": s.server_addr.to_string(),
+            "port": s.port,
+        },
+        "client": {
+            "address": s.client.to_string(),
+            "accepted_by": topo.accepted_by,
+            "rule_position": topo.rule_position,
+            "rules_evaluated_by_first_packet": topo.rules_evaluated,
+            "denied_source_dropped": s.denied.map(|d| d.to_string()),
+        },
+        "flock_conn_per_s": rates(flock),
+        "conntrack_only_conn_per_s": rates(ct),
+        "ratio": spread(ratios),
+        "slowest_connection_ms": {"flock": slowest(flock), "conntrack_only": slowest(ct)},
+        "connections": {
+            "flock": flock.iter().map(|l| l.completed).sum::<u64>(),
+            "conntrack_only": ct.iter().map(|l| l.completed).sum::<u64>(),
+        },
+        "conntrack_entries_peak": {"flock": topo.sides[0].conntrack_peak, "conntrack_only": topo.sides[1].conntrack_peak},
+        "conntrack_max": topo.conntrack_max,
+        "ruleset": {
+            "chains": st.chains,
+            "rules": st.rules,
+            "sets": st.sets,
+            "elements": st.elements,
+            "rules_in_server_chain": chains.rules,
+            "server_chains": chains.chains.len(),
+            "sets_in_server_chain": chains.sets.len(),
+            "elements_in_server_sets": chains.elements,
+            "conntrack_only_rules": ct_st.rules,
+            "conntrack_only_elements": ct_st.elements,
+        },
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Scenarios.
+
+/// The namespace of the hand-built scenarios.
+const NS: &str = "bench";
+
+fn addr4(base: Ipv4Addr, offset: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(u32::from(base) + offset))
+}
+
+/// The server pod of the hand-built scenarios: `bench/server` on node-0, 198.18.0.10.
+fn server_pod() -> Pod {
+    let mut labels = Labels::new();
+    labels.insert("app", "server");
+    pod(
+        "server",
+        labels,
+        "node-0",
+        IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10)),
+        vec![ContainerPort { name: Some("http".into()), port: PORT, protocol: Protocol::Tcp }],
+    )
+}
+
+fn pod(name: &str, labels: Labels, node: &str, ip: IpAddr, ports: Vec<ContainerPort>) -> Pod {
+    Pod {
+        namespace: NS.into(),
+        name: name.into(),
+        uid: flock::model::derived_uid(NS, name),
+        labels,
+        node: Some(node.into()),
+        phase: PodPhase::Running,
+        ips: vec![ip],
+        host_network: false,
+        ports,
+        created: None,
+    }
+}
+
+/// The skeleton of the hand-built scenarios: namespace `bench`, nodes node-0 (the server's,
+/// 198.18.0.0/24) and node-1 (everyone else's, 198.19.0.0/16), the server pod.
+fn base_snapshot() -> Snapshot {
+    let mut s = Snapshot::new();
+    let mut labels = Labels::new();
+    labels.insert(NAMESPACE_NAME_LABEL, NS);
+    s.upsert_namespace(Namespace { name: NS.into(), labels });
+    for (i, cidr, ip) in [(0, "198.18.0.0/24", Ipv4Addr::new(198, 18, 0, 1)), (1, "198.19.0.0/16", Ipv4Addr::new(198, 19, 0, 1))] {
+        let mut labels = Labels::new();
+        labels.insert("kubernetes.io/hostname", format!("node-{i}"));
+        let ip = IpAddr::V4(ip);
+        s.upsert_node(Node {
+            name: format!("node-{i}"),
+            pod_cidrs: cidr.parse().into_iter().collect(),
+            internal_ips: vec![ip],
+            addresses: vec![ip],
+            labels,
+        });
+    }
+    s.upsert_pod(server_pod());
+    s
+}
+
+/// A policy selecting the server, allowing TCP [`PORT`] from `peers` in one ingress rule.
+fn server_policy(name: String, peers: Vec<PolicyPeer>) -> NetworkPolicy {
+    let mut server = LabelSelector::default();
+    server.match_labels.insert("app".into(), "server".into());
+    NetworkPolicy {
+        namespace: NS.into(),
+        name,
+        pod_selector: server,
+        policy_types: vec!["Ingress".into()],
+        ingress: vec![PolicyRule {
+            peers,
+            ports: vec![PolicyPort { protocol: Some("TCP".into()), port: Some(PortRef::Number(i32::from(PORT))), end_port: None }],
+        }],
+        egress: vec![],
+    }
+}
+
+/// A source no hand-built policy allows.
+const DENIED_V4: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 254);
+
+/// (a) `policies` policies × `blocks` /32 ipBlocks at random addresses; the client's address
+/// is the last block of the last policy (in name order, which is the rules' order).
+fn ip_blocks(args: &DataplaneArgs) -> anyhow::Result<Scenario> {
+    let (p, b) = (args.dataplane_policies, args.dataplane_blocks);
+    let mut s = base_snapshot();
+    let client = IpAddr::V4(Ipv4Addr::new(198, 19, 255, 1));
+    let server = server_pod();
+    let reserved = [client, server.ips[0], IpAddr::V4(DENIED_V4)];
+    let mut rng = Rng::new(0x1b10c5);
+    for i in 0..p {
+        let peers = (0..b)
+            .map(|j| {
+                let ip = if i + 1 == p && j + 1 == b {
+                    client
+                } else {
+                    loop {
+                        let ip = addr4(Ipv4Addr::new(198, 18, 0, 0), rng.below(1 << 17) as u32);
+                        if !reserved.contains(&ip) {
+                            break ip;
+                        }
+                    }
+                };
+                PolicyPeer { ip_block: Some(IpBlock { cidr: format!("{ip}/32"), except: vec![] }), ..Default::default() }
+            })
+            .collect();
+        s.upsert_policy(server_policy(format!("ip-blocks-{i:05}"), peers));
+    }
+    let what = format!(
+        "{p} NetworkPolicies in namespace {NS} select the server pod, each allowing TCP {PORT} from one ingress rule of {b} /32 ipBlocks at random addresses of 198.18.0.0/15; the client's address is the last ipBlock of the last policy"
+    );
+    hand_built("ip_blocks", what, s, client)
+}
+
+/// (b) `policies` policies × `blocks` pod-selector peers, each selecting one pod of the
+/// namespace on node-1; the client is the pod of the last policy's last peer.
+fn pod_selectors(args: &DataplaneArgs) -> anyhow::Result<Scenario> {
+    let (p, b) = (args.dataplane_policies, args.dataplane_blocks);
+    // Peer pods from 198.18.1.0 up, below the denied source at the end of 198.19.0.0/16.
+    let peer_base = Ipv4Addr::new(198, 18, 1, 0);
+    let room = u32::from(DENIED_V4) - u32::from(peer_base);
+    let Some(count) = p.checked_mul(b).filter(|n| *n < room as usize) else {
+        bail!("pod_selectors: {p} policies × {b} peer pods do not fit in 198.18.1.0-198.19.255.253");
+    };
+    let mut s = base_snapshot();
+    let mut client = None;
+    for i in 0..p {
+        let mut peers = Vec::with_capacity(b);
+        for j in 0..b {
+            let role = format!("peer-{i}-{j}");
+            let k = i * b + j;
+            let ip = addr4(peer_base, k as u32);
+            let mut labels = Labels::new();
+            labels.insert("role", &role);
+            s.upsert_pod(pod(&format!("peer-{i}-{j}"), labels, "node-1", ip, vec![]));
+            if k + 1 == count {
+                client = Some(ip);
+            }
+            let mut sel = LabelSelector::default();
+            sel.match_labels.insert("role".into(), role);
+            peers.push(PolicyPeer { pod_selector: Some(sel), ..Default::default() });
+        }
+        s.upsert_policy(server_policy(format!("pod-selectors-{i:05}"), peers));
+    }
+    let Some(client) = client else { bail!("pod_selectors: no client pod") };
+    let what = format!(
+        "{p} NetworkPolicies in namespace {NS} select the server pod, each allowing TCP {PORT} from one ingress rule of {b} podSelector peers, each selecting one pod of the namespace ({count} peer pods, on another node); the client is the pod of the last policy's last peer"
+    );
+    hand_built("pod_selectors", what, s, client)
+}
+
+fn hand_built(name: &'static str, what: String, s: Snapshot, client: IpAddr) -> anyhow::Result<Scenario> {
+    let endpoints = s.derived_endpoints("node-0");
+    let Some(server) = endpoints.first().cloned() else { bail!("{name}: no server endpoint") };
+    let np = translate::translate(&s, &endpoints, &Options::default());
+    if let Some(p) = np.problems.first() {
+        bail!("{name}: the generated policies have problems, first: {p}");
+    }
+    let flock = render::render(&np);
+    let conntrack_only = render::render(&translate::translate(&without_policies(&s), &endpoints, &Options::default()));
+    let server_addr = server.addrs[0];
+    let denied = Some(IpAddr::V4(DENIED_V4));
+    let sc = Scenario { name, what, server, server_addr, port: PORT, client, denied, flock, conntrack_only };
+    // The tracer agrees before the kernel is asked: allowed client, dropped stranger.
+    let table = traced_table(&sc.flock)?;
+    let t = trace_syn(&table, &sc.server.interface, client, server_addr, PORT)?;
+    if t.verdict != Verdict::Accept {
+        bail!("{name}: the rendered table does not accept the client {client}:\n{t}");
+    }
+    if let Some(d) = denied {
+        let t = trace_syn(&table, &sc.server.interface, d, server_addr, PORT)?;
+        if t.verdict != Verdict::Drop {
+            bail!("{name}: the rendered table does not drop {d}:\n{t}");
+        }
+    }
+    Ok(sc)
+}
+
+/// The snapshot's pods and namespaces without any policy: the conntrack-only table.
+fn without_policies(s: &Snapshot) -> Snapshot {
+    let mut bare = s.clone();
+    let policies: Vec<_> = s.policies().map(NetworkPolicy::key).collect();
+    for k in &policies {
+        bare.remove_policy(k);
+    }
+    let cnps: Vec<String> = s.cluster_policies().map(|p| p.name.clone()).collect();
+    for n in &cnps {
+        bare.remove_cluster_policy(n);
+    }
+    bare
+}
+
+/// (c) The synthetic cluster's local pod with the most ingress rules; the client is the
+/// remote pod (and the server's TCP port) whose accepting rule comes last in its chains.
+fn synthetic_busiest(params: &Params) -> anyhow::Result<Scenario> {
+    let cluster = synth::generate(params);
+    let s = &cluster.snapshot;
+    let endpoints = s.derived_endpoints(&cluster.node);
+    let np = translate::translate(s, &endpoints, &Options::default());
+    let flock = render::render(&np);
+    let mut busiest: Option<(usize, &LocalEndpoint)> = None;
+    for ep in &endpoints {
+        let rules = server_chains(&flock, &ep.interface).rules;
+        if busiest.is_none_or(|(r, _)| rules > r) {
+            busiest = Some((rules, ep));
+        }
+    }
+    let Some((rules, server)) = busiest else { bail!("synthetic_busiest: node {} has no pods", cluster.node) };
+    let Some(&server_addr) = server.addrs.first() else { bail!("synthetic_busiest: {} has no address", server.pod) };
+    let Some(server_pod) = s.pod_by_name(&server.pod) else { bail!("synthetic_busiest: no pod {}", server.pod) };
+    let mut ports: Vec<u16> = server_pod.ports.iter().filter(|p| p.protocol == Protocol::Tcp).map(|p| p.port).collect();
+    ports.sort();
+    ports.dedup();
+    if ports.is_empty() {
+        ports.push(PORT);
+    }
+
+    // Every remote pod of the server's family on every TCP port of the server: the accepted
+    // pair whose accepting rule is deepest; then a source dropped on that port.
+    let table = traced_table(&flock)?;
+    let chains = server_chains(&flock, &server.interface);
+    let family = |ip: &IpAddr| ip.is_ipv4() == server_addr.is_ipv4();
+    let remote: Vec<IpAddr> = s
+        .pods()
+        .filter(|p| p.node.as_deref() != Some(cluster.node.as_str()) && p.is_peer())
+        .flat_map(|p| p.ips.iter().copied())
+        .filter(family)
+        .collect();
+    let mut best: Option<(usize, IpAddr, u16)> = None;
+    for &src in &remote {
+        for &port in &ports {
+            let t = trace_syn(&table, &server.interface, src, server_addr, port)?;
+            if t.verdict == Verdict::Accept {
+                let pos = accepting_position(&flock, &chains, &t).map_or(0, |(_, p)| p);
+                if best.is_none_or(|(b, _, _)| pos > b) {
+                    best = Some((pos, src, port));
+                }
+            }
+        }
+    }
+    let Some((_, client, port)) = best else { bail!("synthetic_busiest: no remote pod may connect to {} on TCP {ports:?}", server.pod) };
+    let outsider = if server_addr.is_ipv4() {
+        IpAddr::V4(DENIED_V4)
+    } else {
+        IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0xffff, 0, 0, 0, 0xfffe))
+    };
+    // Besides remote pods, one address in each /25 of 198.18.0.0/15: an ipBlock of the whole
+    // range with one node's /25 excepted drops that one.
+    let per_block = (0..1024u32).filter(|_| server_addr.is_ipv4()).map(|n| addr4(Ipv4Addr::new(198, 18, 0, 126), n * 128));
+    let mut denied = None;
+    for src in std::iter::once(outsider).chain(remote.iter().copied()).chain(per_block) {
+        if trace_syn(&table, &server.interface, src, server_addr, port)?.verdict == Verdict::Drop {
+            denied = Some(src);
+            break;
+        }
+    }
+    let conntrack_only = render::render(&translate::translate(&without_policies(s), &endpoints, &Options::default()));
+    let what = format!(
+        "the local pod with the most ingress rules ({rules}) of {} in the synthetic cluster of {} pods and {} NetworkPolicies (flock::synth, seed {}, {} pods per node); the client is the remote pod and server port whose accepting rule comes last in the pod's ingress chains (the worst case for that pod)",
+        cluster.node, params.pods, params.policies, params.seed, params.pods_per_node
+    );
+    Ok(Scenario { name: "synthetic_busiest", what, server: server.clone(), server_addr, port, client, denied, flock, conntrack_only })
+}
+
+fn traced_table(rs: &Ruleset) -> anyhow::Result<flock::nft::Table> {
+    let parsed = NftRuleset::from_text(&rs.to_text()).context("reading the rendered table for the tracer")?;
+    parsed.table(flock::render::names::FAMILY, flock::render::names::TABLE).cloned().context("the rendered text has no table inet flock")
+}
+
+/// A new connection's first packet from the uplink to the server's interface, traced.
+fn trace_syn(table: &flock::nft::Table, server_if: &str, src: IpAddr, dst: IpAddr, port: u16) -> anyhow::Result<trace::Trace> {
+    let pkt = Packet { iif: UPLINK.into(), oif: server_if.into(), src, dst, l4: L4::Tcp, dport: port, ct: Ct::New };
+    trace::trace(table, render::BASE_CHAIN, &pkt)
+        .with_context(|| format!("tracing {src} -> {dst}:{port} (is the tracer up to date with the render?)"))
+}
+
+/// The 1-based position of a traced rule (`chain: rule`, maybe followed by what it matched,
+/// ` [matched …]`) in its chain.
+fn position(rs: &Ruleset, entry: &str) -> Option<(String, usize)> {
+    let (chain, rule) = entry.split_once(": ")?;
+    let Some(Object::Chain(c)) = rs.object(chain) else { return None };
+    let pos = c.rules.iter().position(|r| rule.strip_prefix(r.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(" [")))?;
+    Some((chain.to_string(), pos + 1))
+}
+
+/// The accepting rule of a trace, and its position in its chain, when it is in one of the
+/// server's chains.
+fn accepting_position(rs: &Ruleset, chains: &ServerChains, t: &trace::Trace) -> Option<(String, usize)> {
+    let last = t.path.last()?;
+    let (chain, pos) = position(rs, last)?;
+    chains.chains.contains(&chain).then(|| (last.clone(), pos))
+}
+
+/// Rules a traced packet went through, the matching ones included: per chain on its path,
+/// up to its last matching rule. (A chain left without a match, by falling off its end, is
+/// not on the path and not counted.)
+fn rules_evaluated(rs: &Ruleset, t: &trace::Trace) -> usize {
+    let mut deepest: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for (chain, pos) in t.path.iter().filter_map(|e| position(rs, e)) {
+        let d = deepest.entry(chain).or_default();
+        *d = (*d).max(pos);
+    }
+    deepest.values().sum()
+}
+
+/// The chains a packet to a pod interface can reach from the ingress map (not the skeleton's),
+/// their rules, and the sets those rules look up.
+#[derive(Default)]
+struct ServerChains {
+    chains: BTreeSet<String>,
+    rules: usize,
+    sets: BTreeSet<String>,
+    elements: usize,
+}
+
+fn server_chains(rs: &Ruleset, iface: &str) -> ServerChains {
+    let mut out = ServerChains::default();
+    let key = render::names::quoted(iface);
+    let entry = rs.objects.iter().find_map(|o| match o {
+        Object::Set(m) if m.name == render::INGRESS_MAP => m.elements.iter().find(|e| e.key == key).and_then(|e| e.verdict.clone()),
+        _ => None,
+    });
+    let skeleton = [render::BASE_CHAIN, render::FROM_PODS, render::TO_PODS, render::EGRESS_ALLOWED];
+    let mut todo: Vec<String> = entry.iter().filter_map(|v| target(v)).collect();
+    while let Some(name) = todo.pop() {
+        if skeleton.contains(&name.as_str()) || !out.chains.insert(name.clone()) {
+            continue;
+        }
+        let Some(Object::Chain(c)) = rs.object(&name) else { continue };
+        out.rules += c.rules.len();
+        for rule in &c.rules {
+            // Words of the statement, not of its comment.
+            let stmt = rule.split(" comment \"").next().unwrap_or_default();
+            let words: Vec<&str> = stmt.split_whitespace().collect();
+            for w in words.windows(2) {
+                if w[0] == "jump" || w[0] == "goto" {
+                    todo.push(w[1].to_string());
+                }
+            }
+            for set in words.iter().filter_map(|w| w.strip_prefix('@')) {
+                if out.sets.insert(set.to_string())
+                    && let Some(Object::Set(s)) = rs.object(set)
+                {
+                    out.elements += s.elements.len();
+                    todo.extend(s.elements.iter().filter_map(|e| e.verdict.as_deref().and_then(target)));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The chain of a `jump`/`goto` verdict.
+fn target(verdict: &str) -> Option<String> {
+    let (kind, chain) = verdict.split_once(' ')?;
+    matches!(kind, "jump" | "goto").then(|| chain.trim().to_string())
+}
+
+// ---------------------------------------------------------------------------------------
+// Namespaces and wiring.
+
+/// A namespace named `flkt-<pid>-dp<n>-<tag>`: swept like the test namespaces, deleted on drop.
+fn netns(tag: &str) -> anyhow::Result<NetnsGuard> {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("{PREFIX}{}-dp{}-{tag}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    sh(&["ip", "netns", "add", &name]).context("creating a network namespace")?;
+    let guard = NetnsGuard { name };
+    sh(&["ip", "-n", &guard.name, "link", "set", "lo", "up"])?;
+    Ok(guard)
+}
+
+/// `addr` as a host address on `eth0` of namespace `ns` (no duplicate address detection).
+fn add_address(ns: &str, addr: IpAddr) -> anyhow::Result<()> {
+    let cidr = format!("{addr}/{}", if addr.is_ipv4() { 32 } else { 128 });
+    let mut args = vec!["ip", "-n", ns, "addr", "add", &cidr, "dev", "eth0"];
+    if addr.is_ipv6() {
+        args.push("nodad");
+    }
+    sh(&args)?;
+    Ok(())
+}
+
+fn sysctl(ns: &NetnsGuard, key: &str, value: &str) -> anyhow::Result<()> {
+    sh(&["ip", "netns", "exec", &ns.name, "sysctl", "-q", "-w", &format!("{key}={value}")])?;
+    Ok(())
+}
+
+fn path(ns: &NetnsGuard) -> PathBuf {
+    Path::new("/run/netns").join(&ns.name)
+}
+
+/// The flock or the conntrack-only table.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Table {
+    Flock,
+    ConntrackOnly,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Flock => "flock's ruleset",
+            Self::ConntrackOnly => "conntrack only",
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Self::Flock => "flock",
+            Self::ConntrackOnly => "ct",
+        }
+    }
+}
+
+/// Load per slice: the two tables take turns in slices this long (ABBA…), so load from
+/// elsewhere on the machine that comes and goes hits both alike.
+const SLICE: Duration = Duration::from_millis(250);
+/// Load before each round's first slice of a side, not counted.
+const WARM_UP: Duration = Duration::from_millis(50);
+
+/// One scenario measured: twin topologies, identical but for the table (see the module doc).
+struct Topology {
+    sides: [Side; 2],
+    server_chains: ServerChains,
+    accepted_by: Option<String>,
+    rule_position: Option<usize>,
+    /// By the client's first packet (forward chain included), per the tracer.
+    rules_evaluated: usize,
+    conntrack_max: u64,
+}
+
+impl Topology {
+    fn new(s: &Scenario, args: &DataplaneArgs) -> anyhow::Result<Self> {
+        let iface = s.server.interface.as_str();
+        let server_chains = server_chains(&s.flock, iface);
+        let table = traced_table(&s.flock)?;
+        let tr = trace_syn(&table, iface, s.client, s.server_addr, s.port)?;
+        let (accepted_by, rule_position) = accepting_position(&s.flock, &server_chains, &tr).unzip();
+        let rules_evaluated = rules_evaluated(&s.flock, &tr);
+        let sides = [Side::new(s, Table::Flock, args)?, Side::new(s, Table::ConntrackOnly, args)?];
+        let conntrack_max = read_sysctl(&sides[0].node, "net/netfilter/nf_conntrack_max")?;
+        Ok(Self { sides, server_chains, accepted_by, rule_position, rules_evaluated, conntrack_max })
+    }
+
+    /// One round: `seconds` of load on each side, in alternating slices.
+    fn round(&mut self, round: usize, seconds: Duration, clients: usize) -> anyhow::Result<[Load; 2]> {
+        let slices = ((seconds.as_secs_f64() / SLICE.as_secs_f64()).round() as u32).max(1);
+        let slice = seconds / slices;
+        let mut total = [Load::default(), Load::default()];
+        for side in &self.sides {
+            load(&path(&side.client), side.dst, clients, WARM_UP)?.check().with_context(|| format!("warming up, {}", side.table.name()))?;
+        }
+        for i in 0..slices as usize {
+            let order = if (i + round).is_multiple_of(2) { [0, 1] } else { [1, 0] };
+            for k in order {
+                let side = &self.sides[k];
+                let l = load(&path(&side.client), side.dst, clients, slice)?;
+                l.check().with_context(|| side.table.name())?;
+                total[k].add(&l);
+            }
+        }
+        for side in &mut self.sides {
+            let count = read_sysctl(&side.node, "net/netfilter/nf_conntrack_count")?;
+            side.conntrack_peak = side.conntrack_peak.max(count);
+            if self.conntrack_max > 0 && count * 10 > self.conntrack_max * 9 {
+                bail!("the conntrack table of {} is nearly full ({count} of {}): shorter rounds", side.node.name, self.conntrack_max);
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// One side of a scenario: client, node and server pod namespaces wired, the node's table
+/// applied, the server accepting. Field order is drop order: the server's loop stops before
+/// the namespaces go.
+struct Side {
+    /// Held for its drop (stops the accept loops).
+    _server_loop: Server,
+    table: Table,
+    dst: SocketAddr,
+    conntrack_peak: u64,
+    client: NetnsGuard,
+    node: NetnsGuard,
+    _server_ns: NetnsGuard,
+}
+
+impl Side {
+    fn new(s: &Scenario, table: Table, args: &DataplaneArgs) -> anyhow::Result<Self> {
+        let tag = format!("{}-{}", s.name.replace('_', "-"), table.tag());
+        let client = netns(&format!("{tag}-client"))?;
+        let node = netns(&format!("{tag}-node"))?;
+        let server = netns(&format!("{tag}-server"))?;
+        let v6 = s.server_addr.is_ipv6();
+        let (c, n, sv) = (client.name.as_str(), node.name.as_str(), server.name.as_str());
+        let iface = s.server.interface.as_str();
+
+        for ns in [&client, &node, &server] {
+            sysctl(ns, "net.ipv6.conf.all.accept_dad", "0")?;
+            sysctl(ns, "net.ipv6.conf.default.accept_dad", "0")?;
+        }
+        sysctl(&node, "net.ipv4.ip_forward", "1")?;
+        sysctl(&node, "net.ipv6.conf.all.forwarding", "1")?;
+        sysctl(&client, "net.ipv4.ip_local_port_range", "1024 65535")?;
+        sysctl(&client, "net.ipv4.tcp_tw_reuse", "1")?;
+        sysctl(&server, "net.core.somaxconn", "4096")?;
+
+        sh(&[
+            "ip", "-n", n, "link", "add", UPLINK, "address", MAC_UPLINK, "type", "veth", "peer", "name", "eth0", "address", MAC_CLIENT,
+            "netns", c,
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            n,
+            "link",
+            "add",
+            iface,
+            "address",
+            MAC_POD_HOST,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "address",
+            MAC_SERVER,
+            "netns",
+            sv,
+        ])?;
+        for (ns, dev) in [(n, UPLINK), (n, iface), (c, "eth0"), (sv, "eth0")] {
+            sh(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+        }
+        let host = |a: IpAddr| format!("{a}/{}", if a.is_ipv4() { 32 } else { 128 });
+        let fam = if v6 { "-6" } else { "-4" };
+        let mut sources = vec![s.client];
+        sources.extend(s.denied);
+        for src in &sources {
+            if src.is_ipv6() != v6 {
+                bail!("{src} and the server's {} are of different families", s.server_addr);
+            }
+            add_address(c, *src)?;
+            sh(&["ip", fam, "-n", n, "route", "add", &host(*src), "dev", UPLINK])?;
+            sh(&["ip", "-n", n, "neigh", "replace", &src.to_string(), "lladdr", MAC_CLIENT, "dev", UPLINK, "nud", "permanent"])?;
+            sh(&["ip", fam, "-n", sv, "route", "add", &host(*src), "dev", "eth0"])?;
+            sh(&["ip", "-n", sv, "neigh", "replace", &src.to_string(), "lladdr", MAC_POD_HOST, "dev", "eth0", "nud", "permanent"])?;
+        }
+        let dst_ip = s.server_addr;
+        add_address(sv, dst_ip)?;
+        sh(&["ip", fam, "-n", n, "route", "add", &host(dst_ip), "dev", iface])?;
+        sh(&["ip", "-n", n, "neigh", "replace", &dst_ip.to_string(), "lladdr", MAC_SERVER, "dev", iface, "nud", "permanent"])?;
+        // The client's own address as source, not the denied one beside it.
+        sh(&["ip", fam, "-n", c, "route", "add", &host(dst_ip), "dev", "eth0", "src", &s.client.to_string()])?;
+        sh(&["ip", "-n", c, "neigh", "replace", &dst_ip.to_string(), "lladdr", MAC_UPLINK, "dev", "eth0", "nud", "permanent"])?;
+
+        let rs = match table {
+            Table::Flock => &s.flock,
+            Table::ConntrackOnly => &s.conntrack_only,
+        };
+        let started = Instant::now();
+        Applier::new(NftCli::new(Netns::named(n)))
+            .defer_baseline()
+            .apply(rs)
+            .with_context(|| format!("applying {} in {n}", table.name()))?;
+        eprintln!("dataplane: {}: {} applied in {:.2}s", s.name, table.name(), started.elapsed().as_secs_f64());
+        // The table's `ct` expressions have enabled conntrack in the namespace.
+        for (key, value) in CT_TIMEOUTS {
+            sysctl(&node, key, value)?;
+        }
+
+        let dst = SocketAddr::new(dst_ip, s.port);
+        let server_loop = Server::start(&path(&server), dst, args.dataplane_servers).with_context(|| format!("server in {sv}"))?;
+        // Without policy both sources connect (the wiring is right); with flock's table the
+        // client does and the denied one does not (the table is what decides).
+        let client_ns = path(&client);
+        probe(&client_ns, Some(s.client), dst, CONNECT_TIMEOUT).with_context(|| format!("{} -> {dst} with {}", s.client, table.name()))?;
+        if let Some(d) = s.denied {
+            let connected = probe(&client_ns, Some(d), dst, DENIED_TIMEOUT);
+            match (table, connected) {
+                (Table::Flock, Ok(())) => bail!("flock's ruleset in {n} let {d} connect to {dst}, which the policies deny"),
+                (Table::ConntrackOnly, Err(e)) => return Err(e.context(format!("{d} -> {dst} with {}", table.name()))),
+                _ => {}
+            }
+        }
+        Ok(Self { _server_loop: server_loop, table, dst, conntrack_peak: 0, client, node, _server_ns: server })
+    }
+}
+
+/// A `/proc/sys` number as seen from inside `ns`.
+fn read_sysctl(ns: &NetnsGuard, key: &str) -> anyhow::Result<u64> {
+    let file = Path::new("/proc/sys").join(key);
+    let text = flock::netns::run_in(&Netns::named(&ns.name), || std::fs::read_to_string(&file))
+        .with_context(|| format!("entering {}", ns.name))?
+        .with_context(|| format!("reading {} in {}", file.display(), ns.name))?;
+    text.trim().parse().with_context(|| format!("{} in {}: {text:?}", file.display(), ns.name))
+}
+
+/// Deletes this process's `flkt-<pid>-dp…` namespaces and exits on SIGINT, SIGTERM or SIGHUP
+/// (otherwise they would stay until a later run sweeps them).
+fn remove_on_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the signal runtime")?;
+    let (mut int, mut term, mut hup) = {
+        let _entered = rt.enter();
+        (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?, signal(SignalKind::hangup())?)
+    };
+    std::thread::spawn(move || {
+        let number = rt.block_on(async {
+            tokio::select! {
+                _ = int.recv() => nix::libc::SIGINT,
+                _ = term.recv() => nix::libc::SIGTERM,
+                _ = hup.recv() => nix::libc::SIGHUP,
+            }
+        });
+        flock::sim::fabric::kill_children();
+        let mine = format!("{PREFIX}{}-dp", std::process::id());
+        if let Ok(list) = sh(&["ip", "netns", "list"]) {
+            for name in list.lines().filter_map(|l| l.split_whitespace().next()).filter(|n| n.starts_with(&mine)) {
+                let _ = sh(&["ip", "netns", "del", name]);
+            }
+        }
+        let _ = writeln!(std::io::stderr(), "interrupted: the benchmark's network namespaces were removed");
+        std::process::exit(128 + number);
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The load generator.
+
+/// Accept loops on a listener in the server's namespace; stopped (and joined) on drop.
+struct Server {
+    listener: Arc<TcpListener>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(ns: &Path, addr: SocketAddr, threads: usize) -> anyhow::Result<Self> {
+        // The socket belongs to the namespace it was created in, whichever thread uses it.
+        let listener = flock::netns::run_in(&Netns::Path(ns.to_path_buf()), || listen(addr))??;
+        let listener = Arc::new(listener);
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|_| {
+                let (l, stop) = (listener.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        // Errors of one connection (a reset, a timeout) end that connection.
+                        if let Ok((conn, _)) = l.accept() {
+                            let _ = serve(conn);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Ok(Self { listener, stop, threads })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // A shut-down listening socket wakes its accept() with EINVAL.
+        let _ = sock::shutdown(self.listener.as_raw_fd(), sock::Shutdown::Both);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A listening TCP socket with a backlog of 4096 (std's is 128).
+fn listen(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    let fd = socket_for(addr)?;
+    sock::setsockopt(&fd, sockopt::ReuseAddr, &true).context("SO_REUSEADDR")?;
+    sock::bind(fd.as_raw_fd(), &SockaddrStorage::from(addr)).with_context(|| format!("binding {addr}"))?;
+    sock::listen(&fd, sock::Backlog::new(4096).context("backlog")?).with_context(|| format!("listening on {addr}"))?;
+    Ok(TcpListener::from(fd))
+}
+
+fn socket_for(addr: SocketAddr) -> anyhow::Result<OwnedFd> {
+    let family = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    sock::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).context("creating a TCP socket")
+}
+
+fn serve(mut conn: TcpStream) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(IO_TIMEOUT))?;
+    let mut buf = [0u8; 64];
+    let mut got = 0;
+    while got < REQUEST.len() {
+        match conn.read(&mut buf[got..])? {
+            0 => return Ok(()),
+            n => got += n,
+        }
+    }
+    conn.write_all(REPLY)
+}
+
+/// One connection from `src` (or the namespace's choice) to `dst`: connect within `timeout`,
+/// request, reply, reset.
+fn connect_once(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> std::io::Result<()> {
+    let io = |e: nix::Error| std::io::Error::from(e);
+    let family = if dst.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let fd = sock::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).map_err(io)?;
+    if let Some(src) = src {
+        sock::bind(fd.as_raw_fd(), &SockaddrStorage::from(SocketAddr::new(src, 0))).map_err(io)?;
+    }
+    // A blocking connect gives up after SO_SNDTIMEO (EINPROGRESS).
+    let tv = nix::sys::time::TimeVal::new(timeout.as_secs() as _, timeout.subsec_micros() as _);
+    sock::setsockopt(&fd, sockopt::SendTimeout, &tv).map_err(io)?;
+    sock::setsockopt(&fd, sockopt::ReceiveTimeout, &tv).map_err(io)?;
+    match sock::connect(fd.as_raw_fd(), &SockaddrStorage::from(dst)) {
+        Ok(()) => {}
+        Err(nix::Error::EINPROGRESS) => return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")),
+        Err(e) => return Err(e.into()),
+    }
+    // Reset on close: no TIME_WAIT on either side, so ports never run out.
+    sock::setsockopt(&fd, sockopt::Linger, &nix::libc::linger { l_onoff: 1, l_linger: 0 }).map_err(io)?;
+    let mut conn = TcpStream::from(fd);
+    conn.write_all(REQUEST)?;
+    let mut buf = [0u8; REPLY.len()];
+    conn.read_exact(&mut buf)?;
+    if buf != REPLY {
+        return Err(std::io::Error::other("unexpected reply"));
+    }
+    Ok(())
+}
+
+/// One connection in `ns` (a thread of its own enters it).
+fn probe(ns: &Path, src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
+    flock::netns::run_in(&Netns::Path(ns.to_path_buf()), || connect_once(src, dst, timeout))?
+        .with_context(|| format!("connecting in {}", ns.display()))
+}
+
+/// What one measurement saw.
+#[derive(Default)]
+struct Load {
+    completed: u64,
+    failed: u64,
+    first_error: Option<String>,
+    elapsed: Duration,
+    slowest: Duration,
+}
+
+impl Load {
+    fn add(&mut self, other: &Load) {
+        self.completed += other.completed;
+        self.failed += other.failed;
+        self.elapsed += other.elapsed;
+        self.slowest = self.slowest.max(other.slowest);
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        self.completed as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// A failed connection is an error, not a number.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.failed > 0 {
+            bail!(
+                "{} of {} connections failed, first: {}",
+                self.failed,
+                self.failed + self.completed,
+                self.first_error.as_deref().unwrap_or("?")
+            );
+        }
+        if self.completed == 0 {
+            bail!("no connection completed");
+        }
+        Ok(())
+    }
+}
+
+/// `threads` client threads in `ns`, each connecting to `dst` one connection after the other
+/// for `duration`.
+fn load(ns: &Path, dst: SocketAddr, threads: usize, duration: Duration) -> anyhow::Result<Load> {
+    let start = std::sync::Barrier::new(threads + 1);
+    let ns_file = File::open(ns).with_context(|| format!("opening {}", ns.display()))?;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let (start, ns_file) = (&start, &ns_file);
+                scope.spawn(move || {
+                    let entered = nix::sched::setns(ns_file, nix::sched::CloneFlags::CLONE_NEWNET);
+                    start.wait();
+                    let mut out = Load::default();
+                    if let Err(e) = entered {
+                        out.failed = 1;
+                        out.first_error = Some(format!("entering {}: {e}", ns.display()));
+                        return out;
+                    }
+                    let deadline = Instant::now() + duration;
+                    loop {
+                        let t = Instant::now();
+                        if t >= deadline {
+                            break;
+                        }
+                        match connect_once(None, dst, CONNECT_TIMEOUT) {
+                            Ok(()) => {
+                                out.completed += 1;
+                                out.slowest = out.slowest.max(t.elapsed());
+                            }
+                            Err(e) => {
+                                out.failed += 1;
+                                out.first_error.get_or_insert_with(|| format!("{dst}: {e}"));
+                            }
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        start.wait();
+        let began = Instant::now();
+        let mut total = Load::default();
+        for w in workers {
+            let Ok(l) = w.join() else { bail!("a client thread panicked") };
+            total.completed += l.completed;
+            total.failed += l.failed;
+            total.slowest = total.slowest.max(l.slowest);
+            if total.first_error.is_none() {
+                total.first_error = l.first_error;
+            }
+        }
+        total.elapsed = began.elapsed();
+        Ok(total)
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Statistics.
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get(s.len() / 2).copied().unwrap_or_default()
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1e3).round() / 1e3
+}
+
+fn spread(v: &[f64]) -> Value {
+    json!({
+        "median": round3(median(v)),
+        "min": round3(v.iter().copied().fold(f64::INFINITY, f64::min)),
+        "max": round3(v.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
+    })
+}
