@@ -288,8 +288,8 @@ fn tcp_retransmits(ns: &NetnsGuard) -> u64 {
 }
 
 #[test]
-fn flows_survive_100_updates_without_loss() {
-    if !require_root("flows_survive_100_updates_without_loss") {
+fn flows_survive_100_updates_and_shape_changes_without_loss() {
+    if !require_root("flows_survive_100_updates_and_shape_changes_without_loss") {
         return;
     }
     let node = Node::new("node");
@@ -347,9 +347,14 @@ fn flows_survive_100_updates_without_loss() {
         String::from_utf8_lossy(&out.stdout).to_string()
     });
     std::thread::sleep(Duration::from_millis(100));
+    // Policy changes, and every other pair of them also a change of the ruleset's shape (one
+    // rule per allow rule ↔ peer classes: what replacing an agent of the old shape by the new
+    // one does to a live table).
     for i in 0..100 {
         let s = if i % 2 == 0 { &s2 } else { &s1 };
-        assert!(matches!(ap.apply(&node_ruleset(s)).unwrap(), Outcome::Applied { .. }));
+        let np = translate(s, &s.derived_endpoints("n1"), &Options::default());
+        let rs = if (i / 2) % 2 == 0 { render(&np) } else { render_with(&np, &RenderOptions { peer_classes_from: 0 }) };
+        assert!(matches!(ap.apply(&rs).unwrap(), Outcome::Applied { .. }));
     }
     let ping_out = ping.join().unwrap();
     stop.store(true, Ordering::Relaxed);
