@@ -99,6 +99,9 @@ pub struct PipelineInput {
     pub node: NodePick,
     pub endpoints: Vec<EndpointInput>,
     pub isolate_run_pods: bool,
+    /// Every pod's allow rules through peer classes (`RenderOptions::peer_classes_from` 0),
+    /// instead of only those of pods with many rules.
+    pub peer_classes: bool,
 }
 
 /// Target `pipeline`: see the module doc.
@@ -132,13 +135,17 @@ pub fn pipeline(data: &[u8]) -> Vec<String> {
     endpoints.extend(input.endpoints.into_iter().map(tame_endpoint));
     let options = Options { isolate_run_pods: input.isolate_run_pods };
 
+    let shape = if input.peer_classes { render::RenderOptions { peer_classes_from: 0 } } else { render::RenderOptions::default() };
+    let render =
+        |endpoints: &[crate::model::LocalEndpoint]| render::render_with(&translate::translate(&snapshot, endpoints, &options), &shape);
+
     let _ = translate::validate_all(&snapshot);
-    let ruleset = render::render(&translate::translate(&snapshot, &endpoints, &options));
+    let ruleset = render(&endpoints);
     let text = ruleset.to_text();
-    let again = render::render(&translate::translate(&snapshot, &endpoints, &options)).to_text();
+    let again = render(&endpoints).to_text();
     assert!(text == again, "rendering the same input twice gave different bytes:\n{}", first_difference(&text, &again));
     endpoints.reverse();
-    let reversed = render::render(&translate::translate(&snapshot, &endpoints, &options)).to_text();
+    let reversed = render(&endpoints).to_text();
     assert!(text == reversed, "the order of the endpoints changed the render:\n{}", first_difference(&text, &reversed));
     if let Err(e) = check_structure(&ruleset, &text) {
         panic!("node {node:?}: {e}\n{text}");
