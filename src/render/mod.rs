@@ -335,6 +335,7 @@ pub fn render_with(np: &NodePolicy, options: &RenderOptions) -> Ruleset {
         PeerPlan::new(np, Direction::Egress, &format!("goto {EGRESS_ALLOWED}"), options.peer_classes_from),
     ];
     let plan_sets: Vec<Set> = plans.iter_mut().flat_map(|p| std::mem::take(&mut p.sets)).collect();
+    let [mut ingress_maps, mut egress_maps] = [std::mem::take(&mut plans[0].maps), std::mem::take(&mut plans[1].maps)];
     let [ingress_class_chains, egress_class_chains] = [std::mem::take(&mut plans[0].chains), std::mem::take(&mut plans[1].chains)];
     let mut r = Renderer { np, peer_sets: BTreeMap::new(), port_sets: BTreeMap::new(), plans: &plans };
     // Per endpoint, its chains in reference order, keyed by the entry's name.
@@ -369,9 +370,7 @@ pub fn render_with(np: &NodePolicy, options: &RenderOptions) -> Ruleset {
 
     let mut objects: Vec<Object> = Vec::new();
     // Class maps refer to class chains, which refer to sets: maps go with the chains.
-    let (maps, mut sets): (Vec<Set>, Vec<Set>) =
-        r.peer_sets.into_values().chain(r.port_sets.into_values()).chain(plan_sets).partition(|s| s.data.is_some());
-    let (mut ingress_maps, mut egress_maps): (Vec<Set>, Vec<Set>) = maps.into_iter().partition(|m| m.name.starts_with("ingress"));
+    let mut sets: Vec<Set> = r.peer_sets.into_values().chain(r.port_sets.into_values()).chain(plan_sets).collect();
     ingress_maps.sort_by(|a, b| a.name.cmp(&b.name));
     egress_maps.sort_by(|a, b| a.name.cmp(&b.name));
     let class_chains = |mut v: Vec<Chain>| {

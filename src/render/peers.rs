@@ -50,7 +50,10 @@ pub(super) struct PeerPlan {
     /// Per endpoint interface: which families have class lookups, and whether ports from any
     /// peer are allowed (the any-peer set).
     endpoints: BTreeMap<String, EndpointUse>,
+    /// The class chains' sets, and the any-peer set.
     pub(super) sets: Vec<Set>,
+    /// The class maps (they refer to the chains, which refer to the sets).
+    pub(super) maps: Vec<Set>,
     pub(super) chains: Vec<Chain>,
 }
 
@@ -60,6 +63,9 @@ struct EndpointUse {
     maps: BTreeSet<(Family, bool)>,
     any_peer_ports: bool,
 }
+
+/// The (endpoint index, rule) pairs a peer definition serves.
+type Served<'a> = Vec<(usize, &'a AllowRule)>;
 
 /// An address range (first, last) with a member and the comment of its source.
 type Entry<'a> = (u128, u128, Member, &'a str);
@@ -76,30 +82,10 @@ impl PeerPlan {
         let isolated: Vec<_> =
             np.endpoints.iter().filter(|ep| ep.direction(dir).is_isolated() && lookups(ep) >= classes_from.max(1)).collect();
         let covered: BTreeSet<String> = isolated.iter().map(|ep| ep.interface.clone()).collect();
-        let mut defs: BTreeSet<&PeerDef> = BTreeSet::new();
-        let mut named: BTreeSet<&NamedPortDef> = BTreeSet::new();
-        for ep in &isolated {
-            for r in &ep.direction(dir).rules {
-                match &r.peer {
-                    PeerMatch::Addresses(d) => {
-                        defs.insert(d);
-                    }
-                    PeerMatch::NamedPort(d) => {
-                        named.insert(d);
-                    }
-                    PeerMatch::Any => {}
-                }
-            }
-        }
-        let defs: Vec<&PeerDef> = defs.into_iter().collect();
-        let named: Vec<&NamedPortDef> = named.into_iter().collect();
-        let def_index: BTreeMap<&PeerDef, usize> = defs.iter().enumerate().map(|(i, d)| (*d, i)).collect();
-        let named_index: BTreeMap<&NamedPortDef, usize> = named.iter().enumerate().map(|(i, d)| (*d, i)).collect();
 
-        // Which (endpoint, rule) each definition serves.
-        let mut def_rules: Vec<Vec<(usize, &AllowRule)>> = vec![Vec::new(); defs.len()];
-        let mut named_rules: Vec<Vec<(usize, &AllowRule)>> = vec![Vec::new(); named.len()];
-        let mut plan = Self { dir, covered, endpoints: BTreeMap::new(), sets: Vec::new(), chains: Vec::new() };
+        // Every peer definition, with the (endpoint, rule) it serves.
+        let mut by_def: BTreeMap<&PeerDef, Served<'_>> = BTreeMap::new();
+        let mut by_named: BTreeMap<&NamedPortDef, Served<'_>> = BTreeMap::new();
         let mut any_peer: BTreeMap<(usize, Protocol), PortUnion> = BTreeMap::new();
         for (e, ep) in isolated.iter().enumerate() {
             let d = ep.direction(dir);
@@ -108,16 +94,8 @@ impl PeerPlan {
             }
             for r in &d.rules {
                 match &r.peer {
-                    PeerMatch::Addresses(def) => {
-                        if let Some(&i) = def_index.get(def) {
-                            def_rules[i].push((e, r));
-                        }
-                    }
-                    PeerMatch::NamedPort(def) => {
-                        if let Some(&i) = named_index.get(def) {
-                            named_rules[i].push((e, r));
-                        }
-                    }
+                    PeerMatch::Addresses(def) => by_def.entry(def).or_default().push((e, r)),
+                    PeerMatch::NamedPort(def) => by_named.entry(def).or_default().push((e, r)),
                     PeerMatch::Any => {
                         if let PortMatch::Protocol(p, ranges) = &r.ports {
                             any_peer.entry((e, *p)).or_default().add(ranges, r);
@@ -126,6 +104,9 @@ impl PeerPlan {
                 }
             }
         }
+        let (defs, def_rules): (Vec<&PeerDef>, Vec<Served<'_>>) = by_def.into_iter().unzip();
+        let (named, named_rules): (Vec<&NamedPortDef>, Vec<Served<'_>>) = by_named.into_iter().unzip();
+        let mut plan = Self { dir, covered, endpoints: BTreeMap::new(), sets: Vec::new(), maps: Vec::new(), chains: Vec::new() };
 
         // Addresses → members, per family: pod (and node) addresses exactly, ipBlocks as
         // runs of addresses. A pod address's class includes the ipBlocks around it, so the
@@ -223,7 +204,7 @@ impl PeerPlan {
                 }
             }
             let mut rules = Vec::new();
-            for (elements, suffix, key, matcher, what) in [
+            for (elements, suffix, key, matcher, about) in [
                 (all, "all", vec!["ifname"], iface.to_string(), "pods allowed all traffic"),
                 (
                     ports,
@@ -236,11 +217,7 @@ impl PeerPlan {
                 if elements.is_empty() {
                     continue;
                 }
-                let set_comment = comment(&format!(
-                    "{what}, {dir} {}: {what_peers}",
-                    if dir == Direction::Ingress { "from" } else { "to" },
-                    what_peers = what_of(members, &describe)
-                ));
+                let set_comment = comment(&format!("{about}, {dir} {}: {what}", if dir == Direction::Ingress { "from" } else { "to" },));
                 let set_name = format!("{name}/{suffix}");
                 rules.push(format!("{matcher} @{set_name} {allow}"));
                 let mut elements = elements;
@@ -286,7 +263,7 @@ impl PeerPlan {
                     uses.entry(e).or_default().insert((fam, interval));
                 }
                 let what = if interval { "ipBlock range" } else { "pod or node address" };
-                plan.sets.push(Set {
+                plan.maps.push(Set {
                     name: map_name(dir, fam, interval),
                     comment: format!(
                         "{} {what} of each {dir} peer of this node's NetworkPolicies -> the chain of its peer class",
@@ -400,10 +377,6 @@ fn exact<'a>(entries: Vec<Entry<'a>>, nets: &[Run<'_>]) -> Vec<Run<'a>> {
 
 fn any_peer_name(dir: Direction) -> String {
     format!("{}-any-peer", dir.as_field())
-}
-
-fn what_of(members: &[Member], describe: &dyn Fn(&Member) -> String) -> String {
-    members.iter().map(describe).collect::<Vec<_>>().join("; ")
 }
 
 /// A short human part for a class's names: its first member.
