@@ -9,6 +9,9 @@
 //! sync, and pods themselves are shared (`Arc<Pod>`), so the copy is of the indexes. The channel carries `None` until the source is
 //! *complete* (every initial list finished): the agent never programs nft before that.
 //!
+//! Every change is also journaled ([`Versioned::changes`]), so the sync loop can translate
+//! only what changed since the version it last translated ([`Source::changes`]).
+//!
 //! [`StaticSource`] is fed from manifests and can be changed while running (the simulated
 //! cluster and the conformance runner apply and delete objects through it); the Kubernetes
 //! informer source ([`kube`]) writes through the same [`SourceWriter`].
@@ -21,7 +24,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use crate::model::Snapshot;
+use crate::model::{Change, Snapshot};
 
 /// A snapshot and its version.
 #[derive(Debug, Default)]
@@ -31,10 +34,19 @@ pub struct Versioned {
     /// When recent versions were made (bounded), so consumers can measure how long a change
     /// took to be enforced.
     pub changed_at: VecDeque<(u64, Instant)>,
+    /// The objects each recent version changed (bounded: see [`Self::journal_from`]).
+    pub changes: VecDeque<(u64, Vec<Change>)>,
+    /// The journal holds every change of the versions after this one.
+    pub journal_from: u64,
+    /// Changes in the journal.
+    journal_len: usize,
 }
 
 /// How many change times [`Versioned::changed_at`] keeps.
 const CHANGE_HISTORY: usize = 65_536;
+/// How many changed objects [`Versioned::changes`] keeps. Past that many changes since its
+/// last sync, a reader translates in full (about as fast, then).
+const CHANGE_JOURNAL: usize = 65_536;
 
 /// The reading side: shared, cheap to clone.
 #[derive(Clone)]
@@ -59,6 +71,16 @@ impl Source {
         (g.version, Arc::clone(&g.snapshot))
     }
 
+    /// Every object changed after version `after` up to version `upto`, in order; `None` when
+    /// the journal no longer reaches back to `after` (translate in full).
+    pub fn changes(&self, after: u64, upto: u64) -> Option<Vec<Change>> {
+        let g = self.read();
+        if after < g.journal_from {
+            return None;
+        }
+        Some(g.changes.iter().filter(|(v, _)| *v > after && *v <= upto).flat_map(|(_, c)| c.iter().cloned()).collect())
+    }
+
     /// `None` until complete, then the latest published version.
     pub fn versions(&self) -> watch::Receiver<Option<u64>> {
         self.rx.clone()
@@ -77,8 +99,17 @@ pub struct SourceWriter {
 
 impl SourceWriter {
     /// A source holding `snapshot`, complete or not yet.
-    pub fn new(snapshot: Snapshot, complete: bool) -> (Self, Source) {
-        let state = Arc::new(RwLock::new(Versioned { version: 1, snapshot: Arc::new(snapshot), changed_at: VecDeque::new() }));
+    pub fn new(mut snapshot: Snapshot, complete: bool) -> (Self, Source) {
+        snapshot.take_changes();
+        snapshot.record_changes();
+        let state = Arc::new(RwLock::new(Versioned {
+            version: 1,
+            snapshot: Arc::new(snapshot),
+            changed_at: VecDeque::new(),
+            changes: VecDeque::new(),
+            journal_from: 1,
+            journal_len: 0,
+        }));
         let (tx, rx) = watch::channel(complete.then_some(1));
         (Self { state: state.clone(), tx }, Source { state, rx })
     }
@@ -94,13 +125,34 @@ impl SourceWriter {
     pub fn update<T>(&self, f: impl FnOnce(&mut Snapshot) -> T) -> (u64, T) {
         let (version, out) = {
             let mut g = self.write();
-            let out = f(Arc::make_mut(&mut g.snapshot));
+            let snapshot = Arc::make_mut(&mut g.snapshot);
+            // make_mut clones the snapshot while a reader holds it, and a clone does not record.
+            snapshot.record_changes();
+            let out = f(snapshot);
+            // `f` replaced the snapshot wholesale (a clone or a new one does not record): its
+            // changes are unknown, so the journal starts again from this version.
+            let replaced = !snapshot.is_recording();
+            snapshot.record_changes();
+            let changes = snapshot.take_changes();
             g.version += 1;
             let v = g.version;
             if g.changed_at.len() >= CHANGE_HISTORY {
                 g.changed_at.pop_front();
             }
             g.changed_at.push_back((v, Instant::now()));
+            if replaced {
+                g.changes.clear();
+                g.journal_len = 0;
+                g.journal_from = v;
+            } else {
+                g.journal_len += changes.len();
+                g.changes.push_back((v, changes));
+            }
+            while g.journal_len > CHANGE_JOURNAL {
+                let Some((old, c)) = g.changes.pop_front() else { break };
+                g.journal_len -= c.len();
+                g.journal_from = old;
+            }
             (v, out)
         };
         if self.tx.borrow().is_some() {
@@ -148,5 +200,61 @@ impl StaticSource {
         let g = self.writer.reader();
         let r = g.read();
         (r.version, Snapshot::clone(&r.snapshot))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Namespace, ObjectRef};
+
+    fn ns(name: &str) -> Namespace {
+        Namespace { name: name.into(), labels: Default::default() }
+    }
+
+    #[test]
+    fn the_journal_gives_every_change_since_a_version_until_it_no_longer_reaches_back() {
+        let (writer, source) = SourceWriter::new(Snapshot::new(), true);
+        let (v2, ()) = writer.update(|s| s.upsert_namespace(ns("a")));
+        let (v3, ()) = writer.update(|s| {
+            s.remove_namespace("a");
+            s.remove_policy(&ObjectRef::new("a", "p"));
+        });
+        assert_eq!(
+            source.changes(1, v3),
+            Some(vec![Change::Namespace("a".into()), Change::Namespace("a".into()), Change::Policy(ObjectRef::new("a", "p"))])
+        );
+        assert_eq!(source.changes(v2, v3).map(|c| c.len()), Some(2));
+        assert_eq!(source.changes(v3, v3), Some(vec![]));
+        // More changes than the journal keeps: the older versions can no longer be served.
+        let (v4, ()) = writer.update(|s| {
+            for i in 0..=CHANGE_JOURNAL {
+                s.upsert_namespace(ns(&format!("n{i}")));
+            }
+        });
+        assert_eq!(source.changes(v3, v4), None);
+        assert_eq!(source.changes(1, v4), None);
+        let (v5, ()) = writer.update(|s| s.upsert_namespace(ns("b")));
+        assert_eq!(source.changes(v4, v5), Some(vec![Change::Namespace("b".into())]));
+    }
+
+    #[test]
+    fn a_snapshot_replaced_wholesale_restarts_the_journal_and_a_held_one_still_records() {
+        let (writer, source) = SourceWriter::new(Snapshot::new(), true);
+        let (v2, ()) = writer.update(|s| s.upsert_namespace(ns("a")));
+        // A reader holds the snapshot, so the writer changes a copy: still journaled.
+        let (_, held) = source.snapshot();
+        let (v3, ()) = writer.update(|s| s.upsert_namespace(ns("b")));
+        assert_eq!(source.changes(v2, v3), Some(vec![Change::Namespace("b".into())]));
+        // Replaced by an earlier copy (what the simulated cluster does between cases): the
+        // changes are unknown, so nothing before it can be served incrementally.
+        let earlier = Snapshot::clone(&held);
+        let (v4, ()) = writer.update(|s| {
+            *s = earlier;
+            s.upsert_namespace(ns("c"));
+        });
+        assert_eq!(source.changes(v3, v4), None);
+        let (v5, ()) = writer.update(|s| s.remove_namespace("c").map(drop).unwrap_or_default());
+        assert_eq!(source.changes(v4, v5), Some(vec![Change::Namespace("c".into())]));
     }
 }

@@ -15,12 +15,13 @@ use flock::testkit::kernel::{NetnsGuard, require_root};
 
 type Target = fn(&[u8]) -> Vec<String>;
 
-const TARGETS: [(&str, Target); 5] = [
+const TARGETS: [(&str, Target); 6] = [
     ("pipeline", fuzzing::pipeline),
     ("manifest", fuzzing::manifest),
     ("hostile_strings", fuzzing::hostile_strings),
     ("fail_closed", fuzzing::fail_closed),
     ("differential", fuzzing::differential),
+    ("incremental_steps", fuzzing::incremental),
 ];
 
 fn fuzz_dir() -> PathBuf {
@@ -140,4 +141,24 @@ fn write_seeds() {
     // hostile_strings: both clusters, no string.
     write("hostile_strings", "seed-conformance", &[0]);
     write("hostile_strings", "seed-quickstart", &[1]);
+
+    // incremental_steps: pseudo-random inputs (a fixed xorshift, so reseeding is
+    // reproducible) of 256 bytes to 4 KiB whose steps change the rendered ruleset at least
+    // three times.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut kept = 0;
+    while kept < 24 {
+        let len = 256 << (next() % 5);
+        let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        if fuzzing::incremental(&data).len() >= 4 {
+            write("incremental_steps", &format!("seed-{kept:02}"), &data);
+            kept += 1;
+        }
+    }
 }

@@ -21,6 +21,9 @@
 //! - [`differential`]: random clusters with NetworkPolicies and ClusterNetworkPolicies: the
 //!   enforced rulesets (through the packet tracer) agree with the reference evaluator
 //!   ([`crate::reference`]) on every flow ([`differential`](mod@differential) module).
+//! - [`incremental`]: a cluster and the node's endpoints changed step by step: after each
+//!   step the incremental translator and render cache agree with the full translation and
+//!   render ([`incremental`](mod@incremental) module).
 //!
 //! Structured input comes from the model types' `Arbitrary` derives. Arbitrary strings rarely
 //! equal each other, so a few fields are *tamed*: a one-byte string becomes an entry of a small
@@ -30,9 +33,11 @@
 
 pub mod differential;
 pub mod fail_closed;
+pub mod incremental;
 
 pub use differential::differential;
 pub use fail_closed::fail_closed;
+pub use incremental::incremental;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -492,7 +497,7 @@ pub fn check_structure(rs: &Ruleset, text: &str) -> Result<(), String> {
                 if p.elements.len() != s.elements.len() {
                     return Err(format!("set {name}: {} elements parsed, {} rendered", p.elements.len(), s.elements.len()));
                 }
-                for e in &s.elements {
+                for e in s.elements.iter() {
                     let pe = p.elements.get(&e.key).ok_or_else(|| format!("set {name}: element {:?} is missing", e.key))?;
                     if pe.comment.as_deref() != Some(e.comment.as_str()) || pe.verdict != e.verdict {
                         return Err(format!("set {name}: element {:?} parsed as {pe:?}", e.key));

@@ -362,6 +362,30 @@ impl std::borrow::Borrow<str> for ByUid {
     }
 }
 
+/// An object added, changed or removed in a [`Snapshot`] that records its changes
+/// ([`Snapshot::record_changes`]): what the incremental translator
+/// (`crate::translate::Incremental`) needs to know to update only what depends on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A pod, by uid. `old_ips`: the addresses it reported before the change (none if new).
+    Pod { uid: String, old_ips: Vec<IpAddr> },
+    /// A Namespace, by name.
+    Namespace(String),
+    /// A NetworkPolicy.
+    Policy(ObjectRef),
+    /// A ClusterNetworkPolicy, by name.
+    ClusterPolicy(String),
+    /// A Node, by name.
+    Node(String),
+}
+
+impl Change {
+    /// The change of the pod `uid`, to be taken *before* the snapshot changes it.
+    pub fn pod_before(snapshot: &Snapshot, uid: &str) -> Self {
+        Self::Pod { uid: uid.to_string(), old_ips: snapshot.pod(uid).map(|p| p.ips.clone()).unwrap_or_default() }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     namespaces: BTreeMap<String, Namespace>,
@@ -377,6 +401,21 @@ pub struct Snapshot {
     /// ClusterNetworkPolicies by name (cluster-scoped).
     cluster_policies: BTreeMap<String, cnp::ClusterNetworkPolicy>,
     nodes: BTreeMap<String, Node>,
+    /// The changes since [`Self::take_changes`], when recorded.
+    changes: ChangeLog,
+}
+
+/// A snapshot's recorded changes (`None`: not recording). A clone does not record: a
+/// recording snapshot replaced wholesale by another (`*snapshot = other`) thus stops
+/// recording, which tells its owner that everything may have changed
+/// ([`crate::source::SourceWriter::update`]).
+#[derive(Debug, Default)]
+struct ChangeLog(Option<Vec<Change>>);
+
+impl Clone for ChangeLog {
+    fn clone(&self) -> Self {
+        Self(None)
+    }
 }
 
 /// `sorted` with each run of items that are `same` reduced to its last item (after a stable
@@ -426,11 +465,36 @@ impl Snapshot {
         Self::default()
     }
 
+    /// From now on, every change is recorded until taken ([`Self::take_changes`]).
+    pub fn record_changes(&mut self) {
+        if self.changes.0.is_none() {
+            self.changes.0 = Some(Vec::new());
+        }
+    }
+
+    /// Whether changes are recorded (a clone of a recording snapshot is not).
+    pub fn is_recording(&self) -> bool {
+        self.changes.0.is_some()
+    }
+
+    /// The changes recorded since the last call (none when not recording).
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        self.changes.0.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn record(&mut self, change: impl FnOnce() -> Change) {
+        if let Some(changes) = &mut self.changes.0 {
+            changes.push(change());
+        }
+    }
+
     pub fn upsert_namespace(&mut self, ns: Namespace) {
+        self.record(|| Change::Namespace(ns.name.clone()));
         self.namespaces.insert(ns.name.clone(), ns);
     }
 
     pub fn remove_namespace(&mut self, name: &str) -> Option<Namespace> {
+        self.record(|| Change::Namespace(name.to_string()));
         self.namespaces.remove(name)
     }
 
@@ -459,7 +523,9 @@ impl Snapshot {
     /// Inserts or replaces the pod with this uid.
     pub fn upsert_pod(&mut self, pod: Pod) {
         let pod = Arc::new(pod);
-        if let Some(ByUid(old)) = self.pods.replace(ByUid(Arc::clone(&pod))) {
+        let old = self.pods.replace(ByUid(Arc::clone(&pod)));
+        self.record(|| Change::Pod { uid: pod.uid.clone(), old_ips: old.as_ref().map(|o| o.0.ips.clone()).unwrap_or_default() });
+        if let Some(ByUid(old)) = old {
             if old.namespace != pod.namespace {
                 self.unindex(&old.namespace, &old.uid);
             }
@@ -485,6 +551,7 @@ impl Snapshot {
 
     pub fn remove_pod(&mut self, uid: &str) -> Option<Pod> {
         let ByUid(pod) = self.pods.take(uid)?;
+        self.record(|| Change::Pod { uid: uid.to_string(), old_ips: pod.ips.clone() });
         self.unindex(&pod.namespace, uid);
         self.unindex_ips(&pod);
         // Unshared now, unless a clone of the snapshot still holds it.
@@ -515,18 +582,22 @@ impl Snapshot {
     }
 
     pub fn upsert_policy(&mut self, policy: NetworkPolicy) {
+        self.record(|| Change::Policy(policy.key()));
         self.policies.insert(policy.key(), policy);
     }
 
     pub fn remove_policy(&mut self, key: &ObjectRef) -> Option<NetworkPolicy> {
+        self.record(|| Change::Policy(key.clone()));
         self.policies.remove(key)
     }
 
     pub fn upsert_cluster_policy(&mut self, policy: cnp::ClusterNetworkPolicy) {
+        self.record(|| Change::ClusterPolicy(policy.name.clone()));
         self.cluster_policies.insert(policy.name.clone(), policy);
     }
 
     pub fn remove_cluster_policy(&mut self, name: &str) -> Option<cnp::ClusterNetworkPolicy> {
+        self.record(|| Change::ClusterPolicy(name.to_string()));
         self.cluster_policies.remove(name)
     }
 
@@ -540,10 +611,12 @@ impl Snapshot {
     }
 
     pub fn upsert_node(&mut self, node: Node) {
+        self.record(|| Change::Node(node.name.clone()));
         self.nodes.insert(node.name.clone(), node);
     }
 
     pub fn remove_node(&mut self, name: &str) -> Option<Node> {
+        self.record(|| Change::Node(name.to_string()));
         self.nodes.remove(name)
     }
 

@@ -43,9 +43,10 @@ mod peers;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::translate::{
-    Action, AllowRule, Direction, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef, PeerMatch, PortMatch, PortRanges,
+    Action, AllowRule, Changed, Direction, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef, PeerMatch, PortMatch, PortRanges,
     PriorityGroup, Tier, TierRule,
 };
 use names::{comment, quoted};
@@ -115,7 +116,9 @@ pub struct Set {
     /// `Some("verdict")` for verdict maps.
     pub data: Option<&'static str>,
     pub interval: bool,
-    pub elements: Vec<Element>,
+    /// Shared: a set whose content did not change is the same allocation in the next render
+    /// ([`RenderCache`]), so comparing it with the last applied one is a pointer comparison.
+    pub elements: Arc<Vec<Element>>,
 }
 
 /// An object of the table, in the order it is written.
@@ -263,13 +266,20 @@ fn write_chain(out: &mut String, c: &Chain) {
     out.push_str("\t}\n");
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Family {
     V4,
     V6,
 }
 
 impl Family {
+    fn index(self) -> usize {
+        match self {
+            Self::V4 => 0,
+            Self::V6 => 1,
+        }
+    }
+
     fn tag(self) -> &'static str {
         match self {
             Self::V4 => "v4",
@@ -330,103 +340,307 @@ pub fn render(np: &NodePolicy) -> Ruleset {
 
 /// [`render`] with a choice of shape.
 pub fn render_with(np: &NodePolicy, options: &RenderOptions) -> Ruleset {
-    let mut plans = [
-        PeerPlan::new(np, Direction::Ingress, "accept", options.peer_classes_from),
-        PeerPlan::new(np, Direction::Egress, &format!("goto {EGRESS_ALLOWED}"), options.peer_classes_from),
-    ];
-    let plan_sets: Vec<Set> = plans.iter_mut().flat_map(|p| std::mem::take(&mut p.sets)).collect();
-    let [mut ingress_maps, mut egress_maps] = [std::mem::take(&mut plans[0].maps), std::mem::take(&mut plans[1].maps)];
-    let [ingress_class_chains, egress_class_chains] = [std::mem::take(&mut plans[0].chains), std::mem::take(&mut plans[1].chains)];
-    let mut r = Renderer { np, peer_sets: BTreeMap::new(), port_sets: BTreeMap::new(), plans: &plans };
-    // Per endpoint, its chains in reference order, keyed by the entry's name.
-    let (mut ingress_chains, mut egress_chains): (Vec<EndpointChains>, Vec<EndpointChains>) = (Vec::new(), Vec::new());
-    let mut addrs = [Vec::new(), Vec::new()];
-    let (mut egress_map, mut ingress_map) = (Vec::new(), Vec::new());
+    RenderCache::new(*options).render(np, &Changed { all: true, ..Changed::default() })
+}
 
-    for ep in &np.endpoints {
-        let pod = ep.pod.to_string();
-        let iface = quoted(&ep.interface);
-        for ip in &ep.addrs {
-            let slot = usize::from(ip.is_ipv6());
-            addrs[slot].push(Element { key: format!("{iface} . {ip}"), comment: comment(&pod), verdict: None });
+/// A rendered peer or named-port set, by definition and family.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum SetKey {
+    Peer(PeerDef, Family),
+    Port(NamedPortDef, Family),
+}
+
+/// One endpoint's chains of one direction as last rendered, and the sets they refer to.
+struct EndpointRender {
+    chains: Vec<Chain>,
+    sets: Vec<SetKey>,
+}
+
+/// The last render's pieces, so the next one redoes only what the translation changed
+/// ([`crate::translate::Changed`], from [`crate::translate::Incremental`]): the sets of
+/// changed definitions, the chains of changed endpoints (and of those whose sets or peer
+/// classes changed), the peer classes when an endpoint or set they depend on changed. The
+/// rest — the dispatch maps and the address sets of the node's pods, a few elements per pod —
+/// is written again every time. The output equals [`render_with`]'s (which is this with
+/// everything changed); unchanged sets share their elements with the last render.
+pub struct RenderCache {
+    options: RenderOptions,
+    sets: SetCache,
+    /// How many endpoint chains (per endpoint and direction) refer to each set: the sets
+    /// written are those referred to.
+    uses: BTreeMap<SetKey, usize>,
+    /// Ingress, egress.
+    plans: Option<[PeerPlan; 2]>,
+    endpoints: BTreeMap<(String, Direction), EndpointRender>,
+    dispatch: Option<Dispatch>,
+}
+
+/// The elements of the pod address sets (IPv4, IPv6) and the dispatch maps.
+struct Dispatch {
+    addrs: [Arc<Vec<Element>>; 2],
+    ingress: Arc<Vec<Element>>,
+    egress: Arc<Vec<Element>>,
+}
+
+/// Rendered peer and named-port sets per definition, per family (IPv4, IPv6): `None` not
+/// rendered yet, `Some(None)` no address of the family (no set, no rule).
+#[derive(Default)]
+struct SetCache {
+    peers: BTreeMap<PeerDef, [Option<Option<Set>>; 2]>,
+    ports: BTreeMap<NamedPortDef, [Option<Option<Set>>; 2]>,
+}
+
+impl SetCache {
+    fn get(&self, key: &SetKey) -> Option<&Set> {
+        match key {
+            SetKey::Peer(d, fam) => self.peers.get(d).and_then(|f| f[fam.index()].as_ref()).and_then(Option::as_ref),
+            SetKey::Port(d, fam) => self.ports.get(d).and_then(|f| f[fam.index()].as_ref()).and_then(Option::as_ref),
         }
-        if ep.egress.is_enforced() {
-            let chains = r.endpoint_chains(ep, Direction::Egress);
-            let entry = chains.last().map(|c| c.name.clone()).unwrap_or_default();
-            egress_map.push(Element { key: iface.clone(), comment: comment(&pod), verdict: Some(format!("jump {entry}")) });
-            egress_chains.push((entry, chains));
-        }
-        let verdict = if ep.ingress.is_enforced() {
-            let chains = r.endpoint_chains(ep, Direction::Ingress);
-            let entry = chains.last().map(|c| c.name.clone()).unwrap_or_default();
-            let v = format!("goto {entry}");
-            ingress_chains.push((entry, chains));
-            v
+    }
+}
+
+impl RenderCache {
+    pub fn new(options: RenderOptions) -> Self {
+        Self { options, sets: SetCache::default(), uses: BTreeMap::new(), plans: None, endpoints: BTreeMap::new(), dispatch: None }
+    }
+
+    /// The table for `np`, given what changed since the last call's `np` (on the first call,
+    /// or after anything but that last `np`, pass [`Changed::all`]).
+    pub fn render(&mut self, np: &NodePolicy, changed: &Changed) -> Ruleset {
+        let classes_from = self.options.peer_classes_from;
+        // Changed sets are rendered again now. A chain refers to a set by its name, which
+        // does not depend on the content: only chains referring to a set that appeared or
+        // disappeared in a family (an empty set's rule is left out) are rendered again.
+        let mut flipped = Changed::default();
+        if changed.all {
+            self.sets = SetCache::default();
+            self.uses.clear();
+            self.endpoints.clear();
+            self.plans = None;
+            self.dispatch = None;
         } else {
-            "accept".to_string()
+            for def in &changed.peer_sets {
+                let Some(mut slots) = self.sets.peers.remove(def) else { continue };
+                let mut flip = !np.peer_sets.contains_key(def);
+                for fam in [Family::V4, Family::V6] {
+                    if let Some(old) = &mut slots[fam.index()] {
+                        let new = Renderer::new_peer_set(np, def, fam);
+                        flip |= old.is_some() != new.is_some();
+                        *old = new;
+                    }
+                }
+                if flip {
+                    flipped.peer_sets.insert(def.clone());
+                } else {
+                    self.sets.peers.insert(def.clone(), slots);
+                }
+            }
+            for def in &changed.port_sets {
+                let Some(mut slots) = self.sets.ports.remove(def) else { continue };
+                let mut flip = !np.port_sets.contains_key(def);
+                for fam in [Family::V4, Family::V6] {
+                    if let Some(old) = &mut slots[fam.index()] {
+                        let new = Renderer::new_port_set(np, def, fam);
+                        flip |= old.is_some() != new.is_some();
+                        *old = new;
+                    }
+                }
+                if flip {
+                    flipped.port_sets.insert(def.clone());
+                } else {
+                    self.sets.ports.insert(def.clone(), slots);
+                }
+            }
+        }
+        let mut replanned = [false; 2];
+        let plans = match self.plans.take() {
+            Some([ingress, egress]) => {
+                let mut fresh = |plan: PeerPlan, i: usize, dir: Direction, allow: &str| {
+                    if plan.is_stale(np, changed, classes_from) {
+                        replanned[i] = true;
+                        PeerPlan::new(np, dir, allow, classes_from)
+                    } else {
+                        plan
+                    }
+                };
+                [fresh(ingress, 0, Direction::Ingress, "accept"), fresh(egress, 1, Direction::Egress, &format!("goto {EGRESS_ALLOWED}"))]
+            }
+            None => {
+                replanned = [true; 2];
+                [
+                    PeerPlan::new(np, Direction::Ingress, "accept", classes_from),
+                    PeerPlan::new(np, Direction::Egress, &format!("goto {EGRESS_ALLOWED}"), classes_from),
+                ]
+            }
         };
-        ingress_map.push(Element { key: iface, comment: comment(&pod), verdict: Some(verdict) });
-    }
+        let mut r = Renderer { np, plans: &plans, cache: &mut self.sets, used: Vec::new() };
+        // Per endpoint, its chains in reference order, keyed by the entry's name.
+        let (mut ingress_chains, mut egress_chains): (Vec<EndpointChains>, Vec<EndpointChains>) = (Vec::new(), Vec::new());
+        let mut addrs = [Vec::new(), Vec::new()];
+        let (mut egress_map, mut ingress_map) = (Vec::new(), Vec::new());
+        let mut endpoints = BTreeMap::new();
+        let uses = &mut self.uses;
+        let mut chains_of = |r: &mut Renderer<'_>, ep: &EndpointPolicy, dir: Direction| -> EndpointChains {
+            let key = (ep.interface.clone(), dir);
+            let plan = &plans[usize::from(dir == Direction::Egress)];
+            // A new peer plan only matters to the endpoints it covers.
+            let plan_changed = replanned[usize::from(dir == Direction::Egress)] && plan.covers(&ep.interface);
+            let reusable =
+                !changed.all && !changed.endpoints.contains(&ep.interface) && !plan_changed && !refers_to_changed(ep, dir, &flipped);
+            let rendered = match self.endpoints.remove(&key) {
+                Some(cached) if reusable => cached,
+                stale => {
+                    if let Some(stale) = stale {
+                        release(uses, &stale.sets);
+                    }
+                    r.used.clear();
+                    let chains = r.endpoint_chains(ep, dir);
+                    let mut sets = std::mem::take(&mut r.used);
+                    sets.sort();
+                    sets.dedup();
+                    for k in &sets {
+                        *uses.entry(k.clone()).or_default() += 1;
+                    }
+                    EndpointRender { chains, sets }
+                }
+            };
+            let entry = rendered.chains.last().map(|c| c.name.clone()).unwrap_or_default();
+            let out = (entry, rendered.chains.clone());
+            endpoints.insert(key, rendered);
+            out
+        };
 
-    let mut objects: Vec<Object> = Vec::new();
-    // Class maps refer to class chains, which refer to sets: maps go with the chains.
-    let mut sets: Vec<Set> = r.peer_sets.into_values().chain(r.port_sets.into_values()).chain(plan_sets).collect();
-    ingress_maps.sort_by(|a, b| a.name.cmp(&b.name));
-    egress_maps.sort_by(|a, b| a.name.cmp(&b.name));
-    let class_chains = |mut v: Vec<Chain>| {
-        v.sort_by(|a, b| a.name.cmp(&b.name));
-        v.into_iter().map(Object::Chain)
-    };
-    let [v4, v6] = addrs;
-    for (name, fam, elements) in [(POD_ADDRS_V4, Family::V4, v4), (POD_ADDRS_V6, Family::V6, v6)] {
-        sets.push(Set {
-            name: name.into(),
-            comment: format!(
-                "host interface and {} address of every pod on this node; other sources from a pod interface are dropped",
-                fam.name()
-            ),
-            key: vec!["ifname", fam.addr_type()],
-            data: None,
-            interval: false,
-            elements: sorted(elements),
+        // The dispatch maps and pod address sets change only with an endpoint (chain names do
+        // not depend on the rules).
+        let dispatch = self.dispatch.take().filter(|_| changed.endpoints.is_empty());
+        for ep in &np.endpoints {
+            let egress = ep.egress.is_enforced().then(|| chains_of(&mut r, ep, Direction::Egress));
+            let ingress = ep.ingress.is_enforced().then(|| chains_of(&mut r, ep, Direction::Ingress));
+            if dispatch.is_none() {
+                let pod = ep.pod.to_string();
+                let iface = quoted(&ep.interface);
+                for ip in &ep.addrs {
+                    let slot = usize::from(ip.is_ipv6());
+                    addrs[slot].push(Element { key: format!("{iface} . {ip}"), comment: comment(&pod), verdict: None });
+                }
+                if let Some((entry, _)) = &egress {
+                    egress_map.push(Element { key: iface.clone(), comment: comment(&pod), verdict: Some(format!("jump {entry}")) });
+                }
+                let verdict = ingress.as_ref().map_or_else(|| "accept".to_string(), |(entry, _)| format!("goto {entry}"));
+                ingress_map.push(Element { key: iface, comment: comment(&pod), verdict: Some(verdict) });
+            }
+            egress_chains.extend(egress);
+            ingress_chains.extend(ingress);
+        }
+        drop(r);
+        // Chains of endpoints that are gone (or no longer restricted in a direction).
+        for gone in std::mem::replace(&mut self.endpoints, endpoints).into_values() {
+            release(&mut self.uses, &gone.sets);
+        }
+
+        let mut objects: Vec<Object> = Vec::new();
+        let [ingress_plan, egress_plan] = &plans;
+        // Class maps refer to class chains, which refer to sets: maps go with the chains.
+        let mut sets: Vec<Set> = self.uses.keys().filter_map(|k| self.sets.get(k)).cloned().collect();
+        sets.extend(ingress_plan.sets.iter().chain(&egress_plan.sets).cloned());
+        let by_name = |v: &[Set]| {
+            let mut v = v.to_vec();
+            v.sort_by(|a, b| a.name.cmp(&b.name));
+            v.into_iter().map(Object::Set)
+        };
+        let class_chains = |v: &[Chain]| {
+            let mut v = v.to_vec();
+            v.sort_by(|a, b| a.name.cmp(&b.name));
+            v.into_iter().map(Object::Chain)
+        };
+        let dispatch = dispatch.unwrap_or_else(|| {
+            let [v4, v6] = addrs;
+            Dispatch {
+                addrs: [v4, v6].map(|v| Arc::new(sorted(v))),
+                ingress: Arc::new(sorted(ingress_map)),
+                egress: Arc::new(sorted(egress_map)),
+            }
         });
+        for (name, fam) in [(POD_ADDRS_V4, Family::V4), (POD_ADDRS_V6, Family::V6)] {
+            sets.push(Set {
+                name: name.into(),
+                comment: format!(
+                    "host interface and {} address of every pod on this node; other sources from a pod interface are dropped",
+                    fam.name()
+                ),
+                key: vec!["ifname", fam.addr_type()],
+                data: None,
+                interval: false,
+                elements: Arc::clone(&dispatch.addrs[fam.index()]),
+            });
+        }
+        sets.sort_by(|a, b| a.name.cmp(&b.name));
+        objects.extend(sets.into_iter().map(Object::Set));
+        // Each object after those it refers to: ingress chains, their map, to-pods; then
+        // egress-allowed (which goes to to-pods), egress chains, their map, from-pods, forward.
+        let [from_pods, to_pods, forward] = skeleton();
+        let flatten = |mut v: Vec<EndpointChains>| {
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v.into_iter().flat_map(|(_, c)| c).map(Object::Chain).collect::<Vec<_>>()
+        };
+        objects.extend(class_chains(&ingress_plan.chains));
+        objects.extend(by_name(&ingress_plan.maps));
+        objects.extend(flatten(ingress_chains));
+        objects.push(Object::Set(Set {
+            name: INGRESS_MAP.into(),
+            comment: "pod interface -> its ingress policy chain, or accept when nothing restricts it".into(),
+            key: vec!["ifname"],
+            data: Some("verdict"),
+            interval: false,
+            elements: Arc::clone(&dispatch.ingress),
+        }));
+        objects.push(Object::Chain(to_pods));
+        objects.push(Object::Chain(egress_allowed()));
+        objects.extend(class_chains(&egress_plan.chains));
+        objects.extend(by_name(&egress_plan.maps));
+        objects.extend(flatten(egress_chains));
+        objects.push(Object::Set(Set {
+            name: EGRESS_MAP.into(),
+            comment: "pod interface -> its egress policy chain (pods whose egress something restricts)".into(),
+            key: vec!["ifname"],
+            data: Some("verdict"),
+            interval: false,
+            elements: Arc::clone(&dispatch.egress),
+        }));
+        objects.push(Object::Chain(from_pods));
+        objects.push(Object::Chain(forward));
+        self.plans = Some(plans);
+        self.dispatch = Some(dispatch);
+        Ruleset { comment: TABLE_COMMENT.into(), objects }
     }
-    sets.sort_by(|a, b| a.name.cmp(&b.name));
-    objects.extend(sets.into_iter().map(Object::Set));
-    // Each object after those it refers to: ingress chains, their map, to-pods; then
-    // egress-allowed (which goes to to-pods), egress chains, their map, from-pods, forward.
-    let [from_pods, to_pods, forward] = skeleton();
-    let flatten = |mut v: Vec<EndpointChains>| {
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v.into_iter().flat_map(|(_, c)| c).map(Object::Chain).collect::<Vec<_>>()
+}
+
+/// One endpoint chain's sets no longer referred to by it.
+fn release(uses: &mut BTreeMap<SetKey, usize>, sets: &[SetKey]) {
+    for k in sets {
+        if let Some(n) = uses.get_mut(k) {
+            *n -= 1;
+            if *n == 0 {
+                uses.remove(k);
+            }
+        }
+    }
+}
+
+/// Whether a rule of `ep` in `dir` refers to a set that changed (its rules may differ: a rule
+/// whose set has no address of a family is left out).
+fn refers_to_changed(ep: &EndpointPolicy, dir: Direction, changed: &Changed) -> bool {
+    if changed.peer_sets.is_empty() && changed.port_sets.is_empty() {
+        return false;
+    }
+    let hit = |m: &PeerMatch| match m {
+        PeerMatch::Any => false,
+        PeerMatch::Addresses(d) => changed.peer_sets.contains(d),
+        PeerMatch::NamedPort(d) => changed.port_sets.contains(d),
     };
-    objects.extend(class_chains(ingress_class_chains));
-    objects.extend(ingress_maps.into_iter().map(Object::Set));
-    objects.extend(flatten(ingress_chains));
-    objects.push(Object::Set(Set {
-        name: INGRESS_MAP.into(),
-        comment: "pod interface -> its ingress policy chain, or accept when nothing restricts it".into(),
-        key: vec!["ifname"],
-        data: Some("verdict"),
-        interval: false,
-        elements: sorted(ingress_map),
-    }));
-    objects.push(Object::Chain(to_pods));
-    objects.push(Object::Chain(egress_allowed()));
-    objects.extend(class_chains(egress_class_chains));
-    objects.extend(egress_maps.into_iter().map(Object::Set));
-    objects.extend(flatten(egress_chains));
-    objects.push(Object::Set(Set {
-        name: EGRESS_MAP.into(),
-        comment: "pod interface -> its egress policy chain (pods whose egress something restricts)".into(),
-        key: vec!["ifname"],
-        data: Some("verdict"),
-        interval: false,
-        elements: sorted(egress_map),
-    }));
-    objects.push(Object::Chain(from_pods));
-    objects.push(Object::Chain(forward));
-    Ruleset { comment: TABLE_COMMENT.into(), objects }
+    let d = ep.direction(dir);
+    d.rules.iter().any(|r| hit(&r.peer))
+        || d.admin.iter().chain(&d.baseline).flat_map(|g| &g.policies).flat_map(|p| &p.rules).any(|r| hit(&r.peer))
 }
 
 /// Where an egress policy sends what it allows: a packet to a pod on this node meets that
@@ -494,11 +708,12 @@ struct TierCtx<'a> {
 
 struct Renderer<'a> {
     np: &'a NodePolicy,
-    /// Referenced address sets by (definition, family).
-    peer_sets: BTreeMap<(PeerDef, Family), Set>,
-    port_sets: BTreeMap<(NamedPortDef, Family), Set>,
     /// The NetworkPolicy stage of each direction ([`peers`]).
     plans: &'a [PeerPlan; 2],
+    /// Sets rendered so far (this time or before, still valid).
+    cache: &'a mut SetCache,
+    /// The sets the chains rendered since it was cleared refer to.
+    used: Vec<SetKey>,
 }
 
 impl Renderer<'_> {
@@ -676,11 +891,20 @@ impl Renderer<'_> {
     /// The name of the set for `def` in `fam`, or `None` when it has no address of that
     /// family (a rule matching an empty set matches nothing and is left out).
     fn peer_set(&mut self, def: &PeerDef, fam: Family) -> Option<String> {
-        let key = (def.clone(), fam);
-        if let Some(s) = self.peer_sets.get(&key) {
-            return Some(s.name.clone());
+        if !self.cache.peers.contains_key(def) {
+            self.cache.peers.insert(def.clone(), [None, None]);
         }
-        let addrs = self.np.peer_sets.get(def)?;
+        let slot = self.cache.peers.get_mut(def).map(|f| &mut f[fam.index()])?;
+        if slot.is_none() {
+            *slot = Some(Self::new_peer_set(self.np, def, fam));
+        }
+        let name = slot.as_ref().and_then(Option::as_ref).map(|s| s.name.clone())?;
+        self.used.push(SetKey::Peer(def.clone(), fam));
+        Some(name)
+    }
+
+    fn new_peer_set(np: &NodePolicy, def: &PeerDef, fam: Family) -> Option<Set> {
+        let addrs = np.peer_sets.get(def)?;
         let elements: Vec<Element> = match fam {
             Family::V4 => addrs.v4.iter().map(|(n, c)| element_of(host_or_net(&(*n).into()), c)).collect(),
             Family::V6 => addrs.v6.iter().map(|(n, c)| element_of(host_or_net(&(*n).into()), c)).collect(),
@@ -692,20 +916,25 @@ impl Renderer<'_> {
         let purpose = format!("{}-{}", if interval { "cidr" } else { "peers" }, fam.tag());
         let set_comment = comment(&def.to_string());
         let name = names::dynamic(&purpose, &[&format!("{def:?}"), &set_comment], &def.short());
-        self.peer_sets.insert(
-            key,
-            // Elements stay in address order (the IR's), which is how nft lists intervals.
-            Set { name: name.clone(), comment: set_comment, key: vec![fam.addr_type()], data: None, interval, elements },
-        );
-        Some(name)
+        // Elements stay in address order (the IR's), which is how nft lists intervals.
+        Some(Set { name, comment: set_comment, key: vec![fam.addr_type()], data: None, interval, elements: elements.into() })
     }
 
     fn port_set(&mut self, def: &NamedPortDef, fam: Family) -> Option<String> {
-        let key = (def.clone(), fam);
-        if let Some(s) = self.port_sets.get(&key) {
-            return Some(s.name.clone());
+        if !self.cache.ports.contains_key(def) {
+            self.cache.ports.insert(def.clone(), [None, None]);
         }
-        let set = self.np.port_sets.get(def)?;
+        let slot = self.cache.ports.get_mut(def).map(|f| &mut f[fam.index()])?;
+        if slot.is_none() {
+            *slot = Some(Self::new_port_set(self.np, def, fam));
+        }
+        let name = slot.as_ref().and_then(Option::as_ref).map(|s| s.name.clone())?;
+        self.used.push(SetKey::Port(def.clone(), fam));
+        Some(name)
+    }
+
+    fn new_port_set(np: &NodePolicy, def: &NamedPortDef, fam: Family) -> Option<Set> {
+        let set = np.port_sets.get(def)?;
         let elements: Vec<Element> = match fam {
             Family::V4 => set.v4.iter().map(|((a, p, n), c)| element_of(format!("{a} . {} . {n}", p.as_nft()), c)).collect(),
             Family::V6 => set.v6.iter().map(|((a, p, n), c)| element_of(format!("{a} . {} . {n}", p.as_nft()), c)).collect(),
@@ -715,18 +944,14 @@ impl Renderer<'_> {
         }
         let set_comment = comment(&def.to_string());
         let name = names::dynamic(&format!("nport-{}", fam.tag()), &[&format!("{def:?}"), &set_comment], &def.short());
-        self.port_sets.insert(
-            key,
-            Set {
-                name: name.clone(),
-                comment: set_comment,
-                key: vec![fam.addr_type(), "inet_proto", "inet_service"],
-                data: None,
-                interval: false,
-                elements,
-            },
-        );
-        Some(name)
+        Some(Set {
+            name,
+            comment: set_comment,
+            key: vec![fam.addr_type(), "inet_proto", "inet_service"],
+            data: None,
+            interval: false,
+            elements: elements.into(),
+        })
     }
 }
 

@@ -32,7 +32,9 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use super::names::{self, comment, quoted};
 use super::{Chain, Element, Family, Set};
 use crate::model::Protocol;
-use crate::translate::{AllowRule, Direction, NamedPortDef, NodePolicy, PeerDef, PeerMatch, PortMatch, PortRanges};
+use crate::translate::{
+    AllowRule, Changed, Direction, EndpointPolicy, NamedPortDef, NodePolicy, PeerDef, PeerMatch, PortMatch, PortRanges,
+};
 
 /// What a peer class is made of: peer definitions, and named-port definitions with the
 /// (protocol, port) the name has at these addresses.
@@ -73,14 +75,7 @@ type Entry<'a> = (u128, u128, Member, &'a str);
 impl PeerPlan {
     /// Classes, maps, chains and sets for the isolated endpoints' allow rules in `dir`.
     pub(super) fn new(np: &NodePolicy, dir: Direction, allow: &str, classes_from: usize) -> Self {
-        // The endpoints whose allow rules, one rule per lookup, would take `classes_from`
-        // lookups or more (see `RenderOptions`).
-        let lookups = |ep: &crate::translate::EndpointPolicy| -> usize {
-            let families = usize::from(ep.has_v4()) + usize::from(ep.has_v6());
-            ep.direction(dir).rules.iter().map(|r| if r.peer == PeerMatch::Any { 1 } else { families }).sum()
-        };
-        let isolated: Vec<_> =
-            np.endpoints.iter().filter(|ep| ep.direction(dir).is_isolated() && lookups(ep) >= classes_from.max(1)).collect();
+        let isolated: Vec<_> = np.endpoints.iter().filter(|ep| Self::would_cover(ep, dir, classes_from)).collect();
         let covered: BTreeSet<String> = isolated.iter().map(|ep| ep.interface.clone()).collect();
 
         // Every peer definition, with the (endpoint, rule) it serves.
@@ -222,7 +217,14 @@ impl PeerPlan {
                 rules.push(format!("{matcher} @{set_name} {allow}"));
                 let mut elements = elements;
                 elements.sort();
-                plan.sets.push(Set { name: set_name, comment: set_comment, key, data: None, interval: suffix == "ports", elements });
+                plan.sets.push(Set {
+                    name: set_name,
+                    comment: set_comment,
+                    key,
+                    data: None,
+                    interval: suffix == "ports",
+                    elements: elements.into(),
+                });
             }
             plan.chains.push(Chain { name: name.clone(), comment: chain_comment, hook: None, rules });
             *chain_name = Some(name);
@@ -272,7 +274,7 @@ impl PeerPlan {
                     key: vec![fam.addr_type()],
                     data: Some("verdict"),
                     interval,
-                    elements,
+                    elements: elements.into(),
                 });
             }
         }
@@ -307,10 +309,40 @@ impl PeerPlan {
                 key: vec!["ifname", "inet_proto", "inet_service"],
                 data: None,
                 interval: true,
-                elements,
+                elements: elements.into(),
             });
         }
         plan
+    }
+
+    /// Whether a plan of `dir` covers `ep`: its allow rules, one rule per lookup, would take
+    /// `classes_from` lookups or more (see `RenderOptions`).
+    pub(super) fn would_cover(ep: &EndpointPolicy, dir: Direction, classes_from: usize) -> bool {
+        let families = usize::from(ep.has_v4()) + usize::from(ep.has_v6());
+        let d = ep.direction(dir);
+        let lookups: usize = d.rules.iter().map(|r| if r.peer == PeerMatch::Any { 1 } else { families }).sum();
+        d.is_isolated() && lookups >= classes_from.max(1)
+    }
+
+    /// Whether the plan must be made again after `changed`: an endpoint it covers (or would
+    /// now) changed, or a set one of its endpoints' allow rules refers to.
+    pub(super) fn is_stale(&self, np: &NodePolicy, changed: &Changed, classes_from: usize) -> bool {
+        let by_iface = |iface: &str| np.endpoints.binary_search_by(|e| e.interface.as_str().cmp(iface)).ok().map(|i| &np.endpoints[i]);
+        for iface in &changed.endpoints {
+            if self.covered.contains(iface) || by_iface(iface).is_some_and(|ep| Self::would_cover(ep, self.dir, classes_from)) {
+                return true;
+            }
+        }
+        if changed.peer_sets.is_empty() && changed.port_sets.is_empty() {
+            return false;
+        }
+        self.covered.iter().filter_map(|iface| by_iface(iface)).any(|ep| {
+            ep.direction(self.dir).rules.iter().any(|r| match &r.peer {
+                PeerMatch::Any => false,
+                PeerMatch::Addresses(d) => changed.peer_sets.contains(d),
+                PeerMatch::NamedPort(d) => changed.port_sets.contains(d),
+            })
+        })
     }
 
     /// Whether `interface`'s NetworkPolicy stage goes through the peer classes.

@@ -28,6 +28,7 @@
 
 pub mod cluster;
 pub mod compile;
+pub mod incremental;
 pub mod ir;
 pub mod selector;
 
@@ -35,6 +36,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 pub use compile::{CompiledPolicy, PortSpec};
+pub use incremental::{Change, Changed, Incremental};
 pub use ir::*;
 
 use crate::model::{LocalEndpoint, ObjectRef, Pod, Snapshot};
@@ -65,7 +67,8 @@ pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Opt
     eps.sort();
     eps.dedup_by(|a, b| a.interface == b.interface);
     let addresses = Addresses::new(snapshot, &eps);
-    let mut tr = Translator { snapshot, addresses, out: NodePolicy::default() };
+    let mut out = NodePolicy::default();
+    let mut tr = Translator { snapshot, addresses, out: &mut out, added: None };
 
     // Only policies in namespaces with a local pod can select one.
     let mut problems = Vec::new();
@@ -89,10 +92,12 @@ pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Opt
             c
         })
         .collect();
+    let cluster: Vec<&cluster::CompiledCnp> = cluster.iter().collect();
     let mut selects_a_local_pod = vec![false; cluster.len()];
 
     for ep in eps {
-        let policy = tr.endpoint(ep, &compiled, &cluster, &mut selects_a_local_pod, options);
+        let policies: Vec<&CompiledPolicy> = compiled.get(ep.pod.namespace.as_str()).into_iter().flatten().collect();
+        let policy = tr.endpoint(ep, &policies, &cluster, &mut selects_a_local_pod, options);
         tr.out.endpoints.push(policy);
     }
     for (own, used) in cnp_problems.into_iter().zip(selects_a_local_pod) {
@@ -100,11 +105,11 @@ pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Opt
             problems.extend(own);
         }
     }
-    problems.append(&mut tr.out.problems);
+    problems.append(&mut out.problems);
     problems.sort();
     problems.dedup();
-    tr.out.problems = problems;
-    tr.out
+    out.problems = problems;
+    out
 }
 
 /// Validates every policy in the snapshot (for tools that report on all of them).
@@ -199,13 +204,17 @@ impl<'a> Addresses<'a> {
     }
 }
 
-struct Translator<'a> {
+/// Translates endpoints into `out`, computing each peer and named-port set the rules refer to
+/// unless `out` already has it (the incremental path keeps sets up to date itself).
+struct Translator<'a, 'o> {
     snapshot: &'a Snapshot,
     addresses: Addresses<'a>,
-    out: NodePolicy,
+    out: &'o mut NodePolicy,
+    /// When kept: the sets computed (what the incremental path reports as new).
+    added: Option<Vec<PeerMatch>>,
 }
 
-impl<'a> Translator<'a> {
+impl<'a> Translator<'a, '_> {
     fn pod_of(&self, ep: &LocalEndpoint) -> Option<&'a Pod> {
         pod_of(self.snapshot, ep)
     }
@@ -213,8 +222,8 @@ impl<'a> Translator<'a> {
     fn endpoint(
         &mut self,
         ep: &LocalEndpoint,
-        compiled: &BTreeMap<&str, Vec<CompiledPolicy>>,
-        cluster: &[cluster::CompiledCnp],
+        policies: &[&CompiledPolicy],
+        cluster: &[&cluster::CompiledCnp],
         selects_a_local_pod: &mut [bool],
         options: &Options,
     ) -> EndpointPolicy {
@@ -233,8 +242,8 @@ impl<'a> Translator<'a> {
         if options.isolate_run_pods && pod.labels.contains_key(RUN_LABEL) {
             policy.egress.isolated_by.push(Isolation::RunPod);
         }
-        let selecting: Vec<&CompiledPolicy> =
-            compiled.get(pod.namespace.as_str()).into_iter().flatten().filter(|c| c.selector.matches(&pod.labels)).collect();
+        // The endpoint's own namespace is the pod's (`pod_of` checks it).
+        let selecting: Vec<&CompiledPolicy> = policies.iter().copied().filter(|c| c.selector.matches(&pod.labels)).collect();
         for dir in [Direction::Ingress, Direction::Egress] {
             let mut rules = RuleList::default();
             let mut isolated_by = Vec::new();
@@ -454,6 +463,9 @@ impl<'a> Translator<'a> {
             }
         }
         self.out.peer_sets.insert(def.clone(), set);
+        if let Some(added) = &mut self.added {
+            added.push(PeerMatch::Addresses(def.clone()));
+        }
     }
 
     /// Computes (once) the (address, protocol, port) triples of `def`.
@@ -482,6 +494,9 @@ impl<'a> Translator<'a> {
             }
         }
         self.out.port_sets.insert(def.clone(), set);
+        if let Some(added) = &mut self.added {
+            added.push(PeerMatch::NamedPort(def.clone()));
+        }
     }
 
     /// The peer pods a definition selects. For an ipBlock: the pods with an address inside it.
