@@ -6,9 +6,9 @@
 //!
 //! - The table and its base chain are created once and never deleted: deleting a base chain
 //!   unregisters its hook and packets are dropped meanwhile (kube-network-policies #402). A
-//!   full sync declares every object (`add` is idempotent), flushes flock's chains, sets and
-//!   maps, flushes and deletes stale ones, and writes the rendered table — all in one
-//!   transaction, so packets see the old ruleset or the new one, never a mix. Into a table
+//!   full sync flushes flock's chains and maps, deletes its sets and the stale chains and
+//!   maps, and writes the rendered table — all in one transaction ([`transaction`]), so
+//!   packets see the old ruleset or the new one, never a mix. Into a table
 //!   that does not exist yet, the render alone is the transaction.
 //! - A render equal to the last one applied is a no-op. Otherwise, once a full sync has
 //!   succeeded, the transaction carries only the difference from the last applied ruleset
@@ -430,22 +430,26 @@ fn write_elements<'a>(out: &mut String, verb: &str, set: &crate::render::Set, el
 }
 
 /// The full-sync transaction, in an order the kernel accepts whatever references exist:
-/// flush every existing object (rules and elements are what hold references), delete the
-/// stale ones (chains before maps and sets), declare the desired ones (`add` leaves existing
-/// objects alone), then write the table's content.
+/// flush every existing chain and map (rules and verdict elements are what refer to sets and
+/// chains), delete every existing set and the stale chains and maps, then write the table's
+/// content, which creates the sets again, fills the chains and maps, and creates what is new.
+/// Sets are deleted rather than flushed so the text declares each one afresh, exactly as
+/// rendered (measured at 150k pods: the same cost as a flush). Chains are flushed, never
+/// deleted unless stale: the base chain keeps its hook (see the module doc). No separate
+/// declarations: nft pays for every command.
 pub fn transaction(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>, stale: &[(Kind, String)], text: &str) -> String {
-    let mut s = String::with_capacity(text.len() + 64 * (rs.objects.len() + existing.len()));
+    let mut s = String::with_capacity(text.len() + 64 * existing.len());
     let _ = writeln!(s, "add table {FAMILY} {TABLE} {{ comment \"{}\"; }}", rs.comment);
-    for (kind, name) in existing {
+    for (kind, name) in existing.iter().filter(|(k, _)| *k != Kind::Set) {
         let _ = writeln!(s, "flush {kind} {FAMILY} {TABLE} {name}");
     }
-    for wanted in [Kind::Chain, Kind::Map, Kind::Set] {
+    for (kind, name) in existing.iter().filter(|(k, _)| *k == Kind::Set) {
+        let _ = writeln!(s, "delete {kind} {FAMILY} {TABLE} {name}");
+    }
+    for wanted in [Kind::Chain, Kind::Map] {
         for (kind, name) in stale.iter().filter(|(k, _)| *k == wanted) {
             let _ = writeln!(s, "delete {kind} {FAMILY} {TABLE} {name}");
         }
-    }
-    for o in &rs.objects {
-        let _ = writeln!(s, "{}", o.declaration());
     }
     s.push_str(text);
     s
