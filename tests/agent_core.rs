@@ -368,3 +368,67 @@ fn anyhow_like(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+/// Syncs after the first translate only what changed (the source's journal), the periodic
+/// tick's full translation agrees with them, and the table follows every change: a policy
+/// isolating `a` from everything but `b`, then `c` relabelled into its peers, then `b` gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_translated_incrementally_and_the_periodic_check_agrees() {
+    if !require_root("changes_are_translated_incrementally_and_the_periodic_check_agrees") {
+        return;
+    }
+    let (node, dir) = (NetnsGuard::new("node"), TempDir::new("agent"));
+    let mut s = snapshot(&[pod("a", "198.18.72.1"), pod("b", "198.18.72.2"), pod("c", "198.18.72.3")]);
+    for p in flock::testkit::policies(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: only-peers, namespace: default}
+spec:
+  podSelector: {matchLabels: {role: server}}
+  ingress: [{from: [{podSelector: {matchLabels: {role: peer}}}]}]",
+    ) {
+        s.upsert_policy(p);
+    }
+    let labelled = |mut p: Pod, role: &str| {
+        p.labels.insert("role", role);
+        p
+    };
+    s.upsert_pod(labelled(pod("a", "198.18.72.1"), "server"));
+    s.upsert_pod(labelled(pod("b", "198.18.72.2"), "peer"));
+    let source = StaticSource::new(s);
+    let mut cfg = config(&node, &dir);
+    cfg.resync = Duration::from_millis(400);
+    let metrics = cfg.metrics.clone();
+    let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
+    let socket = dir.join("cni.sock");
+    call(&socket, add("a", "198.18.72.1")).await.unwrap();
+    assert!(table(&node).contains("198.18.72.2"));
+    assert!(!table(&node).contains("198.18.72.3"));
+
+    let mut status = agent.status();
+    let v = source.update(|s| s.upsert_pod(labelled(pod("c", "198.18.72.3"), "peer")));
+    tokio::time::timeout(Duration::from_secs(5), status.wait_for(|s| s.source_version >= v)).await.unwrap().unwrap();
+    assert!(table(&node).contains("198.18.72.3"), "{}", table(&node));
+    let v = source.update(|s| {
+        s.remove_pod("uid-b");
+    });
+    tokio::time::timeout(Duration::from_secs(5), status.wait_for(|s| s.source_version >= v)).await.unwrap().unwrap();
+    assert!(!table(&node).contains("198.18.72.2"), "{}", table(&node));
+
+    // A periodic tick compares the kept translation with a full one.
+    let checked = || metrics.encode().lines().any(|l| l.starts_with("flock_translations_total{mode=\"check\"}") && !l.ends_with(" 0"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !checked() {
+        assert!(std::time::Instant::now() < deadline, "no periodic check:\n{}", metrics.encode());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = metrics.encode();
+    let value = |name: &str| {
+        text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).map(|v| v.parse::<f64>().unwrap()).unwrap_or(0.0)
+    };
+    assert!(value("flock_translations_total{mode=\"incremental\"}") >= 2.0, "{text}");
+    assert_eq!(value("flock_translations_total{mode=\"full\"}"), 1.0, "{text}");
+    assert_eq!(value("flock_translation_disagreements_total"), 0.0, "{text}");
+    agent.shutdown().await;
+}

@@ -34,6 +34,8 @@ pub struct Metrics {
     cni_requests: Family<Labels, Counter>,
     coalesced: Counter,
     drift_repairs: Counter,
+    translations: Family<Labels, Counter>,
+    translation_disagreements: Counter,
     policy_problems: Gauge,
     policy_problems_cluster: Gauge,
     policy_reporter: Gauge,
@@ -83,6 +85,8 @@ impl Metrics {
             cni_requests: Family::default(),
             coalesced: Counter::default(),
             drift_repairs: Counter::default(),
+            translations: Family::default(),
+            translation_disagreements: Counter::default(),
             policy_problems: Gauge::default(),
             policy_problems_cluster: Gauge::default(),
             policy_reporter: Gauge::default(),
@@ -107,6 +111,16 @@ impl Metrics {
         r.register("policies_tracked", "NetworkPolicies in the snapshot", m.policies.clone());
         r.register("cluster_policies_tracked", "ClusterNetworkPolicies in the snapshot", m.cluster_policies.clone());
         r.register("local_endpoints", "Pod attachments registered on this node", m.endpoints.clone());
+        r.register(
+            "translations",
+            "Translations by mode: incremental (only what changed since the last one), full (start, relist, too many changes), check (the periodic full translation the incremental state is compared with)",
+            m.translations.clone(),
+        );
+        r.register(
+            "translation_disagreements",
+            "Periodic checks whose full translation differed from the incremental state (each one logged and repaired from the full translation)",
+            m.translation_disagreements.clone(),
+        );
         r.register("ruleset_set_elements", "Set and map elements in table inet flock", m.set_elements.clone());
         r.register("ruleset_rules", "Rules in table inet flock", m.rules.clone());
         r.register("watch_connected", "Whether the watch of a resource is healthy (1) or failing (0)", m.watch_connected.clone());
@@ -250,6 +264,14 @@ impl Metrics {
 
     pub fn drift_repaired(&self) {
         self.drift_repairs.inc();
+    }
+
+    pub fn translated(&self, mode: &str) {
+        self.translations.get_or_create(&label("mode", mode)).inc();
+    }
+
+    pub fn translation_disagreed(&self) {
+        self.translation_disagreements.inc();
     }
 
     pub fn problems(&self, n: usize) {

@@ -21,6 +21,7 @@ pub mod http;
 pub mod metrics;
 mod registry;
 pub mod routes;
+mod translation;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -520,6 +521,8 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     let mut last_observed = 0u64;
     let mut last_generation = 0u64;
     let mut reported: Vec<translate::PolicyProblem> = Vec::new();
+    // Kept from one sync to the next: each translates only what changed since the last.
+    let mut translation = Some(translation::Translation::new(cfg.translate.clone()));
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -606,18 +609,20 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             let state = shared.source.read();
             state.changed_at.iter().filter(|(v, _)| *v > last_observed && *v <= source_version).map(|(_, t)| *t).collect()
         };
-        let options = cfg.translate.clone();
+        let Some(mut tr) = translation.take() else { return };
+        let journal = tr.version().and_then(|v| shared.source.changes(v, source_version));
         let node = cfg.node.clone();
         let hook = cfg.sync_hook.clone();
         let render_job = tokio::task::spawn_blocking(move || {
             if let Some(h) = &hook {
                 (h.0)(SyncStage::Render);
             }
-            let policy = translate::translate(&snapshot, &endpoints, &options);
+            // The periodic tick also translates in full and compares (see `translation`).
+            let out = tr.sync(&snapshot, source_version, &endpoints, journal.as_deref(), periodic);
             let counts = (snapshot.pod_count(), snapshot.policy_count(), endpoints.len(), snapshot.cluster_policies().count());
-            (render::render(&policy), policy.problems, routes::desired_routes(&snapshot, &node), counts)
+            (tr, out, routes::desired_routes(&snapshot, &node), counts)
         });
-        let (ruleset, problems, wanted_routes, counts) = match render_job.await {
+        let (tr, translated, wanted_routes, counts) = match render_job.await {
             Ok(r) => r,
             Err(e) => {
                 publish_failure(&shared, generation, "panic", format!("render panicked: {e}"));
@@ -625,6 +630,15 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                 return;
             }
         };
+        translation = Some(tr);
+        cfg.metrics.translated(translated.mode.as_str());
+        if translated.checked {
+            cfg.metrics.translated("check");
+        }
+        if translated.disagreed.is_some() {
+            cfg.metrics.translation_disagreed();
+        }
+        let (ruleset, problems) = (translated.ruleset, translated.problems);
         // Each problem is logged when it appears, not on every sync.
         for p in problems.iter().filter(|p| reported.binary_search(p).is_err()) {
             tracing::warn!(problem = %p, "policy cannot be enforced as written");
