@@ -155,6 +155,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             "elements_per_pod": st.elements as f64 / local as f64,
         },
         "peer_doubling": peer_doubling(&cluster, &endpoints, &options, &rs),
+        "one_pod_change": one_pod_change(&cluster, &rs, args.runs).context("one-pod change")?,
     });
     out["apply"] = if args.no_apply {
         json!({"skipped": "--no-apply"})
@@ -278,13 +279,16 @@ fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyh
 }
 
 /// A pod that appears and disappears: a copy of a peer pod of one of the node's sets, so the
-/// node's ruleset changes by one element each time.
+/// node's ruleset changes by one element each time. Translated and rendered as the agent does
+/// it: incrementally ([`translate::Incremental`], [`render::RenderCache`]).
 struct OnePodChange {
     snapshot: Snapshot,
     endpoints: Vec<flock::model::LocalEndpoint>,
     pod: Pod,
     present: bool,
     what: String,
+    translation: translate::Incremental,
+    cache: render::RenderCache,
 }
 
 impl OnePodChange {
@@ -303,19 +307,56 @@ impl OnePodChange {
         let Some(peer) = peer else { bail!("the node's ruleset has no pod peer set") };
         let Some(pod) = cluster.copy_pod(peer, 0) else { bail!("no address left for a new pod") };
         let what = format!("pod {}/{} appears and disappears (a copy of peer {}/{})", pod.namespace, pod.name, peer.namespace, peer.name);
-        Ok(Self { snapshot: s.clone(), endpoints: s.derived_endpoints(&cluster.node), pod, present: false, what })
+        let endpoints = s.derived_endpoints(&cluster.node);
+        let translation = translate::Incremental::new(s, &endpoints, &Options::default());
+        let mut cache = render::RenderCache::new(render::RenderOptions::default());
+        cache.render(translation.policy(), translation.changed());
+        Ok(Self { snapshot: s.clone(), endpoints, pod, present: false, what, translation, cache })
     }
 
-    /// Adds or removes the pod; translates and renders.
+    /// Adds or removes the pod; translates and renders what changed.
     fn toggle(&mut self) -> Ruleset {
+        let change = translate::Change::pod_before(&self.snapshot, &self.pod.uid);
         if self.present {
             self.snapshot.remove_pod(&self.pod.uid);
         } else {
             self.snapshot.upsert_pod(self.pod.clone());
         }
         self.present = !self.present;
+        self.translation.update(&self.snapshot, &self.endpoints, &[change]);
+        self.cache.render(self.translation.policy(), self.translation.changed())
+    }
+
+    /// The same change, translated and rendered in full (the reference).
+    fn full(&self) -> Ruleset {
         render::render(&translate::translate(&self.snapshot, &self.endpoints, &Options::default()))
     }
+}
+
+/// A one-pod change, incrementally and in full, without nft: the two must agree (checked on
+/// every run, outside the timings).
+fn one_pod_change(cluster: &Cluster, rs: &Ruleset, runs: usize) -> anyhow::Result<Value> {
+    let mut one_pod = OnePodChange::new(cluster, rs)?;
+    let (mut incremental, mut full) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        for _ in 0..2 {
+            let t = Instant::now();
+            let inc = one_pod.toggle();
+            incremental.push(t.elapsed());
+            let t = Instant::now();
+            let reference = one_pod.full();
+            full.push(t.elapsed());
+            if inc != reference || inc.to_text() != reference.to_text() {
+                bail!("the incremental translation and render differ from the full one after: {}", one_pod.what);
+            }
+        }
+    }
+    Ok(json!({
+        "what": one_pod.what,
+        "translate_render_ms": stats(&incremental),
+        "full_translate_render_ms": stats(&full),
+        "vs_full": median(&incremental).as_secs_f64() / median(&full).as_secs_f64(),
+    }))
 }
 
 fn ms(d: Duration) -> f64 {
