@@ -389,3 +389,128 @@ fn unknown_pod_interfaces_are_dropped() {
     pa.ns.ip(&["addr", "add", "198.18.10.9/32", "dev", "eth0"]);
     assert!(!pa.ns.try_exec(&["ping", "-c", "1", "-W", "1", "-I", "198.18.10.9", "198.18.10.2"]).status.success());
 }
+
+/// Element batches sent over netlink (`flock::apply::netlink`) are listed by nft exactly as
+/// the same change written by nft itself, for every kind of exact set and map flock renders
+/// (interface . address, address, interface . protocol . port, address : verdict,
+/// interface : verdict, both families); a batch the kernel refuses changes nothing.
+#[test]
+fn element_batches_over_netlink_list_as_nft_writes_them() {
+    if !require_root("element_batches_over_netlink_list_as_nft_writes_them") {
+        return;
+    }
+    use flock::apply::{ElementChange, element_changes, element_script, netlink};
+    // Remote peers come and go (elements of peer sets and class maps), a local pod gets
+    // another address (the pod-address set): nothing but elements changes.
+    let before = snapshot(true);
+    let mut after = before.clone();
+    for (i, name) in ["y/a", "y/b", "z/c"].into_iter().enumerate() {
+        let mut p = after.pod_by_name(&testkit::pod_ref(name)).unwrap().clone();
+        p.name = format!("{}-copy", p.name);
+        p.uid = format!("{}-copy", p.uid);
+        p.node = Some("node-2".into());
+        p.ips = vec![format!("198.18.2.{}", 200 + i).parse().unwrap(), format!("2001:db8:2::{}", 200 + i).parse().unwrap()];
+        after.upsert_pod(p);
+    }
+    // With peer classes, a peer that goes may take its class (a chain) along, and the first
+    // IPv6 peer makes the IPv6 class map: there, one more copy of a peer, which joins its class.
+    let copies = after.clone();
+    let mut more = copies.clone();
+    let mut p = more.pod_by_name(&testkit::pod_ref("y/a")).unwrap().clone();
+    (p.name, p.uid, p.node) = ("a-more".into(), "uid-a-more".into(), Some("node-2".into()));
+    p.ips = vec!["198.18.2.210".parse().unwrap(), "2001:db8:2::210".parse().unwrap()];
+    more.upsert_pod(p);
+    let uid = after.pod_by_name(&testkit::pod_ref("y/c")).unwrap().uid.clone();
+    after.remove_pod(&uid);
+    // A local pod (node-1) with more addresses: the pod-address sets.
+    let mut p = after.pod_by_name(&testkit::pod_ref("y/b")).unwrap().clone();
+    p.ips.extend(["198.18.1.99".parse::<IpAddr>().unwrap(), "2001:db8:1::99".parse().unwrap()]);
+    after.upsert_pod(p);
+    let mut covered = std::collections::BTreeSet::new();
+    for (shape, opts, before, after) in
+        [("rules", RenderOptions::default(), &before, &after), ("classes", RenderOptions { peer_classes_from: 0 }, &copies, &more)]
+    {
+        let rs1 = render_with(&translate(before, &before.derived_endpoints("node-1"), &Options::default()), &opts);
+        let rs2 = render_with(&translate(after, &after.derived_endpoints("node-1"), &Options::default()), &opts);
+        let changes = element_changes(&rs1, &rs2).unwrap_or_else(|| {
+            let diff: Vec<String> =
+                rs1.objects.iter().zip(&rs2.objects).filter(|(a, b)| a != b).map(|(a, b)| format!("{a:?}\n{b:?}")).take(2).collect();
+            panic!("{shape}: more than elements changed: {} vs {} objects\n{}", rs1.objects.len(), rs2.objects.len(), diff.join("\n"))
+        });
+        let changes: Vec<ElementChange<'_>> = changes.into_iter().filter(|c| !c.set.interval).collect();
+        assert!(!changes.is_empty(), "{shape}: no element changed");
+        for c in &changes {
+            covered.insert(format!("{}{}", c.set.key.join(" . "), c.set.data.map(|d| format!(" : {d}")).unwrap_or_default()));
+        }
+        let (by_netlink, by_nft) = (NetnsGuard::new("nl"), NetnsGuard::new("nlref"));
+        let mut listings = Vec::new();
+        for (ns, netlink) in [(&by_netlink, true), (&by_nft, false)] {
+            let mut nft = NftCli::new(ns.netns());
+            nft.run(&rs1.to_text()).unwrap();
+            if netlink {
+                flock::netns::run_in(&ns.netns(), || netlink::write(&changes)).unwrap().unwrap();
+            } else {
+                nft.run(&element_script(&changes)).unwrap();
+            }
+            listings.push(nft.list_table().unwrap().unwrap());
+        }
+        assert_eq!(listings[0], listings[1], "{shape}: the netlink batch lists differently from nft's");
+
+        // Refused: an element to delete that is not there. The batch's additions are not
+        // committed either.
+        let missing = flock::render::Element { key: "\"flk000000000000\" . 198.18.1.250".into(), comment: String::new(), verdict: None };
+        let pod_set = rs2.objects.iter().find_map(|o| match o {
+            flock::render::Object::Set(s) if s.name == "pod-addrs-v4" => Some(s),
+            _ => None,
+        });
+        let pod_set = pod_set.expect("the pod-address set");
+        let mut bad = changes.clone();
+        bad.push(ElementChange { set: pod_set, delete: vec![&missing], add: vec![] });
+        let ns = NetnsGuard::new("nlbad");
+        let mut nft = NftCli::new(ns.netns());
+        nft.run(&rs1.to_text()).unwrap();
+        let e = flock::netns::run_in(&ns.netns(), || netlink::write(&bad)).unwrap().unwrap_err();
+        assert!(e.to_string().contains("pod-addrs-v4"), "{e}");
+        assert!(!e.is_unsent(), "{e}");
+        assert_eq!(
+            flock::nft::canonical(&nft.list_table().unwrap().unwrap()).unwrap(),
+            flock::nft::canonical(&rs1.to_text()).unwrap(),
+            "{shape}: a refused batch changed the table"
+        );
+    }
+    for kind in ["ifname . ipv4_addr", "ifname . ipv6_addr", "ipv4_addr", "ipv4_addr : verdict", "ipv6_addr : verdict"] {
+        assert!(covered.contains(kind), "no change of a {kind} set: {covered:?}");
+    }
+}
+
+/// The applier sends a change of elements only as a netlink batch (its `nft` here is a path
+/// that does not exist, so nothing went through nft), and the kernel then holds exactly the
+/// render.
+#[test]
+fn the_applier_sends_element_changes_over_netlink() {
+    if !require_root("the_applier_sends_element_changes_over_netlink") {
+        return;
+    }
+    let ns = NetnsGuard::new("nlapply");
+    let mut a = Applier::new(NftCli::new(ns.netns())).defer_baseline();
+    let (mut s, ..) = two_pods(None);
+    let mut prev = node_ruleset(&s);
+    a.apply(&prev).unwrap();
+    *a.backend_mut() = NftCli::new(ns.netns()).with_program("/nonexistent/nft");
+    let mut lister = NftCli::new(ns.netns());
+    for i in 0..20u8 {
+        let mut p = s.pod_by_name(&testkit::pod_ref("t/a")).unwrap().clone();
+        p.name = format!("a{i}");
+        p.uid = format!("uid-a{i}");
+        p.node = Some("n2".into());
+        p.ips = vec![format!("198.18.11.{i}").parse().unwrap()];
+        s.upsert_pod(p);
+        let rs = node_ruleset(&s);
+        assert!(flock::apply::element_changes(&prev, &rs).is_some_and(|c| !c.is_empty()), "step {i}: more than elements changed");
+        let out = a.apply(&rs).unwrap();
+        assert!(matches!(out, Outcome::Applied { incremental: true, .. }), "{out:?}");
+        let listing = lister.list_table().unwrap().unwrap();
+        assert_eq!(flock::nft::canonical(&listing).unwrap(), flock::nft::canonical(&rs.to_text()).unwrap());
+        prev = rs;
+    }
+}

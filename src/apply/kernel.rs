@@ -103,6 +103,21 @@ fn is_missing_table(stderr: &str) -> bool {
 }
 
 impl Backend for NftCli {
+    /// A netlink batch ([`super::netlink`]); through `nft` when it cannot be sent that way
+    /// (an interval set, a batch too large, no netlink socket).
+    fn write_elements(&mut self, changes: &[super::ElementChange<'_>]) -> Result<(), ApplyError> {
+        match netns::run_in(&self.netns, || super::netlink::write(changes))? {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_unsent() => {
+                tracing::debug!(error = %e, "element update through nft");
+                self.run(&super::element_script(changes))
+            }
+            Err(e) => {
+                Err(ApplyError::Rejected { context: format!("netlink element batch in {}", self.netns.describe()), message: e.to_string() })
+            }
+        }
+    }
+
     fn run(&mut self, script: &str) -> Result<(), ApplyError> {
         self.run_script(script, false)
     }

@@ -30,6 +30,7 @@
 
 pub mod fake;
 pub mod kernel;
+pub mod netlink;
 pub mod state;
 
 use std::collections::BTreeSet;
@@ -38,6 +39,7 @@ use std::fmt::Write as _;
 use crate::nft::parse::Kind;
 use crate::render::names::{FAMILY, TABLE};
 use crate::render::{Object, Ruleset};
+pub use netlink::ElementChange;
 
 /// An object of the kernel's table.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -87,6 +89,11 @@ pub trait Backend {
     fn read_state(&mut self) -> Result<Option<state::TableState>, ApplyError>;
     /// The chains, sets and maps of table `inet flock` (empty when it does not exist).
     fn list_objects(&mut self) -> Result<Vec<ObjectInfo>, ApplyError>;
+    /// Deletes and adds elements of exact sets and maps, as one atomic transaction
+    /// (by default as an nft script; the kernel backend sends a netlink batch).
+    fn write_elements(&mut self, changes: &[ElementChange<'_>]) -> Result<(), ApplyError> {
+        self.run(&element_script(changes))
+    }
 }
 
 /// What an apply did.
@@ -209,6 +216,24 @@ impl<B: Backend> Applier<B> {
     pub fn apply(&mut self, rs: &Ruleset) -> Result<Outcome, ApplyError> {
         if !self.full && self.last.as_ref().is_some_and(|l| l.rs == *rs) {
             return Ok(Outcome::Unchanged);
+        }
+        // Only elements of exact sets changed (a pod came or went): no nft process.
+        let written = match self.last.as_ref().filter(|_| !self.full).and_then(|last| element_changes(&last.rs, rs)) {
+            Some(changes) => Some(self.backend.write_elements(&changes)),
+            None => None,
+        };
+        match written {
+            Some(Ok(())) => {
+                self.last = Some(Applied::new(rs.clone()));
+                self.committed()?;
+                return Ok(Outcome::Applied { stale_deleted: 0, incremental: true });
+            }
+            // The kernel is not what flock believed: the full path below re-reads it.
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "element update failed; falling back to a full sync");
+                self.full = true;
+            }
+            None => {}
         }
         let desired: BTreeSet<(Kind, String)> = rs.objects.iter().map(object_key).collect();
         if let Some(last) = self.last.as_ref().filter(|_| !self.full)
@@ -393,6 +418,56 @@ pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
         }
     }
     Some([declare, flush, remove, add, rules, delete].concat())
+}
+
+/// The element changes from `prev` to `next` when nothing else differs — the same objects
+/// with the same declarations and rules, only elements of exact (non-interval) sets and maps
+/// changed — else `None`. A changed element (comment or verdict) is deleted and added again.
+pub fn element_changes<'a>(prev: &'a Ruleset, next: &'a Ruleset) -> Option<Vec<ElementChange<'a>>> {
+    use std::collections::BTreeMap;
+    if prev.comment != next.comment || prev.objects.len() != next.objects.len() {
+        return None;
+    }
+    let mut changes = Vec::new();
+    for (b, o) in prev.objects.iter().zip(&next.objects) {
+        match (b, o) {
+            (Object::Chain(b), Object::Chain(c)) => {
+                if b != c {
+                    return None;
+                }
+            }
+            (Object::Set(b), Object::Set(set)) => {
+                if b.elements == set.elements {
+                    if b != set {
+                        return None;
+                    }
+                    continue;
+                }
+                if set.interval || b.name != set.name || b.comment != set.comment || b.key != set.key || b.data != set.data || b.interval {
+                    return None;
+                }
+                let was: BTreeMap<&str, &crate::render::Element> = b.elements.iter().map(|e| (e.key.as_str(), e)).collect();
+                let now: BTreeMap<&str, &crate::render::Element> = set.elements.iter().map(|e| (e.key.as_str(), e)).collect();
+                let delete = b.elements.iter().filter(|e| now.get(e.key.as_str()) != Some(e)).collect();
+                let add = set.elements.iter().filter(|e| was.get(e.key.as_str()) != Some(e)).collect();
+                changes.push(ElementChange { set, delete, add });
+            }
+            _ => return None,
+        }
+    }
+    Some(changes)
+}
+
+/// [`element_changes`] as an nft script (deletions first).
+pub fn element_script(changes: &[ElementChange<'_>]) -> String {
+    let mut out = String::new();
+    for c in changes {
+        write_elements(&mut out, "delete", c.set, c.delete.iter().copied());
+    }
+    for c in changes {
+        write_elements(&mut out, "add", c.set, c.add.iter().copied());
+    }
+    out
 }
 
 fn write_rules(out: &mut String, c: &crate::render::Chain) {

@@ -21,7 +21,7 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use flock::apply::kernel::NftCli;
-use flock::apply::{Applier, Backend, transaction};
+use flock::apply::{Applier, Backend, Drift, Outcome, transaction};
 use flock::model::{ObjectRef, Pod, Snapshot};
 use flock::render::{self, Ruleset};
 use flock::synth::{self, Cluster, Params};
@@ -202,6 +202,7 @@ fn peer_doubling(cluster: &Cluster, endpoints: &[flock::model::LocalEndpoint], o
 /// full apply into another fresh one, a full resync there, and a one-pod change there.
 fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyhow::Result<Value> {
     let (mut raw, mut full, mut resync, mut change, mut change_pipeline) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut noop = Vec::new();
     let (mut raw_transaction, mut canonical, mut list, mut read_state) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let first_transaction = transaction(rs, &BTreeSet::new(), &[], text);
     let mut one_pod = OnePodChange::new(cluster, rs)?;
@@ -243,6 +244,18 @@ fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyh
         applier.apply(rs).context("full resync")?;
         resync.push(t.elapsed());
 
+        // A periodic resync when nothing changed, as the agent does it: the table read back
+        // equals the baseline read after the last transaction, and the render equals what
+        // was applied, so no transaction is sent.
+        applier.record_baseline().context("reading the drift baseline")?;
+        let t = Instant::now();
+        let drift = applier.check_drift().context("drift check")?;
+        let outcome = applier.apply(rs).context("no-op resync")?;
+        noop.push(t.elapsed());
+        if drift != Drift::InSync || outcome != Outcome::Unchanged {
+            bail!("a resync with nothing changed found {drift:?} and did {outcome:?}");
+        }
+
         // The pod appears, then disappears again: two changes from what is applied.
         for _ in 0..2 {
             let t = Instant::now();
@@ -258,6 +271,8 @@ fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyh
         "raw_nft_f_ms": stats(&raw),
         "full_apply_ms": stats(&full),
         "full_resync_ms": stats(&resync),
+        "noop_resync_ms": stats(&noop),
+        "noop_resync_note": "a periodic resync with nothing changed: the table read back as typed objects and compared with the baseline (read after the last transaction, off the sync path), the render compared with the last applied one; no transaction",
         "one_pod_change": {
             "what": one_pod.what,
             "translate_render_ms": stats(&change_pipeline),
