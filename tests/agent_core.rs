@@ -290,7 +290,19 @@ async fn failing_syncs_back_off_but_an_add_tries_at_once() {
     let attempts = s.sync_failures - failures_before;
     assert!((1..=3).contains(&attempts), "{attempts} failed syncs ({} nft transactions) in 2.5 s", transactions(&log) - before);
     assert!(s.consecutive_failures >= 1 && s.error.as_deref().is_some_and(|e| e.contains("injected failure")), "{s:?}");
-    let retry_at = s.retry_at.expect("a retry is scheduled");
+    let mut retry_at = s.retry_at.expect("a retry is scheduled");
+    // A retry due in moments would race the ADD below: let it fail first (the next one is
+    // 1.6 s or more away).
+    let mut status = agent.status();
+    while retry_at < std::time::Instant::now() + Duration::from_millis(500) {
+        let after = retry_at;
+        let s = tokio::time::timeout(Duration::from_secs(5), status.wait_for(|s| s.retry_at.is_some_and(|r| r > after)))
+            .await
+            .unwrap()
+            .unwrap()
+            .clone();
+        retry_at = s.retry_at.expect("a retry is scheduled");
+    }
 
     // nft works again; an ADD does not wait for the backoff's deadline.
     std::fs::remove_file(&fail).unwrap();
