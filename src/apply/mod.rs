@@ -398,13 +398,9 @@ pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
                     write_elements(&mut add, "add", set, set.elements.iter());
                     continue;
                 }
-                let was: BTreeMap<&str, &crate::render::Element> = b.elements.iter().map(|e| (e.key.as_str(), e)).collect();
-                let now: BTreeMap<&str, &crate::render::Element> = set.elements.iter().map(|e| (e.key.as_str(), e)).collect();
-                // A changed element (comment or verdict) is deleted and added again.
-                let gone = b.elements.iter().filter(|e| now.get(e.key.as_str()) != Some(e));
-                let new = set.elements.iter().filter(|e| was.get(e.key.as_str()) != Some(e));
-                write_elements(&mut remove, "delete", set, gone);
-                write_elements(&mut add, "add", set, new);
+                let (gone, new) = element_difference(b, set);
+                write_elements(&mut remove, "delete", set, gone.into_iter());
+                write_elements(&mut add, "add", set, new.into_iter());
             }
         }
     }
@@ -424,7 +420,6 @@ pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
 /// with the same declarations and rules, only elements of exact (non-interval) sets and maps
 /// changed — else `None`. A changed element (comment or verdict) is deleted and added again.
 pub fn element_changes<'a>(prev: &'a Ruleset, next: &'a Ruleset) -> Option<Vec<ElementChange<'a>>> {
-    use std::collections::BTreeMap;
     if prev.comment != next.comment || prev.objects.len() != next.objects.len() {
         return None;
     }
@@ -446,16 +441,27 @@ pub fn element_changes<'a>(prev: &'a Ruleset, next: &'a Ruleset) -> Option<Vec<E
                 if set.interval || b.name != set.name || b.comment != set.comment || b.key != set.key || b.data != set.data || b.interval {
                     return None;
                 }
-                let was: BTreeMap<&str, &crate::render::Element> = b.elements.iter().map(|e| (e.key.as_str(), e)).collect();
-                let now: BTreeMap<&str, &crate::render::Element> = set.elements.iter().map(|e| (e.key.as_str(), e)).collect();
-                let delete = b.elements.iter().filter(|e| now.get(e.key.as_str()) != Some(e)).collect();
-                let add = set.elements.iter().filter(|e| was.get(e.key.as_str()) != Some(e)).collect();
+                let (delete, add) = element_difference(b, set);
                 changes.push(ElementChange { set, delete, add });
             }
             _ => return None,
         }
     }
     Some(changes)
+}
+
+/// The elements of `before` to delete and of `after` to add. A changed element (comment or
+/// verdict) is deleted and added again.
+fn element_difference<'a>(
+    before: &'a crate::render::Set,
+    after: &'a crate::render::Set,
+) -> (Vec<&'a crate::render::Element>, Vec<&'a crate::render::Element>) {
+    use std::collections::BTreeMap;
+    let was: BTreeMap<&str, &crate::render::Element> = before.elements.iter().map(|e| (e.key.as_str(), e)).collect();
+    let now: BTreeMap<&str, &crate::render::Element> = after.elements.iter().map(|e| (e.key.as_str(), e)).collect();
+    let gone = before.elements.iter().filter(|e| now.get(e.key.as_str()) != Some(e)).collect();
+    let new = after.elements.iter().filter(|e| was.get(e.key.as_str()) != Some(e)).collect();
+    (gone, new)
 }
 
 /// [`element_changes`] as an nft script (deletions first).

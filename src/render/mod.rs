@@ -41,7 +41,7 @@
 pub mod names;
 mod peers;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -390,6 +390,34 @@ struct SetCache {
     ports: BTreeMap<NamedPortDef, [Option<Option<Set>>; 2]>,
 }
 
+/// Renders the cached sets of the `changed` definitions again. A definition that is gone, or
+/// whose set appeared or disappeared in a family (an empty set is not rendered), leaves the
+/// cache and goes to `flipped`: the chains referring to it must be rendered again.
+fn rerender<D: Ord + Clone>(
+    cache: &mut BTreeMap<D, [Option<Option<Set>>; 2]>,
+    changed: &BTreeSet<D>,
+    present: impl Fn(&D) -> bool,
+    render: impl Fn(&D, Family) -> Option<Set>,
+    flipped: &mut BTreeSet<D>,
+) {
+    for def in changed {
+        let Some(mut slots) = cache.remove(def) else { continue };
+        let mut flip = !present(def);
+        for fam in [Family::V4, Family::V6] {
+            if let Some(old) = &mut slots[fam.index()] {
+                let new = render(def, fam);
+                flip |= old.is_some() != new.is_some();
+                *old = new;
+            }
+        }
+        if flip {
+            flipped.insert(def.clone());
+        } else {
+            cache.insert(def.clone(), slots);
+        }
+    }
+}
+
 impl SetCache {
     fn get(&self, key: &SetKey) -> Option<&Set> {
         match key {
@@ -419,38 +447,20 @@ impl RenderCache {
             self.plans = None;
             self.dispatch = None;
         } else {
-            for def in &changed.peer_sets {
-                let Some(mut slots) = self.sets.peers.remove(def) else { continue };
-                let mut flip = !np.peer_sets.contains_key(def);
-                for fam in [Family::V4, Family::V6] {
-                    if let Some(old) = &mut slots[fam.index()] {
-                        let new = Renderer::new_peer_set(np, def, fam);
-                        flip |= old.is_some() != new.is_some();
-                        *old = new;
-                    }
-                }
-                if flip {
-                    flipped.peer_sets.insert(def.clone());
-                } else {
-                    self.sets.peers.insert(def.clone(), slots);
-                }
-            }
-            for def in &changed.port_sets {
-                let Some(mut slots) = self.sets.ports.remove(def) else { continue };
-                let mut flip = !np.port_sets.contains_key(def);
-                for fam in [Family::V4, Family::V6] {
-                    if let Some(old) = &mut slots[fam.index()] {
-                        let new = Renderer::new_port_set(np, def, fam);
-                        flip |= old.is_some() != new.is_some();
-                        *old = new;
-                    }
-                }
-                if flip {
-                    flipped.port_sets.insert(def.clone());
-                } else {
-                    self.sets.ports.insert(def.clone(), slots);
-                }
-            }
+            rerender(
+                &mut self.sets.peers,
+                &changed.peer_sets,
+                |d| np.peer_sets.contains_key(d),
+                |d, fam| Renderer::new_peer_set(np, d, fam),
+                &mut flipped.peer_sets,
+            );
+            rerender(
+                &mut self.sets.ports,
+                &changed.port_sets,
+                |d| np.port_sets.contains_key(d),
+                |d, fam| Renderer::new_port_set(np, d, fam),
+                &mut flipped.port_sets,
+            );
         }
         let mut replanned = [false; 2];
         let plans = match self.plans.take() {

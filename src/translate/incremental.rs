@@ -81,19 +81,18 @@ pub struct Incremental {
     changed: Changed,
 }
 
-/// The sorted endpoints, one per interface (of two, the first in full order), as `translate`.
-fn dedup_endpoints(endpoints: &[LocalEndpoint]) -> Vec<LocalEndpoint> {
-    let mut eps: Vec<LocalEndpoint> = endpoints.to_vec();
-    eps.sort();
-    eps.dedup_by(|a, b| a.interface == b.interface);
-    eps
-}
-
 impl Incremental {
     /// A full translation, to be updated from.
     pub fn new(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Options) -> Self {
-        let mut inc = Self {
-            options: options.clone(),
+        let mut inc = Self::empty(options.clone());
+        inc.rebuild(snapshot, endpoints);
+        inc
+    }
+
+    /// Nothing translated yet.
+    fn empty(options: Options) -> Self {
+        Self {
+            options,
             eps: Vec::new(),
             namespaces: BTreeSet::new(),
             policies: BTreeMap::new(),
@@ -101,9 +100,7 @@ impl Incremental {
             extra: BTreeMap::new(),
             np: NodePolicy::default(),
             changed: Changed::default(),
-        };
-        inc.rebuild(snapshot, endpoints);
-        inc
+        }
     }
 
     /// The current translation: equal to `translate(snapshot, endpoints, options)` of the last
@@ -119,17 +116,7 @@ impl Incremental {
 
     /// Translates everything again (what `new` does), dropping what was kept.
     pub fn rebuild(&mut self, snapshot: &Snapshot, endpoints: &[LocalEndpoint]) -> &Changed {
-        let options = self.options.clone();
-        *self = Self {
-            options,
-            eps: Vec::new(),
-            namespaces: BTreeSet::new(),
-            policies: BTreeMap::new(),
-            cluster: BTreeMap::new(),
-            extra: BTreeMap::new(),
-            np: NodePolicy::default(),
-            changed: Changed::default(),
-        };
+        *self = Self::empty(self.options.clone());
         for p in snapshot.cluster_policies() {
             self.compile_cluster_policy(snapshot, &p.name);
         }
@@ -173,7 +160,7 @@ impl Incremental {
 
     fn step(&mut self, snapshot: &Snapshot, endpoints: &[LocalEndpoint], changes: &[Change], all: bool) {
         let mut changed = Changed::default();
-        let eps = dedup_endpoints(endpoints);
+        let eps: Vec<LocalEndpoint> = super::one_per_interface(endpoints).into_iter().cloned().collect();
         let ep_refs: Vec<&LocalEndpoint> = eps.iter().collect();
         let addresses = Addresses::new(snapshot, &ep_refs);
 

@@ -58,14 +58,19 @@ impl Default for Options {
     }
 }
 
-/// Translates the snapshot into what this node enforces for `endpoints`.
-pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Options) -> NodePolicy {
-    // One endpoint per interface. Two endpoints claiming one interface (a stale report next
-    // to a new one) resolve by the endpoints' full order, not by the order they came in, so
-    // the output does not depend on it.
+/// The endpoints sorted, one per interface. Two endpoints claiming one interface (a stale
+/// report next to a new one) resolve by the endpoints' full order, not by the order they came
+/// in, so the output does not depend on it.
+fn one_per_interface(endpoints: &[LocalEndpoint]) -> Vec<&LocalEndpoint> {
     let mut eps: Vec<&LocalEndpoint> = endpoints.iter().collect();
     eps.sort();
     eps.dedup_by(|a, b| a.interface == b.interface);
+    eps
+}
+
+/// Translates the snapshot into what this node enforces for `endpoints`.
+pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Options) -> NodePolicy {
+    let eps = one_per_interface(endpoints);
     let addresses = Addresses::new(snapshot, &eps);
     let mut out = NodePolicy::default();
     let mut tr = Translator { snapshot, addresses, out: &mut out, added: None };
