@@ -26,6 +26,11 @@ pub struct PlumbingError {
     pub message: String,
 }
 
+/// Writes a sysctl inside network namespace `ns`.
+pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<(), PlumbingError> {
+    run(&["ip", "netns", "exec", ns, "sysctl", "-q", "-w", &format!("{key}={value}")]).map(drop)
+}
+
 /// Runs a command, failing with its stderr.
 pub fn run(args: &[&str]) -> Result<String, PlumbingError> {
     let out = Command::new(args[0])
@@ -125,7 +130,7 @@ impl Fabric {
 
     /// Writes a sysctl inside `ns`.
     pub fn sysctl(&self, ns: &str, key: &str, value: &str) -> Result<(), PlumbingError> {
-        run(&["ip", "netns", "exec", ns, "sysctl", "-q", "-w", &format!("{key}={value}")]).map(drop)
+        sysctl(ns, key, value)
     }
 
     /// The work directory of this run (`<WORK_ROOT>/<pid>-<n>`).

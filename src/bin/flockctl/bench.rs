@@ -28,6 +28,8 @@ use flock::synth::{self, Cluster, Params};
 use flock::translate::{self, Options};
 use flock_cni::testing::NetnsGuard;
 
+use crate::dataplane::median;
+
 #[derive(Args)]
 pub struct BenchArgs {
     /// Pods in the cluster (besides a few system pods).
@@ -376,12 +378,6 @@ fn one_pod_change(cluster: &Cluster, rs: &Ruleset, runs: usize) -> anyhow::Resul
 
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
-}
-
-fn median(v: &[Duration]) -> Duration {
-    let mut s = v.to_vec();
-    s.sort();
-    s.get(s.len() / 2).copied().unwrap_or_default()
 }
 
 fn stats(v: &[Duration]) -> Value {

@@ -636,7 +636,7 @@ fn add_address(ns: &str, addr: IpAddr) -> anyhow::Result<()> {
 }
 
 fn sysctl(ns: &NetnsGuard, key: &str, value: &str) -> anyhow::Result<()> {
-    sh(&["ip", "netns", "exec", &ns.name, "sysctl", "-q", "-w", &format!("{key}={value}")])?;
+    flock::sim::fabric::sysctl(&ns.name, key, value)?;
     Ok(())
 }
 
@@ -1087,9 +1087,10 @@ fn load(ns: &Path, dst: SocketAddr, threads: usize, duration: Duration) -> anyho
 // ---------------------------------------------------------------------------------------
 // Statistics.
 
-fn median(v: &[f64]) -> f64 {
+/// The middle value of `v` (the upper one of an even count), for seconds and ratios alike.
+pub fn median<T: Copy + Default + PartialOrd>(v: &[T]) -> T {
     let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     s.get(s.len() / 2).copied().unwrap_or_default()
 }
 
