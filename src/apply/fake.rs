@@ -29,6 +29,11 @@ impl FakeNft {
         self.state.table(FAMILY, TABLE)
     }
 
+    /// The whole state (every table).
+    pub fn state(&self) -> &NftRuleset {
+        &self.state
+    }
+
     /// The whole state (every table), for tests that edit it behind flock's back.
     pub fn state_mut(&mut self) -> &mut NftRuleset {
         &mut self.state

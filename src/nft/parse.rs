@@ -6,10 +6,10 @@
 use std::fmt;
 
 /// A lexical token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Tok {
-    Word(String),
-    Str(String),
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tok<'a> {
+    Word(&'a str),
+    Str(&'a str),
     LBrace,
     RBrace,
     Semi,
@@ -17,16 +17,26 @@ pub enum Tok {
     Newline,
 }
 
-impl Tok {
+impl Tok<'_> {
     fn text(&self) -> String {
+        let mut s = String::new();
+        self.write(&mut s);
+        s
+    }
+
+    fn write(&self, out: &mut String) {
         match self {
-            Tok::Word(w) => w.clone(),
-            Tok::Str(s) => format!("\"{s}\""),
-            Tok::LBrace => "{".into(),
-            Tok::RBrace => "}".into(),
-            Tok::Semi => ";".into(),
-            Tok::Comma => ",".into(),
-            Tok::Newline => "\\n".into(),
+            Tok::Word(w) => out.push_str(w),
+            Tok::Str(s) => {
+                out.push('"');
+                out.push_str(s);
+                out.push('"');
+            }
+            Tok::LBrace => out.push('{'),
+            Tok::RBrace => out.push('}'),
+            Tok::Semi => out.push(';'),
+            Tok::Comma => out.push(','),
+            Tok::Newline => out.push_str("\\n"),
         }
     }
 }
@@ -42,79 +52,83 @@ pub struct ParseError {
 /// Splits nft text into tokens (with their lines). `#` starts a comment outside strings;
 /// a `,` ends a word only when followed by whitespace or a brace, so
 /// `ct state established,related` keeps its list in one word.
-pub fn tokenize(text: &str) -> Result<Vec<(Tok, usize)>, ParseError> {
-    let mut out = Vec::new();
+pub fn tokenize(text: &str) -> Result<Vec<(Tok<'_>, usize)>, ParseError> {
+    // Byte offsets into `text`: every character that ends a token is ASCII, so an offset
+    // found by one is always a character boundary, and a token is one slice of the text.
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(text.len() / 6);
     let mut line = 1;
-    let chars: Vec<char> = text.chars().collect();
     let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        match c {
-            '\n' => {
-                out.push((Tok::Newline, line));
-                line += 1;
-                i += 1;
-            }
-            ' ' | '\t' | '\r' => i += 1,
-            '#' => {
-                while i < chars.len() && chars[i] != '\n' {
-                    i += 1;
-                }
-            }
-            '{' => {
-                out.push((Tok::LBrace, line));
-                i += 1;
-            }
-            '}' => {
-                out.push((Tok::RBrace, line));
-                i += 1;
-            }
-            ';' => {
-                out.push((Tok::Semi, line));
-                i += 1;
-            }
-            ',' => {
-                out.push((Tok::Comma, line));
-                i += 1;
-            }
-            '"' => {
-                let start = line;
-                let mut s = String::new();
-                i += 1;
-                loop {
-                    match chars.get(i) {
-                        None => return Err(ParseError { line: start, message: "unterminated string".into() }),
-                        Some('"') => break,
-                        Some('\n') => return Err(ParseError { line: start, message: "newline in string".into() }),
-                        Some(ch) => s.push(*ch),
-                    }
-                    i += 1;
-                }
-                i += 1;
-                out.push((Tok::Str(s), line));
+    while i < bytes.len() {
+        let single = match bytes[i] {
+            b'\n' => Some(Tok::Newline),
+            b'{' => Some(Tok::LBrace),
+            b'}' => Some(Tok::RBrace),
+            b';' => Some(Tok::Semi),
+            b',' => Some(Tok::Comma),
+            _ => None,
+        };
+        if let Some(t) = single {
+            out.push((t, line));
+            line += usize::from(bytes[i] == b'\n');
+            i += 1;
+            continue;
+        }
+        match bytes[i] {
+            b' ' | b'\t' | b'\r' => i += 1,
+            b'#' => i = text[i..].find('\n').map_or(bytes.len(), |n| i + n),
+            b'"' => {
+                let start = i + 1;
+                let end = match text[start..].find(['"', '\n']) {
+                    None => return Err(ParseError { line, message: "unterminated string".into() }),
+                    Some(n) if bytes[start + n] == b'\n' => return Err(ParseError { line, message: "newline in string".into() }),
+                    Some(n) => start + n,
+                };
+                out.push((Tok::Str(&text[start..end]), line));
+                i = end + 1;
             }
             _ => {
-                let mut w = String::new();
-                while i < chars.len() {
-                    let ch = chars[i];
-                    if ch.is_whitespace() || matches!(ch, '{' | '}' | ';' | '"') {
-                        break;
-                    }
-                    if ch == ',' && chars.get(i + 1).is_none_or(|n| n.is_whitespace() || matches!(n, '{' | '}')) {
-                        break;
-                    }
-                    w.push(ch);
-                    i += 1;
+                let rest = &text[i..];
+                let end = word_len(rest);
+                if end == 0 {
+                    // Whitespace beyond ASCII between tokens.
+                    i += rest.chars().next().map_or(1, char::len_utf8);
+                    continue;
                 }
-                out.push((Tok::Word(w), line));
+                out.push((Tok::Word(&rest[..end]), line));
+                i += end;
             }
         }
     }
     Ok(out)
 }
 
+/// The length of the word `rest` starts with: up to whitespace, `{`, `}`, `;`, `"`, or a `,`
+/// followed by whitespace, a brace or the end. Bytewise: only a non-ASCII character is decoded
+/// (to see whether it is whitespace).
+fn word_len(rest: &str) -> usize {
+    let bytes = rest.as_bytes();
+    let mut end = 0;
+    while let Some(&b) = bytes.get(end) {
+        if b.is_ascii() {
+            let ends_list = || rest[end + 1..].chars().next().is_none_or(|n| n.is_whitespace() || matches!(n, '{' | '}'));
+            // b'\x0b' (vertical tab) is whitespace to `char::is_whitespace`, not to the ASCII test.
+            if b.is_ascii_whitespace() || b == b'\x0b' || matches!(b, b'{' | b'}' | b';' | b'"') || (b == b',' && ends_list()) {
+                break;
+            }
+            end += 1;
+        } else {
+            match rest[end..].chars().next() {
+                Some(ch) if !ch.is_whitespace() => end += ch.len_utf8(),
+                _ => break,
+            }
+        }
+    }
+    end
+}
+
 /// Joins tokens into canonical text: single spaces, `,` attached to what precedes it.
-pub fn join(toks: &[Tok]) -> String {
+pub fn join(toks: &[Tok<'_>]) -> String {
     let mut s = String::new();
     for t in toks {
         if *t == Tok::Comma {
@@ -124,7 +138,7 @@ pub fn join(toks: &[Tok]) -> String {
         if !s.is_empty() {
             s.push(' ');
         }
-        s.push_str(&t.text());
+        t.write(&mut s);
     }
     s
 }
@@ -196,13 +210,13 @@ pub fn parse(text: &str) -> Result<Vec<Command>, ParseError> {
     Ok(p.out)
 }
 
-struct Parser {
-    toks: Vec<(Tok, usize)>,
+struct Parser<'a> {
+    toks: Vec<(Tok<'a>, usize)>,
     pos: usize,
     out: Vec<Command>,
 }
 
-impl Parser {
+impl<'a> Parser<'a> {
     fn line(&self) -> usize {
         self.toks.get(self.pos).or_else(|| self.toks.last()).map_or(1, |t| t.1)
     }
@@ -211,12 +225,12 @@ impl Parser {
         Err(ParseError { line: self.line(), message: message.into() })
     }
 
-    fn peek(&self) -> Option<&Tok> {
+    fn peek(&self) -> Option<&Tok<'a>> {
         self.toks.get(self.pos).map(|t| &t.0)
     }
 
-    fn next(&mut self) -> Option<Tok> {
-        let t = self.toks.get(self.pos).map(|t| t.0.clone());
+    fn next(&mut self) -> Option<Tok<'a>> {
+        let t = self.toks.get(self.pos).map(|t| t.0);
         if t.is_some() {
             self.pos += 1;
         }
@@ -231,7 +245,7 @@ impl Parser {
 
     fn word(&mut self, what: &str) -> Result<String, ParseError> {
         match self.next() {
-            Some(Tok::Word(w)) => Ok(w),
+            Some(Tok::Word(w)) => Ok(w.to_string()),
             Some(t) => self.err(format!("expected {what}, found {}", t.text())),
             None => self.err(format!("expected {what}, found end of input")),
         }
@@ -239,13 +253,13 @@ impl Parser {
 
     fn string(&mut self, what: &str) -> Result<String, ParseError> {
         match self.next() {
-            Some(Tok::Str(s)) => Ok(s),
+            Some(Tok::Str(s)) => Ok(s.to_string()),
             Some(t) => self.err(format!("expected {what} (a quoted string), found {}", t.text())),
             None => self.err(format!("expected {what}, found end of input")),
         }
     }
 
-    fn expect(&mut self, want: &Tok) -> Result<(), ParseError> {
+    fn expect(&mut self, want: &Tok<'_>) -> Result<(), ParseError> {
         match self.next() {
             Some(t) if t == *want => Ok(()),
             Some(t) => self.err(format!("expected {}, found {}", want.text(), t.text())),
@@ -259,10 +273,10 @@ impl Parser {
     }
 
     /// Tokens up to the end of the statement (newline or `;` outside braces).
-    fn statement(&mut self) -> Result<Vec<Tok>, ParseError> {
+    fn statement(&mut self) -> Result<Vec<Tok<'a>>, ParseError> {
         let mut depth = 0usize;
         let mut toks = Vec::new();
-        while let Some(t) = self.peek().cloned() {
+        while let Some(t) = self.peek() {
             match t {
                 Tok::Newline | Tok::Semi if depth == 0 => break,
                 Tok::Newline => {
@@ -274,8 +288,7 @@ impl Parser {
                 Tok::RBrace => depth -= 1,
                 _ => {}
             }
-            toks.push(t);
-            self.pos += 1;
+            toks.extend(self.next());
         }
         Ok(toks)
     }
@@ -285,7 +298,7 @@ impl Parser {
             self.skip_newlines();
             let Some(tok) = self.next() else { return Ok(()) };
             let Tok::Word(verb) = tok else { return self.err(format!("expected a command, found {}", tok.text())) };
-            match verb.as_str() {
+            match verb {
                 "table" => self.table_block()?,
                 "add" | "create" => self.add(verb == "create")?,
                 "flush" | "delete" => self.flush_delete(verb == "flush")?,
@@ -316,7 +329,7 @@ impl Parser {
             self.skip_newlines();
             match self.next() {
                 Some(Tok::RBrace) => break,
-                Some(Tok::Word(w)) => match w.as_str() {
+                Some(Tok::Word(w)) => match w {
                     "comment" => comment = Some(self.string("a comment")?),
                     "chain" => {
                         let name = self.word("a chain name")?;
@@ -377,14 +390,14 @@ impl Parser {
                     return Ok((spec, rules));
                 }
                 None => return self.err("unterminated chain"),
-                Some(Tok::Word(w)) if w == "comment" => {
+                Some(Tok::Word(w)) if *w == "comment" => {
                     self.pos += 1;
                     spec.comment = Some(self.string("a comment")?);
                 }
-                Some(Tok::Word(w)) if w == "type" => {
+                Some(Tok::Word(w)) if *w == "type" => {
                     let mut hook = self.statement()?;
                     self.expect(&Tok::Semi)?;
-                    if matches!(self.peek(), Some(Tok::Word(w)) if w == "policy") {
+                    if matches!(self.peek(), Some(Tok::Word(w)) if *w == "policy") {
                         hook.push(Tok::Semi);
                         hook.extend(self.statement()?);
                     }
@@ -411,7 +424,7 @@ impl Parser {
             let Some(tok) = self.next() else { return self.err("unterminated set") };
             match tok {
                 Tok::RBrace => return Ok((spec, elements)),
-                Tok::Word(w) => match w.as_str() {
+                Tok::Word(w) => match w {
                     "type" | "typeof" => spec.type_ = join(&self.statement()?),
                     "flags" => spec.flags = join(&self.statement()?).split(',').map(|f| f.trim().to_string()).collect(),
                     "comment" => spec.comment = Some(self.string("a comment")?),
@@ -442,29 +455,25 @@ impl Parser {
             let mut comment = None;
             let mut verdict = None;
             loop {
-                match self.peek().cloned() {
+                match self.peek() {
                     None => return self.err("unterminated element list"),
                     Some(Tok::Comma | Tok::RBrace | Tok::Newline) => break,
-                    Some(Tok::Word(w)) if w == "comment" => {
+                    Some(Tok::Word(w)) if *w == "comment" => {
                         self.pos += 1;
                         comment = Some(self.string("an element comment")?);
                     }
-                    Some(Tok::Word(w)) if w == ":" => {
+                    Some(Tok::Word(w)) if *w == ":" => {
                         self.pos += 1;
                         let mut v = Vec::new();
-                        while let Some(Tok::Word(w)) = self.peek().cloned() {
-                            v.push(Tok::Word(w));
-                            self.pos += 1;
+                        while matches!(self.peek(), Some(Tok::Word(_))) {
+                            v.extend(self.next());
                         }
                         if v.is_empty() {
                             return self.err("expected a verdict after ':'");
                         }
                         verdict = Some(join(&v));
                     }
-                    Some(t @ (Tok::Word(_) | Tok::Str(_))) => {
-                        key.push(t);
-                        self.pos += 1;
-                    }
+                    Some(Tok::Word(_) | Tok::Str(_)) => key.extend(self.next()),
                     Some(t) => return self.err(format!("unexpected {} in element", t.text())),
                 }
             }
@@ -487,7 +496,7 @@ impl Parser {
                         self.skip_newlines();
                         match self.next() {
                             Some(Tok::RBrace) => break,
-                            Some(Tok::Word(w)) if w == "comment" => comment = Some(self.string("a comment")?),
+                            Some(Tok::Word("comment")) => comment = Some(self.string("a comment")?),
                             Some(t) => return self.err(format!("unexpected {} in table", t.text())),
                             None => return self.err("unterminated table"),
                         }
@@ -577,9 +586,25 @@ mod tests {
     fn tokenizer_keeps_lists_in_words_and_splits_element_commas() {
         let t = tokenize("ct state established,related accept\ntcp dport { 80, 81 } # note\n").unwrap();
         let words: Vec<Tok> = t.into_iter().map(|(t, _)| t).collect();
-        assert_eq!(words[2], Tok::Word("established,related".into()));
+        assert_eq!(words[2], Tok::Word("established,related"));
         assert!(words.contains(&Tok::Comma));
-        assert!(!words.iter().any(|w| *w == Tok::Word("#".into())));
+        assert!(!words.contains(&Tok::Word("#")));
+    }
+
+    #[test]
+    fn tokens_are_slices_of_the_text_split_at_any_whitespace() {
+        fn words(text: &str) -> Vec<Tok<'_>> {
+            tokenize(text).unwrap().into_iter().map(|(t, _)| t).collect()
+        }
+        // Whitespace beyond ASCII separates words too (and once made the tokenizer spin).
+        assert_eq!(words("\u{a0}add\u{2003}table\u{b}x"), [Tok::Word("add"), Tok::Word("table"), Tok::Word("x")]);
+        assert_eq!(words("é,ü , c,"), [Tok::Word("é,ü"), Tok::Comma, Tok::Word("c"), Tok::Comma]);
+        assert_eq!(
+            words("a,{b}\"ï ;\"x"),
+            [Tok::Word("a"), Tok::Comma, Tok::LBrace, Tok::Word("b"), Tok::RBrace, Tok::Str("ï ;"), Tok::Word("x")]
+        );
+        assert_eq!(tokenize("x \"open").unwrap_err().message, "unterminated string");
+        assert_eq!(tokenize("\n\"a\nb\"").unwrap_err(), ParseError { line: 2, message: "newline in string".into() });
     }
 
     #[test]

@@ -246,7 +246,7 @@ impl Ruleset {
 
 /// The words of a rule, quoted strings left out: a comment (or any string) that reads
 /// `@set` or `jump chain` refers to nothing, as for nft.
-fn rule_words(rule: &str) -> Vec<String> {
+fn rule_words(rule: &str) -> Vec<&str> {
     let toks = parse::tokenize(rule).unwrap_or_default();
     toks.into_iter().filter_map(|(t, _)| if let parse::Tok::Word(w) = t { Some(w) } else { None }).collect()
 }
@@ -319,7 +319,7 @@ impl Table {
             {
                 return Err(format!("set {set} does not exist"));
             }
-            if (w == "jump" || w == "goto") && i + 1 < words.len() && !self.chains.contains_key(&words[i + 1]) {
+            if (*w == "jump" || *w == "goto") && i + 1 < words.len() && !self.chains.contains_key(words[i + 1]) {
                 return Err(format!("chain {} does not exist", words[i + 1]));
             }
         }

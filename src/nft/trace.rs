@@ -193,7 +193,7 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
     let mut matched = true;
     while let Some(t) = c.peek().cloned() {
         let Tok::Word(w) = t else { return Err(format!("unexpected token {t:?}")) };
-        match w.as_str() {
+        match w {
             "counter" => c.pos += 1,
             "comment" => {
                 c.pos += 1;
@@ -202,7 +202,7 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
             "accept" | "drop" | "return" => {
                 c.pos += 1;
                 c.end()?;
-                return Ok(matched.then(|| Action::Verdict(w.clone())));
+                return Ok(matched.then(|| Action::Verdict(w.to_string())));
             }
             "jump" | "goto" => {
                 c.pos += 1;
@@ -249,7 +249,7 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
                     matched &= note(hit, notes);
                     continue;
                 }
-                if c.peek_word() == Some(".") && c.toks.get(c.pos + 1) == Some(&Tok::Word("meta".into())) {
+                if c.peek_word() == Some(".") && c.toks.get(c.pos + 1) == Some(&Tok::Word("meta")) {
                     // oifname . meta l4proto . th dport @set
                     for kw in [".", "meta", "l4proto", ".", "th", "dport"] {
                         c.keyword(kw)?;
@@ -336,7 +336,7 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
                 matched &= hit != neg;
             }
             "tcp" | "udp" | "sctp" | "th" => {
-                let proto = w.clone();
+                let proto = w;
                 c.pos += 1;
                 c.keyword("dport")?;
                 let neg = c.neg();
@@ -352,12 +352,12 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
 }
 
 struct Cursor<'a> {
-    toks: &'a [Tok],
+    toks: &'a [Tok<'a>],
     pos: usize,
 }
 
-impl Cursor<'_> {
-    fn peek(&self) -> Option<&Tok> {
+impl<'a> Cursor<'a> {
+    fn peek(&self) -> Option<&Tok<'a>> {
         self.toks.get(self.pos)
     }
 
@@ -372,7 +372,7 @@ impl Cursor<'_> {
         match self.toks.get(self.pos) {
             Some(Tok::Word(w)) => {
                 self.pos += 1;
-                Ok(w.clone())
+                Ok(w.to_string())
             }
             other => Err(format!("expected a word, found {other:?}")),
         }
@@ -382,7 +382,7 @@ impl Cursor<'_> {
         match self.toks.get(self.pos) {
             Some(Tok::Str(s)) => {
                 self.pos += 1;
-                Ok(s.clone())
+                Ok(s.to_string())
             }
             other => Err(format!("expected a string, found {other:?}")),
         }
@@ -452,7 +452,7 @@ impl Cursor<'_> {
     fn end(&self) -> Result<(), String> {
         match self.peek() {
             None => Ok(()),
-            Some(Tok::Word(w)) if w == "comment" => Ok(()),
+            Some(Tok::Word("comment")) => Ok(()),
             Some(t) => Err(format!("unexpected {t:?} after the verdict")),
         }
     }
