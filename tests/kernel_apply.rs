@@ -427,9 +427,15 @@ fn element_batches_over_netlink_list_as_nft_writes_them() {
     p.ips.extend(["198.18.1.99".parse::<IpAddr>().unwrap(), "2001:db8:1::99".parse().unwrap()]);
     after.upsert_pod(p);
     let mut covered = std::collections::BTreeSet::new();
-    for (shape, opts, before, after) in
-        [("rules", RenderOptions::default(), &before, &after), ("classes", RenderOptions { peer_classes_from: 0 }, &copies, &more)]
-    {
+    // Three shapes: as rendered by default, every pod on one rule per allow rule (z/a's
+    // egress then matches named ports in a set of address . protocol . port), and every pod on
+    // peer classes.
+    let one_rule_each = RenderOptions { peer_classes_from: usize::MAX };
+    for (shape, opts, before, after) in [
+        ("default", RenderOptions::default(), &before, &after),
+        ("rules", one_rule_each, &before, &after),
+        ("classes", RenderOptions { peer_classes_from: 0 }, &copies, &more),
+    ] {
         let rs1 = render_with(&translate(before, &before.derived_endpoints("node-1"), &Options::default()), &opts);
         let rs2 = render_with(&translate(after, &after.derived_endpoints("node-1"), &Options::default()), &opts);
         let changes = element_changes(&rs1, &rs2).unwrap_or_else(|| {
@@ -478,7 +484,17 @@ fn element_batches_over_netlink_list_as_nft_writes_them() {
             "{shape}: a refused batch changed the table"
         );
     }
-    for kind in ["ifname . ipv4_addr", "ifname . ipv6_addr", "ipv4_addr", "ipv4_addr : verdict", "ipv6_addr : verdict"] {
+    // The copy of z/c brings its named port: elements of the named-port sets, whose keys
+    // concatenate a protocol and a port (z/a's egress on one rule per allow rule).
+    for kind in [
+        "ifname . ipv4_addr",
+        "ifname . ipv6_addr",
+        "ipv4_addr",
+        "ipv4_addr : verdict",
+        "ipv6_addr : verdict",
+        "ipv4_addr . inet_proto . inet_service",
+        "ipv6_addr . inet_proto . inet_service",
+    ] {
         assert!(covered.contains(kind), "no change of a {kind} set: {covered:?}");
     }
 }
@@ -498,6 +514,8 @@ fn the_applier_sends_element_changes_over_netlink() {
     a.apply(&prev).unwrap();
     *a.backend_mut() = NftCli::new(ns.netns()).with_program("/nonexistent/nft");
     let mut lister = NftCli::new(ns.netns());
+    // Peers come, and from the third step one goes as well: additions and deletions, every
+    // batch on the socket the backend keeps.
     for i in 0..20u8 {
         let mut p = s.pod_by_name(&testkit::pod_ref("t/a")).unwrap().clone();
         p.name = format!("a{i}");
@@ -505,6 +523,9 @@ fn the_applier_sends_element_changes_over_netlink() {
         p.node = Some("n2".into());
         p.ips = vec![format!("198.18.11.{i}").parse().unwrap()];
         s.upsert_pod(p);
+        if i >= 2 {
+            s.remove_pod(&format!("uid-a{}", i - 2));
+        }
         let rs = node_ruleset(&s);
         assert!(flock::apply::element_changes(&prev, &rs).is_some_and(|c| !c.is_empty()), "step {i}: more than elements changed");
         let out = a.apply(&rs).unwrap();
@@ -513,4 +534,46 @@ fn the_applier_sends_element_changes_over_netlink() {
         assert_eq!(flock::nft::canonical(&listing).unwrap(), flock::nft::canonical(&rs.to_text()).unwrap());
         prev = rs;
     }
+}
+
+/// A peer pod's copy on another node: one more element in the node's peer set.
+fn with_remote_peer(s: &Snapshot, name: &str, ip: &str) -> Snapshot {
+    let mut s = s.clone();
+    let mut p = s.pod_by_name(&testkit::pod_ref("t/a")).unwrap().clone();
+    (p.name, p.uid, p.node) = (name.into(), format!("uid-{name}"), Some("n2".into()));
+    p.ips = vec![ip.parse().unwrap()];
+    s.upsert_pod(p);
+    s
+}
+
+/// The backend keeps its netfilter socket between element batches, and opens another when
+/// the namespace at its path is no longer the one the socket was opened in: a kept socket
+/// keeps its namespace alive, so batches on it would go to the old one.
+#[test]
+fn the_kept_netlink_socket_follows_the_namespace_at_its_path() {
+    if !require_root("the_kept_netlink_socket_follows_the_namespace_at_its_path") {
+        return;
+    }
+    let ns = NetnsGuard::new("nlkeep");
+    let (s, ..) = two_pods(None);
+    let rs1 = node_ruleset(&s);
+    let rs2 = node_ruleset(&with_remote_peer(&s, "a2", "198.18.11.2"));
+    let (grow, shrink) = (flock::apply::element_changes(&rs1, &rs2).unwrap(), flock::apply::element_changes(&rs2, &rs1).unwrap());
+    assert!(!grow.is_empty() && !shrink.is_empty());
+    let canonical = |rs: &Ruleset| flock::nft::canonical(&rs.to_text()).unwrap();
+    let listed = |ns: &NetnsGuard| flock::nft::canonical(&NftCli::new(ns.netns()).list_table().unwrap().unwrap()).unwrap();
+
+    let mut nft = NftCli::new(ns.netns()).with_program("/nonexistent/nft");
+    NftCli::new(ns.netns()).run(&rs1.to_text()).unwrap();
+    nft.write_elements(&grow).unwrap();
+    assert_eq!(listed(&ns), canonical(&rs2));
+
+    // The namespace is deleted and made again under the same name, with the first table.
+    flock::testkit::kernel::run(&["ip", "netns", "del", &ns.name]);
+    flock::testkit::kernel::run(&["ip", "netns", "add", &ns.name]);
+    NftCli::new(ns.netns()).run(&rs1.to_text()).unwrap();
+    nft.write_elements(&grow).unwrap();
+    assert_eq!(listed(&ns), canonical(&rs2), "the batch did not reach the namespace now at the path");
+    nft.write_elements(&shrink).unwrap();
+    assert_eq!(listed(&ns), canonical(&rs1));
 }

@@ -57,16 +57,21 @@ pub enum NetnsError {
 }
 
 /// The calling thread's network namespace (a namespace is per thread).
-const OWN_NETNS: &str = "/proc/thread-self/ns/net";
+pub const OWN_NETNS: &str = "/proc/thread-self/ns/net";
 
-/// Whether `path` names the calling thread's own network namespace. Namespaces are compared
-/// by identity — the device and inode of their nsfs files — not by path: `/run/netns/NAME`,
-/// `/proc/PID/ns/net`, a bind mount or a symlink may all name one namespace.
-pub fn is_current(path: &Path) -> Result<bool, NetnsError> {
+/// The identity of the namespace bound at `path`: the device and inode of its nsfs file.
+/// `/run/netns/NAME`, `/proc/PID/ns/net`, a bind mount or a symlink may all name one
+/// namespace, and a path may come to name another one.
+pub fn identity(path: &Path) -> Result<(u64, u64), NetnsError> {
     use std::os::unix::fs::MetadataExt;
-    let stat = |p: &Path| std::fs::metadata(p).map_err(|source| NetnsError::Open { path: p.to_path_buf(), source });
-    let (theirs, ours) = (stat(path)?, stat(Path::new(OWN_NETNS))?);
-    Ok((theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()))
+    let m = std::fs::metadata(path).map_err(|source| NetnsError::Open { path: path.to_path_buf(), source })?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Whether `path` names the calling thread's own network namespace (compared by
+/// [`identity`], not by path).
+pub fn is_current(path: &Path) -> Result<bool, NetnsError> {
+    Ok(identity(path)? == identity(Path::new(OWN_NETNS))?)
 }
 
 /// Runs `f` in `ns` and returns its result.

@@ -6,26 +6,37 @@
 //! handles). Errors carry nft's own message.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use nftables::schema::{Chain, Set};
 
+use super::netlink::{NetlinkError, NfSocket};
 use super::{ApplyError, Backend, ObjectInfo};
 use crate::netns::{self, Netns};
 use crate::nft::parse::Kind;
 use crate::render::names::{FAMILY, TABLE};
 
-/// `nft`, run in one network namespace.
-#[derive(Debug, Clone)]
+/// `nft`, run in one network namespace, and the netfilter socket element batches go through.
+#[derive(Debug)]
 pub struct NftCli {
     netns: Netns,
     program: PathBuf,
+    /// Kept open between element batches (see [`NfSocket`] for why); `None` until the first
+    /// one, and after a batch failed.
+    socket: Option<NfSocket>,
+}
+
+/// A clone runs the same `nft` in the same namespace, with a socket of its own.
+impl Clone for NftCli {
+    fn clone(&self) -> Self {
+        Self { netns: self.netns.clone(), program: self.program.clone(), socket: None }
+    }
 }
 
 impl NftCli {
     pub fn new(netns: Netns) -> Self {
-        Self { netns, program: PathBuf::from("nft") }
+        Self { netns, program: PathBuf::from("nft"), socket: None }
     }
 
     /// Uses another `nft` binary (e.g. an absolute path in a container image).
@@ -97,6 +108,36 @@ impl NftCli {
     }
 }
 
+impl NftCli {
+    /// Sends an element batch on the kept socket, first opening one in the namespace when
+    /// there is none or the namespace is no longer the one the socket was opened in (a path
+    /// may come to name another namespace; the current namespace is the calling thread's).
+    fn netlink_write(&mut self, changes: &[super::ElementChange<'_>]) -> Result<Result<(), NetlinkError>, ApplyError> {
+        let here = match &self.netns {
+            Netns::Current => netns::identity(Path::new(netns::OWN_NETNS)),
+            Netns::Path(path) => netns::identity(path),
+            Netns::Fresh => return Ok(netns::run_in(&self.netns, || super::netlink::write(changes))?),
+        };
+        let here = match here {
+            Ok(id) => id,
+            Err(e) => return Ok(Err(NetlinkError::Socket(std::io::Error::other(e)))),
+        };
+        let mut socket = match self.socket.take() {
+            Some(s) if s.is_in(here) => s,
+            _ => match netns::run_in(&self.netns, NfSocket::open)? {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            },
+        };
+        let result = socket.write(changes);
+        // A failed batch may leave replies behind: the socket is kept only after a success.
+        if result.is_ok() {
+            self.socket = Some(socket);
+        }
+        Ok(result)
+    }
+}
+
 /// nft's message when the listed table does not exist.
 fn is_missing_table(stderr: &str) -> bool {
     stderr.contains("No such file or directory")
@@ -106,7 +147,7 @@ impl Backend for NftCli {
     /// A netlink batch ([`super::netlink`]); through `nft` when it cannot be sent that way
     /// (an interval set, a batch too large, no netlink socket).
     fn write_elements(&mut self, changes: &[super::ElementChange<'_>]) -> Result<(), ApplyError> {
-        match netns::run_in(&self.netns, || super::netlink::write(changes))? {
+        match self.netlink_write(changes)? {
             Ok(()) => Ok(()),
             Err(e) if e.is_unsent() => {
                 tracing::debug!(error = %e, "element update through nft");
