@@ -1,4 +1,6 @@
-//! The real backend: the `nft` command, in a given network namespace.
+//! The real backend, in a given network namespace: transactions as nf_tables netlink batches
+//! ([`super::netlink`]) on a socket kept open, and the `nft` command for what those do not
+//! encode and for listings.
 //!
 //! Scripts go to `nft -f -` on stdin (one atomic transaction per call); listings come from
 //! `nft -s list table inet flock` (text, for drift comparison) and `list chains/sets/maps`
@@ -109,14 +111,24 @@ impl NftCli {
 }
 
 impl NftCli {
-    /// Sends an element batch on the kept socket, first opening one in the namespace when
-    /// there is none or the namespace is no longer the one the socket was opened in (a path
-    /// may come to name another namespace; the current namespace is the calling thread's).
+    /// Sends an element batch on the kept socket.
     fn netlink_write(&mut self, changes: &[super::ElementChange<'_>]) -> Result<Result<(), NetlinkError>, ApplyError> {
+        match super::netlink::encode_batch(changes) {
+            Ok(batch) => self.netlink_send(batch),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// Sends `batch` on the kept socket, first opening one in the namespace when there is
+    /// none or the namespace is no longer the one the socket was opened in (a path may come
+    /// to name another namespace; the current namespace is the calling thread's).
+    fn netlink_send(&mut self, batch: super::netlink::Batch) -> Result<Result<(), NetlinkError>, ApplyError> {
         let here = match &self.netns {
             Netns::Current => netns::identity(Path::new(netns::OWN_NETNS)),
             Netns::Path(path) => netns::identity(path),
-            Netns::Fresh => return Ok(netns::run_in(&self.netns, || super::netlink::write(changes))?),
+            Netns::Fresh => {
+                return Ok(netns::run_in(&self.netns, || NfSocket::open().and_then(|mut s| s.send(batch)))?);
+            }
         };
         let here = match here {
             Ok(id) => id,
@@ -129,7 +141,7 @@ impl NftCli {
                 Err(e) => return Ok(Err(e)),
             },
         };
-        let result = socket.write(changes);
+        let result = socket.send(batch);
         // A failed batch may leave replies behind: the socket is kept only after a success.
         if result.is_ok() {
             self.socket = Some(socket);
@@ -156,6 +168,48 @@ impl Backend for NftCli {
             Err(e) => {
                 Err(ApplyError::Rejected { context: format!("netlink element batch in {}", self.netns.describe()), message: e.to_string() })
             }
+        }
+    }
+
+    /// One netlink batch ([`super::netlink::transaction`]); through `nft` when the render holds
+    /// something that encoder does not know, or no netlink socket opens.
+    fn write_full(
+        &mut self,
+        rs: &crate::render::Ruleset,
+        existing: &std::collections::BTreeSet<(Kind, String)>,
+        text: &str,
+    ) -> Result<(), ApplyError> {
+        let sent = match super::netlink::transaction::encode_full(rs, existing) {
+            Ok(batch) => self.netlink_send(batch)?,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_unsent() => {
+                tracing::debug!(error = %e, "full sync through nft");
+                if existing.is_empty() { self.run(text) } else { self.run(&super::transaction(rs, existing, text)) }
+            }
+            Err(e) => Err(ApplyError::Rejected {
+                context: format!("netlink full-sync batch in {}", self.netns.describe()),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// One netlink batch ([`super::netlink::transaction`]); through `nft` as for
+    /// [`Backend::write_full`].
+    fn write_steps(&mut self, steps: &[super::Step<'_>], next: &crate::render::Ruleset) -> Result<(), ApplyError> {
+        let sent = match super::netlink::transaction::encode_steps(steps, next) {
+            Ok(batch) => self.netlink_send(batch)?,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_unsent() => {
+                tracing::debug!(error = %e, "incremental transaction through nft");
+                self.run(&super::steps_script(steps))
+            }
+            Err(e) => Err(ApplyError::Rejected { context: format!("netlink batch in {}", self.netns.describe()), message: e.to_string() }),
         }
     }
 

@@ -1,20 +1,22 @@
 //! Stage 4, the edge: commits a rendered [`Ruleset`] to nftables as one atomic transaction.
 //!
-//! The [`Backend`] trait is the I/O seam: [`kernel::NftCli`] runs the real `nft` (in a given
-//! network namespace), [`fake::FakeNft`] applies scripts to an in-memory table with the
-//! kernel's checks. [`Applier`] holds the sync logic and works with either:
+//! The [`Backend`] trait is the I/O seam: [`kernel::NftCli`] writes the kernel's tables (in a
+//! given network namespace) as nf_tables netlink batches ([`netlink`]), through the real
+//! `nft` for anything those do not encode, and reads them with `nft`; [`fake::FakeNft`]
+//! applies scripts to an in-memory table with the kernel's checks. [`Applier`] holds the sync
+//! logic and works with either:
 //!
 //! - The table and its base chain are created once and never deleted: deleting a base chain
 //!   unregisters its hook and packets are dropped meanwhile (kube-network-policies #402). A
-//!   full sync flushes flock's chains and maps, deletes its sets and the stale chains and
-//!   maps, and writes the rendered table — all in one transaction ([`transaction`]), so
-//!   packets see the old ruleset or the new one, never a mix. Into a table
-//!   that does not exist yet, the render alone is the transaction.
+//!   full sync flushes flock's chains and maps, deletes everything but the base chain, and
+//!   writes the rendered table — all in one transaction ([`transaction`]), so packets see the
+//!   old ruleset or the new one, never a mix. Into a table that does not exist yet, the
+//!   render alone is the transaction.
 //! - A render equal to the last one applied is a no-op. Otherwise, once a full sync has
 //!   succeeded, the transaction carries only the difference from the last applied ruleset
-//!   ([`incremental`], kube-proxy's nftables approach): new objects, element additions and
-//!   deletions, changed chains flushed and rewritten, stale objects deleted. Its cost follows
-//!   the size of the change, not of the table. Anything it cannot express (a changed
+//!   ([`incremental_steps`], kube-proxy's nftables approach): new objects, element additions
+//!   and deletions, changed chains flushed and rewritten, stale objects deleted. Its cost
+//!   follows the size of the change, not of the table. Anything it cannot express (a changed
 //!   declaration) takes the full path.
 //! - A failed transaction leaves the previous ruleset in force and returns the error with
 //!   nft's message; the next sync is a full one that re-reads which objects exist.
@@ -38,7 +40,7 @@ use std::fmt::Write as _;
 
 use crate::nft::parse::Kind;
 use crate::render::names::{FAMILY, TABLE};
-use crate::render::{Object, Ruleset};
+use crate::render::{Chain, Element, Object, Ruleset, Set};
 pub use netlink::ElementChange;
 
 /// An object of the kernel's table.
@@ -93,6 +95,18 @@ pub trait Backend {
     /// (by default as an nft script; the kernel backend sends a netlink batch).
     fn write_elements(&mut self, changes: &[ElementChange<'_>]) -> Result<(), ApplyError> {
         self.run(&element_script(changes))
+    }
+    /// An incremental transaction towards `next` as one atomic transaction (by default as an
+    /// nft script; the kernel backend sends a netlink batch).
+    fn write_steps(&mut self, steps: &[Step<'_>], next: &Ruleset) -> Result<(), ApplyError> {
+        let _ = next;
+        self.run(&steps_script(steps))
+    }
+    /// The full sync of `rs` (rendered as `text`) as one atomic transaction over the table's
+    /// `existing` objects: the render alone into a new table, else [`transaction`] (by
+    /// default as an nft script; the kernel backend sends a netlink batch).
+    fn write_full(&mut self, rs: &Ruleset, existing: &BTreeSet<(Kind, String)>, text: &str) -> Result<(), ApplyError> {
+        if existing.is_empty() { self.run(text) } else { self.run(&transaction(rs, existing, text)) }
     }
 }
 
@@ -168,7 +182,7 @@ impl<B: Backend> Applier<B> {
 
     /// Reads what the kernel holds now as the drift baseline.
     pub fn record_baseline(&mut self) -> Result<(), ApplyError> {
-        self.baseline = if self.last.is_some() { self.backend.read_state()? } else { None };
+        self.baseline = if self.last.is_some() { read_settled(&mut self.backend)? } else { None };
         Ok(())
     }
 
@@ -237,10 +251,10 @@ impl<B: Backend> Applier<B> {
         }
         let desired: BTreeSet<(Kind, String)> = rs.objects.iter().map(object_key).collect();
         if let Some(last) = self.last.as_ref().filter(|_| !self.full)
-            && let Some(script) = incremental(&last.rs, rs)
+            && let Some(steps) = incremental_steps(&last.rs, rs)
         {
             let stale_deleted = last.rs.objects.iter().filter(|o| !desired.contains(&object_key(o))).count();
-            match self.backend.run(&script) {
+            match self.backend.write_steps(&steps, rs) {
                 Ok(()) => {
                     self.last = Some(Applied::new(rs.clone()));
                     self.committed()?;
@@ -276,32 +290,21 @@ impl<B: Backend> Applier<B> {
             }
             (Some(_), true) => self.list_existing()?,
         };
-        let stale: Vec<(Kind, String)> = existing.difference(&desired).cloned().collect();
-        let result = if existing.is_empty() {
-            // Into a new table the render alone is the whole transaction.
-            self.backend.run(&text)
-        } else {
-            self.backend.run(&transaction(rs, &existing, &stale, &text))
-        };
+        let stale = existing.difference(&desired).count();
+        let result = self.backend.write_full(rs, &existing, &text);
         let result = result.or_else(|first| {
             // The kernel's table is not what flock believed (edited by hand, left by another
-            // version, an object with other attributes): rebuild everything but the base
-            // chain from a fresh listing, in one transaction, before giving up.
-            let listed = self.backend.list_objects()?;
-            let existing: BTreeSet<(Kind, String)> = listed.iter().map(|o| (o.kind, o.name.clone())).collect();
-            let stale: Vec<(Kind, String)> = listed
-                .into_iter()
-                .filter(|o| !(o.is_base && desired.contains(&(o.kind, o.name.clone()))))
-                .map(|o| (o.kind, o.name))
-                .collect();
-            self.backend.run(&transaction(rs, &existing, &stale, &text)).map_err(|_| first)
+            // version, an object with other attributes): rebuild from a fresh listing, in one
+            // nft transaction, before giving up.
+            let existing = self.list_existing()?;
+            self.backend.run(&transaction(rs, &existing, &text)).map_err(|_| first)
         });
         match result {
             Ok(()) => {
                 self.last = Some(Applied::new(rs.clone()));
                 self.full = false;
                 self.committed()?;
-                Ok(Outcome::Applied { stale_deleted: stale.len(), incremental: false })
+                Ok(Outcome::Applied { stale_deleted: stale, incremental: false })
             }
             Err(e) => {
                 self.full = true;
@@ -317,10 +320,8 @@ impl<B: Backend> Applier<B> {
     /// Validates `rs` against the current kernel state without committing.
     pub fn check(&mut self, rs: &Ruleset) -> Result<(), ApplyError> {
         let existing: BTreeSet<(Kind, String)> = self.backend.list_objects()?.into_iter().map(|o| (o.kind, o.name)).collect();
-        let desired: BTreeSet<(Kind, String)> = rs.objects.iter().map(object_key).collect();
-        let stale: Vec<(Kind, String)> = existing.difference(&desired).cloned().collect();
         let text = rs.to_text();
-        self.backend.check(&transaction(rs, &existing, &stale, &text))
+        self.backend.check(&transaction(rs, &existing, &text))
     }
 
     /// Compares the kernel's table with the last applied ruleset.
@@ -330,11 +331,35 @@ impl<B: Backend> Applier<B> {
         }
         let Some(now) = self.backend.read_state()? else { return Ok(Drift::Missing) };
         let Some(baseline) = &self.baseline else { return Ok(Drift::Unverified) };
-        Ok(match now.first_difference(baseline) {
-            None => Drift::InSync,
-            Some(first_difference) => Drift::Changed { first_difference },
-        })
+        let Some(mut difference) = now.first_difference(baseline) else { return Ok(Drift::InSync) };
+        // A difference counts once a second read shows it too (see `read_settled`).
+        for _ in 0..2 {
+            let Some(again) = self.backend.read_state()? else { return Ok(Drift::Missing) };
+            match again.first_difference(baseline) {
+                None => return Ok(Drift::InSync),
+                Some(d) if d == difference => break,
+                Some(d) => difference = d,
+            }
+        }
+        Ok(Drift::Changed { first_difference: difference })
     }
+}
+
+/// What the kernel holds, read until two reads agree (at most three). A set whose hash table
+/// the kernel is still growing — just after many elements went in — may list an element
+/// twice or miss one while the table is rehashed (measured: right after a transaction
+/// writing 225,000 elements, some reads of a set of 150,000 differed from the next); the
+/// table it settles to is what two agreeing reads show.
+fn read_settled<B: Backend>(backend: &mut B) -> Result<Option<state::TableState>, ApplyError> {
+    let mut last = backend.read_state()?;
+    for _ in 0..2 {
+        let again = backend.read_state()?;
+        if again == last {
+            break;
+        }
+        last = again;
+    }
+    Ok(last)
 }
 
 fn object_key(o: &Object) -> (Kind, String) {
@@ -346,24 +371,51 @@ fn object_key(o: &Object) -> (Kind, String) {
     (kind, o.name().to_string())
 }
 
+/// One step of an incremental transaction ([`incremental_steps`]).
+#[derive(Debug, Clone)]
+pub enum Step<'a> {
+    /// A new chain, set or map, declared without content.
+    Declare(&'a Object),
+    /// A chain's rules, or a set's or map's elements, removed (`keyword`: `chain`, `set`,
+    /// `map`).
+    Flush {
+        keyword: &'static str,
+        name: &'a str,
+    },
+    DeleteElements {
+        set: &'a Set,
+        elements: Vec<&'a Element>,
+    },
+    AddElements {
+        set: &'a Set,
+        elements: Vec<&'a Element>,
+    },
+    /// A chain's rules, appended.
+    Rules(&'a Chain),
+    Delete {
+        keyword: &'static str,
+        name: &'a str,
+    },
+}
+
 /// The transaction that turns `prev` (what the kernel holds) into `next`, touching only what
 /// differs; `None` when the change needs the full path (a declaration or the table comment
 /// changed). Order, so that every reference resolves at each step: declare new objects;
 /// flush changed chains and stale objects (dropping their references); delete removed elements and
 /// flush changed interval sets; add elements; write the rules of new and changed chains;
 /// delete stale chains, then maps, then sets.
-pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
+pub fn incremental_steps<'a>(prev: &'a Ruleset, next: &'a Ruleset) -> Option<Vec<Step<'a>>> {
     use std::collections::BTreeMap;
     if prev.comment != next.comment {
         return None;
     }
     let old: BTreeMap<&str, &Object> = prev.objects.iter().map(|o| (o.name(), o)).collect();
-    let mut declare = String::new();
-    let mut flush = String::new();
-    let mut remove = String::new();
-    let mut add = String::new();
-    let mut rules = String::new();
-    let mut delete = String::new();
+    let mut declare = Vec::new();
+    let mut flush = Vec::new();
+    let mut remove = Vec::new();
+    let mut add = Vec::new();
+    let mut rules = Vec::new();
+    let mut delete = Vec::new();
     for o in &next.objects {
         let before = old.get(o.name()).copied();
         if let Some(b) = before
@@ -374,19 +426,19 @@ pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
         match o {
             Object::Chain(c) => {
                 let Some(Object::Chain(b)) = before else {
-                    let _ = writeln!(declare, "{}", o.declaration());
-                    write_rules(&mut rules, c);
+                    declare.push(Step::Declare(o));
+                    rules.push(Step::Rules(c));
                     continue;
                 };
                 if b.rules != c.rules {
-                    let _ = writeln!(flush, "flush chain {FAMILY} {TABLE} {}", c.name);
-                    write_rules(&mut rules, c);
+                    flush.push(Step::Flush { keyword: "chain", name: &c.name });
+                    rules.push(Step::Rules(c));
                 }
             }
             Object::Set(set) => {
                 let Some(Object::Set(b)) = before else {
-                    let _ = writeln!(declare, "{}", o.declaration());
-                    write_elements(&mut add, "add", set, set.elements.iter());
+                    declare.push(Step::Declare(o));
+                    add.push(Step::AddElements { set, elements: set.elements.iter().collect() });
                     continue;
                 };
                 if b.elements == set.elements {
@@ -394,13 +446,13 @@ pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
                 }
                 if set.interval {
                     // Interval elements may merge or overlap while half-updated: rewrite whole.
-                    let _ = writeln!(remove, "flush {} {FAMILY} {TABLE} {}", o.keyword(), set.name);
-                    write_elements(&mut add, "add", set, set.elements.iter());
+                    remove.push(Step::Flush { keyword: o.keyword(), name: &set.name });
+                    add.push(Step::AddElements { set, elements: set.elements.iter().collect() });
                     continue;
                 }
                 let (gone, new) = element_difference(b, set);
-                write_elements(&mut remove, "delete", set, gone.into_iter());
-                write_elements(&mut add, "add", set, new.into_iter());
+                remove.push(Step::DeleteElements { set, elements: gone });
+                add.push(Step::AddElements { set, elements: new });
             }
         }
     }
@@ -409,11 +461,38 @@ pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
         for o in prev.objects.iter().filter(|o| o.keyword() == wanted && !next_names.contains(o.name())) {
             // Flushed first: a stale chain's rules and a stale map's elements may refer to
             // other stale objects.
-            let _ = writeln!(flush, "flush {wanted} {FAMILY} {TABLE} {}", o.name());
-            let _ = writeln!(delete, "delete {wanted} {FAMILY} {TABLE} {}", o.name());
+            flush.push(Step::Flush { keyword: wanted, name: o.name() });
+            delete.push(Step::Delete { keyword: wanted, name: o.name() });
         }
     }
     Some([declare, flush, remove, add, rules, delete].concat())
+}
+
+/// [`incremental_steps`] as an nft script.
+pub fn incremental(prev: &Ruleset, next: &Ruleset) -> Option<String> {
+    incremental_steps(prev, next).map(|steps| steps_script(&steps))
+}
+
+/// Incremental steps as an nft script.
+pub fn steps_script(steps: &[Step<'_>]) -> String {
+    let mut out = String::new();
+    for step in steps {
+        match step {
+            Step::Declare(o) => {
+                let _ = writeln!(out, "{}", o.declaration());
+            }
+            Step::Flush { keyword, name } => {
+                let _ = writeln!(out, "flush {keyword} {FAMILY} {TABLE} {name}");
+            }
+            Step::DeleteElements { set, elements } => write_elements(&mut out, "delete", set, elements.iter().copied()),
+            Step::AddElements { set, elements } => write_elements(&mut out, "add", set, elements.iter().copied()),
+            Step::Rules(c) => write_rules(&mut out, c),
+            Step::Delete { keyword, name } => {
+                let _ = writeln!(out, "delete {keyword} {FAMILY} {TABLE} {name}");
+            }
+        }
+    }
+    out
 }
 
 /// The element changes from `prev` to `next` when nothing else differs — the same objects
@@ -510,27 +589,39 @@ fn write_elements<'a>(out: &mut String, verb: &str, set: &crate::render::Set, el
     }
 }
 
-/// The full-sync transaction, in an order the kernel accepts whatever references exist:
-/// flush every existing chain and map (rules and verdict elements are what refer to sets and
-/// chains), delete every existing set and the stale chains and maps, then write the table's
-/// content, which creates the sets again, fills the chains and maps, and creates what is new.
-/// Sets are deleted rather than flushed so the text declares each one afresh, exactly as
-/// rendered (measured at 150k pods: the same cost as a flush). Chains are flushed, never
-/// deleted unless stale: the base chain keeps its hook (see the module doc). No separate
-/// declarations: nft pays for every command.
-pub fn transaction(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>, stale: &[(Kind, String)], text: &str) -> String {
+/// Objects of the table, by kind and name.
+pub type Objects<'a> = Vec<&'a (Kind, String)>;
+
+/// What a full sync removes before writing the render, in an order the kernel accepts
+/// whatever references exist: first every existing chain and map is flushed (rules and
+/// verdict elements are what refer to sets and chains), then every existing set, map and
+/// chain but the render's base chains is deleted, so the render declares each afresh, exactly
+/// as rendered — the kernel does not update the comment of an object that exists. Sets cost
+/// the same deleted as flushed (measured at 150k pods). The base chain is only flushed: it
+/// keeps its hook (see the module doc).
+pub fn full_sync_removals<'a>(rs: &Ruleset, existing: &'a BTreeSet<(Kind, String)>) -> (Objects<'a>, Objects<'a>) {
+    let base: BTreeSet<&str> = rs.objects.iter().filter(|o| matches!(o, Object::Chain(c) if c.hook.is_some())).map(Object::name).collect();
+    let flush = existing.iter().filter(|(k, _)| *k != Kind::Set).collect();
+    let delete = [Kind::Set, Kind::Map, Kind::Chain]
+        .into_iter()
+        .flat_map(|kind| existing.iter().filter(move |(k, _)| *k == kind))
+        .filter(|(k, name)| !(*k == Kind::Chain && base.contains(name.as_str())))
+        .collect();
+    (flush, delete)
+}
+
+/// The full-sync transaction as an nft script: the table (its comment), what
+/// [`full_sync_removals`] removes, then the render's `text`. No separate declarations: nft
+/// pays for every command.
+pub fn transaction(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>, text: &str) -> String {
     let mut s = String::with_capacity(text.len() + 64 * existing.len());
     let _ = writeln!(s, "add table {FAMILY} {TABLE} {{ comment \"{}\"; }}", rs.comment);
-    for (kind, name) in existing.iter().filter(|(k, _)| *k != Kind::Set) {
+    let (flush, delete) = full_sync_removals(rs, existing);
+    for (kind, name) in flush {
         let _ = writeln!(s, "flush {kind} {FAMILY} {TABLE} {name}");
     }
-    for (kind, name) in existing.iter().filter(|(k, _)| *k == Kind::Set) {
+    for (kind, name) in delete {
         let _ = writeln!(s, "delete {kind} {FAMILY} {TABLE} {name}");
-    }
-    for wanted in [Kind::Chain, Kind::Map] {
-        for (kind, name) in stale.iter().filter(|(k, _)| *k == wanted) {
-            let _ = writeln!(s, "delete {kind} {FAMILY} {TABLE} {name}");
-        }
     }
     s.push_str(text);
     s

@@ -296,3 +296,56 @@ fn stale_maps_and_the_chains_they_jump_to_go_together() {
     assert!(matches!(a.apply(&base).unwrap(), Outcome::Applied { incremental: true, stale_deleted: 2 }));
     assert_eq!(a.backend().table().unwrap().dump(), crate::nft::canonical(&base.to_text()).unwrap());
 }
+
+/// A backend whose next `garbled` reads list the table wrongly, as a read of a set whose hash
+/// table the kernel is rehashing may.
+struct Rehashing {
+    inner: FakeNft,
+    garbled: usize,
+}
+
+impl Backend for Rehashing {
+    fn run(&mut self, script: &str) -> Result<(), ApplyError> {
+        self.inner.run(script)
+    }
+    fn check(&mut self, script: &str) -> Result<(), ApplyError> {
+        self.inner.check(script)
+    }
+    fn list_table(&mut self) -> Result<Option<String>, ApplyError> {
+        self.inner.list_table()
+    }
+    fn read_state(&mut self) -> Result<Option<state::TableState>, ApplyError> {
+        let read = self.inner.read_state()?;
+        if self.garbled == 0 {
+            return Ok(read);
+        }
+        self.garbled -= 1;
+        Ok(read.map(|s| match s {
+            state::TableState::Canonical(text) => state::TableState::Canonical(format!("{text}# an element listed twice\n")),
+            typed => typed,
+        }))
+    }
+    fn list_objects(&mut self) -> Result<Vec<ObjectInfo>, ApplyError> {
+        self.inner.list_objects()
+    }
+}
+
+#[test]
+fn a_difference_is_drift_only_when_a_second_read_shows_it() {
+    let rs = ruleset(&testkit::base_cluster());
+    // The baseline is what two agreeing reads show: a garbled first read is not kept.
+    let mut a = Applier::new(Rehashing { inner: FakeNft::new(), garbled: 0 });
+    a.apply(&rs).unwrap();
+    a.backend_mut().garbled = 1;
+    a.record_baseline().unwrap();
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+    // One garbled read is not drift, whichever read it is.
+    a.backend_mut().garbled = 1;
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+    // A difference every read shows is.
+    a.backend_mut().garbled = 3;
+    assert!(matches!(a.check_drift().unwrap(), Drift::Changed { .. }));
+    // So is a change behind flock's back.
+    a.backend_mut().inner.state_mut().apply_script("flush chain inet flock from-pods").unwrap();
+    assert!(matches!(a.check_drift().unwrap(), Drift::Changed { .. }));
+}

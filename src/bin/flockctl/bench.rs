@@ -206,7 +206,7 @@ fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyh
     let (mut raw, mut full, mut resync, mut change, mut change_pipeline) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut noop = Vec::new();
     let (mut raw_transaction, mut canonical, mut list, mut read_state) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let first_transaction = transaction(rs, &BTreeSet::new(), &[], text);
+    let first_transaction = transaction(rs, &BTreeSet::new(), text);
     let mut one_pod = OnePodChange::new(cluster, rs)?;
     for _ in 0..runs {
         for (script, times) in [(text, &mut raw), (first_transaction.as_str(), &mut raw_transaction)] {

@@ -1,19 +1,25 @@
-//! Element updates sent to nf_tables over netlink, without an `nft` process.
+//! nf_tables netlink batches: flock's transactions without an `nft` process.
+//!
+//! This module holds the batch ([`Batch`]), the socket it goes through ([`NfSocket`], kept
+//! open) and element changes; [`transaction`] encodes whole-table and incremental
+//! transactions, [`rule`] flock's rules. A batch is atomic like `nft -f`: every message of it
+//! is committed, or none.
 //!
 //! The frequent transaction is small: a pod appears or goes, so elements are added to and
 //! deleted from flock's exact sets and verdict maps, and nothing else changes. Through `nft`
 //! such a transaction costs an nft process — its start, and at its exit the wait of a socket
-//! closed after a commit ([`NfSocket`]): 10–15 ms at 150k pods, whatever the change. Here it
-//! is one nfnetlink batch on a socket kept open, atomic like `nft -f`: every element of it is
-//! committed, or none.
+//! closed after a commit ([`NfSocket`]): 10–15 ms at 150k pods, whatever the change.
 //!
 //! Keys and data are encoded as nft encodes them, so nft lists them back exactly as if it had
 //! written them (the kernel tests compare the two listings): an `ifname` is 16 bytes,
 //! zero-padded; addresses are in network order; in a concatenation every part takes a
 //! multiple of 4 bytes; a comment is the element's user data (`NFTNL_UDATA_SET_ELEM_COMMENT`,
-//! NUL-terminated); a verdict is a code and, for `jump`/`goto`, a chain name. Interval sets
-//! are not written here: their elements are ranges that nft splits and merges (the applier
-//! sends those through nft).
+//! NUL-terminated); a verdict is a code and, for `jump`/`goto`, a chain name. Interval sets'
+//! elements are ranges, split as nft splits them ([`transaction`]); an element change of an
+//! interval set rewrites the whole set (an incremental transaction).
+
+mod rule;
+pub mod transaction;
 
 use std::io;
 
@@ -30,21 +36,23 @@ pub struct ElementChange<'a> {
     pub add: Vec<&'a Element>,
 }
 
-/// Why an element batch could not be encoded or was not committed.
+/// Why a batch could not be encoded or was not committed.
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
     #[error("set {set}: cannot encode element {key}: {why}")]
     Encode { set: String, key: String, why: String },
-    #[error("set {set}: interval sets are written through nft")]
+    #[error("{object}: cannot encode {what}: {why}")]
+    Unsupported { object: String, what: String, why: String },
+    #[error("set {set}: an interval set is rewritten whole (an incremental transaction), not changed element by element")]
     Interval { set: String },
-    #[error("the element batch is {bytes} bytes, more than one netlink batch carries ({max})")]
+    #[error("the batch is {bytes} bytes, more than one netlink batch carries ({max})")]
     TooLarge { bytes: usize, max: usize },
     #[error("netlink socket: {0}")]
     Socket(io::Error),
     #[error("reading nf_tables' reply: {0}")]
     Reply(io::Error),
-    #[error("nf_tables refused the element batch at {what} of set {set}: {error}")]
-    Refused { what: &'static str, set: String, error: io::Error },
+    #[error("nf_tables refused the batch at {what} {object}: {error}")]
+    Refused { what: &'static str, object: String, error: io::Error },
     #[error("nf_tables sent an unexpected reply: {0}")]
     Protocol(String),
 }
@@ -86,9 +94,9 @@ const IFNAMSIZ: usize = 16;
 
 /// A nested attribute's length is a u16: a message's element list stays well below it.
 const MAX_ELEMENTS_BYTES: usize = 60_000;
-/// The whole batch goes in one `send`, which the socket's default send buffer must hold;
-/// larger changes are not the small ones this path is for (the applier uses nft for them).
-pub const MAX_BATCH_BYTES: usize = 128 * 1024;
+/// The whole batch goes in one `send` (the socket's buffers are sized to it): a sanity bound,
+/// far above a whole table of 150k pods with its ClusterNetworkPolicies.
+pub const MAX_BATCH_BYTES: usize = 256 * 1024 * 1024;
 
 /// One element's encoded attributes (an `NFTA_LIST_ELEM`).
 fn encode_element(set: &Set, e: &Element, with_data: bool) -> Result<Vec<u8>, NetlinkError> {
@@ -98,15 +106,8 @@ fn encode_element(set: &Set, e: &Element, with_data: bool) -> Result<Vec<u8>, Ne
     nested(&mut out, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &key));
     if with_data && set.data.is_some() {
         let Some(verdict) = &e.verdict else { return Err(err("a verdict map's element without a verdict".into())) };
-        let (code, chain) = parse_verdict(verdict).map_err(err)?;
-        nested(&mut out, NFTA_SET_ELEM_DATA, |b| {
-            nested(b, NFTA_DATA_VERDICT, |v| {
-                attr(v, NFTA_VERDICT_CODE, &code.to_be_bytes());
-                if let Some(chain) = chain {
-                    attr(v, NFTA_VERDICT_CHAIN, &nul_terminated(chain));
-                }
-            })
-        });
+        let data = verdict_data(verdict).map_err(err)?;
+        nested(&mut out, NFTA_SET_ELEM_DATA, |b| b.extend_from_slice(&data));
     }
     if with_data && !e.comment.is_empty() {
         // Type, length (with the NUL), the comment: libnftnl's TLV, whose length is a byte.
@@ -202,6 +203,20 @@ fn parse_verdict(v: &str) -> Result<(i32, Option<&str>), String> {
     })
 }
 
+/// A verdict as nf_tables data: `NFTA_DATA_VERDICT` holding its code and, for `jump` and
+/// `goto`, the chain.
+fn verdict_data(v: &str) -> Result<Vec<u8>, String> {
+    let (code, chain) = parse_verdict(v)?;
+    let mut out = Vec::new();
+    nested(&mut out, NFTA_DATA_VERDICT, |b| {
+        attr(b, NFTA_VERDICT_CODE, &code.to_be_bytes());
+        if let Some(chain) = chain {
+            attr(b, NFTA_VERDICT_CHAIN, &nul_terminated(chain));
+        }
+    });
+    Ok(out)
+}
+
 fn nul_terminated(s: &str) -> Vec<u8> {
     let mut b = s.as_bytes().to_vec();
     b.push(0);
@@ -245,7 +260,7 @@ fn message(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: u8, res_id:
 impl NetlinkError {
     /// Nothing reached the kernel: the same change can still be sent another way.
     pub fn is_unsent(&self) -> bool {
-        matches!(self, Self::Encode { .. } | Self::Interval { .. } | Self::TooLarge { .. } | Self::Socket(_))
+        matches!(self, Self::Encode { .. } | Self::Unsupported { .. } | Self::Interval { .. } | Self::TooLarge { .. } | Self::Socket(_))
     }
 }
 
@@ -253,52 +268,99 @@ impl NetlinkError {
 struct Sent {
     seq: u32,
     what: &'static str,
-    set: String,
+    object: String,
+}
+
+/// One nfnetlink batch: `BATCH_BEGIN`, nf_tables messages, `BATCH_END`, committed as one
+/// transaction. Messages are numbered from 0; [`NfSocket::send`] renumbers them.
+pub struct Batch {
+    buf: Vec<u8>,
+    sent: Vec<Sent>,
+    seq: u32,
+    /// Where the last message starts: only it asks for an acknowledgement (a refusal is
+    /// reported whether asked for or not, and each acknowledgement costs a `recv`).
+    last: usize,
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        let mut buf = Vec::new();
+        message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, 0, NFNL_SUBSYS_NFTABLES, &[]);
+        Self { buf, sent: Vec::new(), seq: 0, last: 0 }
+    }
+
+    /// Appends an nf_tables message of type `ty` with `flags` (beyond request and ack):
+    /// `what` and `object` name it in a refusal.
+    fn push(&mut self, ty: u16, flags: u16, body: &[u8], what: &'static str, object: &str) {
+        self.seq += 1;
+        self.last = self.buf.len();
+        message(&mut self.buf, (NFNL_SUBSYS_NFTABLES << 8) | ty, NLM_F_REQUEST | flags, self.seq, NFPROTO_INET, 0, body);
+        self.sent.push(Sent { seq: self.seq, what, object: object.to_string() });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sent.is_empty()
+    }
+
+    /// Messages so far (without the batch's begin and end).
+    pub fn messages(&self) -> usize {
+        self.sent.len()
+    }
+
+    fn finish(mut self) -> (Vec<u8>, Vec<Sent>) {
+        if !self.sent.is_empty() {
+            let at = self.last + 6;
+            let flags = u16::from_ne_bytes([self.buf[at], self.buf[at + 1]]) | NLM_F_ACK;
+            self.buf[at..at + 2].copy_from_slice(&flags.to_ne_bytes());
+        }
+        self.seq += 1;
+        message(&mut self.buf, NFNL_MSG_BATCH_END, NLM_F_REQUEST, self.seq, 0, NFNL_SUBSYS_NFTABLES, &[]);
+        (self.buf, self.sent)
+    }
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Element messages for `elements` of `set`: `ty` with `flags`, in chunks whose element list
+/// fits a nested attribute.
+fn push_elements(batch: &mut Batch, set: &str, ty: u16, flags: u16, encoded: &[Vec<u8>], what: &'static str) {
+    let mut next = 0;
+    while next < encoded.len() {
+        let mut list = Vec::new();
+        while next < encoded.len() && list.len() < MAX_ELEMENTS_BYTES {
+            nested(&mut list, NFTA_LIST_ELEM, |b| b.extend_from_slice(&encoded[next]));
+            next += 1;
+        }
+        let mut body = Vec::new();
+        attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &nul_terminated(TABLE));
+        attr(&mut body, NFTA_SET_ELEM_LIST_SET, &nul_terminated(set));
+        nested(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS, |b| b.extend_from_slice(&list));
+        batch.push(ty, flags, &body, what, set);
+    }
 }
 
 /// Encodes `changes` as one batch: every set's deletions, then every set's additions.
-/// Messages are numbered from `first`.
-fn encode_batch(changes: &[ElementChange<'_>], first: u32) -> Result<(Vec<u8>, Vec<Sent>), NetlinkError> {
-    let mut out = Vec::new();
-    let mut sent = Vec::new();
-    let mut seq = first;
-    message(&mut out, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES, &[]);
+pub fn encode_batch(changes: &[ElementChange<'_>]) -> Result<Batch, NetlinkError> {
+    let mut batch = Batch::new();
     for deleting in [true, false] {
         for c in changes {
             if c.set.interval {
                 return Err(NetlinkError::Interval { set: c.set.name.clone() });
             }
             let elements = if deleting { &c.delete } else { &c.add };
-            let (ty, flags, what) = if deleting {
-                (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK, "deleting elements")
-            } else {
-                (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK, "adding elements")
-            };
             let encoded = elements.iter().map(|e| encode_element(c.set, e, !deleting)).collect::<Result<Vec<_>, _>>()?;
-            let mut next = 0;
-            while next < encoded.len() {
-                // One message per chunk of elements whose list fits a nested attribute.
-                let mut list = Vec::new();
-                while next < encoded.len() && list.len() < MAX_ELEMENTS_BYTES {
-                    nested(&mut list, NFTA_LIST_ELEM, |b| b.extend_from_slice(&encoded[next]));
-                    next += 1;
-                }
-                let mut body = Vec::new();
-                attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &nul_terminated(TABLE));
-                attr(&mut body, NFTA_SET_ELEM_LIST_SET, &nul_terminated(&c.set.name));
-                nested(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS, |b| b.extend_from_slice(&list));
-                seq = seq.wrapping_add(1);
-                message(&mut out, (NFNL_SUBSYS_NFTABLES << 8) | ty, flags, seq, NFPROTO_INET, 0, &body);
-                sent.push(Sent { seq, what, set: c.set.name.clone() });
+            if deleting {
+                push_elements(&mut batch, &c.set.name, NFT_MSG_DELSETELEM, 0, &encoded, "deleting elements of set");
+            } else {
+                push_elements(&mut batch, &c.set.name, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &encoded, "adding elements to set");
             }
         }
     }
-    seq = seq.wrapping_add(1);
-    message(&mut out, NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES, &[]);
-    if out.len() > MAX_BATCH_BYTES {
-        return Err(NetlinkError::TooLarge { bytes: out.len(), max: MAX_BATCH_BYTES });
-    }
-    Ok((out, sent))
+    Ok(batch)
 }
 
 /// A netfilter netlink socket kept open between batches, in the network namespace it was
@@ -316,6 +378,9 @@ pub struct NfSocket {
     /// The next sequence number: increasing across batches, so a late reply to an earlier
     /// batch is never taken for one of this batch.
     seq: u32,
+    /// The buffer sizes set so far (0: the kernel's defaults).
+    send_buffer: usize,
+    receive_buffer: usize,
 }
 
 impl std::fmt::Debug for NfSocket {
@@ -332,7 +397,9 @@ impl NfSocket {
         let mut socket = Socket::new(NETLINK_NETFILTER).map_err(NetlinkError::Socket)?;
         socket.bind_auto().map_err(NetlinkError::Socket)?;
         socket.connect(&SocketAddr::new(0, 0)).map_err(NetlinkError::Socket)?;
-        Ok(Self { socket, netns, seq: 1 })
+        // A refusal's reply carries the refused message's header only, not the message.
+        socket.set_cap_ack(true).map_err(NetlinkError::Socket)?;
+        Ok(Self { socket, netns, seq: 1, send_buffer: 0, receive_buffer: 0 })
     }
 
     /// Whether the socket belongs to the namespace whose identity is `netns`.
@@ -343,25 +410,48 @@ impl NfSocket {
     /// Sends `changes` as one batch and waits for every acknowledgement. After an error the
     /// socket may hold replies of the failed batch: drop it rather than use it again.
     pub fn write(&mut self, changes: &[ElementChange<'_>]) -> Result<(), NetlinkError> {
-        let first = self.seq;
-        let (batch, sent) = encode_batch(changes, first)?;
-        if sent.is_empty() {
+        self.send(encode_batch(changes)?)
+    }
+
+    /// Sends `batch` and waits until nf_tables has acknowledged every message of it: then
+    /// the transaction is committed. After an error, drop the socket.
+    pub fn send(&mut self, batch: Batch) -> Result<(), NetlinkError> {
+        if batch.is_empty() {
             return Ok(());
         }
-        self.seq = first.wrapping_add(u32::try_from(sent.len() + 2).unwrap_or(u32::MAX));
-        let socket = &mut self.socket;
-        let n = socket.send(&batch, 0).map_err(NetlinkError::Socket)?;
-        if n != batch.len() {
-            return Err(NetlinkError::Protocol(format!("sent {n} of {} bytes", batch.len())));
+        let (mut buf, mut sent) = batch.finish();
+        if buf.len() > MAX_BATCH_BYTES {
+            return Err(NetlinkError::TooLarge { bytes: buf.len(), max: MAX_BATCH_BYTES });
         }
-        // One NLMSG_ERROR per acknowledged message: 0, or the first refusal (the batch is then
-        // aborted as a whole).
-        let mut acked = 0;
-        let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
-        while acked < sent.len() {
-            buf.clear();
-            socket.recv(&mut buf, 0).map_err(NetlinkError::Reply)?;
-            let mut rest = &buf[..];
+        // Number the messages from this socket's next sequence number, so a late reply to an
+        // earlier batch is never taken for one of this batch.
+        let base = self.seq;
+        let mut at = 0;
+        while at + 16 <= buf.len() {
+            let len = u32::from_ne_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
+            let seq = u32::from_ne_bytes([buf[at + 8], buf[at + 9], buf[at + 10], buf[at + 11]]).wrapping_add(base);
+            buf[at + 8..at + 12].copy_from_slice(&seq.to_ne_bytes());
+            at += len.next_multiple_of(4).max(16);
+        }
+        for s in &mut sent {
+            s.seq = s.seq.wrapping_add(base);
+        }
+        self.seq = base.wrapping_add(u32::try_from(sent.len() + 2).unwrap_or(u32::MAX));
+        self.size_buffers(buf.len(), sent.len())?;
+        let socket = &mut self.socket;
+        let n = socket.send(&buf, 0).map_err(NetlinkError::Socket)?;
+        if n != buf.len() {
+            return Err(NetlinkError::Protocol(format!("sent {n} of {} bytes", buf.len())));
+        }
+        // An NLMSG_ERROR for every refused message (the batch is then aborted as a whole: the
+        // first refusal names the cause), and the last message's acknowledgement after them.
+        let last = sent.last().map_or(base, |s| s.seq);
+        let mut done = false;
+        let mut recv: Vec<u8> = Vec::with_capacity(64 * 1024);
+        while !done {
+            recv.clear();
+            socket.recv(&mut recv, 0).map_err(NetlinkError::Reply)?;
+            let mut rest = &recv[..];
             while rest.len() >= 16 {
                 let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
                 let ty = u16::from_ne_bytes([rest[4], rest[5]]);
@@ -369,15 +459,18 @@ impl NfSocket {
                 if len < 16 || len > rest.len() {
                     return Err(NetlinkError::Protocol(format!("a message of {len} bytes in {} received", rest.len())));
                 }
-                let ours = sent.iter().find(|s| s.seq == seq);
+                // Sequence numbers increase through the batch: find the message by position.
+                let ours = seq.wrapping_sub(base).checked_sub(1).and_then(|i| sent.get(i as usize)).filter(|s| s.seq == seq);
                 match ty {
-                    NLMSG_ERROR if len >= 20 && ours.is_some() => {
+                    NLMSG_ERROR if len >= 20 && (ours.is_some() || seq == base) => {
                         let code = i32::from_ne_bytes([rest[16], rest[17], rest[18], rest[19]]);
                         if code != 0 {
-                            let (what, set) = ours.map_or(("a message", String::from("?")), |s| (s.what, s.set.clone()));
-                            return Err(NetlinkError::Refused { what, set, error: io::Error::from_raw_os_error(-code) });
+                            // The batch itself (seq == base): the kernel could not queue the
+                            // refusals, e.g. out of memory.
+                            let (what, object) = ours.map_or(("the batch", String::new()), |s| (s.what, s.object.clone()));
+                            return Err(NetlinkError::Refused { what, object, error: io::Error::from_raw_os_error(-code) });
                         }
-                        acked += 1;
+                        done |= seq == last;
                     }
                     // Not a reply to this batch (none is expected, but a socket that lives
                     // on must not mistake one for an acknowledgement).
@@ -386,6 +479,27 @@ impl NfSocket {
                 }
                 rest = &rest[len.next_multiple_of(4).min(rest.len())..];
             }
+        }
+        Ok(())
+    }
+
+    /// Makes the socket's buffers hold a batch of `bytes` and the acknowledgements of its
+    /// `messages` (the kernel queues them all before `send` returns). Beyond the defaults
+    /// this needs CAP_NET_ADMIN, which writing nf_tables needs anyway.
+    fn size_buffers(&mut self, bytes: usize, messages: usize) -> Result<(), NetlinkError> {
+        use nix::sys::socket::{setsockopt, sockopt};
+        // Refusals: a header and the refused message's header each (the socket caps them),
+        // plus the kernel's own overhead per reply; a batch refused at many messages may lose
+        // some beyond the first (then the socket reports an overrun, and the batch an error).
+        let send = (bytes + 64 * 1024).next_power_of_two();
+        let receive = (messages.min(1024) * 1024 + 64 * 1024).next_power_of_two();
+        if send > self.send_buffer {
+            setsockopt(&self.socket, sockopt::SndBufForce, &send).map_err(|e| NetlinkError::Socket(e.into()))?;
+            self.send_buffer = send;
+        }
+        if receive > self.receive_buffer {
+            setsockopt(&self.socket, sockopt::RcvBufForce, &receive).map_err(|e| NetlinkError::Socket(e.into()))?;
+            self.receive_buffer = receive;
         }
         Ok(())
     }

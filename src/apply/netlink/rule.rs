@@ -1,0 +1,353 @@
+//! flock's rules compiled to nf_tables expressions, as nft 1.0 compiles them.
+//!
+//! The grammar is the renderer's, no more: `ct state LIST`; `meta l4proto P`; `tcp|udp|sctp
+//! dport N|A-B`; `iifname|oifname "prefix*"`; a field or a concatenation of fields
+//! (`iifname`, `oifname`, `ip|ip6 saddr|daddr`, `meta l4proto`, `th dport`) looked up in a
+//! named set (`@set`, `!= @set`) or verdict map (`vmap @map`); `counter`; a verdict; a
+//! comment. Anything else is an error, and the caller writes through nft instead.
+//!
+//! What nft adds is added here too, in its order: a match on an address of one family first
+//! checks the family (`meta nfproto`), a port of one protocol the protocol (`meta l4proto`);
+//! a concatenation fills 32-bit registers from the first, a part that starts a 128-bit
+//! register named as that register; the protocol in a concatenation looked up in an interval
+//! set is converted to network order (`byteorder`); a set is named and given by its id in
+//! the batch when the batch declares it.
+
+use std::collections::HashMap;
+
+use super::{NFTA_DATA_VALUE, attr, nested, nul_terminated, protocol_number, verdict_data};
+use crate::nft::parse::{Tok, tokenize};
+use crate::render::Set;
+
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_META_DREG: u16 = 1;
+const NFTA_META_KEY: u16 = 2;
+const NFTA_CMP_SREG: u16 = 1;
+const NFTA_CMP_OP: u16 = 2;
+const NFTA_CMP_DATA: u16 = 3;
+const NFTA_PAYLOAD_DREG: u16 = 1;
+const NFTA_PAYLOAD_BASE: u16 = 2;
+const NFTA_PAYLOAD_OFFSET: u16 = 3;
+const NFTA_PAYLOAD_LEN: u16 = 4;
+const NFTA_LOOKUP_SET: u16 = 1;
+const NFTA_LOOKUP_SREG: u16 = 2;
+const NFTA_LOOKUP_DREG: u16 = 3;
+const NFTA_LOOKUP_SET_ID: u16 = 4;
+const NFTA_LOOKUP_FLAGS: u16 = 5;
+const NFTA_IMMEDIATE_DREG: u16 = 1;
+const NFTA_IMMEDIATE_DATA: u16 = 2;
+const NFTA_CT_DREG: u16 = 1;
+const NFTA_CT_KEY: u16 = 2;
+const NFTA_BITWISE_SREG: u16 = 1;
+const NFTA_BITWISE_DREG: u16 = 2;
+const NFTA_BITWISE_LEN: u16 = 3;
+const NFTA_BITWISE_MASK: u16 = 4;
+const NFTA_BITWISE_XOR: u16 = 5;
+const NFTA_BYTEORDER_SREG: u16 = 1;
+const NFTA_BYTEORDER_DREG: u16 = 2;
+const NFTA_BYTEORDER_OP: u16 = 3;
+const NFTA_BYTEORDER_LEN: u16 = 4;
+const NFTA_BYTEORDER_SIZE: u16 = 5;
+const NFT_BYTEORDER_HTON: u32 = 1;
+const NFT_CMP_EQ: u32 = 0;
+const NFT_CMP_NEQ: u32 = 1;
+const NFT_CMP_LTE: u32 = 3;
+const NFT_CMP_GTE: u32 = 5;
+const NFT_LOOKUP_F_INV: u32 = 1;
+const NFT_META_IIFNAME: u32 = 6;
+const NFT_META_OIFNAME: u32 = 7;
+const NFT_META_NFPROTO: u32 = 15;
+const NFT_META_L4PROTO: u32 = 16;
+const NFT_CT_STATE: u32 = 0;
+const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
+const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+/// The verdict register, and the first 128-bit one.
+const NFT_REG_VERDICT: u32 = 0;
+const NFT_REG_1: u32 = 1;
+const NFT_REG32_00: u32 = 8;
+
+/// A named set a rule may look up: its id in the batch that declares it, else 0.
+pub struct SetRef<'a> {
+    pub set: &'a Set,
+    pub id: u32,
+}
+
+/// A rule's expressions (each the content of an `NFTA_LIST_ELEM`) and comment.
+pub struct Compiled {
+    pub exprs: Vec<Vec<u8>>,
+    pub comment: Option<String>,
+}
+
+/// One part of what a rule matches.
+#[derive(Clone, Copy)]
+enum Field {
+    Meta { key: u32, len: usize },
+    Payload { base: u32, offset: u32, len: usize, family: Option<u8> },
+}
+
+impl Field {
+    fn len(self) -> usize {
+        match self {
+            Self::Meta { len, .. } | Self::Payload { len, .. } => len,
+        }
+    }
+}
+
+const L4PROTO: Field = Field::Meta { key: NFT_META_L4PROTO, len: 1 };
+const DPORT: Field = Field::Payload { base: NFT_PAYLOAD_TRANSPORT_HEADER, offset: 2, len: 2, family: None };
+
+fn expr(name: &str, fill: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = Vec::new();
+    attr(&mut out, NFTA_EXPR_NAME, &nul_terminated(name));
+    nested(&mut out, NFTA_EXPR_DATA, fill);
+    out
+}
+
+fn u32_attr(out: &mut Vec<u8>, ty: u16, v: u32) {
+    attr(out, ty, &v.to_be_bytes());
+}
+
+fn load(field: Field, reg: u32) -> Vec<u8> {
+    match field {
+        Field::Meta { key, .. } => expr("meta", |b| {
+            u32_attr(b, NFTA_META_DREG, reg);
+            u32_attr(b, NFTA_META_KEY, key);
+        }),
+        Field::Payload { base, offset, len, .. } => expr("payload", |b| {
+            u32_attr(b, NFTA_PAYLOAD_DREG, reg);
+            u32_attr(b, NFTA_PAYLOAD_BASE, base);
+            u32_attr(b, NFTA_PAYLOAD_OFFSET, offset);
+            u32_attr(b, NFTA_PAYLOAD_LEN, len as u32);
+        }),
+    }
+}
+
+fn cmp(op: u32, data: &[u8]) -> Vec<u8> {
+    expr("cmp", |b| {
+        u32_attr(b, NFTA_CMP_SREG, NFT_REG_1);
+        u32_attr(b, NFTA_CMP_OP, op);
+        nested(b, NFTA_CMP_DATA, |d| attr(d, NFTA_DATA_VALUE, data));
+    })
+}
+
+/// The register a part starting at 32-bit register `slot` is loaded into.
+fn register(slot: usize) -> u32 {
+    let slot = slot as u32;
+    if slot.is_multiple_of(4) { NFT_REG_1 + slot / 4 } else { NFT_REG32_00 + slot }
+}
+
+/// Compiles one rule as the renderer writes it; `sets` are the named sets it may look up.
+pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>) -> Result<Compiled, String> {
+    let toks: Vec<Tok<'_>> = tokenize(rule).map_err(|e| e.message)?.into_iter().map(|(t, _)| t).collect();
+    let mut out = Compiled { exprs: Vec::new(), comment: None };
+    let mut i = 0;
+    let word = |i: usize| match toks.get(i) {
+        Some(Tok::Word(w)) => Some(*w),
+        _ => None,
+    };
+    while let Some(t) = toks.get(i) {
+        let w = match t {
+            Tok::Word(w) => *w,
+            other => return Err(format!("unexpected {other:?}")),
+        };
+        match (w, word(i + 1)) {
+            ("ct", Some("state")) => {
+                let list = word(i + 2).ok_or("ct state without states")?;
+                let mut bits = 0u32;
+                for s in list.split(',') {
+                    bits |= match s {
+                        "invalid" => 1,
+                        "established" => 2,
+                        "related" => 4,
+                        "new" => 8,
+                        "untracked" => 64,
+                        other => return Err(format!("ct state {other}")),
+                    };
+                }
+                out.exprs.push(expr("ct", |b| {
+                    u32_attr(b, NFTA_CT_DREG, NFT_REG_1);
+                    u32_attr(b, NFTA_CT_KEY, NFT_CT_STATE);
+                }));
+                // The state is a host-order bit mask.
+                out.exprs.push(expr("bitwise", |b| {
+                    u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
+                    u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
+                    u32_attr(b, NFTA_BITWISE_LEN, 4);
+                    nested(b, NFTA_BITWISE_MASK, |d| attr(d, NFTA_DATA_VALUE, &bits.to_ne_bytes()));
+                    nested(b, NFTA_BITWISE_XOR, |d| attr(d, NFTA_DATA_VALUE, &0u32.to_ne_bytes()));
+                }));
+                out.exprs.push(cmp(NFT_CMP_NEQ, &0u32.to_ne_bytes()));
+                i += 3;
+            }
+            ("tcp" | "udp" | "sctp", Some("dport")) => {
+                let value = word(i + 2).ok_or_else(|| format!("{w} dport without a port (or a set of ports)"))?;
+                out.exprs.push(load(L4PROTO, NFT_REG_1));
+                out.exprs.push(cmp(NFT_CMP_EQ, &[protocol_number(w)?]));
+                out.exprs.push(load(DPORT, NFT_REG_1));
+                let port = |p: &str| p.parse::<u16>().map(u16::to_be_bytes).map_err(|_| format!("port {p}"));
+                match value.split_once('-') {
+                    None => out.exprs.push(cmp(NFT_CMP_EQ, &port(value)?)),
+                    Some((lo, hi)) => {
+                        out.exprs.push(cmp(NFT_CMP_GTE, &port(lo)?));
+                        out.exprs.push(cmp(NFT_CMP_LTE, &port(hi)?));
+                    }
+                }
+                i += 3;
+            }
+            ("meta", Some("l4proto")) if word(i + 2).is_some_and(|n| n != "." && !n.starts_with('@') && n != "!=" && n != "vmap") => {
+                let p = word(i + 2).unwrap_or_default();
+                out.exprs.push(load(L4PROTO, NFT_REG_1));
+                out.exprs.push(cmp(NFT_CMP_EQ, &[protocol_number(p)?]));
+                i += 3;
+            }
+            ("counter", _) => {
+                out.exprs.push(expr("counter", |_| {}));
+                i += 1;
+            }
+            ("accept" | "drop" | "return" | "continue", _) => {
+                out.exprs.push(immediate(w)?);
+                i += 1;
+            }
+            ("jump" | "goto", Some(chain)) => {
+                out.exprs.push(immediate(&format!("{w} {chain}"))?);
+                i += 2;
+            }
+            ("comment", _) => {
+                let Some(Tok::Str(c)) = toks.get(i + 1) else { return Err("comment without a string".into()) };
+                out.comment = Some((*c).to_string());
+                i += 2;
+            }
+            _ => i = match_fields(&toks, i, sets, &mut out.exprs)?,
+        }
+    }
+    Ok(out)
+}
+
+fn immediate(verdict: &str) -> Result<Vec<u8>, String> {
+    let data = verdict_data(verdict)?;
+    Ok(expr("immediate", |b| {
+        u32_attr(b, NFTA_IMMEDIATE_DREG, NFT_REG_VERDICT);
+        nested(b, NFTA_IMMEDIATE_DATA, |d| d.extend_from_slice(&data));
+    }))
+}
+
+/// The field `toks[i..]` starts with, and the tokens it takes.
+fn field(toks: &[Tok<'_>], i: usize) -> Option<(Field, usize)> {
+    let w = |k: usize| match toks.get(i + k) {
+        Some(Tok::Word(w)) => Some(*w),
+        _ => None,
+    };
+    let addr = |family, offset, len| Field::Payload { base: NFT_PAYLOAD_NETWORK_HEADER, offset, len, family: Some(family) };
+    Some(match (w(0)?, w(1)) {
+        ("iifname", _) => (Field::Meta { key: NFT_META_IIFNAME, len: 16 }, 1),
+        ("oifname", _) => (Field::Meta { key: NFT_META_OIFNAME, len: 16 }, 1),
+        ("ip", Some("saddr")) => (addr(NFPROTO_IPV4, 12, 4), 2),
+        ("ip", Some("daddr")) => (addr(NFPROTO_IPV4, 16, 4), 2),
+        ("ip6", Some("saddr")) => (addr(NFPROTO_IPV6, 8, 16), 2),
+        ("ip6", Some("daddr")) => (addr(NFPROTO_IPV6, 24, 16), 2),
+        ("meta", Some("l4proto")) => (L4PROTO, 2),
+        ("th", Some("dport")) => (DPORT, 2),
+        _ => return None,
+    })
+}
+
+/// A field or a concatenation of fields, and what it is matched against: a named set or
+/// verdict map, or (one interface name field) a name prefix. Returns the next token's index.
+fn match_fields(toks: &[Tok<'_>], mut i: usize, sets: &HashMap<&str, SetRef<'_>>, exprs: &mut Vec<Vec<u8>>) -> Result<usize, String> {
+    let mut fields = Vec::new();
+    loop {
+        let (f, n) = field(toks, i).ok_or_else(|| format!("unexpected {:?}", toks.get(i)))?;
+        fields.push(f);
+        i += n;
+        if toks.get(i) != Some(&Tok::Word(".")) {
+            break;
+        }
+        i += 1;
+    }
+    let (inverted, vmap) = match toks.get(i) {
+        Some(Tok::Word("!=")) => (true, false),
+        Some(Tok::Word("vmap")) => (false, true),
+        _ => (false, false),
+    };
+    if inverted || vmap {
+        i += 1;
+    }
+    let target = match toks.get(i) {
+        Some(Tok::Word(w)) if w.starts_with('@') => &w[1..],
+        Some(Tok::Str(name)) if fields.len() == 1 && !inverted && !vmap && matches!(fields[0], Field::Meta { len: 16, .. }) => {
+            // An interface name prefix (`"flk*"`): compared over the prefix's bytes.
+            let prefix = name.strip_suffix('*').ok_or_else(|| format!("interface name {name} without a wildcard"))?;
+            exprs.push(load(fields[0], NFT_REG_1));
+            exprs.push(cmp(NFT_CMP_EQ, prefix.as_bytes()));
+            return Ok(i + 1);
+        }
+        other => return Err(format!("expected a set after the match, found {other:?}")),
+    };
+    let set = sets.get(target).ok_or_else(|| format!("set {target} is not in the table"))?;
+    // The family of an address comes first.
+    let mut families = fields.iter().filter_map(|f| if let Field::Payload { family: Some(fam), .. } = f { Some(*fam) } else { None });
+    if let Some(fam) = families.next() {
+        if families.any(|other| other != fam) {
+            return Err("addresses of two families in one match".into());
+        }
+        exprs.push(load(Field::Meta { key: NFT_META_NFPROTO, len: 1 }, NFT_REG_1));
+        exprs.push(cmp(NFT_CMP_EQ, &[fam]));
+    }
+    let interval_concat = set.set.interval && fields.len() > 1;
+    let mut slot = 0;
+    for f in &fields {
+        let reg = register(slot);
+        exprs.push(load(*f, reg));
+        if interval_concat && matches!(f, Field::Meta { key: NFT_META_L4PROTO, .. }) {
+            exprs.push(expr("byteorder", |b| {
+                u32_attr(b, NFTA_BYTEORDER_SREG, reg);
+                u32_attr(b, NFTA_BYTEORDER_DREG, reg);
+                u32_attr(b, NFTA_BYTEORDER_OP, NFT_BYTEORDER_HTON);
+                u32_attr(b, NFTA_BYTEORDER_LEN, 1);
+                u32_attr(b, NFTA_BYTEORDER_SIZE, 2);
+            }));
+        }
+        slot += f.len().div_ceil(4);
+    }
+    exprs.push(expr("lookup", |b| {
+        attr(b, NFTA_LOOKUP_SET, &nul_terminated(target));
+        u32_attr(b, NFTA_LOOKUP_SREG, NFT_REG_1);
+        if vmap {
+            u32_attr(b, NFTA_LOOKUP_DREG, NFT_REG_VERDICT);
+        }
+        // Sets declared in this batch are also found by their id; others by name alone.
+        if set.id != 0 {
+            u32_attr(b, NFTA_LOOKUP_SET_ID, set.id);
+        }
+        if inverted {
+            u32_attr(b, NFTA_LOOKUP_FLAGS, NFT_LOOKUP_F_INV);
+        }
+    }));
+    Ok(i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registers_of_a_concatenation() {
+        // ipv6 . l4proto . port: 16 bytes from register 1, then 32-bit registers 4 and 5.
+        assert_eq!([register(0), register(4), register(5)], [1, 2, 13]);
+        // ipv4 . l4proto . port.
+        assert_eq!([register(0), register(1), register(2)], [1, 9, 10]);
+    }
+
+    #[test]
+    fn rules_outside_the_grammar_are_refused() {
+        let sets = HashMap::new();
+        for r in ["ip saddr 198.18.0.1 accept", "tcp dport { 80, 443 } accept", "ip saddr @missing accept", "log prefix \"x\" drop"] {
+            assert!(compile(r, &sets).is_err(), "{r}");
+        }
+        let c = compile("ct state established,related accept comment \"c\"", &sets).unwrap();
+        assert_eq!((c.exprs.len(), c.comment.as_deref()), (4, Some("c")));
+    }
+}

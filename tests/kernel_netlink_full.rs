@@ -1,0 +1,168 @@
+//! The full sync as one netlink batch (`src/apply/netlink/full.rs`) against nft, in
+//! throwaway network namespaces (root only). For the renders of every conformance case (each
+//! step, both nodes, IPv4 and dual-stack, both ruleset shapes) and of a synthetic cluster
+//! with ClusterNetworkPolicies, the table the batch writes lists byte for byte as the table
+//! nft writes from the script: into a new table, as a forced resync over the previous render
+//! (flushes, deletions of sets and stale objects), and as the incremental transaction from
+//! the previous render where there is one. A batch the kernel refuses changes nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::Path;
+
+use flock::apply::kernel::NftCli;
+use flock::apply::{Backend, incremental_steps, steps_script, transaction};
+use flock::model::Snapshot;
+use flock::nft::parse::Kind;
+use flock::render::{Object, RenderOptions, Ruleset, render_with};
+use flock::testkit::kernel::{NetnsGuard, require_root};
+use flock::translate::{Options, translate};
+
+/// Every pod of `s` gets an IPv6 address beside its IPv4 one.
+fn dual_stack(s: &Snapshot) -> Snapshot {
+    let mut s = s.clone();
+    let pods: Vec<_> = s.pods().cloned().collect();
+    for mut p in pods {
+        let v6: Vec<IpAddr> = p
+            .ips
+            .iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V4(v4) => {
+                    let o = v4.octets();
+                    Some(format!("2001:db8:{:x}:{:x}::{:x}", o[1], o[2], o[3]).parse().unwrap())
+                }
+                IpAddr::V6(_) => None,
+            })
+            .collect();
+        p.ips.extend(v6);
+        s.upsert_pod(p);
+    }
+    s
+}
+
+/// Distinct renders, in a fixed order.
+fn renders() -> Vec<(String, Ruleset)> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    let mut add = |name: String, rs: Ruleset| {
+        if seen.insert(rs.to_text()) {
+            out.push((name, rs));
+        }
+    };
+    let shapes = [("rules", RenderOptions { peer_classes_from: usize::MAX }), ("classes", RenderOptions { peer_classes_from: 0 })];
+    let cases = flock::conformance::find_cases(&[Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance")]).unwrap();
+    for dir in cases {
+        let case = flock::conformance::load_case(&dir).unwrap();
+        let mut s = flock::testkit::base_cluster();
+        for (i, step) in case.steps.iter().enumerate() {
+            flock::conformance::apply_step(&mut s, step);
+            for (stack, snap) in [("v4", s.clone()), ("dual", dual_stack(&s))] {
+                for node in ["node-1", "node-2"] {
+                    let ir = translate(&snap, &snap.derived_endpoints(node), &Options::default());
+                    for (shape, opts) in &shapes {
+                        add(format!("{}[{i}] {stack} {node} {shape}", case.dir_name), render_with(&ir, opts));
+                    }
+                }
+            }
+        }
+    }
+    let mut p = flock::synth::Params::new(2_000, 200);
+    (p.admin_policies, p.baseline_policies) = (20, 5);
+    let cluster = flock::synth::generate(&p);
+    let ir = translate(&cluster.snapshot, &cluster.snapshot.derived_endpoints(&cluster.node), &Options::default());
+    add("synthetic 2k/200 + CNPs".into(), render_with(&ir, &RenderOptions::default()));
+    out
+}
+
+fn objects(rs: &Ruleset) -> BTreeSet<(Kind, String)> {
+    rs.objects
+        .iter()
+        .map(|o| {
+            let kind = match o {
+                Object::Chain(_) => Kind::Chain,
+                Object::Set(s) if s.data.is_some() => Kind::Map,
+                Object::Set(_) => Kind::Set,
+            };
+            (kind, o.name().to_string())
+        })
+        .collect()
+}
+
+fn listing(ns: &NetnsGuard) -> String {
+    NftCli::new(ns.netns()).list_table().unwrap().unwrap()
+}
+
+#[test]
+fn netlink_transactions_list_as_nft_writes_them() {
+    if !require_root("netlink_transactions_list_as_nft_writes_them") {
+        return;
+    }
+    let renders = renders();
+    assert!(renders.len() > 100, "{} renders", renders.len());
+    let (by_netlink, by_nft) = (NetnsGuard::new("nlfull"), NetnsGuard::new("nlfullref"));
+    // No nft binary: a render the batch cannot carry fails here instead of going through nft.
+    let mut netlink = NftCli::new(by_netlink.netns()).with_program("/nonexistent/nft");
+    let mut nft = NftCli::new(by_nft.netns());
+    let mut previous: Option<&Ruleset> = None;
+    let (mut full, mut incremental) = (0, 0);
+    for (i, (name, rs)) in renders.iter().enumerate() {
+        let text = rs.to_text();
+        // From one render to the next, in turn: the incremental transaction where there is
+        // one, and the full sync over what the table holds (a forced resync).
+        match previous.filter(|_| i % 2 == 1).and_then(|p| incremental_steps(p, rs)) {
+            Some(steps) => {
+                netlink.write_steps(&steps, rs).unwrap_or_else(|e| panic!("{name}: {e}"));
+                nft.run(&steps_script(&steps)).unwrap_or_else(|e| panic!("{name}: nft: {e}"));
+                incremental += 1;
+            }
+            None => {
+                let existing = previous.map(objects).unwrap_or_default();
+                netlink.write_full(rs, &existing, &text).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let script = if existing.is_empty() { text.clone() } else { transaction(rs, &existing, &text) };
+                nft.run(&script).unwrap_or_else(|e| panic!("{name}: nft: {e}"));
+                full += 1;
+            }
+        }
+        let (a, b) = (listing(&by_netlink), listing(&by_nft));
+        if a != b {
+            let first = a.lines().zip(b.lines()).position(|(x, y)| x != y).unwrap_or(0);
+            panic!(
+                "{name}: the netlink batch lists differently (line {}):\nnetlink: {}\nnft:     {}",
+                first + 1,
+                a.lines().nth(first).unwrap_or(""),
+                b.lines().nth(first).unwrap_or("")
+            );
+        }
+        // And both hold exactly the render.
+        assert_eq!(flock::nft::canonical(&a).unwrap(), flock::nft::canonical(&text).unwrap(), "{name}");
+        previous = Some(rs);
+    }
+    assert!(full > 100 && incremental > 100, "{full} full syncs, {incremental} incremental transactions");
+}
+
+/// A batch the kernel refuses (a rule that jumps to a chain the table lacks) is refused as a
+/// whole: the table keeps what it held, and the error names the chain.
+#[test]
+fn a_refused_full_batch_changes_nothing() {
+    if !require_root("a_refused_full_batch_changes_nothing") {
+        return;
+    }
+    let renders = renders();
+    let (_, first) = &renders[0];
+    let (_, second) = &renders[renders.len() - 1];
+    let ns = NetnsGuard::new("nlfullbad");
+    let mut netlink = NftCli::new(ns.netns()).with_program("/nonexistent/nft");
+    netlink.write_full(first, &BTreeSet::new(), &first.to_text()).unwrap();
+    let before = listing(&ns);
+    let mut broken = second.clone();
+    let Some(Object::Chain(c)) = broken.objects.iter_mut().rev().find(|o| matches!(o, Object::Chain(c) if c.hook.is_none())) else {
+        panic!("no regular chain")
+    };
+    c.rules.push("jump no-such-chain".into());
+    let name = c.name.clone();
+    let e = netlink.write_full(&broken, &objects(first), &broken.to_text()).unwrap_err();
+    assert!(e.to_string().contains(&name), "{e}");
+    assert_eq!(listing(&ns), before, "a refused batch changed the table");
+}
