@@ -111,11 +111,26 @@ impl NftCli {
 }
 
 impl NftCli {
-    /// Sends an element batch on the kept socket.
-    fn netlink_write(&mut self, changes: &[super::ElementChange<'_>]) -> Result<Result<(), NetlinkError>, ApplyError> {
-        match super::netlink::encode_batch(changes) {
-            Ok(batch) => self.netlink_send(batch),
-            Err(e) => Ok(Err(e)),
+    /// Commits `encoded` as one netlink batch; when nothing reached the kernel (the change
+    /// holds something the encoder does not know, no socket opens), the same transaction as
+    /// `script` through nft.
+    fn batch_or_nft(
+        &mut self,
+        what: &str,
+        encoded: Result<super::netlink::Batch, NetlinkError>,
+        script: impl FnOnce() -> String,
+    ) -> Result<(), ApplyError> {
+        let sent = match encoded {
+            Ok(batch) => self.netlink_send(batch)?,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_unsent() => {
+                tracing::debug!(error = %e, "{what} through nft");
+                self.run(&script())
+            }
+            Err(e) => Err(ApplyError::Rejected { context: format!("netlink {what} in {}", self.netns.describe()), message: e.to_string() }),
         }
     }
 
@@ -156,61 +171,28 @@ fn is_missing_table(stderr: &str) -> bool {
 }
 
 impl Backend for NftCli {
-    /// A netlink batch ([`super::netlink`]); through `nft` when it cannot be sent that way
-    /// (an interval set, a batch too large, no netlink socket).
+    /// A netlink batch ([`super::netlink`]); through `nft` when it cannot be sent that way.
     fn write_elements(&mut self, changes: &[super::ElementChange<'_>]) -> Result<(), ApplyError> {
-        match self.netlink_write(changes)? {
-            Ok(()) => Ok(()),
-            Err(e) if e.is_unsent() => {
-                tracing::debug!(error = %e, "element update through nft");
-                self.run(&super::element_script(changes))
-            }
-            Err(e) => {
-                Err(ApplyError::Rejected { context: format!("netlink element batch in {}", self.netns.describe()), message: e.to_string() })
-            }
-        }
+        self.batch_or_nft("element update", super::netlink::encode_batch(changes), || super::element_script(changes))
     }
 
-    /// One netlink batch ([`super::netlink::transaction`]); through `nft` when the render holds
-    /// something that encoder does not know, or no netlink socket opens.
+    /// A netlink batch ([`super::netlink::transaction`]); through `nft` when it cannot be sent
+    /// that way.
     fn write_full(
         &mut self,
         rs: &crate::render::Ruleset,
         existing: &std::collections::BTreeSet<(Kind, String)>,
         text: &str,
     ) -> Result<(), ApplyError> {
-        let sent = match super::netlink::transaction::encode_full(rs, existing) {
-            Ok(batch) => self.netlink_send(batch)?,
-            Err(e) => Err(e),
-        };
-        match sent {
-            Ok(()) => Ok(()),
-            Err(e) if e.is_unsent() => {
-                tracing::debug!(error = %e, "full sync through nft");
-                if existing.is_empty() { self.run(text) } else { self.run(&super::transaction(rs, existing, text)) }
-            }
-            Err(e) => Err(ApplyError::Rejected {
-                context: format!("netlink full-sync batch in {}", self.netns.describe()),
-                message: e.to_string(),
-            }),
-        }
+        self.batch_or_nft("full sync", super::netlink::transaction::encode_full(rs, existing), || {
+            if existing.is_empty() { text.to_string() } else { super::transaction(rs, existing, text) }
+        })
     }
 
-    /// One netlink batch ([`super::netlink::transaction`]); through `nft` as for
-    /// [`Backend::write_full`].
+    /// A netlink batch ([`super::netlink::transaction`]); through `nft` when it cannot be sent
+    /// that way.
     fn write_steps(&mut self, steps: &[super::Step<'_>], next: &crate::render::Ruleset) -> Result<(), ApplyError> {
-        let sent = match super::netlink::transaction::encode_steps(steps, next) {
-            Ok(batch) => self.netlink_send(batch)?,
-            Err(e) => Err(e),
-        };
-        match sent {
-            Ok(()) => Ok(()),
-            Err(e) if e.is_unsent() => {
-                tracing::debug!(error = %e, "incremental transaction through nft");
-                self.run(&super::steps_script(steps))
-            }
-            Err(e) => Err(ApplyError::Rejected { context: format!("netlink batch in {}", self.netns.describe()), message: e.to_string() }),
-        }
+        self.batch_or_nft("incremental transaction", super::netlink::transaction::encode_steps(steps, next), || super::steps_script(steps))
     }
 
     fn run(&mut self, script: &str) -> Result<(), ApplyError> {
