@@ -187,7 +187,8 @@ async fn status_reports_the_committed_endpoints_not_the_live_registry() {
     std::fs::set_permissions(&slow_nft, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let source = StaticSource::new(snapshot(&[pod("a", "198.18.72.1")]));
     let mut cfg = config(&node, &dir);
-    cfg.nft = slow_nft;
+    // Through the slow nft: transactions as netlink batches would not wait for it.
+    (cfg.nft, cfg.nft_transactions) = (slow_nft, true);
     let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
     let socket = dir.join("cni.sock");
     call(&socket, add("a", "198.18.72.1")).await.unwrap();
@@ -270,7 +271,8 @@ async fn failing_syncs_back_off_but_an_add_tries_at_once() {
     let (nft, fail, log) = failing_nft(&dir);
     let source = StaticSource::new(snapshot(&[pod("a", "198.18.74.1"), pod("b", "198.18.74.2")]));
     let mut cfg = config(&node, &dir);
-    cfg.nft = nft;
+    // Through the failing nft: transactions as netlink batches would not fail.
+    (cfg.nft, cfg.nft_transactions) = (nft, true);
     let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
     let socket = dir.join("cni.sock");
     call(&socket, add("a", "198.18.74.1")).await.unwrap();

@@ -71,6 +71,9 @@ pub struct AgentConfig {
     pub translate: translate::Options,
     /// The `nft` binary.
     pub nft: PathBuf,
+    /// Write every transaction through `nft` instead of as nf_tables netlink batches: a way
+    /// back should a kernel refuse what the batches encode (slower; see the README).
+    pub nft_transactions: bool,
     /// Where to count what happens.
     pub metrics: Arc<metrics::Metrics>,
     /// Each change of this counter forces a full sync (the API came back after failing).
@@ -116,6 +119,7 @@ impl AgentConfig {
             routes: true,
             translate: translate::Options::default(),
             nft: PathBuf::from("nft"),
+            nft_transactions: false,
             metrics: Arc::new(metrics::Metrics::new()),
             full_resync: None,
             sync_hook: None,
@@ -513,7 +517,8 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     let cfg = shared.config.clone();
     // The drift baseline (a full JSON listing: ~0.1 s for a 150k-pod cluster's table) is
     // read once changes have been quiet for a moment, never on a pod's path.
-    let mut applier = Some(Applier::new(NftCli::new(cfg.netns.clone()).with_program(cfg.nft.clone())).defer_baseline());
+    let backend = NftCli::new(cfg.netns.clone()).with_program(cfg.nft.clone()).with_netlink(!cfg.nft_transactions);
+    let mut applier = Some(Applier::new(backend).defer_baseline());
     let mut baseline_at: Option<tokio::time::Instant> = None;
     let mut baseline_job: Option<tokio::task::JoinHandle<BaselineRead>> = None;
     // Since when a committed table has had no baseline (see the drift check below).

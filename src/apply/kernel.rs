@@ -24,26 +24,34 @@ use crate::render::names::{FAMILY, TABLE};
 pub struct NftCli {
     netns: Netns,
     program: PathBuf,
-    /// Kept open between element batches (see [`NfSocket`] for why); `None` until the first
-    /// one, and after a batch failed.
+    /// Kept open between batches (see [`NfSocket`] for why); `None` until the first one, and
+    /// after a batch failed.
     socket: Option<NfSocket>,
+    /// Whether transactions go as netlink batches (else every one through `nft`).
+    netlink: bool,
 }
 
 /// A clone runs the same `nft` in the same namespace, with a socket of its own.
 impl Clone for NftCli {
     fn clone(&self) -> Self {
-        Self { netns: self.netns.clone(), program: self.program.clone(), socket: None }
+        Self { netns: self.netns.clone(), program: self.program.clone(), socket: None, netlink: self.netlink }
     }
 }
 
 impl NftCli {
     pub fn new(netns: Netns) -> Self {
-        Self { netns, program: PathBuf::from("nft"), socket: None }
+        Self { netns, program: PathBuf::from("nft"), socket: None, netlink: true }
     }
 
     /// Uses another `nft` binary (e.g. an absolute path in a container image).
     pub fn with_program(mut self, program: impl Into<PathBuf>) -> Self {
         self.program = program.into();
+        self
+    }
+
+    /// Sends transactions as netlink batches (the default), or every one through `nft`.
+    pub fn with_netlink(mut self, on: bool) -> Self {
+        self.netlink = on;
         self
     }
 
@@ -120,6 +128,9 @@ impl NftCli {
         encoded: Result<super::netlink::Batch, NetlinkError>,
         script: impl FnOnce() -> String,
     ) -> Result<(), ApplyError> {
+        if !self.netlink {
+            return self.run(&script());
+        }
         let sent = match encoded {
             Ok(batch) => self.netlink_send(batch)?,
             Err(e) => Err(e),

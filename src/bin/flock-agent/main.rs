@@ -88,6 +88,10 @@ struct Args {
     /// The nft binary.
     #[arg(long, env = "FLOCK_NFT", default_value = "nft")]
     nft: PathBuf,
+    /// Write every nftables transaction through the nft binary instead of as nf_tables
+    /// netlink batches (a way back should a kernel refuse the batches; slower).
+    #[arg(long, env = "FLOCK_NFT_TRANSACTIONS")]
+    nft_transactions: bool,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
@@ -121,6 +125,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         agent.routes = !args.no_routes;
         agent.translate.isolate_run_pods = !args.no_run_pod_isolation;
         agent.nft = args.nft.clone();
+        agent.nft_transactions = args.nft_transactions;
         let opts = DaemonOptions {
             agent,
             listen: args.metrics_address.clone(),
