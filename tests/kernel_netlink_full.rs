@@ -20,6 +20,21 @@ use flock::render::{Object, RenderOptions, Ruleset, render_with};
 use flock::testkit::kernel::{NetnsGuard, require_root};
 use flock::translate::{Options, translate};
 
+const PORT_SETS: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: ports, namespace: x}
+spec:
+  podSelector: {}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {ns: y}}}]
+    ports: [{port: 80}, {port: 81}, {port: 443}, {port: 8000, endPort: 8080}, {port: 8050, endPort: 8090}]
+  - ports: [{port: 53, protocol: UDP}, {port: 5353, protocol: UDP}, {port: 9, protocol: SCTP}, {port: 11, endPort: 20, protocol: SCTP}]
+  egress:
+  - to: [{ipBlock: {cidr: 198.18.0.0/15}}]
+    ports: [{port: 1}, {port: 65535}, {port: 2, endPort: 5}, {port: 65000, endPort: 65534}, {port: 7}]
+";
+
 /// Every pod of `s` gets an IPv6 address beside its IPv4 one.
 fn dual_stack(s: &Snapshot) -> Snapshot {
     let mut s = s.clone();
@@ -68,6 +83,19 @@ fn renders() -> Vec<(String, Ruleset)> {
             }
         }
     }
+    // Several ports per rule: sets of ports in the rule (with and without ranges).
+    let mut s = flock::testkit::base_cluster();
+    for p in flock::testkit::policies(PORT_SETS) {
+        s.upsert_policy(p);
+    }
+    for (stack, snap) in [("v4", s.clone()), ("dual", dual_stack(&s))] {
+        for node in ["node-1", "node-2"] {
+            let ir = translate(&snap, &snap.derived_endpoints(node), &Options::default());
+            for (shape, opts) in &shapes {
+                add(format!("port sets {stack} {node} {shape}"), render_with(&ir, opts));
+            }
+        }
+    }
     let mut p = flock::synth::Params::new(2_000, 200);
     (p.admin_policies, p.baseline_policies) = (20, 5);
     let cluster = flock::synth::generate(&p);
@@ -101,6 +129,13 @@ fn netlink_transactions_list_as_nft_writes_them() {
     }
     let renders = renders();
     assert!(renders.len() > 100, "{} renders", renders.len());
+    // Sets of ports in rules, interval and not, are among them.
+    let all: String = renders.iter().map(|(_, r)| r.to_text()).collect();
+    for want in
+        ["tcp dport { 80-81, 443, 8000-8090 }", "udp dport { 53, 5353 }", "sctp dport { 9, 11-20 }", "tcp dport { 1-5, 7, 65000-65535 }"]
+    {
+        assert!(all.contains(want), "no render has {want}");
+    }
     let (by_netlink, by_nft) = (NetnsGuard::new("nlfull"), NetnsGuard::new("nlfullref"));
     // No nft binary: a render the batch cannot carry fails here instead of going through nft.
     let mut netlink = NftCli::new(by_netlink.netns()).with_program("/nonexistent/nft");

@@ -73,6 +73,7 @@ const NLA_F_NESTED: u16 = 0x8000;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
@@ -328,6 +329,12 @@ impl Default for Batch {
 /// Element messages for `elements` of `set`: `ty` with `flags`, in chunks whose element list
 /// fits a nested attribute.
 fn push_elements(batch: &mut Batch, set: &str, ty: u16, flags: u16, encoded: &[Vec<u8>], what: &'static str) {
+    push_elements_of(batch, set, None, ty, flags, encoded, what);
+}
+
+/// [`push_elements`], naming the set also by its `id` in the batch (an anonymous set's
+/// name is the kernel's to choose).
+fn push_elements_of(batch: &mut Batch, set: &str, id: Option<u32>, ty: u16, flags: u16, encoded: &[Vec<u8>], what: &'static str) {
     let mut next = 0;
     while next < encoded.len() {
         let mut list = Vec::new();
@@ -338,6 +345,9 @@ fn push_elements(batch: &mut Batch, set: &str, ty: u16, flags: u16, encoded: &[V
         let mut body = Vec::new();
         attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &nul_terminated(TABLE));
         attr(&mut body, NFTA_SET_ELEM_LIST_SET, &nul_terminated(set));
+        if let Some(id) = id {
+            attr(&mut body, NFTA_SET_ELEM_LIST_SET_ID, &id.to_be_bytes());
+        }
         nested(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS, |b| b.extend_from_slice(&list));
         batch.push(ty, flags, &body, what, set);
     }

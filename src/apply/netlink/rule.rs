@@ -60,6 +60,12 @@ const NFT_META_OIFNAME: u32 = 7;
 const NFT_META_NFPROTO: u32 = 15;
 const NFT_META_L4PROTO: u32 = 16;
 const NFT_CT_STATE: u32 = 0;
+/// The name nft gives an anonymous set: the kernel numbers it.
+pub const ANONYMOUS_SET: &str = "__set%d";
+/// nft's protocol header ids (`enum proto_desc_id`).
+const PROTO_DESC_UDP: u32 = 6;
+const PROTO_DESC_TCP: u32 = 8;
+const PROTO_DESC_SCTP: u32 = 10;
 const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 const NFPROTO_IPV4: u8 = 2;
@@ -75,10 +81,23 @@ pub struct SetRef<'a> {
     pub id: u32,
 }
 
-/// A rule's expressions (each the content of an `NFTA_LIST_ELEM`) and comment.
+/// A rule's expressions (each the content of an `NFTA_LIST_ELEM`), comment, and the
+/// anonymous sets its expressions look up (declared in the batch before the rule).
 pub struct Compiled {
     pub exprs: Vec<Vec<u8>>,
     pub comment: Option<String>,
+    pub anonymous: Vec<Anonymous>,
+}
+
+/// A set of ports written in the rule (`tcp dport { 80, 443, 8000-8080 }`): nft makes it an
+/// anonymous, constant set of the rule, an interval set when a range is among them.
+pub struct Anonymous {
+    pub id: u32,
+    /// nft's id of the protocol header (`PROTO_DESC_*`) the ports are read from.
+    pub proto_desc: u32,
+    /// Inclusive ranges, sorted, adjacent ones merged (nft merges them).
+    pub ranges: Vec<(u16, u16)>,
+    pub interval: bool,
 }
 
 /// One part of what a rule matches.
@@ -139,10 +158,11 @@ fn register(slot: usize) -> u32 {
     if slot.is_multiple_of(4) { NFT_REG_1 + slot / 4 } else { NFT_REG32_00 + slot }
 }
 
-/// Compiles one rule as the renderer writes it; `sets` are the named sets it may look up.
-pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>) -> Result<Compiled, String> {
+/// Compiles one rule as the renderer writes it; `sets` are the named sets it may look up,
+/// `next_id` the batch's next set id (taken by the rule's anonymous sets).
+pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) -> Result<Compiled, String> {
     let toks: Vec<Tok<'_>> = tokenize(rule).map_err(|e| e.message)?.into_iter().map(|(t, _)| t).collect();
-    let mut out = Compiled { exprs: Vec::new(), comment: None };
+    let mut out = Compiled { exprs: Vec::new(), comment: None, anonymous: Vec::new() };
     let mut i = 0;
     let word = |i: usize| match toks.get(i) {
         Some(Tok::Word(w)) => Some(*w),
@@ -183,16 +203,32 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>) -> Result<Compiled,
                 i += 3;
             }
             ("tcp" | "udp" | "sctp", Some("dport")) => {
-                let value = word(i + 2).ok_or_else(|| format!("{w} dport without a port (or a set of ports)"))?;
                 out.exprs.push(load(L4PROTO, NFT_REG_1));
                 out.exprs.push(cmp(NFT_CMP_EQ, &[protocol_number(w)?]));
                 out.exprs.push(load(DPORT, NFT_REG_1));
-                let port = |p: &str| p.parse::<u16>().map(u16::to_be_bytes).map_err(|_| format!("port {p}"));
+                if toks.get(i + 2) == Some(&Tok::LBrace) {
+                    *next_id += 1;
+                    let proto_desc = match w {
+                        "udp" => PROTO_DESC_UDP,
+                        "tcp" => PROTO_DESC_TCP,
+                        _ => PROTO_DESC_SCTP,
+                    };
+                    let (set, next) = port_list(&toks, i + 3, *next_id, proto_desc)?;
+                    out.exprs.push(expr("lookup", |b| {
+                        attr(b, NFTA_LOOKUP_SET, &nul_terminated(ANONYMOUS_SET));
+                        u32_attr(b, NFTA_LOOKUP_SREG, NFT_REG_1);
+                        u32_attr(b, NFTA_LOOKUP_SET_ID, set.id);
+                    }));
+                    out.anonymous.push(set);
+                    i = next;
+                    continue;
+                }
+                let value = word(i + 2).ok_or_else(|| format!("{w} dport without a port (or a set of ports)"))?;
                 match value.split_once('-') {
-                    None => out.exprs.push(cmp(NFT_CMP_EQ, &port(value)?)),
+                    None => out.exprs.push(cmp(NFT_CMP_EQ, &port(value)?.to_be_bytes())),
                     Some((lo, hi)) => {
-                        out.exprs.push(cmp(NFT_CMP_GTE, &port(lo)?));
-                        out.exprs.push(cmp(NFT_CMP_LTE, &port(hi)?));
+                        out.exprs.push(cmp(NFT_CMP_GTE, &port(lo)?.to_be_bytes()));
+                        out.exprs.push(cmp(NFT_CMP_LTE, &port(hi)?.to_be_bytes()));
                     }
                 }
                 i += 3;
@@ -224,6 +260,49 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>) -> Result<Compiled,
         }
     }
     Ok(out)
+}
+
+fn port(p: &str) -> Result<u16, String> {
+    p.parse().map_err(|_| format!("port {p}"))
+}
+
+/// The set of ports `{ 80, 443, 8000-8080 }` from the token after `{` — sorted, and with a
+/// range among them an interval set, merged as nft merges them — and the index after `}`.
+fn port_list(toks: &[Tok<'_>], mut i: usize, id: u32, proto_desc: u32) -> Result<(Anonymous, usize), String> {
+    let mut ranges = Vec::new();
+    loop {
+        match toks.get(i) {
+            Some(Tok::Word(w)) => {
+                ranges.push(match w.split_once('-') {
+                    None => (port(w)?, port(w)?),
+                    Some((lo, hi)) => (port(lo)?, port(hi)?),
+                });
+                i += 1;
+            }
+            Some(Tok::Comma) => i += 1,
+            Some(Tok::RBrace) => break,
+            other => return Err(format!("unexpected {other:?} in a set of ports")),
+        }
+    }
+    if ranges.iter().any(|(a, b)| a > b) || ranges.is_empty() {
+        return Err("an empty range of ports".into());
+    }
+    ranges.sort_unstable();
+    ranges.dedup();
+    // With a range among them the set is an interval set, whose elements nft merges where
+    // they overlap or touch; single ports stay as they are.
+    let interval = ranges.iter().any(|(a, b)| a != b);
+    if interval {
+        let mut merged: Vec<(u16, u16)> = Vec::with_capacity(ranges.len());
+        for (a, b) in ranges {
+            match merged.last_mut() {
+                Some(last) if u32::from(a) <= u32::from(last.1) + 1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        ranges = merged;
+    }
+    Ok((Anonymous { id, proto_desc, ranges, interval }, i + 1))
 }
 
 fn immediate(verdict: &str) -> Result<Vec<u8>, String> {
@@ -344,10 +423,23 @@ mod tests {
     #[test]
     fn rules_outside_the_grammar_are_refused() {
         let sets = HashMap::new();
-        for r in ["ip saddr 198.18.0.1 accept", "tcp dport { 80, 443 } accept", "ip saddr @missing accept", "log prefix \"x\" drop"] {
-            assert!(compile(r, &sets).is_err(), "{r}");
+        let mut id = 0;
+        for r in ["ip saddr 198.18.0.1 accept", "tcp dport { 80, 90-85 } accept", "ip saddr @missing accept", "log prefix \"x\" drop"] {
+            assert!(compile(r, &sets, &mut id).is_err(), "{r}");
         }
-        let c = compile("ct state established,related accept comment \"c\"", &sets).unwrap();
+        let c = compile("ct state established,related accept comment \"c\"", &sets, &mut id).unwrap();
         assert_eq!((c.exprs.len(), c.comment.as_deref()), (4, Some("c")));
+    }
+
+    #[test]
+    fn port_sets_are_anonymous_sets_merged_as_nft_merges_them() {
+        let mut id = 3;
+        let c = compile("tcp dport { 443, 80, 81, 8000-8080, 8050-8090 } accept", &HashMap::new(), &mut id).unwrap();
+        let [a] = &c.anonymous[..] else { panic!("one anonymous set") };
+        assert_eq!((a.id, a.interval, a.proto_desc), (4, true, PROTO_DESC_TCP));
+        assert_eq!(a.ranges, [(80, 81), (443, 443), (8000, 8090)]);
+        let c = compile("udp dport { 5353, 53, 54 } accept", &HashMap::new(), &mut id).unwrap();
+        assert!(!c.anonymous[0].interval);
+        assert_eq!(c.anonymous[0].ranges, [(53, 53), (54, 54), (5353, 5353)]);
     }
 }

@@ -23,11 +23,11 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use super::rule::{self, SetRef};
+use super::rule::{self, Anonymous, SetRef};
 use super::{
     Batch, NFT_MSG_DELSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_SET,
     NFTA_SET_ELEM_LIST_TABLE, NLM_F_CREATE, NetlinkError, attr, encode_element, encode_key, nested, nul_terminated, push_elements,
-    split_key, verdict_data,
+    push_elements_of, split_key, verdict_data,
 };
 use crate::apply::Step;
 use crate::nft::parse::Kind;
@@ -68,6 +68,7 @@ const NFTA_SET_DATA_LEN: u16 = 7;
 const NFTA_SET_DESC: u16 = 9;
 const NFTA_SET_ID: u16 = 10;
 const NFTA_SET_USERDATA: u16 = 13;
+const NFTA_SET_DESC_SIZE: u16 = 1;
 const NFTA_SET_DESC_CONCAT: u16 = 2;
 const NFTA_SET_FIELD_LEN: u16 = 1;
 const NFTA_LIST_ELEM: u16 = 1;
@@ -75,6 +76,8 @@ const NFTA_SET_ELEM_FLAGS: u16 = 3;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
 const NFTA_SET_ELEM_KEY_END: u16 = 10;
 const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
+const NFT_SET_ANONYMOUS: u32 = 0x1;
+const NFT_SET_CONSTANT: u32 = 0x2;
 const NFT_SET_INTERVAL: u32 = 0x4;
 const NFT_SET_MAP: u32 = 0x8;
 const NFT_SET_CONCAT: u32 = 0x80;
@@ -84,11 +87,21 @@ const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
 const UDATA_COMMENT: u8 = 0;
 const UDATA_SET_KEYBYTEORDER: u8 = 0;
 const UDATA_SET_DATABYTEORDER: u8 = 1;
+const UDATA_SET_MERGE_ELEMENTS: u8 = 2;
 const UDATA_SET_KEY_TYPEOF: u8 = 3;
 const UDATA_SET_DATA_INTERVAL: u8 = 6;
 const UDATA_SET_COMMENT: u8 = 7;
 const UDATA_TYPEOF_EXPR: u8 = 0;
 const UDATA_TYPEOF_DATA: u8 = 1;
+/// A payload field in a key's user data: its protocol header and field (`tcp dport`: the
+/// header's second field).
+const UDATA_TYPEOF_PAYLOAD_DESC: u8 = 0;
+const UDATA_TYPEOF_PAYLOAD_FIELD: u8 = 1;
+const DPORT_FIELD: u32 = 2;
+/// nft's expression type of a payload field (`EXPR_PAYLOAD`).
+const EXPR_PAYLOAD: u32 = 7;
+/// nft's data type of ports.
+const INET_SERVICE: u32 = 13;
 /// nft's expression type of a concatenation (`EXPR_CONCAT`), recorded in a concatenated
 /// key's user data.
 const EXPR_CONCAT: u32 = 13;
@@ -162,8 +175,8 @@ pub fn encode_full(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>) -> Result<
         }
     }
 
-    // Encode everything before anything else is queued: an object flock cannot encode sends
-    // the whole transaction through nft.
+    // An object the batch cannot carry sends the whole transaction through nft (the batch is
+    // dropped unsent).
     let chains: Vec<&Chain> = rs.objects.iter().filter_map(|o| if let Object::Chain(c) = o { Some(c) } else { None }).collect();
     let sets: Vec<&Set> = rs.objects.iter().filter_map(|o| if let Object::Set(s) = o { Some(s) } else { None }).collect();
     let mut refs: HashMap<&str, SetRef<'_>> = HashMap::new();
@@ -172,27 +185,24 @@ pub fn encode_full(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>) -> Result<
         refs.insert(s.name.as_str(), SetRef { set: s, id });
     }
     let chain_bodies = chains.iter().map(|c| encode_chain(c)).collect::<Result<Vec<_>, _>>()?;
-    let mut set_bodies = Vec::with_capacity(sets.len());
-    for s in &sets {
-        let id = refs.get(s.name.as_str()).map_or(0, |r| r.id);
-        set_bodies.push((encode_set(s, id)?, encode_elements(s, &s.elements.iter().collect::<Vec<_>>())?));
-    }
-    let mut rules = Vec::new();
-    for c in &chains {
-        for r in &c.rules {
-            rules.push((c.name.as_str(), rule_body(c, r, &refs)?));
-        }
-    }
-
     for (c, body) in chains.iter().zip(&chain_bodies) {
         batch.push(NFT_MSG_NEWCHAIN, NLM_F_CREATE, body, "creating chain", &c.name);
     }
-    for (s, (body, elements)) in sets.iter().zip(&set_bodies) {
-        batch.push(NFT_MSG_NEWSET, NLM_F_CREATE, body, if s.data.is_some() { "creating map" } else { "creating set" }, &s.name);
-        push_elements(&mut batch, &s.name, NFT_MSG_NEWSETELEM, NLM_F_CREATE, elements, "adding elements to set");
+    for s in &sets {
+        let id = refs.get(s.name.as_str()).map_or(0, |r| r.id);
+        let elements = encode_elements(s, &s.elements.iter().collect::<Vec<_>>())?;
+        batch.push(
+            NFT_MSG_NEWSET,
+            NLM_F_CREATE,
+            &encode_set(s, id)?,
+            if s.data.is_some() { "creating map" } else { "creating set" },
+            &s.name,
+        );
+        push_elements(&mut batch, &s.name, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &elements, "adding elements to set");
     }
-    for (chain, body) in &rules {
-        batch.push(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, body, "adding a rule to chain", chain);
+    let mut next_id = u32::try_from(sets.len()).unwrap_or(u32::MAX);
+    for c in &chains {
+        push_rules(&mut batch, c, &refs, &mut next_id)?;
     }
     Ok(batch)
 }
@@ -206,11 +216,11 @@ pub fn encode_steps(steps: &[Step<'_>], next: &Ruleset) -> Result<Batch, Netlink
             refs.insert(set.name.as_str(), SetRef { set, id: 0 });
         }
     }
-    let mut id = 0;
+    let mut next_id = 0;
     for step in steps {
         if let Step::Declare(Object::Set(set)) = step {
-            id += 1;
-            refs.insert(set.name.as_str(), SetRef { set, id });
+            next_id += 1;
+            refs.insert(set.name.as_str(), SetRef { set, id: next_id });
         }
     }
     let mut batch = Batch::new();
@@ -239,11 +249,7 @@ pub fn encode_steps(steps: &[Step<'_>], next: &Ruleset) -> Result<Batch, Netlink
                 let encoded = encode_elements(set, elements)?;
                 push_elements(&mut batch, &set.name, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &encoded, "adding elements to set");
             }
-            Step::Rules(c) => {
-                for r in &c.rules {
-                    batch.push(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, &rule_body(c, r, &refs)?, "adding a rule to chain", &c.name);
-                }
-            }
+            Step::Rules(c) => push_rules(&mut batch, c, &refs, &mut next_id)?,
             Step::Delete { keyword: "chain", name } => {
                 batch.push(NFT_MSG_DELCHAIN, 0, &chain_ref(NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME, name), "deleting chain", name)
             }
@@ -259,22 +265,90 @@ pub fn encode_steps(steps: &[Step<'_>], next: &Ruleset) -> Result<Batch, Netlink
     Ok(batch)
 }
 
-/// A `NEWRULE` body: rule `r` of chain `c` compiled, with its comment.
-fn rule_body(c: &Chain, r: &str, refs: &HashMap<&str, SetRef<'_>>) -> Result<Vec<u8>, NetlinkError> {
+/// The rules of chain `c`, appended, each after the anonymous sets it looks up (as nft
+/// sends them); `next_id` is the batch's last set id.
+fn push_rules(batch: &mut Batch, c: &Chain, refs: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) -> Result<(), NetlinkError> {
     let object = format!("chain {}", c.name);
-    let what = || format!("rule `{r}`");
-    let compiled = rule::compile(r, refs).map_err(|why| unsupported(&object, what(), why))?;
-    let mut body = chain_ref(NFTA_RULE_TABLE, NFTA_RULE_CHAIN, &c.name);
-    nested(&mut body, NFTA_RULE_EXPRESSIONS, |b| {
-        for e in &compiled.exprs {
-            nested(b, NFTA_LIST_ELEM, |x| x.extend_from_slice(e));
+    for r in &c.rules {
+        let what = || format!("rule `{r}`");
+        let compiled = rule::compile(r, refs, next_id).map_err(|why| unsupported(&object, what(), why))?;
+        let mut body = chain_ref(NFTA_RULE_TABLE, NFTA_RULE_CHAIN, &c.name);
+        nested(&mut body, NFTA_RULE_EXPRESSIONS, |b| {
+            for e in &compiled.exprs {
+                nested(b, NFTA_LIST_ELEM, |x| x.extend_from_slice(e));
+            }
+        });
+        if let Some(comment) = &compiled.comment {
+            let udata = comment_udata(UDATA_COMMENT, comment).map_err(|why| unsupported(&object, what(), why))?;
+            attr(&mut body, NFTA_RULE_USERDATA, &udata);
         }
-    });
-    if let Some(comment) = &compiled.comment {
-        let udata = comment_udata(UDATA_COMMENT, comment).map_err(|why| unsupported(&object, what(), why))?;
-        attr(&mut body, NFTA_RULE_USERDATA, &udata);
+        for a in &compiled.anonymous {
+            let elements = anonymous_elements(a);
+            batch.push(NFT_MSG_NEWSET, NLM_F_CREATE, &anonymous_set(a, elements.len()), "creating a set of ports for a rule of", &object);
+            push_elements_of(
+                batch,
+                rule::ANONYMOUS_SET,
+                Some(a.id),
+                NFT_MSG_NEWSETELEM,
+                NLM_F_CREATE,
+                &elements,
+                "adding ports to a set of",
+            );
+        }
+        batch.push(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, &body, "adding a rule to chain", &c.name);
     }
-    Ok(body)
+    Ok(())
+}
+
+/// A rule's set of ports as nft declares it: anonymous and constant (interval when a range
+/// is among the ports), its size, and nft's user data — the key's byte order, the merging of
+/// intervals, and the key as the payload field it was written as (`tcp dport`).
+fn anonymous_set(a: &Anonymous, size: usize) -> Vec<u8> {
+    let mut flags = NFT_SET_ANONYMOUS | NFT_SET_CONSTANT;
+    if a.interval {
+        flags |= NFT_SET_INTERVAL;
+    }
+    let mut body = chain_ref(NFTA_SET_TABLE, NFTA_SET_NAME, rule::ANONYMOUS_SET);
+    attr(&mut body, NFTA_SET_FLAGS, &flags.to_be_bytes());
+    attr(&mut body, NFTA_SET_KEY_TYPE, &INET_SERVICE.to_be_bytes());
+    attr(&mut body, NFTA_SET_KEY_LEN, &2u32.to_be_bytes());
+    attr(&mut body, NFTA_SET_ID, &a.id.to_be_bytes());
+    nested(&mut body, NFTA_SET_DESC, |d| attr(d, NFTA_SET_DESC_SIZE, &(size as u32).to_be_bytes()));
+    // Every TLV here is a few bytes: `udata` cannot fail.
+    let mut ud = Vec::new();
+    let _ = udata(&mut ud, UDATA_SET_KEYBYTEORDER, &BIG_ENDIAN.to_ne_bytes());
+    if a.interval {
+        let _ = udata(&mut ud, UDATA_SET_MERGE_ELEMENTS, &1u32.to_ne_bytes());
+    }
+    let mut field = Vec::new();
+    let _ = udata(&mut field, UDATA_TYPEOF_PAYLOAD_DESC, &a.proto_desc.to_ne_bytes());
+    let _ = udata(&mut field, UDATA_TYPEOF_PAYLOAD_FIELD, &DPORT_FIELD.to_ne_bytes());
+    let mut typeof_ = Vec::new();
+    let _ = udata(&mut typeof_, UDATA_TYPEOF_EXPR, &EXPR_PAYLOAD.to_ne_bytes());
+    let _ = udata(&mut typeof_, UDATA_TYPEOF_DATA, &field);
+    let _ = udata(&mut ud, UDATA_SET_KEY_TYPEOF, &typeof_);
+    attr(&mut body, NFTA_SET_USERDATA, &ud);
+    body
+}
+
+/// A set of ports' elements: each port, or for an interval set each range split as a named
+/// interval set's ([`encode_elements`]).
+fn anonymous_elements(a: &Anonymous) -> Vec<Vec<u8>> {
+    let mut out = Vec::with_capacity(a.ranges.len() * 2 + 1);
+    for (i, (lo, hi)) in a.ranges.iter().enumerate() {
+        if a.interval && i == 0 && *lo != 0 {
+            out.push(interval_end(&[0, 0]));
+        }
+        let mut el = Vec::new();
+        nested(&mut el, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &lo.to_be_bytes()));
+        out.push(el);
+        if a.interval
+            && let Some(next) = hi.checked_add(1)
+        {
+            out.push(interval_end(&next.to_be_bytes()));
+        }
+    }
+    out
 }
 
 /// The table's name and an object's name under attributes `table` and `name`.
