@@ -189,15 +189,8 @@ pub fn encode_full(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>) -> Result<
         batch.push(NFT_MSG_NEWCHAIN, NLM_F_CREATE, body, "creating chain", &c.name);
     }
     for s in &sets {
-        let id = refs.get(s.name.as_str()).map_or(0, |r| r.id);
         let elements = encode_elements(s, &s.elements.iter().collect::<Vec<_>>())?;
-        batch.push(
-            NFT_MSG_NEWSET,
-            NLM_F_CREATE,
-            &encode_set(s, id)?,
-            if s.data.is_some() { "creating map" } else { "creating set" },
-            &s.name,
-        );
+        push_set(&mut batch, s, &refs)?;
         push_elements(&mut batch, &s.name, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &elements, "adding elements to set");
     }
     let mut next_id = u32::try_from(sets.len()).unwrap_or(u32::MAX);
@@ -227,16 +220,7 @@ pub fn encode_steps(steps: &[Step<'_>], next: &Ruleset) -> Result<Batch, Netlink
     for step in steps {
         match step {
             Step::Declare(Object::Chain(c)) => batch.push(NFT_MSG_NEWCHAIN, NLM_F_CREATE, &encode_chain(c)?, "creating chain", &c.name),
-            Step::Declare(Object::Set(s)) => {
-                let id = refs.get(s.name.as_str()).map_or(0, |r| r.id);
-                batch.push(
-                    NFT_MSG_NEWSET,
-                    NLM_F_CREATE,
-                    &encode_set(s, id)?,
-                    if s.data.is_some() { "creating map" } else { "creating set" },
-                    &s.name,
-                );
-            }
+            Step::Declare(Object::Set(s)) => push_set(&mut batch, s, &refs)?,
             Step::Flush { keyword: "chain", name } => {
                 batch.push(NFT_MSG_DELRULE, 0, &chain_ref(NFTA_RULE_TABLE, NFTA_RULE_CHAIN, name), "flushing chain", name)
             }
@@ -263,6 +247,14 @@ pub fn encode_steps(steps: &[Step<'_>], next: &Ruleset) -> Result<Batch, Netlink
         }
     }
     Ok(batch)
+}
+
+/// Declares set or map `s` (with its id in `refs`), without elements.
+fn push_set(batch: &mut Batch, s: &Set, refs: &HashMap<&str, SetRef<'_>>) -> Result<(), NetlinkError> {
+    let id = refs.get(s.name.as_str()).map_or(0, |r| r.id);
+    let what = if s.data.is_some() { "creating map" } else { "creating set" };
+    batch.push(NFT_MSG_NEWSET, NLM_F_CREATE, &encode_set(s, id)?, what, &s.name);
+    Ok(())
 }
 
 /// The rules of chain `c`, appended, each after the anonymous sets it looks up (as nft
