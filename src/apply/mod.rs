@@ -176,6 +176,11 @@ impl<B: Backend> Applier<B> {
     }
 
     /// Whether a transaction since the last baseline left it to be read.
+    /// Transactions committed so far (what [`Self::accept_baseline`] is told a read follows).
+    pub fn commits(&self) -> u64 {
+        self.commits
+    }
+
     pub fn needs_baseline(&self) -> bool {
         self.last.is_some() && self.baseline.is_none()
     }
