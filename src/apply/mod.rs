@@ -98,8 +98,7 @@ pub trait Backend {
     }
     /// An incremental transaction towards `next` as one atomic transaction (by default as an
     /// nft script; the kernel backend sends a netlink batch).
-    fn write_steps(&mut self, steps: &[Step<'_>], next: &Ruleset) -> Result<(), ApplyError> {
-        let _ = next;
+    fn write_steps(&mut self, steps: &[Step<'_>], _next: &Ruleset) -> Result<(), ApplyError> {
         self.run(&steps_script(steps))
     }
     /// The full sync of `rs` (rendered as `text`) as one atomic transaction over the table's
@@ -175,12 +174,12 @@ impl<B: Backend> Applier<B> {
         self
     }
 
-    /// Whether a transaction since the last baseline left it to be read.
     /// Transactions committed so far (what [`Self::accept_baseline`] is told a read follows).
     pub fn commits(&self) -> u64 {
         self.commits
     }
 
+    /// Whether a transaction since the last baseline left it to be read.
     pub fn needs_baseline(&self) -> bool {
         self.last.is_some() && self.baseline.is_none()
     }
