@@ -77,11 +77,11 @@ impl Backend for FakeNft {
         Ok(t.objects()
             .into_iter()
             .map(|(kind, name)| {
-                let (handle, is_base) = match kind {
-                    Kind::Chain => (t.chains[&name].handle, t.chains[&name].spec.hook.is_some()),
-                    Kind::Set | Kind::Map => (t.sets[&name].handle, false),
+                let handle = match kind {
+                    Kind::Chain => t.chains[&name].handle,
+                    Kind::Set | Kind::Map => t.sets[&name].handle,
                 };
-                ObjectInfo { kind, name, handle, is_base }
+                ObjectInfo { kind, name, handle }
             })
             .collect())
     }

@@ -268,24 +268,19 @@ pub fn parse_objects(json: &[u8]) -> Result<Vec<ObjectInfo>, ApplyError> {
         if let Some(c) = obj.get("chain") {
             let c: Chain<'_> = serde_json::from_value(c.clone()).map_err(|e| bad(format!("chain: {e}")))?;
             if c.table == TABLE {
-                out.push(ObjectInfo {
-                    kind: Kind::Chain,
-                    name: c.name.to_string(),
-                    handle: c.handle.map_or(0, u64::from),
-                    is_base: c.hook.is_some(),
-                });
+                out.push(ObjectInfo { kind: Kind::Chain, name: c.name.to_string(), handle: c.handle.map_or(0, u64::from) });
             }
         } else if let Some(s) = obj.get("set") {
             let s: Set<'_> = serde_json::from_value(s.clone()).map_err(|e| bad(format!("set: {e}")))?;
             if s.table == TABLE {
-                out.push(ObjectInfo { kind: Kind::Set, name: s.name.to_string(), handle: s.handle.map_or(0, u64::from), is_base: false });
+                out.push(ObjectInfo { kind: Kind::Set, name: s.name.to_string(), handle: s.handle.map_or(0, u64::from) });
             }
         } else if let Some(m) = obj.get("map") {
             let field = |k: &str| m.get(k).and_then(serde_json::Value::as_str);
             let name = field("name").ok_or_else(|| bad("map without a name".into()))?;
             if field("table") == Some(TABLE) {
                 let handle = m.get("handle").and_then(serde_json::Value::as_u64).unwrap_or(0);
-                out.push(ObjectInfo { kind: Kind::Map, name: name.to_string(), handle, is_base: false });
+                out.push(ObjectInfo { kind: Kind::Map, name: name.to_string(), handle });
             }
         }
     }
@@ -303,14 +298,14 @@ mod tests {
         // Captured from nft 1.0.6: `nft -j -t list table inet flock`.
         let json = br#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "flock", "handle": 1}}, {"set": {"family": "inet", "name": "pod-addrs-v4", "table": "flock", "type": ["ifname", "ipv4_addr"], "handle": 3, "comment": "c"}}, {"map": {"family": "inet", "name": "ingress-chains", "table": "flock", "type": "ifname", "handle": 6, "comment": "c", "map": "verdict"}}, {"chain": {"family": "inet", "table": "flock", "name": "ingress-ABCD1234-x/a", "handle": 1}}, {"chain": {"family": "inet", "table": "flock", "name": "forward", "handle": 2, "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}}, {"rule": {"family": "inet", "table": "flock", "chain": "forward", "handle": 17, "expr": [{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}}, {"accept": null}]}}]}"#;
         let objs = parse_objects(json).unwrap();
-        let names: Vec<(Kind, &str, u64, bool)> = objs.iter().map(|o| (o.kind, o.name.as_str(), o.handle, o.is_base)).collect();
+        let names: Vec<(Kind, &str, u64)> = objs.iter().map(|o| (o.kind, o.name.as_str(), o.handle)).collect();
         assert_eq!(
             names,
             vec![
-                (Kind::Chain, "forward", 2, true),
-                (Kind::Chain, "ingress-ABCD1234-x/a", 1, false),
-                (Kind::Set, "pod-addrs-v4", 3, false),
-                (Kind::Map, "ingress-chains", 6, false),
+                (Kind::Chain, "forward", 2),
+                (Kind::Chain, "ingress-ABCD1234-x/a", 1),
+                (Kind::Set, "pod-addrs-v4", 3),
+                (Kind::Map, "ingress-chains", 6),
             ]
         );
         assert!(parse_objects(b"not json").is_err());
@@ -324,8 +319,8 @@ mod tests {
 {"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}]}
 "#;
         let objs = parse_objects(json).unwrap();
-        let names: Vec<(Kind, &str, bool)> = objs.iter().map(|o| (o.kind, o.name.as_str(), o.is_base)).collect();
-        assert_eq!(names, vec![(Kind::Chain, "forward", true), (Kind::Set, "pod-addrs-v4", false)]);
+        let names: Vec<(Kind, &str)> = objs.iter().map(|o| (o.kind, o.name.as_str())).collect();
+        assert_eq!(names, vec![(Kind::Chain, "forward"), (Kind::Set, "pod-addrs-v4")]);
         assert!(parse_objects(b"{\"nftables\": []}\n{broken").is_err());
     }
 }

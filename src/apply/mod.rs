@@ -50,8 +50,6 @@ pub struct ObjectInfo {
     pub name: String,
     /// The kernel's handle (stable for the object's lifetime).
     pub handle: u64,
-    /// Base chains have a hook.
-    pub is_base: bool,
 }
 
 /// Why an apply, a check or a listing failed.

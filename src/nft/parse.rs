@@ -79,10 +79,13 @@ pub fn tokenize(text: &str) -> Result<Vec<(Tok<'_>, usize)>, ParseError> {
             b'#' => i = text[i..].find('\n').map_or(bytes.len(), |n| i + n),
             b'"' => {
                 let start = i + 1;
-                let end = match text[start..].find(['"', '\n']) {
+                // Two single-character searches (memchr) rather than one for either
+                // character: strings are nft's comments, most of a ruleset's text.
+                let end = match text[start..].find('"') {
+                    Some(n) if !text[start..start + n].contains('\n') => start + n,
+                    Some(_) => return Err(ParseError { line, message: "newline in string".into() }),
+                    None if text[start..].contains('\n') => return Err(ParseError { line, message: "newline in string".into() }),
                     None => return Err(ParseError { line, message: "unterminated string".into() }),
-                    Some(n) if bytes[start + n] == b'\n' => return Err(ParseError { line, message: "newline in string".into() }),
-                    Some(n) => start + n,
                 };
                 out.push((Tok::Str(&text[start..end]), line));
                 i = end + 1;
