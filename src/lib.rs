@@ -27,6 +27,7 @@ pub mod apply;
 pub mod conformance;
 pub mod controller;
 pub mod daemon;
+pub mod explain;
 #[cfg(feature = "arbitrary")]
 #[doc(hidden)]
 pub mod fuzzing;

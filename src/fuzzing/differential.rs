@@ -519,10 +519,33 @@ pub fn compare_with(s: &Snapshot, enforced: &Snapshot) -> Result<Comparison, Str
     addresses.dedup();
 
     let key = |p: &Pod| ObjectRef::new(p.namespace.clone(), p.name.clone());
+    // `flockctl explain` reads the enforced cluster's translation: it must give the
+    // pipeline's verdict for every flow too.
+    let mut explainer = crate::explain::Explainer::new(enforced, crate::translate::Options::default());
     let mut check = |flow: Flow, pipeline: Result<bool, String>| -> Result<(), String> {
         let verdict = reference::evaluate(s, &flow)?;
         let pipeline = pipeline?;
         out.flows += 1;
+        let end = |e: &End| match e {
+            End::Pod(p) => crate::explain::End::Pod(p.clone()),
+            End::Address(a) => crate::explain::End::Address(*a),
+        };
+        let query = crate::explain::Query {
+            from: end(&flow.from),
+            to: end(&flow.to),
+            protocol: flow.protocol,
+            port: flow.port,
+            family: Some(flow.family),
+        };
+        let explained = explainer.explain(&query).map_err(|e| format!("{flow:?}: explain: {e}"))?;
+        if (explained.verdict == crate::explain::Verdict::Allow) != pipeline {
+            out.disagreements.push(format!(
+                "{flow:?}: explain {}, pipeline {}:\n{}",
+                explained.verdict,
+                if pipeline { "allows" } else { "denies" },
+                crate::explain::to_text(&explained)
+            ));
+        }
         if verdict.allowed != pipeline {
             out.disagreements.push(format!(
                 "{flow:?}: reference {} (egress {:?}, ingress {:?}), pipeline {}",

@@ -75,11 +75,31 @@ pub enum Verdict {
     Drop,
 }
 
-/// A verdict and the rules that led to it (`chain: rule`).
+/// A verdict and the rules that led to it, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
     pub verdict: Verdict,
-    pub path: Vec<String>,
+    pub path: Vec<Step>,
+}
+
+/// A rule the packet matched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub chain: String,
+    pub rule: String,
+    /// The comment of each set or map element the rule matched on (the pod and policy rule
+    /// behind it).
+    pub matched: Vec<String>,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.chain, self.rule)?;
+        if !self.matched.is_empty() {
+            write!(f, " [matched {}]", self.matched.join("; "))?;
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for Trace {
@@ -122,7 +142,7 @@ pub fn trace(table: &Table, base: &str, pkt: &Packet) -> Result<Trace, TraceErro
     Ok(Trace { verdict, path })
 }
 
-fn run_chain(table: &Table, name: &str, pkt: &Packet, path: &mut Vec<String>, depth: usize) -> Result<Flow, TraceError> {
+fn run_chain(table: &Table, name: &str, pkt: &Packet, path: &mut Vec<Step>, depth: usize) -> Result<Flow, TraceError> {
     let err = |rule: &str, message: String| TraceError { chain: name.into(), rule: rule.into(), message };
     if depth > 16 {
         return Err(err("", "jump depth exceeded (a loop?)".into()));
@@ -132,11 +152,7 @@ fn run_chain(table: &Table, name: &str, pkt: &Packet, path: &mut Vec<String>, de
         let mut notes = Vec::new();
         let Some(action) = eval_rule(table, rule, pkt, &mut notes).map_err(|m| err(rule, m))? else { continue };
         notes.retain(|n| !n.is_empty());
-        if notes.is_empty() {
-            path.push(format!("{name}: {rule}"));
-        } else {
-            path.push(format!("{name}: {rule} [matched {}]", notes.join("; ")));
-        }
+        path.push(Step { chain: name.to_string(), rule: rule.clone(), matched: notes });
         let flow = match action {
             Action::Continue => continue,
             Action::Verdict(v) => {
@@ -144,34 +160,34 @@ fn run_chain(table: &Table, name: &str, pkt: &Packet, path: &mut Vec<String>, de
             }
         };
         match flow {
-            Step::Next => continue,
-            Step::Return => return Ok(Flow::Continue),
-            Step::Final(v) => return Ok(Flow::Final(v)),
+            Next::Rule => continue,
+            Next::Return => return Ok(Flow::Continue),
+            Next::Final(v) => return Ok(Flow::Final(v)),
         }
     }
     Ok(Flow::Continue)
 }
 
-enum Step {
-    Next,
+enum Next {
+    Rule,
     Return,
     Final(Verdict),
 }
 
-fn follow(table: &Table, verdict: &str, pkt: &Packet, path: &mut Vec<String>, depth: usize) -> Result<Step, TraceError> {
+fn follow(table: &Table, verdict: &str, pkt: &Packet, path: &mut Vec<Step>, depth: usize) -> Result<Next, TraceError> {
     let mut words = verdict.split(' ');
     match (words.next(), words.next()) {
-        (Some("accept"), None) => Ok(Step::Final(Verdict::Accept)),
-        (Some("drop"), None) => Ok(Step::Final(Verdict::Drop)),
-        (Some("return"), None) => Ok(Step::Return),
+        (Some("accept"), None) => Ok(Next::Final(Verdict::Accept)),
+        (Some("drop"), None) => Ok(Next::Final(Verdict::Drop)),
+        (Some("return"), None) => Ok(Next::Return),
         (Some("jump"), Some(target)) => match run_chain(table, target, pkt, path, depth + 1)? {
-            Flow::Continue => Ok(Step::Next),
-            Flow::Final(v) => Ok(Step::Final(v)),
+            Flow::Continue => Ok(Next::Rule),
+            Flow::Final(v) => Ok(Next::Final(v)),
         },
         // goto: the target's end returns to *our* caller.
         (Some("goto"), Some(target)) => match run_chain(table, target, pkt, path, depth + 1)? {
-            Flow::Continue => Ok(Step::Return),
-            Flow::Final(v) => Ok(Step::Final(v)),
+            Flow::Continue => Ok(Next::Return),
+            Flow::Final(v) => Ok(Next::Final(v)),
         },
         _ => Err(TraceError { chain: String::new(), rule: String::new(), message: format!("unknown verdict {verdict:?}") }),
     }
@@ -240,7 +256,9 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
                     }
                     let key = format!("\"{iface}\"");
                     let m = table.sets.get(&map).ok_or(format!("no map {map}"))?;
-                    return Ok(m.elements.get(&key).and_then(|e| e.verdict.clone()).map(Action::Verdict));
+                    let Some(e) = m.elements.get(&key) else { return Ok(None) };
+                    notes.push(e.comment.clone().unwrap_or_default());
+                    return Ok(e.verdict.clone().map(Action::Verdict));
                 }
                 if let Some(set) = c.peek_word().and_then(|w| w.strip_prefix('@')).map(str::to_string) {
                     // oifname @set
@@ -317,14 +335,21 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
                         matched = false;
                         continue;
                     }
-                    let hit = set_contains(table, &set, &[Val::Addr(addr), Val::Proto(pkt.l4.nft_name(v6)), Val::Port(pkt.dport)])?;
-                    matched &= hit != neg;
+                    let hit = set_match(table, &set, &[Val::Addr(addr), Val::Proto(pkt.l4.nft_name(v6)), Val::Port(pkt.dport)])?;
+                    matched &= if neg { hit.is_none() } else { note(hit, notes) };
                     continue;
                 }
                 let neg = c.neg();
                 let hit = if let Some(set) = c.peek_word().and_then(|w| w.strip_prefix('@')).map(str::to_string) {
                     c.pos += 1;
-                    set_contains(table, &set, &[Val::Addr(addr)])?
+                    // The matched element's comment names the peer (a positive match only).
+                    match set_match(table, &set, &[Val::Addr(addr)])? {
+                        Some(comment) if !neg => {
+                            notes.push(comment);
+                            true
+                        }
+                        hit => hit.is_some(),
+                    }
                 } else {
                     let lit = c.word()?;
                     addr_matches(&lit, addr).ok_or(format!("bad address {lit}"))?
@@ -621,8 +646,9 @@ mod tests {
         let r = Ruleset::from_text(RS).unwrap();
         let t = trace(r.table("inet", "t").unwrap(), "forward", &pkt("flk2", "flk1", "198.18.2.2", "198.18.1.1", L4::Tcp, 8080)).unwrap();
         assert_eq!(t.verdict, Verdict::Drop);
-        assert!(t.path.iter().any(|p| p.starts_with("out2: ip daddr")), "{t}");
-        assert!(t.path.last().unwrap().starts_with("in1: counter drop"), "{t}");
+        assert!(t.path.iter().any(|p| p.chain == "out2" && p.rule.starts_with("ip daddr")), "{t}");
+        let last = t.path.last().unwrap();
+        assert!(last.chain == "in1" && last.rule.starts_with("counter drop"), "{t}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The conformance runner: cases (`crate::conformance`) on a running [`Sim`]. Each step's
 //! objects are applied through the static source (pods stay up; a Pod with a new uid gets a
 //! new sandbox), the runner waits until every node has committed the change, probes, and
-//! compares every checked cell. After a case the base cluster is restored.
+//! compares every checked cell — and `flockctl explain`'s verdict for it. After a case the
+//! base cluster is restored.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -64,7 +65,8 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
             out.errors.push(format!("step {}: {e}", i + 1));
             break;
         }
-        for p in crate::translate::validate_all(&sim.snapshot()) {
+        let snapshot = sim.snapshot();
+        for p in crate::translate::validate_all(&snapshot) {
             let p = p.to_string();
             if !out.problems.contains(&p) {
                 out.problems.push(p);
@@ -116,6 +118,7 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
                         }
                     }
                     out.mismatches.extend(conformance::compare(i, probe, &observed));
+                    out.errors.extend(explain_disagreements(&snapshot, i, probe, &observed));
                 }
                 Err(e) => out.errors.push(format!("step {}: {}: {e}", i + 1, probe.label())),
             }
@@ -132,6 +135,47 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
     } else {
         Verdict::Pass
     };
+    out
+}
+
+/// `flockctl explain` on every observed cell: it must give the verdict the kernel gave.
+fn explain_disagreements(
+    snapshot: &Snapshot,
+    step: usize,
+    probe: &conformance::Probe,
+    observed: &BTreeMap<(String, String), bool>,
+) -> Vec<String> {
+    let mut explainer = crate::explain::Explainer::new(snapshot, crate::translate::Options::default());
+    let mut out = Vec::new();
+    for ((from, to), connected) in observed {
+        let end = |s: &str| crate::explain::End::parse(s);
+        let query = match (end(from), end(to)) {
+            (Ok(from), Ok(to)) => {
+                // As the probe: without a family, the destination's first address decides.
+                let first = match &to {
+                    crate::explain::End::Pod(p) => snapshot.pod_by_name(p).and_then(|p| p.ips.first().copied()),
+                    crate::explain::End::Address(a) => Some(*a),
+                };
+                let family = probe.family.or(first.map(conformance::Family::of));
+                crate::explain::Query { from, to, protocol: probe.protocol, port: probe.port, family }
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                out.push(format!("step {}: {}: explain: {e}", step + 1, probe.label()));
+                continue;
+            }
+        };
+        match explainer.explain(&query) {
+            Ok(e) if (e.verdict == crate::explain::Verdict::Allow) != *connected => out.push(format!(
+                "step {}: {}: {from} -> {to}: the kernel {}, explain says {}",
+                step + 1,
+                probe.label(),
+                if *connected { "connected" } else { "did not connect" },
+                e.verdict
+            )),
+            Ok(_) => {}
+            Err(e) => out.push(format!("step {}: {}: {from} -> {to}: explain: {e}", step + 1, probe.label())),
+        }
+    }
     out
 }
 

@@ -529,13 +529,11 @@ fn trace_syn(table: &flock::nft::Table, server_if: &str, src: IpAddr, dst: IpAdd
         .with_context(|| format!("tracing {src} -> {dst}:{port} (is the tracer up to date with the render?)"))
 }
 
-/// The 1-based position of a traced rule (`chain: rule`, maybe followed by what it matched,
-/// ` [matched …]`) in its chain.
-fn position(rs: &Ruleset, entry: &str) -> Option<(String, usize)> {
-    let (chain, rule) = entry.split_once(": ")?;
-    let Some(Object::Chain(c)) = rs.object(chain) else { return None };
-    let pos = c.rules.iter().position(|r| rule.strip_prefix(r.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(" [")))?;
-    Some((chain.to_string(), pos + 1))
+/// The 1-based position of a traced rule in its chain.
+fn position(rs: &Ruleset, step: &trace::Step) -> Option<(String, usize)> {
+    let Some(Object::Chain(c)) = rs.object(&step.chain) else { return None };
+    let pos = c.rules.iter().position(|r| *r == step.rule)?;
+    Some((step.chain.clone(), pos + 1))
 }
 
 /// The accepting rule of a trace, and its position in its chain, when it is in one of the
@@ -543,7 +541,7 @@ fn position(rs: &Ruleset, entry: &str) -> Option<(String, usize)> {
 fn accepting_position(rs: &Ruleset, chains: &ServerChains, t: &trace::Trace) -> Option<(String, usize)> {
     let last = t.path.last()?;
     let (chain, pos) = position(rs, last)?;
-    chains.chains.contains(&chain).then(|| (last.clone(), pos))
+    chains.chains.contains(&chain).then(|| (last.to_string(), pos))
 }
 
 /// Rules a traced packet went through, the matching ones included: per chain on its path,

@@ -1,9 +1,10 @@
-//! flockctl: the operator's tool. Renders a node's ruleset offline, runs a simulated
-//! cluster from manifests, and runs conformance cases on it.
+//! flockctl: the operator's tool. Renders a node's ruleset offline, explains a flow's
+//! verdict, runs a simulated cluster from manifests, and runs conformance cases on it.
 
 mod bench;
 mod conformance;
 mod dataplane;
+mod explain;
 mod render;
 mod sim;
 
@@ -29,6 +30,9 @@ enum Command {
     Sim(sim::SimArgs),
     /// Run conformance cases on a simulated cluster.
     Conformance(conformance::ConformanceArgs),
+    /// Why one flow is allowed or denied: the deciding tier, policies and rules, per
+    /// direction (offline from manifests, or --live from this node's table).
+    Explain(explain::ExplainArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +50,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Conformance(args) => conformance::run(&args),
+        Command::Explain(args) => explain::run(&args),
     };
     // An interrupted simulation unwinds with an error; what counts is the interrupt.
     if let Some(code) = sim::exit_if_interrupted() {

@@ -1,0 +1,93 @@
+//! `flockctl explain`: why a flow is allowed or denied — offline from manifests (the
+//! translator the agent runs), or `--live` from this node's table.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+
+use flock::apply::Backend;
+use flock::apply::kernel::NftCli;
+use flock::conformance::Family;
+use flock::explain::live::{self, LiveTable};
+use flock::explain::{self, End, Explainer, Query};
+use flock::model::{Protocol, manifest};
+use flock::netns::Netns;
+use flock::translate::Options;
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Args)]
+pub struct ExplainArgs {
+    /// Manifest file or directory (multi-document YAML, List kinds); repeatable. Not with --live.
+    #[arg(long = "manifests", short = 'f', value_name = "PATH", required_unless_present = "live", conflicts_with = "live")]
+    manifests: Vec<PathBuf>,
+    /// Explain from this node's live table (`nft -s list table inet flock`; root) instead of
+    /// manifests: what the kernel enforces now, for the part of the flow on this node.
+    #[arg(long)]
+    live: bool,
+    /// The source: namespace/pod (or an address).
+    #[arg(long, value_name = "NS/POD")]
+    from: String,
+    /// The destination: namespace/pod or an address.
+    #[arg(long, value_name = "NS/POD|ADDRESS")]
+    to: String,
+    /// Destination port.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    port: u16,
+    /// TCP, UDP or SCTP.
+    #[arg(long, default_value = "TCP", value_parser = parse_protocol)]
+    protocol: Protocol,
+    /// IPv4 or IPv6 (pod to pod; default: IPv4 when both pods have one).
+    #[arg(long, value_parser = parse_family)]
+    family: Option<Family>,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value = "table")]
+    output: Output,
+    /// As the agent's --no-run-pod-isolation: pods labelled flock.dev/run that no policy
+    /// selects are not egress-isolated.
+    #[arg(long)]
+    no_run_pod_isolation: bool,
+}
+
+fn parse_protocol(s: &str) -> Result<Protocol, String> {
+    Protocol::parse(&s.to_ascii_uppercase()).ok_or_else(|| format!("{s:?}: expected TCP, UDP or SCTP"))
+}
+
+fn parse_family(s: &str) -> Result<Family, String> {
+    Family::parse(s).ok_or_else(|| format!("{s:?}: expected IPv4 or IPv6"))
+}
+
+pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
+    let query =
+        Query { from: End::parse(&args.from)?, to: End::parse(&args.to)?, protocol: args.protocol, port: args.port, family: args.family };
+    let text = if args.live {
+        let listing = NftCli::new(Netns::Current).list_table().context("listing table inet flock (are you root, on a node?)")?;
+        let Some(listing) = listing else { bail!("there is no table inet flock here: is flock-agent running on this node?") };
+        let table = LiveTable::parse(&listing)?;
+        let e = table.explain(&query)?;
+        match args.output {
+            Output::Json => serde_json::to_string_pretty(&e)?,
+            Output::Table => live::to_text(&e),
+        }
+    } else {
+        let m = manifest::load_paths(&args.manifests).context("reading manifests")?;
+        for w in &m.warnings {
+            eprintln!("warning: {w}");
+        }
+        let snapshot = m.into_snapshot();
+        let options = Options { isolate_run_pods: !args.no_run_pod_isolation };
+        let e = Explainer::new(&snapshot, options).explain(&query)?;
+        match args.output {
+            Output::Json => serde_json::to_string_pretty(&e)?,
+            Output::Table => explain::to_text(&e),
+        }
+    };
+    println!("{}", text.trim_end());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,286 @@
+//! Explaining from a node's live table: the listing of `inet flock` (`nft -s list table inet
+//! flock`) parsed, and the first packet of the flow traced through it (`nft::trace`) — what
+//! the kernel enforces right now, named by the comments the renderer writes on every chain,
+//! rule and element (policy, rule index, pod).
+//!
+//! Ends are found in the table itself: a local pod by its `pod-addrs-*` element (interface
+//! and address, commented `namespace/name`), a remote pod by any element keyed by its
+//! address and commented with its name (peer sets hold every pod a policy names), anything
+//! else by address. Only this node's part of the flow is judged: egress when the source is
+//! local, ingress when the destination is.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use super::{End, Query, Verdict};
+use crate::conformance::Family;
+use crate::model::Protocol;
+use crate::nft::table::{Ruleset, Table};
+use crate::nft::trace::{self, Ct, L4, Packet};
+use crate::render::{BASE_CHAIN, EGRESS_ALLOWED, FROM_PODS, POD_ADDRS_V4, POD_ADDRS_V6, TO_PODS};
+
+/// The interface name traced packets use for the node's uplink: anything that is not a pod
+/// interface (`flk*`).
+const UPLINK: &str = "uplink";
+
+/// Why the live table cannot explain a flow.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LiveError {
+    #[error("the listing of table inet flock does not parse: {0}")]
+    Listing(String),
+    #[error("there is no table inet flock on this node: flock-agent has not programmed it")]
+    NoTable,
+    #[error("pod {0} is not on this node and no element of its table names it: pass its address instead")]
+    UnknownPod(String),
+    #[error("pod {pod} has no {family} address in this node's table")]
+    NoAddress { pod: String, family: &'static str },
+    #[error("{from} and {to} have no address family in common")]
+    NoCommonFamily { from: String, to: String },
+    #[error("neither {from} nor {to} is a pod on this node: run explain on a node of either")]
+    NotLocal { from: String, to: String },
+    #[error("tracing the packet: {0}")]
+    Trace(String),
+}
+
+/// One rule the packet matched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TracedRule {
+    pub chain: String,
+    /// The chain's comment (whose policy it is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain_comment: Option<String>,
+    /// The rule, its comment included.
+    pub rule: String,
+    /// The comments of the set or map elements the rule matched (pods, policy rules).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub matched: Vec<String>,
+}
+
+/// The verdict of one direction judged on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LiveDirection {
+    pub verdict: Verdict,
+    /// The rules of the pod's policy chains the packet matched, the deciding one last
+    /// (empty: nothing restricts this direction of the pod).
+    pub rules: Vec<TracedRule>,
+}
+
+/// One end as found in the table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LiveEnd {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    pub address: IpAddr,
+    /// The pod's interface when it is on this node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+}
+
+/// The live explanation of a flow on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LiveExplanation {
+    /// This node's verdict (the other end's node may still deny what this one allows).
+    pub verdict: Verdict,
+    pub from: LiveEnd,
+    pub to: LiveEnd,
+    pub protocol: &'static str,
+    pub port: u16,
+    pub family: &'static str,
+    /// At the source, when it is on this node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<LiveDirection>,
+    /// At the destination, when it is on this node (and egress let the packet through).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<LiveDirection>,
+    /// Every rule the packet matched, from the base chain on.
+    pub path: Vec<TracedRule>,
+}
+
+/// An end as the table knows it.
+struct Found {
+    pod: Option<String>,
+    /// When the pod is on this node.
+    interface: Option<String>,
+    ips: Vec<IpAddr>,
+}
+
+/// A node's live table, ready to explain flows.
+pub struct LiveTable {
+    table: Table,
+    /// Local pods: name → (interface, addresses).
+    local: BTreeMap<String, (String, Vec<IpAddr>)>,
+    /// Pods named by elements: name → addresses.
+    named: BTreeMap<String, Vec<IpAddr>>,
+}
+
+impl LiveTable {
+    /// Parses `nft -s list table inet flock` output.
+    pub fn parse(listing: &str) -> Result<Self, LiveError> {
+        let rs = Ruleset::from_text(listing).map_err(|e| LiveError::Listing(e.to_string()))?;
+        let table = rs.table("inet", "flock").cloned().ok_or(LiveError::NoTable)?;
+        let mut local: BTreeMap<String, (String, Vec<IpAddr>)> = BTreeMap::new();
+        let mut named: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+        for (name, set) in &table.sets {
+            for (key, elem) in &set.elements {
+                let Some(pod) = elem.comment.as_deref().filter(|c| is_pod_name(c)) else { continue };
+                if name == POD_ADDRS_V4 || name == POD_ADDRS_V6 {
+                    // `"flk…" . address`
+                    if let Some((iface, addr)) = key.split_once(" . ")
+                        && let Ok(ip) = addr.parse::<IpAddr>()
+                    {
+                        let e = local.entry(pod.to_string()).or_insert_with(|| (iface.trim_matches('"').to_string(), Vec::new()));
+                        e.1.push(ip);
+                    }
+                } else if let Ok(ip) = key.parse::<IpAddr>() {
+                    let v = named.entry(pod.to_string()).or_default();
+                    if !v.contains(&ip) {
+                        v.push(ip);
+                    }
+                }
+            }
+        }
+        Ok(Self { table, local, named })
+    }
+
+    /// The local pod owning `ip`.
+    fn local_owner(&self, ip: IpAddr) -> Option<(&str, &(String, Vec<IpAddr>))> {
+        self.local.iter().find(|(_, (_, ips))| ips.contains(&ip)).map(|(n, v)| (n.as_str(), v))
+    }
+
+    /// A pod name or an address, as the table knows it.
+    fn resolve(&self, end: &End) -> Result<Found, LiveError> {
+        match end {
+            End::Pod(p) => {
+                let name = p.to_string();
+                if let Some((iface, ips)) = self.local.get(&name) {
+                    return Ok(Found { pod: Some(name), interface: Some(iface.clone()), ips: ips.clone() });
+                }
+                let ips = self.named.get(&name).cloned().ok_or_else(|| LiveError::UnknownPod(name.clone()))?;
+                Ok(Found { pod: Some(name), interface: None, ips })
+            }
+            End::Address(ip) => match self.local_owner(*ip) {
+                Some((name, (iface, _))) => Ok(Found { pod: Some(name.to_string()), interface: Some(iface.clone()), ips: vec![*ip] }),
+                None => {
+                    let name = self.named.iter().find(|(_, ips)| ips.contains(ip)).map(|(n, _)| n.clone());
+                    Ok(Found { pod: name, interface: None, ips: vec![*ip] })
+                }
+            },
+        }
+    }
+
+    /// Traces the first packet of `query` through this node's table.
+    pub fn explain(&self, query: &Query) -> Result<LiveExplanation, LiveError> {
+        let Found { pod: from_pod, interface: from_if, ips: from_ips } = self.resolve(&query.from)?;
+        let Found { pod: to_pod, interface: to_if, ips: to_ips } = self.resolve(&query.to)?;
+        let describe =
+            |pod: &Option<String>, ips: &[IpAddr]| pod.clone().unwrap_or_else(|| ips.first().map(ToString::to_string).unwrap_or_default());
+        let has = |ips: &[IpAddr], f: Family| ips.iter().any(|ip| Family::of(*ip) == f);
+        let family = match (&query.from, &query.to, query.family) {
+            (End::Address(a), _, _) | (_, End::Address(a), _) => Family::of(*a),
+            (_, _, Some(f)) => f,
+            _ => [Family::V4, Family::V6]
+                .into_iter()
+                .find(|f| has(&from_ips, *f) && has(&to_ips, *f))
+                .ok_or_else(|| LiveError::NoCommonFamily { from: describe(&from_pod, &from_ips), to: describe(&to_pod, &to_ips) })?,
+        };
+        let pick = |pod: &Option<String>, ips: &[IpAddr]| {
+            ips.iter()
+                .copied()
+                .find(|ip| Family::of(*ip) == family)
+                .ok_or_else(|| LiveError::NoAddress { pod: describe(pod, ips), family: family.as_str() })
+        };
+        let (src, dst) = (pick(&from_pod, &from_ips)?, pick(&to_pod, &to_ips)?);
+        if from_if.is_none() && to_if.is_none() {
+            return Err(LiveError::NotLocal { from: describe(&from_pod, &from_ips), to: describe(&to_pod, &to_ips) });
+        }
+        let l4 = match query.protocol {
+            Protocol::Tcp => L4::Tcp,
+            Protocol::Udp => L4::Udp,
+            Protocol::Sctp => L4::Sctp,
+        };
+        let pkt = Packet {
+            iif: from_if.clone().unwrap_or_else(|| UPLINK.to_string()),
+            oif: to_if.clone().unwrap_or_else(|| UPLINK.to_string()),
+            src,
+            dst,
+            l4,
+            dport: query.port,
+            ct: Ct::New,
+        };
+        let t = trace::trace(&self.table, BASE_CHAIN, &pkt).map_err(|e| LiveError::Trace(e.to_string()))?;
+        let path: Vec<TracedRule> = t
+            .path
+            .into_iter()
+            .map(|s| TracedRule {
+                chain_comment: self.table.chains.get(&s.chain).and_then(|c| c.spec.comment.clone()),
+                chain: s.chain,
+                rule: s.rule,
+                matched: s.matched,
+            })
+            .collect();
+        let verdict = if t.verdict == trace::Verdict::Accept { Verdict::Allow } else { Verdict::Deny };
+        // Egress is denied when the packet was dropped by the source check or the pod's
+        // egress chains; ingress is judged only when egress let the packet on.
+        let in_egress = |chain: &str| chain == FROM_PODS || (chain.starts_with("egress-") && chain != EGRESS_ALLOWED);
+        let egress_denied = verdict == Verdict::Deny && from_if.is_some() && path.last().is_some_and(|r| in_egress(&r.chain));
+        let egress = from_if.as_ref().map(|_| LiveDirection {
+            verdict: if egress_denied { Verdict::Deny } else { Verdict::Allow },
+            rules: path.iter().filter(|r| in_egress(&r.chain)).cloned().collect(),
+        });
+        let ingress = to_if.as_ref().filter(|_| !egress_denied).map(|_| LiveDirection {
+            verdict,
+            rules: path.iter().filter(|r| r.chain == TO_PODS || r.chain.starts_with("ingress-")).cloned().collect(),
+        });
+        Ok(LiveExplanation {
+            verdict,
+            from: LiveEnd { pod: from_pod, address: src, interface: from_if },
+            to: LiveEnd { pod: to_pod, address: dst, interface: to_if },
+            protocol: query.protocol.as_k8s(),
+            port: query.port,
+            family: family.as_str(),
+            egress,
+            ingress,
+            path,
+        })
+    }
+}
+
+/// `namespace/name` as the renderer comments a pod's elements (not a policy rule's
+/// `namespace/name ingress[0]`, not an ipBlock).
+fn is_pod_name(c: &str) -> bool {
+    let part = |s: &str| !s.is_empty() && !s.contains(|ch: char| ch.is_whitespace() || ch == '/' || ch == ':');
+    c.split_once('/').is_some_and(|(ns, name)| part(ns) && part(name))
+}
+
+/// The live explanation as text.
+pub fn to_text(e: &LiveExplanation) -> String {
+    use std::fmt::Write as _;
+    let end = |x: &LiveEnd| x.pod.clone().map_or_else(|| x.address.to_string(), |p| format!("{p} ({})", x.address));
+    let mut s = String::new();
+    let _ = writeln!(s, "{} on this node: {}/{} {}: {} -> {}", e.verdict, e.protocol, e.port, e.family, end(&e.from), end(&e.to));
+    for (name, d, other) in [("egress", &e.egress, "the source's node"), ("ingress", &e.ingress, "the destination's node")] {
+        match d {
+            None if name == "ingress" && e.to.interface.is_some() => {
+                let _ = writeln!(s, "  ingress: not reached (egress denied)");
+            }
+            None => {
+                let _ = writeln!(s, "  {name}: judged on {other}, not here");
+            }
+            Some(d) if d.rules.is_empty() => {
+                let _ = writeln!(s, "  {name}: {}: no policy chain (nothing restricts it)", d.verdict);
+            }
+            Some(d) => {
+                let _ = writeln!(s, "  {name}: {}", d.verdict);
+                for r in &d.rules {
+                    let _ = writeln!(s, "    {}: {}", r.chain, r.rule);
+                    for m in &r.matched {
+                        let _ = writeln!(s, "      matched element: {m}");
+                    }
+                }
+            }
+        }
+    }
+    s
+}

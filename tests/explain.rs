@@ -1,0 +1,131 @@
+//! `flockctl explain` against what is enforced: on every checked cell of every conformance
+//! case (IPv4 and IPv6, both ruleset shapes), the offline explanation (from the translator)
+//! gives the packet tracer's verdict over the rendered rulesets, and the live explanation
+//! (from each node's table as nft lists it) gives the same verdict and names the same rules.
+//! Random clusters are compared in `reference.rs` (`fuzzing::differential` checks explain).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+
+use flock::conformance::{self, Expect, Family};
+use flock::explain::live::LiveTable;
+use flock::explain::{self, End, Explainer, Query, Verdict};
+use flock::model::Snapshot;
+use flock::render::RenderOptions;
+use flock::testkit::{TracedCluster, pod_ref};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+/// Every checked cell of `cases` on `base`: (cells, cells whose live rules were checked to
+/// name the deciding policy, disagreements).
+fn cells(base: &Snapshot, cases: &[PathBuf]) -> (usize, usize, Vec<String>) {
+    let (mut n, mut bad, mut named) = (0, Vec::new(), 0usize);
+    for dir in cases {
+        let case = conformance::load_case(dir).unwrap();
+        let mut s = base.clone();
+        for (i, step) in case.steps.iter().enumerate() {
+            conformance::apply_step(&mut s, step);
+            let mut explainer = Explainer::new(&s, flock::translate::Options::default());
+            let shapes = [RenderOptions::default(), RenderOptions { peer_classes_from: 0 }];
+            let clusters: Vec<TracedCluster> = shapes.iter().map(|o| TracedCluster::build_with(&s, o)).collect();
+            let live: Vec<(String, LiveTable)> =
+                clusters[0].texts.iter().map(|(node, text)| (node.clone(), LiveTable::parse(&listing(text)).unwrap())).collect();
+            for probe in &step.probes {
+                for from in &probe.order {
+                    for to in &probe.order {
+                        if from == to || probe.expect(from, to) == Expect::Unchecked {
+                            continue;
+                        }
+                        let family = probe.family.unwrap_or_else(|| Family::of(s.pod_by_name(&pod_ref(to)).unwrap().ips[0]));
+                        let query = Query {
+                            from: End::Pod(pod_ref(from)),
+                            to: End::Pod(pod_ref(to)),
+                            protocol: probe.protocol,
+                            port: probe.port,
+                            family: Some(family),
+                        };
+                        let e = explainer.explain(&query).unwrap();
+                        let allowed = e.verdict == Verdict::Allow;
+                        n += 1;
+                        let cell = format!("{} step {i} {} {from} -> {to}", case.dir_name, probe.label());
+                        for c in &clusters {
+                            let traced = c.connected(from, to, probe.protocol, probe.port, Some(family)).unwrap();
+                            if traced != allowed {
+                                bad.push(format!("{cell}: tracer {traced}, explain:\n{}", explain::to_text(&e)));
+                            }
+                        }
+                        // Live, on the source's node then (if elsewhere) the destination's.
+                        let node_of = |pod: &Option<String>| e_node(pod, &e);
+                        let mut live_allowed = true;
+                        let mut nodes = vec![node_of(&e.from.pod)];
+                        if node_of(&e.to.pod) != nodes[0] {
+                            nodes.push(node_of(&e.to.pod));
+                        }
+                        for node in nodes {
+                            let table = &live.iter().find(|(n, _)| *n == node).unwrap().1;
+                            // A pod on this node by name, the other end (maybe named by no
+                            // element here) by address.
+                            let end = |pod: &str, info: &explain::EndInfo| {
+                                if info.node.as_deref() == Some(node.as_str()) {
+                                    End::Pod(pod_ref(pod))
+                                } else {
+                                    End::Address(info.address)
+                                }
+                            };
+                            let live_query = Query { from: end(from, &e.from), to: end(to, &e.to), ..query.clone() };
+                            let l = table.explain(&live_query).unwrap();
+                            live_allowed &= l.verdict == Verdict::Allow;
+                            // The live ingress decision names the policy offline explain names.
+                            if let (Some(li), Some(first)) = (&l.ingress, e.ingress.deciding.first())
+                                && !li.rules.is_empty()
+                            {
+                                named += 1;
+                                if !li
+                                    .rules
+                                    .iter()
+                                    .any(|r| r.rule.contains(&first.name) || r.matched.iter().any(|m| m.contains(&first.name)))
+                                {
+                                    bad.push(format!("{cell}: live ingress rules {:?} do not name {}", li.rules, first.name));
+                                }
+                            }
+                        }
+                        if live_allowed != allowed {
+                            bad.push(format!("{cell}: live {live_allowed}, explain:\n{}", explain::to_text(&e)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (n, named, bad)
+}
+
+fn e_node(pod: &Option<String>, e: &explain::Explanation) -> String {
+    if pod == &e.from.pod { e.from.node.clone().unwrap() } else { e.to.node.clone().unwrap() }
+}
+
+/// The render as nft lists it back (`nft -s list table inet flock`): the in-memory nft's
+/// canonical dump.
+fn listing(text: &str) -> String {
+    flock::nft::table::canonical(text).unwrap()
+}
+
+#[test]
+fn explain_agrees_with_the_enforced_rulesets_on_every_conformance_cell() {
+    let cases = conformance::find_cases(&[root().join("conformance")]).unwrap();
+    let (n, named, bad) = cells(&flock::testkit::base_cluster(), &cases);
+    assert!(bad.is_empty(), "{} of {n} cells:\n{}", bad.len(), bad.join("\n"));
+    let v6 = root().join("conformance-v6");
+    let base = flock::model::manifest::load_paths(&[v6.join("base-cluster.yaml")]).unwrap().to_snapshot();
+    let v6_cases = conformance::ipv6_cluster_policy_cases(&root().join("conformance"), &v6).unwrap();
+    let (n6, named6, bad) = cells(&base, &v6_cases);
+    assert!(bad.is_empty(), "IPv6: {} of {n6} cells:\n{}", bad.len(), bad.join("\n"));
+    eprintln!(
+        "explain: {n} IPv4 and {n6} IPv6 cells agree with the tracer and the live tables ({} live ingress decisions name the policy)",
+        named + named6
+    );
+    assert!(cases.len() > 40 && n > 1000 && named > 500, "{} cases, {n} cells, {named} named", cases.len());
+}
