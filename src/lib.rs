@@ -32,6 +32,7 @@ pub mod explain;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod model;
+pub mod nflog;
 pub use flock_cni::netns;
 pub mod nft;
 pub mod process;

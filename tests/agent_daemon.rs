@@ -212,6 +212,51 @@ async fn policies_from_the_api_are_enforced_and_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn denied_packets_are_logged_counted_and_rate_limited() {
+    if !require_root("denied_packets_are_logged_counted_and_rate_limited") {
+        return;
+    }
+    let mut rig = Rig::new("denials").await;
+    let (rate, burst) = (5u32, 10u32);
+    let (stop, task) = rig.start(rig.options(|o| o.agent.deny_log = Some(flock::render::log::DenyLog { group: 100, rate, burst })));
+    wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    rig.add_pod("a", "198.18.80.10", json!({"app": "a"})).await;
+    rig.add_pod("b", "198.18.80.11", json!({"app": "b"})).await;
+    assert!(ping(rig.pod("a"), "198.18.80.11"));
+    let ingress = "flock_denied_packets_total{namespace=\"default\",direction=\"ingress\"}";
+    assert_eq!(rig.metric(ingress), 0.0, "nothing is logged for allowed traffic");
+
+    rig.server.apply(deny_ingress_to("deny-b", "b")).unwrap();
+    wait_until("the policy in nft", Duration::from_secs(10), || rig.table().contains("isolated by policy default/deny-b")).await;
+    assert!(rig.table().contains("log prefix \"flock:deny:ingress:"), "{}", rig.table());
+    assert!(!ping(rig.pod("a"), "198.18.80.11"));
+    wait_until("the denial counted", Duration::from_secs(5), || rig.metric(ingress) >= 1.0).await;
+
+    // A flood of denied packets: at most the burst and the rate's worth are logged.
+    let before = rig.metric(ingress);
+    let t = Instant::now();
+    let flood = rig.pod("a").try_exec(&["ping", "-f", "-c", "2000", "-w", "3", "198.18.80.11"]);
+    let elapsed = t.elapsed();
+    assert!(!flood.status.success(), "the flood is denied");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let logged = rig.metric(ingress) - before;
+    let bound = f64::from(burst) + f64::from(rate) * (elapsed.as_secs_f64() + 1.0);
+    eprintln!("2000 denied packets in {elapsed:?}: {logged} logged (bound {bound})");
+    assert!(logged >= 1.0 && logged <= bound, "{logged} logged for a flood of {elapsed:?}, bound {bound}");
+
+    // A spoofed source is logged as such.
+    rig.pod("a").ip(&["addr", "add", "198.18.80.99/32", "dev", "eth0"]);
+    assert!(!rig.pod("a").try_exec(&["ping", "-c", "1", "-W", "1", "-I", "198.18.80.99", "198.18.80.11"]).status.success());
+    wait_until("the spoofed source counted", Duration::from_secs(5), || {
+        rig.metric("flock_denied_packets_total{namespace=\"\",direction=\"spoofed-source\"}") >= 1.0
+    })
+    .await;
+    assert_eq!(rig.metric("flock_denial_records_lost_total"), 0.0);
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_of_5000_pod_events_makes_a_handful_of_syncs() {
     if !require_root("a_burst_of_5000_pod_events_makes_a_handful_of_syncs") {
         return;

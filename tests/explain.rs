@@ -29,7 +29,7 @@ fn cells(base: &Snapshot, cases: &[PathBuf]) -> (usize, usize, Vec<String>) {
         for (i, step) in case.steps.iter().enumerate() {
             conformance::apply_step(&mut s, step);
             let mut explainer = Explainer::new(&s, flock::translate::Options::default());
-            let shapes = [RenderOptions::default(), RenderOptions { peer_classes_from: 0 }];
+            let shapes = [RenderOptions::default(), RenderOptions { peer_classes_from: 0, ..RenderOptions::DEFAULT }];
             let clusters: Vec<TracedCluster> = shapes.iter().map(|o| TracedCluster::build_with(&s, o)).collect();
             let live: Vec<(String, LiveTable)> =
                 clusters[0].texts.iter().map(|(node, text)| (node.clone(), LiveTable::parse(&listing(text)).unwrap())).collect();

@@ -46,7 +46,8 @@ fn random_step_sequences_agree_with_the_full_pipeline() {
 // Scenarios, on the conformance cluster from node-1 (local pods x/a, x/c, y/b, z/a, z/c), in
 // both render shapes.
 
-const SHAPES: [RenderOptions; 2] = [RenderOptions { peer_classes_from: 0 }, RenderOptions { peer_classes_from: 8 }];
+const SHAPES: [RenderOptions; 2] =
+    [RenderOptions { peer_classes_from: 0, ..RenderOptions::DEFAULT }, RenderOptions { peer_classes_from: 8, ..RenderOptions::DEFAULT }];
 
 fn harness(snapshot: Snapshot, shape: RenderOptions) -> Harness {
     let endpoints = snapshot.derived_endpoints("node-1");

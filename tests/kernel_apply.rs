@@ -68,7 +68,10 @@ fn ruleset(s: &Snapshot) -> Ruleset {
 
 /// Every pod's allow rules through peer classes (the shape of pods with many rules).
 fn ruleset_classes(s: &Snapshot) -> Ruleset {
-    render_with(&translate(s, &s.derived_endpoints("node-1"), &Options::default()), &RenderOptions { peer_classes_from: 0 })
+    render_with(
+        &translate(s, &s.derived_endpoints("node-1"), &Options::default()),
+        &RenderOptions { peer_classes_from: 0, ..RenderOptions::DEFAULT },
+    )
 }
 
 fn base_handle(a: &mut Applier<NftCli>) -> u64 {
@@ -353,7 +356,11 @@ fn flows_survive_100_updates_and_shape_changes_without_loss() {
     for i in 0..100 {
         let s = if i % 2 == 0 { &s2 } else { &s1 };
         let np = translate(s, &s.derived_endpoints("n1"), &Options::default());
-        let rs = if (i / 2) % 2 == 0 { render(&np) } else { render_with(&np, &RenderOptions { peer_classes_from: 0 }) };
+        let rs = if (i / 2) % 2 == 0 {
+            render(&np)
+        } else {
+            render_with(&np, &RenderOptions { peer_classes_from: 0, ..RenderOptions::DEFAULT })
+        };
         assert!(matches!(ap.apply(&rs).unwrap(), Outcome::Applied { .. }));
     }
     let ping_out = ping.join().unwrap();
@@ -430,11 +437,11 @@ fn element_batches_over_netlink_list_as_nft_writes_them() {
     // Three shapes: as rendered by default, every pod on one rule per allow rule (z/a's
     // egress then matches named ports in a set of address . protocol . port), and every pod on
     // peer classes.
-    let one_rule_each = RenderOptions { peer_classes_from: usize::MAX };
+    let one_rule_each = RenderOptions { peer_classes_from: usize::MAX, ..RenderOptions::DEFAULT };
     for (shape, opts, before, after) in [
         ("default", RenderOptions::default(), &before, &after),
         ("rules", one_rule_each, &before, &after),
-        ("classes", RenderOptions { peer_classes_from: 0 }, &copies, &more),
+        ("classes", RenderOptions { peer_classes_from: 0, ..RenderOptions::DEFAULT }, &copies, &more),
     ] {
         let rs1 = render_with(&translate(before, &before.derived_endpoints("node-1"), &Options::default()), &opts);
         let rs2 = render_with(&translate(after, &after.derived_endpoints("node-1"), &Options::default()), &opts);

@@ -66,7 +66,10 @@ fn renders() -> Vec<(String, Ruleset)> {
             out.push((name, rs));
         }
     };
-    let shapes = [("rules", RenderOptions { peer_classes_from: usize::MAX }), ("classes", RenderOptions { peer_classes_from: 0 })];
+    let shapes = [
+        ("rules", RenderOptions { peer_classes_from: usize::MAX, ..RenderOptions::DEFAULT }),
+        ("classes", RenderOptions { peer_classes_from: 0, ..RenderOptions::DEFAULT }),
+    ];
     let cases = flock::conformance::find_cases(&[Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance")]).unwrap();
     for dir in cases {
         let case = flock::conformance::load_case(&dir).unwrap();

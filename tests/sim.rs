@@ -299,6 +299,42 @@ fn sim_json_and_hosts() {
     assert_eq!(results.len(), 81);
     assert!(results.iter().all(|r| r["connected"] == true && r["outcome"] == "connected"), "{results:?}");
     assert!(results.iter().any(|r| r["to"] == "host/internet"));
+    assert_eq!(v["denied"], serde_json::json!([]), "no policy: nothing denied");
+}
+
+#[test]
+fn sim_collects_the_kernels_denials() {
+    if !require_root("sim_collects_the_kernels_denials") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("flock-sim-denials-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("deny.yaml");
+    std::fs::write(&policy, "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: x}\nspec: {podSelector: {matchLabels: {pod: a}}}\n").unwrap();
+    let args = ["sim", "-f", "tests/conformance/base-cluster.yaml", "-f", policy.to_str().unwrap(), "--probe", "80/TCP"];
+    let out = flockctl(&[&args[..], &["-o", "json"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let denied = v["denied"].as_array().unwrap();
+    // Eight pods probe x/a: each probe's SYN is denied at x/a's ingress and logged.
+    let into_xa: Vec<&serde_json::Value> = denied.iter().filter(|d| d["pod"] == "x/a" && d["direction"] == "ingress").collect();
+    let mut sources: Vec<&str> = into_xa.iter().filter_map(|d| d["from"].as_str()).collect();
+    sources.sort();
+    sources.dedup();
+    assert_eq!(sources, ["x/b", "x/c", "y/a", "y/b", "y/c", "z/a", "z/b", "z/c"], "{denied:#?}");
+    for d in &into_xa {
+        assert_eq!((d["reason"].as_str(), d["protocol"].as_str(), d["port"].as_u64()), (Some("policy"), Some("TCP"), Some(80)));
+        assert_eq!(d["policies"], serde_json::json!(["policy x/deny"]));
+        assert!(d["count"].as_u64().unwrap() >= 1 && d["node"].is_string());
+    }
+    assert!(denied.iter().all(|d| d["pod"] == "x/a"), "only x/a denies: {denied:#?}");
+    // The table output summarises them under the matrix.
+    let out = flockctl(&args);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("denied (logged by the kernel during the probes"), "{text}");
+    assert!(text.contains("ingress of x/a (node node-1): ") && text.contains("8 peers; policy x/deny"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn sim_options() -> SimOptions {

@@ -1,7 +1,7 @@
 //! The Prometheus metrics operators watch (`/metrics`): sync durations and failures, the
 //! last successful sync, event-to-enforced latency, what is tracked, the ruleset's size,
 //! the watches' state, reconnects and relists, API probes, CNI requests, coalesced events,
-//! drift repairs.
+//! drift repairs, denied packets.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -42,6 +42,9 @@ pub struct Metrics {
     policy_event_requests: Family<Labels, Counter>,
     cluster_policies_enforced: Family<Labels, Gauge>,
     policy_status_requests: Family<Labels, Counter>,
+    denied_packets: Family<Labels, Counter>,
+    denial_records_lost: Counter,
+    denial_records_unreadable: Counter,
 }
 
 fn duration_histogram() -> Histogram {
@@ -93,6 +96,9 @@ impl Metrics {
             policy_event_requests: Family::default(),
             cluster_policies_enforced: Family::default(),
             policy_status_requests: Family::default(),
+            denied_packets: Family::default(),
+            denial_records_lost: Counter::default(),
+            denial_records_unreadable: Counter::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -179,6 +185,17 @@ impl Metrics {
             "Requests about flock's condition in ClusterNetworkPolicy status (get, apply), by verb and result",
             m.policy_status_requests.clone(),
         );
+        r.register(
+            "denied_packets",
+            "Denied packets the kernel logged (rate-limited per pod and direction: a floor, not a count of drops), by namespace of the pod whose policy denied and direction (ingress, egress, spoofed-source, unknown-pod)",
+            m.denied_packets.clone(),
+        );
+        r.register(
+            "denial_records_lost",
+            "Times the kernel could not queue denial records to the agent (its socket was full): some denials went unlogged",
+            m.denial_records_lost.clone(),
+        );
+        r.register("denial_records_unreadable", "Denial records the agent could not decode", m.denial_records_unreadable.clone());
         crate::process::register_build_info(&mut r);
         Self { registry: r, ..m }
     }
@@ -247,6 +264,20 @@ impl Metrics {
 
     pub fn resource_served(&self, resource: &str, served: bool) {
         self.resource_served.get_or_create(&label("resource", resource)).set(i64::from(served));
+    }
+
+    pub fn denied(&self, namespace: &str, direction: &str) {
+        self.denied_packets
+            .get_or_create(&vec![("namespace".to_string(), namespace.to_string()), ("direction".to_string(), direction.to_string())])
+            .inc();
+    }
+
+    pub fn denial_records_lost(&self) {
+        self.denial_records_lost.inc();
+    }
+
+    pub fn denial_record_unreadable(&self) {
+        self.denial_records_unreadable.inc();
     }
 
     pub fn cni(&self, verb: &str, ok: bool) {

@@ -17,6 +17,7 @@
 mod backoff;
 pub mod cni;
 pub mod cniconf;
+pub mod denials;
 pub mod http;
 pub mod metrics;
 mod registry;
@@ -74,6 +75,9 @@ pub struct AgentConfig {
     /// Write every transaction through `nft` instead of as nf_tables netlink batches: a way
     /// back should a kernel refuse what the batches encode (slower; see the README).
     pub nft_transactions: bool,
+    /// Denied packets logged by the kernel (NFLOG) and read back as structured logs and
+    /// metrics ([`denials`]); `None`: only dropped.
+    pub deny_log: Option<render::log::DenyLog>,
     /// Where to count what happens.
     pub metrics: Arc<metrics::Metrics>,
     /// Each change of this counter forces a full sync (the API came back after failing).
@@ -120,6 +124,7 @@ impl AgentConfig {
             translate: translate::Options::default(),
             nft: PathBuf::from("nft"),
             nft_transactions: false,
+            deny_log: Some(render::log::DenyLog::DEFAULT),
             metrics: Arc::new(metrics::Metrics::new()),
             full_resync: None,
             sync_hook: None,
@@ -222,6 +227,10 @@ pub(crate) struct Shared {
     /// Why a task of the agent ended unexpectedly (a panic, a closed socket): the process
     /// must end so the kubelet restarts it.
     crashed: watch::Sender<Option<String>>,
+    /// What denies each local endpoint, as last translated (for reading denial records).
+    deniers: watch::Sender<Arc<crate::nflog::denial::Endpoints>>,
+    /// Each denial read, for whoever listens (the simulated cluster collects them).
+    denied: tokio::sync::broadcast::Sender<crate::nflog::denial::Denial>,
 }
 
 impl Shared {
@@ -367,13 +376,23 @@ impl Agent {
             source,
             persister,
             crashed: watch::channel(None).0,
+            deniers: watch::channel(Arc::default()).0,
+            denied: tokio::sync::broadcast::channel(1024).0,
         });
         let (stop, stop_rx) = watch::channel(false);
-        let tasks = vec![
+        let mut tasks = vec![
             supervise("sync loop", shared.clone(), stop_rx.clone(), sync_loop(shared.clone(), router, stop_rx.clone())),
             supervise("source watch", shared.clone(), stop_rx.clone(), watch_source(shared.clone(), stop_rx.clone())),
-            supervise("CNI socket server", shared.clone(), stop_rx.clone(), cni::serve(shared.clone(), listener, stop_rx)),
         ];
+        if let Some(log) = config.deny_log {
+            tasks.push(supervise(
+                "denial reader",
+                shared.clone(),
+                stop_rx.clone(),
+                denials::read(shared.clone(), log.group, stop_rx.clone()),
+            ));
+        }
+        tasks.push(supervise("CNI socket server", shared.clone(), stop_rx.clone(), cni::serve(shared.clone(), listener, stop_rx)));
         shared.wake.notify_one();
         tracing::info!(node = %config.node, netns = %config.netns.describe(), socket = %config.socket.display(), endpoints = endpoints.len(), "node agent started");
         Ok(Self { shared, tasks, stop })
@@ -382,6 +401,11 @@ impl Agent {
     /// The sync status, updated after every attempt.
     pub fn status(&self) -> watch::Receiver<SyncStatus> {
         self.shared.status.subscribe()
+    }
+
+    /// The denials read from the kernel from now on (each one also logged and counted).
+    pub fn denials(&self) -> tokio::sync::broadcast::Receiver<crate::nflog::denial::Denial> {
+        self.shared.denied.subscribe()
     }
 
     /// The registered endpoints.
@@ -527,7 +551,8 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     let mut last_generation = 0u64;
     let mut reported: Vec<translate::PolicyProblem> = Vec::new();
     // Kept from one sync to the next: each translates only what changed since the last.
-    let mut translation = Some(translation::Translation::new(cfg.translate.clone()));
+    let render_options = render::RenderOptions { log: cfg.deny_log, ..render::RenderOptions::DEFAULT };
+    let mut translation = Some(translation::Translation::new(cfg.translate.clone(), render_options));
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -636,6 +661,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             }
         };
         translation = Some(tr);
+        shared.deniers.send_replace(Arc::new(translated.deniers));
         cfg.metrics.translated(translated.mode.as_str());
         if translated.checked {
             cfg.metrics.translated("check");

@@ -37,6 +37,8 @@ pub struct Translated {
     pub checked: bool,
     /// It disagreed (and the full translation was used).
     pub disagreed: Option<String>,
+    /// What denies each endpoint (for reading denial records).
+    pub deniers: crate::nflog::denial::Endpoints,
 }
 
 struct State {
@@ -49,12 +51,13 @@ struct State {
 /// The translation kept from one sync to the next.
 pub struct Translation {
     options: translate::Options,
+    render: RenderOptions,
     state: Option<State>,
 }
 
 impl Translation {
-    pub fn new(options: translate::Options) -> Self {
-        Self { options, state: None }
+    pub fn new(options: translate::Options, render: RenderOptions) -> Self {
+        Self { options, render, state: None }
     }
 
     /// The source version the kept translation is of (`None`: none kept).
@@ -87,7 +90,7 @@ impl Translation {
         let checked = check && mode == Mode::Incremental;
         if checked {
             let full = translate::translate(snapshot, endpoints, &self.options);
-            let full_ruleset = render::render(&full);
+            let full_ruleset = render::render_with(&full, &self.render);
             let difference = difference(state.translation.policy(), &full)
                 .or_else(|| (full_ruleset != ruleset).then(|| ruleset_difference(&ruleset, &full_ruleset)));
             if let Some(d) = difference {
@@ -98,13 +101,14 @@ impl Translation {
             }
         }
         let problems = state.translation.policy().problems.clone();
+        let deniers = crate::nflog::denial::Endpoints::of(state.translation.policy());
         self.state = Some(state);
-        Translated { ruleset, problems, mode, checked, disagreed }
+        Translated { ruleset, problems, mode, checked, disagreed, deniers }
     }
 
     fn fresh(&self, snapshot: &Snapshot, version: u64, endpoints: &[LocalEndpoint]) -> State {
         let translation = Incremental::new(snapshot, endpoints, &self.options);
-        let mut cache = RenderCache::new(RenderOptions::default());
+        let mut cache = RenderCache::new(self.render);
         // Rendered once so the cache holds this translation's pieces.
         cache.render(translation.policy(), translation.changed());
         State { translation, cache, version }
@@ -193,7 +197,7 @@ spec:
     fn incremental_until_the_journal_is_lost_then_full_and_the_check_agrees() {
         let mut s = snapshot();
         let endpoints = node_of_a(&s);
-        let mut t = Translation::new(translate::Options::default());
+        let mut t = Translation::new(translate::Options::default(), RenderOptions::DEFAULT);
         let first = t.sync(&s, 1, &endpoints, Some(&[]), false);
         assert_eq!(first.mode, Mode::Full);
 
@@ -219,7 +223,7 @@ spec:
     fn a_missed_change_is_found_by_the_check_and_repaired() {
         let mut s = snapshot();
         let endpoints = node_of_a(&s);
-        let mut t = Translation::new(translate::Options::default());
+        let mut t = Translation::new(translate::Options::default(), RenderOptions::DEFAULT);
         t.sync(&s, 1, &endpoints, Some(&[]), false);
         let b2 = another_b(&s);
         s.upsert_pod(b2);

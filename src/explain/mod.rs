@@ -345,10 +345,7 @@ fn resolve<'a>(snapshot: &'a Snapshot, end: &End) -> Result<Resolved<'a>, Explai
         }
         // An address a live pod owns is that pod (of two claiming it, the newer: see
         // `translate::Addresses`).
-        End::Address(ip) => {
-            let owner = snapshot.pods_with_ip(ip).filter(|p| p.is_peer()).max_by(|a, b| (a.created, &a.uid).cmp(&(b.created, &b.uid)));
-            Ok(Resolved { pod: owner, address: Some(*ip) })
-        }
+        End::Address(ip) => Ok(Resolved { pod: snapshot.peer_owning(ip), address: Some(*ip) }),
     }
 }
 

@@ -502,7 +502,7 @@ pub fn compare_with(s: &Snapshot, enforced: &Snapshot) -> Result<Comparison, Str
     // Both ruleset shapes meet the reference: half the clusters (by the parity of their pod
     // count, a cheap deterministic coin) have every pod's allow rules go through peer classes.
     let shape = if enforced.pod_count().is_multiple_of(2) {
-        crate::render::RenderOptions { peer_classes_from: 0 }
+        crate::render::RenderOptions { peer_classes_from: 0, ..crate::render::RenderOptions::DEFAULT }
     } else {
         crate::render::RenderOptions::default()
     };

@@ -592,7 +592,7 @@ impl<'u, 'd> Gen<'u, 'd> {
             m.apply_to(&mut snapshot, &mut endpoints);
         }
         let options = Options { isolate_run_pods: g.u.arbitrary()? };
-        let render_options = RenderOptions { peer_classes_from: g.u.int_in_range(0..=10)? };
+        let render_options = RenderOptions { peer_classes_from: g.u.int_in_range(0..=10)?, ..RenderOptions::DEFAULT };
         Ok((g, snapshot, endpoints, options, render_options))
     }
 

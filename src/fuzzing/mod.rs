@@ -158,7 +158,11 @@ pub fn pipeline(data: &[u8]) -> Vec<String> {
     endpoints.extend(input.endpoints.into_iter().map(tame_endpoint));
     let options = Options { isolate_run_pods: input.isolate_run_pods };
 
-    let shape = if input.peer_classes { render::RenderOptions { peer_classes_from: 0 } } else { render::RenderOptions::default() };
+    let shape = if input.peer_classes {
+        render::RenderOptions { peer_classes_from: 0, ..crate::render::RenderOptions::DEFAULT }
+    } else {
+        render::RenderOptions::default()
+    };
     let render =
         |endpoints: &[crate::model::LocalEndpoint]| render::render_with(&translate::translate(&snapshot, endpoints, &options), &shape);
 

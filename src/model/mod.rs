@@ -656,6 +656,12 @@ impl Snapshot {
         self.pods_by_ip.get(ip).into_iter().flat_map(|pods| pods.iter().map(|p| &**p))
     }
 
+    /// The pod `ip` belongs to as a policy peer: of the peers reporting it, the newest (the
+    /// older one's sandbox is gone and its status has not caught up yet).
+    pub fn peer_owning(&self, ip: &IpAddr) -> Option<&Pod> {
+        self.pods_with_ip(ip).filter(|p| p.is_peer()).max_by(|a, b| (a.created, &a.uid).cmp(&(b.created, &b.uid)))
+    }
+
     /// Whether more than one pod (of any phase) reports `ip`.
     pub fn is_contested(&self, ip: &IpAddr) -> bool {
         !self.contested.is_empty() && self.contested.contains(ip)

@@ -211,6 +211,28 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
         let Tok::Word(w) = t else { return Err(format!("unexpected token {t:?}")) };
         match w {
             "counter" => c.pos += 1,
+            // The first packet of a flow is under any rate: `limit` matches it.
+            "limit" => {
+                c.pos += 1;
+                c.keyword("rate")?;
+                c.word()?;
+                if c.peek_word() == Some("burst") {
+                    c.pos += 1;
+                    c.word()?;
+                    c.keyword("packets")?;
+                }
+            }
+            "log" => {
+                c.pos += 1;
+                if c.peek_word() == Some("prefix") {
+                    c.pos += 1;
+                    c.string()?;
+                }
+                if c.peek_word() == Some("group") {
+                    c.pos += 1;
+                    c.word()?;
+                }
+            }
             "comment" => {
                 c.pos += 1;
                 c.string()?;

@@ -38,6 +38,7 @@
 //! then each chain after the chains it refers to (ingress chains, their map, `to-pods`,
 //! `egress-allowed`, egress chains, their map, `from-pods`, `forward`).
 
+pub mod log;
 pub mod names;
 mod peers;
 
@@ -322,6 +323,12 @@ pub struct RenderOptions {
     /// as fast per packet, and cheaper to change: every element of a class map is a `jump`,
     /// which the kernel re-validates in each transaction that adds one.
     pub peer_classes_from: usize,
+    /// Denials logged to NFLOG ([`log`]), or only dropped.
+    pub log: Option<log::DenyLog>,
+}
+
+impl RenderOptions {
+    pub const DEFAULT: Self = Self { peer_classes_from: PEER_CLASSES_FROM, log: Some(log::DenyLog::DEFAULT) };
 }
 
 /// Lookups from which a pod's allow rules go through peer classes, by default.
@@ -329,7 +336,7 @@ pub const PEER_CLASSES_FROM: usize = 8;
 
 impl Default for RenderOptions {
     fn default() -> Self {
-        Self { peer_classes_from: PEER_CLASSES_FROM }
+        Self::DEFAULT
     }
 }
 
@@ -483,7 +490,7 @@ impl RenderCache {
                 ]
             }
         };
-        let mut r = Renderer { np, plans: &plans, cache: &mut self.sets, used: Vec::new() };
+        let mut r = Renderer { np, plans: &plans, cache: &mut self.sets, used: Vec::new(), log: self.options.log };
         // Per endpoint, its chains in reference order, keyed by the entry's name.
         let (mut ingress_chains, mut egress_chains): (Vec<EndpointChains>, Vec<EndpointChains>) = (Vec::new(), Vec::new());
         let mut addrs = [Vec::new(), Vec::new()];
@@ -588,7 +595,8 @@ impl RenderCache {
         objects.extend(sets.into_iter().map(Object::Set));
         // Each object after those it refers to: ingress chains, their map, to-pods; then
         // egress-allowed (which goes to to-pods), egress chains, their map, from-pods, forward.
-        let [from_pods, to_pods, forward] = skeleton();
+        let ([from_pods, to_pods, forward], shared_denials) = skeleton(self.options.log);
+        objects.extend(shared_denials.into_iter().map(Object::Chain));
         let flatten = |mut v: Vec<EndpointChains>| {
             v.sort_by(|a, b| a.0.cmp(&b.0));
             v.into_iter().flat_map(|(_, c)| c).map(Object::Chain).collect::<Vec<_>>()
@@ -671,16 +679,45 @@ fn sorted(mut v: Vec<Element>) -> Vec<Element> {
     v
 }
 
-/// The static chains: dispatch (from-pods, to-pods) and the base chain.
-fn skeleton() -> [Chain; 3] {
-    [
+/// The chains where packets from spoofed sources and to unknown pod interfaces are logged
+/// (rate-limited) and dropped.
+pub const DENY_SPOOFED: &str = "deny-spoofed";
+pub const DENY_UNKNOWN_POD: &str = "deny-unknown-pod";
+
+/// The static chains: dispatch (from-pods, to-pods) and the base chain; and with logging,
+/// the chains logging the denials they make.
+fn skeleton(log: Option<log::DenyLog>) -> ([Chain; 3], Vec<Chain>) {
+    let (spoofed, unknown, shared) = match log {
+        Some(log) => {
+            let chain = |name: &str, what: &str, prefix: log::LogPrefix| Chain {
+                name: name.into(),
+                comment: comment(&format!("{what}: {}", log.describe())),
+                hook: None,
+                rules: vec![log.rule(&prefix), "drop".into()],
+            };
+            (
+                format!("goto {DENY_SPOOFED}"),
+                format!("goto {DENY_UNKNOWN_POD}"),
+                vec![
+                    chain(DENY_SPOOFED, "spoofed source or unknown pod interface", log::LogPrefix::Spoofed),
+                    chain(DENY_UNKNOWN_POD, "to a pod interface without policy yet", log::LogPrefix::UnknownPod),
+                ],
+            )
+        }
+        None => ("drop".to_string(), "drop".to_string(), Vec::new()),
+    };
+    let chains = [
         Chain {
             name: FROM_PODS.into(),
             comment: "packets from a pod on this node: source check, then the pod's egress policy".into(),
             hook: None,
             rules: vec![
-                format!("iifname . ip saddr != @{POD_ADDRS_V4} counter drop comment \"unknown pod interface or spoofed source address\""),
-                format!("iifname . ip6 saddr != @{POD_ADDRS_V6} counter drop comment \"unknown pod interface or spoofed source address\""),
+                format!(
+                    "iifname . ip saddr != @{POD_ADDRS_V4} counter {spoofed} comment \"unknown pod interface or spoofed source address\""
+                ),
+                format!(
+                    "iifname . ip6 saddr != @{POD_ADDRS_V6} counter {spoofed} comment \"unknown pod interface or spoofed source address\""
+                ),
                 format!("iifname vmap @{EGRESS_MAP}"),
             ],
         },
@@ -690,7 +727,7 @@ fn skeleton() -> [Chain; 3] {
             hook: None,
             rules: vec![
                 format!("oifname vmap @{INGRESS_MAP}"),
-                "counter drop comment \"unknown pod interface: no policy programmed yet\"".into(),
+                format!("counter {unknown} comment \"unknown pod interface: no policy programmed yet\""),
             ],
         },
         Chain {
@@ -704,7 +741,8 @@ fn skeleton() -> [Chain; 3] {
                 format!("oifname \"{POD_INTERFACES}\" jump {TO_PODS}"),
             ],
         },
-    ]
+    ];
+    (chains, shared)
 }
 
 /// What the rules of one endpoint and direction share.
@@ -714,6 +752,8 @@ struct TierCtx<'a> {
     families: &'a [Family],
     /// The verdict that allows (`accept`, or `goto egress-allowed`).
     allow: &'a str,
+    /// The verdict that denies (`drop`, or `goto` the pod's logging chain).
+    deny: &'a str,
 }
 
 struct Renderer<'a> {
@@ -724,6 +764,7 @@ struct Renderer<'a> {
     cache: &'a mut SetCache,
     /// The sets the chains rendered since it was cleared refer to.
     used: Vec<SetKey>,
+    log: Option<log::DenyLog>,
 }
 
 impl Renderer<'_> {
@@ -747,8 +788,22 @@ impl Renderer<'_> {
         };
         let families: Vec<Family> =
             [(ep.has_v4(), Family::V4), (ep.has_v6(), Family::V6)].into_iter().filter(|(has, _)| *has).map(|(_, f)| f).collect();
-        let ctx = TierCtx { ep, dir, families: &families, allow: &allow };
+        // Denials go through one chain per pod and direction that logs them (rate-limited)
+        // and drops, when something here denies.
+        let denies = d.is_isolated()
+            || d.admin.iter().chain(&d.baseline).flat_map(|g| &g.policies).flat_map(|p| &p.rules).any(|r| r.action == Action::Deny);
         let mut chains = Vec::new();
+        let deny = match self.log {
+            Some(log) if denies => {
+                let deny_comment = comment(&format!("{dir} of {pod} denied: {}", log.describe()));
+                let name = names::dynamic(&format!("{}-deny", dir.as_field()), &[&ep.interface, &pod], &pod);
+                let prefix = log::LogPrefix::Deny { direction: dir, interface: ep.interface.clone() };
+                chains.push(Chain { name: name.clone(), comment: deny_comment, hook: None, rules: vec![log.rule(&prefix), "drop".into()] });
+                format!("goto {name}")
+            }
+            _ => "drop".to_string(),
+        };
+        let ctx = TierCtx { ep, dir, families: &families, allow: &allow, deny: &deny };
 
         let mut tail_rules = Vec::new();
         if d.is_isolated() {
@@ -770,7 +825,7 @@ impl Renderer<'_> {
                 let by: Vec<String> = d.isolated_by.iter().map(ToString::to_string).collect();
                 format!("{dir} of {pod} not allowed (isolated by {})", by.join(", "))
             };
-            tail_rules.push(format!("counter drop comment \"{}\"", comment(&why)));
+            tail_rules.push(format!("counter {deny} comment \"{}\"", comment(&why)));
         } else {
             // Baseline: a Pass hands over to the default, allow.
             self.tier_groups(&ctx, Tier::Baseline, &d.baseline, &allow, &mut tail_rules, &mut chains);
@@ -808,7 +863,7 @@ impl Renderer<'_> {
         let pod = ctx.ep.pod.to_string();
         for g in groups {
             let verdict = |a: Action| match (a, tier) {
-                (Action::Deny, _) => "counter drop".to_string(),
+                (Action::Deny, _) => format!("counter {}", ctx.deny),
                 (Action::Accept, _) | (Action::Pass, Tier::Baseline) => ctx.allow.to_string(),
                 (Action::Pass, Tier::Admin) => pass.to_string(),
             };

@@ -14,7 +14,7 @@ fn render_node(s: &Snapshot, node: &str) -> Ruleset {
 }
 
 /// Every endpoint's allow rules through peer classes, however few.
-const CLASSES: RenderOptions = RenderOptions { peer_classes_from: 0 };
+const CLASSES: RenderOptions = RenderOptions { peer_classes_from: 0, ..RenderOptions::DEFAULT };
 
 fn render_classes(s: &Snapshot, node: &str) -> Ruleset {
     render_with(&translate(s, &s.derived_endpoints(node), &Options::default()), &CLASSES)

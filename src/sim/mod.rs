@@ -113,6 +113,38 @@ impl SimOptions {
     }
 }
 
+/// The denials the agents read while it lives ([`Sim::collect_denials`]).
+pub struct DenialCollector {
+    receivers: Vec<(String, tokio::sync::broadcast::Receiver<crate::nflog::denial::Denial>)>,
+}
+
+/// One denial, on the node whose agent read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeDenial {
+    pub node: String,
+    pub denial: crate::nflog::denial::Denial,
+}
+
+impl DenialCollector {
+    /// Waits `settle` for records still on their way (the kernel sends them at once; the
+    /// agents read them within milliseconds), then returns them, node by node in arrival
+    /// order. Records beyond what a node's channel holds are counted as `lost`.
+    pub async fn take(mut self, settle: Duration) -> (Vec<NodeDenial>, u64) {
+        tokio::time::sleep(settle).await;
+        let (mut out, mut lost) = (Vec::new(), 0);
+        for (node, rx) in &mut self.receivers {
+            loop {
+                match rx.try_recv() {
+                    Ok(denial) => out.push(NodeDenial { node: node.clone(), denial }),
+                    Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => lost += n,
+                    Err(_) => break,
+                }
+            }
+        }
+        (out, lost)
+    }
+}
+
 struct SimNode {
     ns: String,
     agent: Agent,
@@ -508,6 +540,12 @@ impl Sim {
     }
 
     /// Pods with a sandbox, as `namespace/name`, sorted.
+    /// Starts collecting the denials every node's agent reads from now on: the kernel's
+    /// NFLOG records of what the rulesets drop (rate-limited per pod and direction).
+    pub fn collect_denials(&self) -> DenialCollector {
+        DenialCollector { receivers: self.nodes.iter().map(|(name, n)| (name.clone(), n.agent.denials())).collect() }
+    }
+
     pub fn pod_names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.pods.values().map(|p| p.key.to_string()).collect();
         v.sort();

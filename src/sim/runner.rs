@@ -148,6 +148,10 @@ fn explain_disagreements(
     let mut explainer = crate::explain::Explainer::new(snapshot, crate::translate::Options::default());
     let mut out = Vec::new();
     for ((from, to), connected) in observed {
+        // Hosts of the simulation are not in the cluster: nothing to explain.
+        if from.starts_with("host/") || to.starts_with("host/") {
+            continue;
+        }
         let end = |s: &str| crate::explain::End::parse(s);
         let query = match (end(from), end(to)) {
             (Ok(from), Ok(to)) => {
@@ -164,8 +168,17 @@ fn explain_disagreements(
                 continue;
             }
         };
+        // A pod serves only its declared ports: a probe of another port fails whatever the
+        // policy, so only a connection (policy must allow) or a refusal on a served port
+        // (policy must deny) says what the kernel enforced.
+        let served = match &query.to {
+            crate::explain::End::Pod(p) => {
+                snapshot.pod_by_name(p).is_some_and(|p| p.ports.iter().any(|c| c.port == probe.port && c.protocol == probe.protocol))
+            }
+            crate::explain::End::Address(_) => true,
+        };
         match explainer.explain(&query) {
-            Ok(e) if (e.verdict == crate::explain::Verdict::Allow) != *connected => out.push(format!(
+            Ok(e) if (e.verdict == crate::explain::Verdict::Allow) != *connected && (*connected || served) => out.push(format!(
                 "step {}: {}: {from} -> {to}: the kernel {}, explain says {}",
                 step + 1,
                 probe.label(),

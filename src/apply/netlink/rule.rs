@@ -1,7 +1,8 @@
 //! flock's rules compiled to nf_tables expressions, as nft 1.0 compiles them.
 //!
 //! The grammar is the renderer's, no more: `ct state LIST`; `meta l4proto P`; `tcp|udp|sctp
-//! dport N|A-B`; `iifname|oifname "prefix*"`; a field or a concatenation of fields
+//! dport N|A-B`; `iifname|oifname "prefix*"`; `limit rate N/second [burst M packets]`; `log
+//! [prefix "P"] group G`; a field or a concatenation of fields
 //! (`iifname`, `oifname`, `ip|ip6 saddr|daddr`, `meta l4proto`, `th dport`) looked up in a
 //! named set (`@set`, `!= @set`) or verdict map (`vmap @map`); `counter`; a verdict; a
 //! comment. Anything else is an error, and the caller writes through nft instead.
@@ -60,6 +61,14 @@ const NFT_META_OIFNAME: u32 = 7;
 const NFT_META_NFPROTO: u32 = 15;
 const NFT_META_L4PROTO: u32 = 16;
 const NFT_CT_STATE: u32 = 0;
+const NFTA_LIMIT_RATE: u16 = 1;
+const NFTA_LIMIT_UNIT: u16 = 2;
+const NFTA_LIMIT_BURST: u16 = 3;
+const NFTA_LIMIT_TYPE: u16 = 4;
+const NFTA_LIMIT_FLAGS: u16 = 5;
+const NFT_LIMIT_PKTS: u32 = 0;
+const NFTA_LOG_GROUP: u16 = 1;
+const NFTA_LOG_PREFIX: u16 = 2;
 /// The name nft gives an anonymous set: the kernel numbers it.
 pub const ANONYMOUS_SET: &str = "__set%d";
 /// nft's protocol header ids (`enum proto_desc_id`).
@@ -242,6 +251,50 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) 
             ("counter", _) => {
                 out.exprs.push(expr("counter", |_| {}));
                 i += 1;
+            }
+            ("limit", Some("rate")) => {
+                // `limit rate N/second [burst M packets]` (nft's default burst: 5).
+                let rate = word(i + 2).and_then(|r| r.strip_suffix("/second")).ok_or("limit rate without N/second")?;
+                let rate: u64 = rate.parse().map_err(|_| format!("limit rate {rate}"))?;
+                i += 3;
+                let mut burst = 5u32;
+                if word(i) == Some("burst") {
+                    let b = word(i + 1).ok_or("limit burst without a number")?;
+                    burst = b.parse().map_err(|_| format!("limit burst {b}"))?;
+                    if word(i + 2) != Some("packets") {
+                        return Err("limit burst in anything but packets".into());
+                    }
+                    i += 3;
+                }
+                out.exprs.push(expr("limit", |b| {
+                    attr(b, NFTA_LIMIT_RATE, &rate.to_be_bytes());
+                    attr(b, NFTA_LIMIT_UNIT, &1u64.to_be_bytes());
+                    u32_attr(b, NFTA_LIMIT_BURST, burst);
+                    u32_attr(b, NFTA_LIMIT_TYPE, NFT_LIMIT_PKTS);
+                    u32_attr(b, NFTA_LIMIT_FLAGS, 0);
+                }));
+            }
+            ("log", _) => {
+                // `log [prefix "P"] group G` (NFLOG; flock logs to a group only).
+                i += 1;
+                let mut prefix = None;
+                if word(i) == Some("prefix") {
+                    let Some(Tok::Str(p)) = toks.get(i + 1) else { return Err("log prefix without a string".into()) };
+                    prefix = Some(*p);
+                    i += 2;
+                }
+                if word(i) != Some("group") {
+                    return Err("log without a group".into());
+                }
+                let g = word(i + 1).ok_or("log group without a number")?;
+                let group: u16 = g.parse().map_err(|_| format!("log group {g}"))?;
+                i += 2;
+                out.exprs.push(expr("log", |b| {
+                    if let Some(p) = prefix {
+                        attr(b, NFTA_LOG_PREFIX, &nul_terminated(p));
+                    }
+                    attr(b, NFTA_LOG_GROUP, &group.to_be_bytes());
+                }));
             }
             ("accept" | "drop" | "return" | "continue", _) => {
                 out.exprs.push(immediate(w)?);

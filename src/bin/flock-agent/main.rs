@@ -92,6 +92,16 @@ struct Args {
     /// netlink batches (a way back should a kernel refuse the batches; slower).
     #[arg(long, env = "FLOCK_NFT_TRANSACTIONS")]
     nft_transactions: bool,
+    /// NFLOG group the kernel logs denied packets to, which the agent reads (structured log
+    /// target flock::denied, metric flock_denied_packets_total). 0: do not log denials.
+    #[arg(long, env = "FLOCK_DENY_LOG_GROUP", default_value_t = 100)]
+    deny_log_group: u16,
+    /// Denials logged per second per pod and direction, after the burst.
+    #[arg(long, env = "FLOCK_DENY_LOG_RATE", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    deny_log_rate: u32,
+    /// Denials logged at once per pod and direction before the rate applies.
+    #[arg(long, env = "FLOCK_DENY_LOG_BURST", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    deny_log_burst: u32,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
@@ -126,6 +136,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         agent.translate.isolate_run_pods = !args.no_run_pod_isolation;
         agent.nft = args.nft.clone();
         agent.nft_transactions = args.nft_transactions;
+        agent.deny_log = (args.deny_log_group != 0).then_some(flock::render::log::DenyLog {
+            group: args.deny_log_group,
+            rate: args.deny_log_rate,
+            burst: args.deny_log_burst,
+        });
         let opts = DaemonOptions {
             agent,
             listen: args.metrics_address.clone(),

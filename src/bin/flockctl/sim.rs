@@ -12,7 +12,7 @@ use serde_json::json;
 
 use flock::conformance::Family;
 use flock::model::{Protocol, manifest};
-use flock::sim::{Cell, HostSpec, Outcome, ProbeSpec, Sim, SimOptions};
+use flock::sim::{Cell, HostSpec, NodeDenial, Outcome, ProbeSpec, Sim, SimOptions};
 
 #[derive(Args)]
 pub struct SimArgs {
@@ -237,10 +237,17 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
         let pods = sim.pod_names();
         let mut dests = pods.clone();
         dests.extend(sim.host_names());
+        // What the kernel logs as denied during the probes, read by each node's agent.
+        let collector = sim.collect_denials();
         let mut results = Vec::new();
         for spec in &probes {
             let cells = sim.probe(*spec, &pods, &dests)?;
             results.push((*spec, cells));
+        }
+        let (denied, lost) = collector.take(Duration::from_millis(300)).await;
+        let denied = group_denials(&denied);
+        if lost > 0 {
+            eprintln!("warning: {lost} denial records were not collected (the collector fell behind)");
         }
         let mut rulesets = Vec::new();
         for node in &args.show_ruleset {
@@ -255,11 +262,16 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
                 for (spec, cells) in &results {
                     println!("{}", truth_table(*spec, cells, &pods, &dests));
                 }
+                print!("{}", denial_summary(&denied));
                 for (node, listing) in &rulesets {
                     println!("# nft list table inet flock   (node {node})\n{listing}");
                 }
             }
-            Format::Json => println!("{}", to_json(&results, &rulesets)),
+            Format::Json => {
+                let mut doc = to_json(&results, &rulesets);
+                doc["denied"] = denied.iter().map(denial_json).collect::<Vec<_>>().into();
+                println!("{doc}");
+            }
         }
         if args.keep {
             eprintln!(
@@ -272,6 +284,72 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Identical denials (same node and record) once each, with how many times they were
+/// logged, in order of first arrival.
+fn group_denials(denied: &[NodeDenial]) -> Vec<(NodeDenial, usize)> {
+    let mut out: Vec<(NodeDenial, usize)> = Vec::new();
+    for d in denied {
+        match out.iter_mut().find(|(x, _)| x == d) {
+            Some((_, n)) => *n += 1,
+            None => out.push((d.clone(), 1)),
+        }
+    }
+    out
+}
+
+/// A denial in the JSON document: the record, its node and how often it was logged.
+fn denial_json((d, count): &(NodeDenial, usize)) -> serde_json::Value {
+    let mut v = serde_json::to_value(&d.denial).unwrap_or_default();
+    v["node"] = json!(d.node);
+    v["count"] = json!(count);
+    v
+}
+
+/// A few lines under the truth tables: per pod and direction (or kind of denial), how many
+/// packets the kernel logged as denied, from how many peers, and what denies there.
+fn denial_summary(denied: &[(NodeDenial, usize)]) -> String {
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+    if denied.is_empty() {
+        return "denied: the kernel logged no denial during the probes\n".into();
+    }
+    #[derive(Default)]
+    struct Seen {
+        packets: usize,
+        peers: Vec<String>,
+        policies: Vec<String>,
+    }
+    let mut by: BTreeMap<(String, String), Seen> = BTreeMap::new();
+    for (n, count) in denied {
+        let d = &n.denial;
+        let what = match (&d.pod, d.direction) {
+            (Some(pod), Some(dir)) => format!("{dir} of {pod}"),
+            _ => d.direction_label().to_string(),
+        };
+        let e = by.entry((what, n.node.clone())).or_default();
+        e.packets += count;
+        let peer = if d.direction == Some("egress") { &d.to } else { &d.from };
+        if !e.peers.contains(peer) {
+            e.peers.push(peer.clone());
+        }
+        for p in &d.policies {
+            if !e.policies.contains(p) {
+                e.policies.push(p.clone());
+            }
+        }
+    }
+    let total: usize = denied.iter().map(|(_, c)| c).sum();
+    let mut out = format!("denied (logged by the kernel during the probes, rate-limited): {total} packets\n");
+    for ((what, node), seen) in &by {
+        let _ = write!(out, "  {what} (node {node}): {} packets, {} peers", seen.packets, seen.peers.len());
+        if !seen.policies.is_empty() {
+            let _ = write!(out, "; {}", seen.policies.join(", "));
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// Cells that are not probed: no address of the probe's family on one side, and a pod to

@@ -1,0 +1,119 @@
+//! Kernel logging of what the ruleset denies (NFLOG): the log rule the renderer writes and
+//! the prefix grammar the agent reads back (`agent::denials`).
+//!
+//! Every denial of a pod direction goes through one chain of that pod and direction, which
+//! logs to an NFLOG group (rate-limited: `limit` before `log`, so over the rate the packet is
+//! still dropped, only not logged) and drops. The prefix says what was denied, in a form
+//! that needs no lookup in the kernel's state: `flock:deny:ingress:<interface>` (the pod's
+//! host interface, which the agent maps back to its endpoint), `flock:spoofed`,
+//! `flock:unknown-pod`.
+
+use std::fmt;
+
+use crate::translate::Direction;
+
+/// How denials are logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DenyLog {
+    /// The NFLOG group the agent reads.
+    pub group: u16,
+    /// Records per second per pod and direction (and per kind of shared denial), after the
+    /// burst.
+    pub rate: u32,
+    /// Records allowed at once before the rate applies.
+    pub burst: u32,
+}
+
+impl DenyLog {
+    pub const DEFAULT: Self = Self { group: 100, rate: 10, burst: 20 };
+
+    /// What the logging chains do, for their comments.
+    pub fn describe(&self) -> String {
+        format!("logged (NFLOG group {}, {}/s, burst {}), dropped", self.group, self.rate, self.burst)
+    }
+
+    /// The rule logging with `prefix`, as nft lists it (a burst of 5, nft's default, is not
+    /// printed).
+    pub fn rule(&self, prefix: &LogPrefix) -> String {
+        let burst = if self.burst == 5 { String::new() } else { format!(" burst {} packets", self.burst) };
+        format!("limit rate {}/second{burst} log prefix \"{prefix}\" group {}", self.rate, self.group)
+    }
+}
+
+impl Default for DenyLog {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// What a log record is about: its prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogPrefix {
+    /// A pod's policy denied it, in `direction`; `interface` is the pod's host interface.
+    Deny { direction: Direction, interface: String },
+    /// A packet from a pod interface with a source address that is not the pod's (or from
+    /// an interface flock has no pod for).
+    Spoofed,
+    /// A packet to a pod interface flock has no policy for yet.
+    UnknownPod,
+}
+
+/// The first part of every prefix flock writes.
+pub const PREFIX: &str = "flock:";
+
+impl fmt::Display for LogPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Deny { direction, interface } => write!(f, "{PREFIX}deny:{direction}:{}", super::names::comment(interface)),
+            Self::Spoofed => write!(f, "{PREFIX}spoofed"),
+            Self::UnknownPod => write!(f, "{PREFIX}unknown-pod"),
+        }
+    }
+}
+
+impl LogPrefix {
+    /// Reads a prefix flock wrote; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        let rest = s.strip_prefix(PREFIX)?;
+        match rest {
+            "spoofed" => return Some(Self::Spoofed),
+            "unknown-pod" => return Some(Self::UnknownPod),
+            _ => {}
+        }
+        let (kind, rest) = rest.split_once(':')?;
+        let (dir, interface) = rest.split_once(':')?;
+        let direction = match dir {
+            "ingress" => Direction::Ingress,
+            "egress" => Direction::Egress,
+            _ => return None,
+        };
+        (kind == "deny" && !interface.is_empty()).then(|| Self::Deny { direction, interface: interface.to_string() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_read_back() {
+        for p in [
+            LogPrefix::Deny { direction: Direction::Ingress, interface: "flk53f5ab4becbb".into() },
+            LogPrefix::Deny { direction: Direction::Egress, interface: "flk0".into() },
+            LogPrefix::Spoofed,
+            LogPrefix::UnknownPod,
+        ] {
+            assert_eq!(LogPrefix::parse(&p.to_string()), Some(p.clone()), "{p}");
+        }
+        for bad in ["", "flock:", "flock:deny:ingress:", "flock:deny:sideways:flk0", "other:spoofed", "flock:allow:ingress:flk0"] {
+            assert_eq!(LogPrefix::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_rule_is_written_as_nft_lists_it() {
+        let p = LogPrefix::Spoofed;
+        assert_eq!(DenyLog::DEFAULT.rule(&p), "limit rate 10/second burst 20 packets log prefix \"flock:spoofed\" group 100");
+        assert_eq!(DenyLog { group: 7, rate: 1, burst: 5 }.rule(&p), "limit rate 1/second log prefix \"flock:spoofed\" group 7");
+    }
+}
