@@ -252,8 +252,46 @@ async fn denied_packets_are_logged_counted_and_rate_limited() {
     })
     .await;
     assert_eq!(rig.metric("flock_denial_records_lost_total"), 0.0);
+
+    // Every metric the Grafana dashboard queries is one this agent exports.
+    let (_, exposition) = rig.http("/metrics");
+    let queried = dashboard_metrics();
+    assert!(queried.len() >= 15, "{queried:?}");
+    for m in &queried {
+        let base = ["_total", "_bucket", "_count", "_sum"].iter().find_map(|s| m.strip_suffix(s)).unwrap_or(m);
+        let exported = exposition.lines().any(|l| {
+            l.strip_prefix(m.as_str()).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                || l.strip_prefix("# TYPE ").and_then(|t| t.split_whitespace().next()) == Some(base)
+        });
+        assert!(exported, "the dashboard queries {m}, which /metrics does not export:\n{exposition}");
+    }
     stop.send(true).unwrap();
     task.await.unwrap();
+}
+
+/// The metric names in every query of deploy/agent/grafana-dashboard.json.
+fn dashboard_metrics() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/agent/grafana-dashboard.json");
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut queries: Vec<String> = d["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap().to_string()))
+        .collect();
+    queries.extend(d["templating"]["list"].as_array().unwrap().iter().filter_map(|v| v["query"].as_str().map(String::from)));
+    let mut names: Vec<String> = Vec::new();
+    for q in &queries {
+        let mut rest = q.as_str();
+        while let Some(i) = rest.find("flock_") {
+            let name: String = rest[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            rest = &rest[i + name.len()..];
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -113,7 +113,7 @@ fn handle(shared: &Shared, group: u16, event: Event) {
                 let d = denial::denial(logged, &endpoints, &snapshot);
                 tracing::info!(
                     target: "flock::denied",
-                    reason = ?d.reason,
+                    reason = d.reason.as_str(),
                     direction = d.direction_label(),
                     pod = d.pod.as_deref().unwrap_or(""),
                     from = %d.from,

@@ -196,6 +196,11 @@ impl Metrics {
             m.denial_records_lost.clone(),
         );
         r.register("denial_records_unreadable", "Denial records the agent could not decode", m.denial_records_unreadable.clone());
+        // Every reason a sync can fail, at zero from the start: a dashboard's rate() sees
+        // the first failure, and the series exist before anything went wrong.
+        for reason in ["nft_rejected", "nft_spawn", "netns", "nft_list", "panic"] {
+            let _ = m.sync_failures.get_or_create(&label("reason", reason));
+        }
         crate::process::register_build_info(&mut r);
         Self { registry: r, ..m }
     }

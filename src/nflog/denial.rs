@@ -77,6 +77,16 @@ pub enum Reason {
     UnknownPod,
 }
 
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Policy => "policy",
+            Self::SpoofedSource => "spoofed-source",
+            Self::UnknownPod => "unknown-pod",
+        }
+    }
+}
+
 /// One denial, as logged and counted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Denial {

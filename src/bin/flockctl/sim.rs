@@ -341,9 +341,10 @@ fn denial_summary(denied: &[(NodeDenial, usize)]) -> String {
         }
     }
     let total: usize = denied.iter().map(|(_, c)| c).sum();
-    let mut out = format!("denied (logged by the kernel during the probes, rate-limited): {total} packets\n");
+    let n = |count: usize, what: &str| if count == 1 { format!("1 {what}") } else { format!("{count} {what}s") };
+    let mut out = format!("denied (logged by the kernel during the probes, rate-limited): {}\n", n(total, "packet"));
     for ((what, node), seen) in &by {
-        let _ = write!(out, "  {what} (node {node}): {} packets, {} peers", seen.packets, seen.peers.len());
+        let _ = write!(out, "  {what} (node {node}): {}, {}", n(seen.packets, "packet"), n(seen.peers.len(), "peer"));
         if !seen.policies.is_empty() {
             let _ = write!(out, "; {}", seen.policies.join(", "));
         }
