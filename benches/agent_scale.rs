@@ -246,6 +246,7 @@ fn main() {
         for i in 0..40 {
             let name = format!("bench-change-{i}");
             let p = NetworkPolicy {
+                audit: false,
                 namespace: target.namespace.clone(),
                 name: name.clone(),
                 pod_selector: LabelSelector { match_labels: [("app".to_string(), target.app.clone().unwrap_or_default())].into(), ..Default::default() },

@@ -209,7 +209,7 @@ mod tests {
     use crate::model::{Namespace, ObjectRef};
 
     fn ns(name: &str) -> Namespace {
-        Namespace { name: name.into(), labels: Default::default() }
+        Namespace { name: name.into(), ..Namespace::default() }
     }
 
     #[test]

@@ -158,13 +158,13 @@ pub fn generate(p: &Params) -> Cluster {
         labels.insert(NAMESPACE_NAME_LABEL, ns_name(i));
         labels.insert("team", format!("team-{}", i / NAMESPACES_PER_TEAM));
         labels.insert("env", ["prod", "staging", "dev"][i % 3]);
-        s.upsert_namespace(Namespace { name: ns_name(i), labels });
+        s.upsert_namespace(Namespace { name: ns_name(i), labels, ..Namespace::default() });
     }
     for (name, _, _, _) in SYSTEM_PODS {
         let mut labels = Labels::new();
         labels.insert(NAMESPACE_NAME_LABEL, name);
         labels.insert("purpose", name);
-        s.upsert_namespace(Namespace { name: name.into(), labels });
+        s.upsert_namespace(Namespace { name: name.into(), labels, ..Namespace::default() });
     }
 
     // Pods without placement: application pods namespace by namespace, then system pods.

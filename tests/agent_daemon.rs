@@ -218,13 +218,25 @@ async fn denied_packets_are_logged_counted_and_rate_limited() {
     }
     let mut rig = Rig::new("denials").await;
     let (rate, burst) = (5u32, 10u32);
-    let (stop, task) = rig.start(rig.options(|o| o.agent.deny_log = Some(flock::render::log::DenyLog { group: 100, rate, burst })));
+    let (stop, task) = rig.start(rig.options(|o| {
+        o.agent.deny_log = Some(flock::render::log::DenyLog { group: 100, rate, burst });
+        o.agent.translate.audit_mode = true;
+    }));
     wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
     rig.add_pod("a", "198.18.80.10", json!({"app": "a"})).await;
     rig.add_pod("b", "198.18.80.11", json!({"app": "b"})).await;
     assert!(ping(rig.pod("a"), "198.18.80.11"));
     let ingress = "flock_denied_packets_total{namespace=\"default\",direction=\"ingress\"}";
+    let allowed = "flock_allowed_connections_logged_total{namespace=\"default\",direction=\"ingress\"}";
     assert_eq!(rig.metric(ingress), 0.0, "nothing is logged for allowed traffic");
+    assert_eq!(rig.metric(allowed), 0.0, "nothing is logged for allowed traffic");
+    // ...unless the namespace asks for it.
+    rig.server
+        .apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "annotations": {"flock.dev/log-allowed": "true"}}}))
+        .unwrap();
+    wait_until("the allow log in nft", Duration::from_secs(10), || rig.table().contains("log prefix \"flock:allow:ingress:")).await;
+    assert!(ping(rig.pod("a"), "198.18.80.11"));
+    wait_until("the allowed connection counted", Duration::from_secs(5), || rig.metric(allowed) >= 1.0).await;
 
     rig.server.apply(deny_ingress_to("deny-b", "b")).unwrap();
     wait_until("the policy in nft", Duration::from_secs(10), || rig.table().contains("isolated by policy default/deny-b")).await;
@@ -252,6 +264,21 @@ async fn denied_packets_are_logged_counted_and_rate_limited() {
     })
     .await;
     assert_eq!(rig.metric("flock_denial_records_lost_total"), 0.0);
+
+    // Audit mode: a policy annotated for audit denying a's ingress is logged, not enforced.
+    let mut audited = deny_ingress_to("audit-a", "a");
+    audited["metadata"]["annotations"] = json!({"flock.dev/enforcement": "audit"});
+    rig.server.apply(audited).unwrap();
+    wait_until("the audit chains in nft", Duration::from_secs(10), || rig.table().contains("log prefix \"flock:audit:ingress:")).await;
+    assert!(ping(rig.pod("b"), "198.18.80.10"), "an audited policy does not deny");
+    let audit = "flock_audit_denials_total{namespace=\"default\",direction=\"ingress\"}";
+    wait_until("the audited denial counted", Duration::from_secs(5), || rig.metric(audit) >= 1.0).await;
+    // Any other value enforces.
+    let mut enforced = deny_ingress_to("audit-a", "a");
+    enforced["metadata"]["annotations"] = json!({"flock.dev/enforcement": "Audit"});
+    rig.server.apply(enforced).unwrap();
+    wait_until("a isolated", Duration::from_secs(10), || !ping(rig.pod("b"), "198.18.80.10")).await;
+    assert!(!rig.table().contains("chain audit"), "{}", rig.table());
 
     // Every metric the Grafana dashboard queries is one this agent exports.
     let (_, exposition) = rig.http("/metrics");

@@ -57,6 +57,22 @@ fn dual_stack(s: &Snapshot) -> Snapshot {
     s
 }
 
+/// `s` with every other NetworkPolicy and ClusterNetworkPolicy, and namespace z, in audit
+/// mode (the audit chains, maps and base chain in the renders).
+fn half_audited(s: &Snapshot) -> Snapshot {
+    let mut out = s.clone();
+    for (i, p) in s.policies().enumerate() {
+        out.upsert_policy(flock::model::NetworkPolicy { audit: i % 2 == 0, ..p.clone() });
+    }
+    for (i, p) in s.cluster_policies().enumerate() {
+        out.upsert_cluster_policy(flock::model::cnp::ClusterNetworkPolicy { audit: i % 2 == 1, ..p.clone() });
+    }
+    if let Some(z) = s.namespace("z") {
+        out.upsert_namespace(flock::model::Namespace { audit: true, ..z.clone() });
+    }
+    out
+}
+
 /// Distinct renders, in a fixed order.
 fn renders() -> Vec<(String, Ruleset)> {
     let mut seen = BTreeSet::new();
@@ -76,9 +92,12 @@ fn renders() -> Vec<(String, Ruleset)> {
         let mut s = flock::testkit::base_cluster();
         for (i, step) in case.steps.iter().enumerate() {
             flock::conformance::apply_step(&mut s, step);
-            for (stack, snap) in [("v4", s.clone()), ("dual", dual_stack(&s))] {
+            let audit = Options { audit_mode: true, ..Options::default() };
+            for (stack, snap, options) in
+                [("v4", s.clone(), Options::default()), ("dual", dual_stack(&s), Options::default()), ("audit", half_audited(&s), audit)]
+            {
                 for node in ["node-1", "node-2"] {
-                    let ir = translate(&snap, &snap.derived_endpoints(node), &Options::default());
+                    let ir = translate(&snap, &snap.derived_endpoints(node), &options);
                     for (shape, opts) in &shapes {
                         add(format!("{}[{i}] {stack} {node} {shape}", case.dir_name), render_with(&ir, opts));
                     }
@@ -136,6 +155,12 @@ fn netlink_transactions_list_as_nft_writes_them() {
     let all: String = renders.iter().map(|(_, r)| r.to_text()).collect();
     for want in
         ["tcp dport { 80-81, 443, 8000-8090 }", "udp dport { 53, 5353 }", "sctp dport { 9, 11-20 }", "tcp dport { 1-5, 7, 65000-65535 }"]
+    {
+        assert!(all.contains(want), "no render has {want}");
+    }
+    // So are the audit mode's chains (a base chain at priority filter - 1) and log rules.
+    for want in
+        ["type filter hook forward priority filter - 1; policy accept;", "log prefix \"flock:audit:egress:", "log prefix \"flock:deny:"]
     {
         assert!(all.contains(want), "no render has {want}");
     }

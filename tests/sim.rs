@@ -144,8 +144,10 @@ fn sim_tables_label_their_axes_and_explain_their_symbols() {
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let tables: Vec<&str> = stdout.split("\n\n").filter(|t| !t.trim().is_empty()).collect();
+    // The tables, then the summary of the kernel's denials (none without a policy).
+    let tables: Vec<&str> = stdout.split("\n\n").filter(|t| !t.trim().is_empty() && !t.starts_with("denied")).collect();
     assert_eq!(tables.len(), 2, "{stdout}");
+    assert!(stdout.trim_end().ends_with("denied: the kernel logged no denial during the probes"), "{stdout}");
     // Without a family the pods' addresses decide: all IPv4 here, and the title says so.
     let lines: Vec<&str> = tables[0].lines().collect();
     assert_eq!(lines[0], "TCP port 5432, IPv4", "{stdout}");

@@ -113,6 +113,7 @@ fn handle(shared: &Shared, group: u16, event: Event) {
                 let d = denial::denial(logged, &endpoints, &snapshot);
                 tracing::info!(
                     target: "flock::denied",
+                    audit = d.audit,
                     reason = d.reason.as_str(),
                     direction = d.direction_label(),
                     pod = d.pod.as_deref().unwrap_or(""),
@@ -121,9 +122,20 @@ fn handle(shared: &Shared, group: u16, event: Event) {
                     protocol = %d.protocol,
                     port = d.port.unwrap_or(0),
                     policies = %d.policies.join(", "),
-                    "packet denied"
+                    "{}",
+                    match (d.reason, d.audit) {
+                        (denial::Reason::Allowed, _) => "connection allowed (flock.dev/log-allowed)",
+                        (_, true) => "packet would be denied (audit mode: accepted)",
+                        (_, false) => "packet denied",
+                    }
                 );
-                metrics.denied(d.namespace.as_deref().unwrap_or(""), d.direction_label());
+                if d.reason == denial::Reason::Allowed {
+                    metrics.allowed_logged(d.namespace.as_deref().unwrap_or(""), d.direction_label());
+                } else if d.audit {
+                    metrics.audit_denied(d.namespace.as_deref().unwrap_or(""), d.direction_label());
+                } else {
+                    metrics.denied(d.namespace.as_deref().unwrap_or(""), d.direction_label());
+                }
                 // No listener is fine.
                 let _ = shared.denied.send(d);
             }

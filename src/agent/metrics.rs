@@ -43,6 +43,8 @@ pub struct Metrics {
     cluster_policies_enforced: Family<Labels, Gauge>,
     policy_status_requests: Family<Labels, Counter>,
     denied_packets: Family<Labels, Counter>,
+    audit_denials: Family<Labels, Counter>,
+    allowed_logged: Family<Labels, Counter>,
     denial_records_lost: Counter,
     denial_records_unreadable: Counter,
 }
@@ -97,6 +99,8 @@ impl Metrics {
             cluster_policies_enforced: Family::default(),
             policy_status_requests: Family::default(),
             denied_packets: Family::default(),
+            audit_denials: Family::default(),
+            allowed_logged: Family::default(),
             denial_records_lost: Counter::default(),
             denial_records_unreadable: Counter::default(),
             registry: Registry::default(),
@@ -191,6 +195,16 @@ impl Metrics {
             m.denied_packets.clone(),
         );
         r.register(
+            "audit_denials",
+            "Audit mode: packets the audited policies would deny (logged and accepted; rate-limited like denials), by namespace and direction",
+            m.audit_denials.clone(),
+        );
+        r.register(
+            "allowed_connections_logged",
+            "New connections logged as allowed (namespaces annotated flock.dev/log-allowed; rate-limited per pod and direction), by namespace and direction",
+            m.allowed_logged.clone(),
+        );
+        r.register(
             "denial_records_lost",
             "Times the kernel could not queue denial records to the agent (its socket was full): some denials went unlogged",
             m.denial_records_lost.clone(),
@@ -273,6 +287,18 @@ impl Metrics {
 
     pub fn denied(&self, namespace: &str, direction: &str) {
         self.denied_packets
+            .get_or_create(&vec![("namespace".to_string(), namespace.to_string()), ("direction".to_string(), direction.to_string())])
+            .inc();
+    }
+
+    pub fn audit_denied(&self, namespace: &str, direction: &str) {
+        self.audit_denials
+            .get_or_create(&vec![("namespace".to_string(), namespace.to_string()), ("direction".to_string(), direction.to_string())])
+            .inc();
+    }
+
+    pub fn allowed_logged(&self, namespace: &str, direction: &str) {
+        self.allowed_logged
             .get_or_create(&vec![("namespace".to_string(), namespace.to_string()), ("direction".to_string(), direction.to_string())])
             .inc();
     }

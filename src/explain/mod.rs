@@ -25,7 +25,8 @@ use serde::Serialize;
 use crate::conformance::Family;
 use crate::model::{LocalEndpoint, ObjectRef, Pod, Protocol, Snapshot};
 use crate::translate::{
-    self, Action, AllowRule, Direction, EndpointPolicy, Isolation, NodePolicy, PeerMatch, PortMatch, PriorityGroup, Tier, TierRule,
+    self, Action, AllowRule, Direction, DirectionPolicy, EndpointPolicy, Isolation, NodePolicy, PeerMatch, PortMatch, PriorityGroup, Tier,
+    TierRule,
 };
 
 /// One end of the flow to explain.
@@ -198,6 +199,10 @@ pub struct DirectionExplanation {
     pub passed: Vec<PolicyRef>,
     /// A sentence for people.
     pub reason: String,
+    /// Audit mode, where audited policies apply: what this direction would decide with them
+    /// enforced (they are logged, not enforced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<Box<DirectionExplanation>>,
 }
 
 /// The explanation of one flow.
@@ -371,6 +376,7 @@ fn not_enforced(reason: String) -> DirectionExplanation {
         deciding: Vec::new(),
         passed: Vec::new(),
         reason,
+        audit: None,
     }
 }
 
@@ -379,6 +385,21 @@ fn not_enforced(reason: String) -> DirectionExplanation {
 pub fn decide(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr, protocol: Protocol, port: u16) -> DirectionExplanation {
     let d = ep.direction(dir);
     let pod = ep.pod.to_string();
+    let mut out = decide_view(np, &pod, dir, d, peer, protocol, port);
+    out.audit = d.audit.as_deref().map(|a| Box::new(decide_view(np, &pod, dir, a, peer, protocol, port)));
+    out
+}
+
+/// [`decide`] for one view of a direction (enforced, or audited).
+fn decide_view(
+    np: &NodePolicy,
+    pod: &str,
+    dir: Direction,
+    d: &DirectionPolicy,
+    peer: IpAddr,
+    protocol: Protocol,
+    port: u16,
+) -> DirectionExplanation {
     let isolated_by: Vec<String> = d.isolated_by.iter().map(ToString::to_string).collect();
     let out = |verdict, decided_by, deciding, passed, reason| DirectionExplanation {
         verdict,
@@ -387,6 +408,7 @@ pub fn decide(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr
         deciding,
         passed,
         reason,
+        audit: None,
     };
     let m = Matcher { np, peer, protocol, port };
 
@@ -576,6 +598,12 @@ pub fn to_text(e: &Explanation) -> String {
         }
         for r in &d.passed {
             let _ = writeln!(s, "    passed by: {r}");
+        }
+        if let Some(a) = &d.audit {
+            let _ = writeln!(s, "    audit mode: with the audited policies enforced, {} by {}: {}", a.verdict, a.decided_by, a.reason);
+            for r in &a.deciding {
+                let _ = writeln!(s, "      would be decided by: {r}");
+            }
         }
     }
     for p in &e.problems {

@@ -241,7 +241,7 @@ impl Gen<'_, '_> {
         };
         let ingress = (0..count(self.u, 0, 2)?).map(|_| self.np_rule()).collect::<R<_>>()?;
         let egress = (0..count(self.u, 0, 2)?).map(|_| self.np_rule()).collect::<R<_>>()?;
-        Ok(NetworkPolicy { namespace, name: format!("np{i}"), pod_selector, policy_types, ingress, egress })
+        Ok(NetworkPolicy { audit: false, namespace, name: format!("np{i}"), pod_selector, policy_types, ingress, egress })
     }
 
     fn cnp_pods(&mut self) -> R<CnpPods> {
@@ -328,6 +328,7 @@ impl Gen<'_, '_> {
         let egress = (0..count(self.u, 0, 2)?).map(|_| self.cnp_rule(true)).collect::<R<_>>()?;
         Ok(ClusterNetworkPolicy {
             name: format!("cnp{i}"),
+            audit: false,
             generation: None,
             uid: None,
             tier: tier.into(),
@@ -383,7 +384,7 @@ pub fn generate(u: &mut Unstructured<'_>) -> R<Vec<Object>> {
         }
         let mut l = labels(u, &NS_KEYS[..2])?;
         l.insert("kubernetes.io/metadata.name", name);
-        objects.push(Object::Namespace(Namespace { name: name.to_string(), labels: l }));
+        objects.push(Object::Namespace(Namespace { name: name.to_string(), labels: l, ..Namespace::default() }));
     }
 
     let pod_count = count(u, 2, 7)?;

@@ -281,6 +281,7 @@ impl GenPolicy {
     /// The valid policy `name`.
     pub fn build(&self, name: &str) -> NetworkPolicy {
         NetworkPolicy {
+            audit: false,
             namespace: at(&NAMESPACES, self.namespace).to_string(),
             name: name.to_string(),
             pod_selector: self.selector.build(),

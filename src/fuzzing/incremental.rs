@@ -591,7 +591,7 @@ impl<'u, 'd> Gen<'u, 'd> {
             let m = g.endpoint_mutation(&snapshot, &endpoints)?;
             m.apply_to(&mut snapshot, &mut endpoints);
         }
-        let options = Options { isolate_run_pods: g.u.arbitrary()? };
+        let options = Options { isolate_run_pods: g.u.arbitrary()?, audit_mode: g.u.arbitrary()? };
         let render_options = RenderOptions { peer_classes_from: g.u.int_in_range(0..=10)?, ..RenderOptions::DEFAULT };
         Ok((g, snapshot, endpoints, options, render_options))
     }
@@ -899,7 +899,7 @@ impl<'u, 'd> Gen<'u, 'd> {
         if !self.chance(10)? {
             labels.insert("kubernetes.io/metadata.name", &name);
         }
-        Ok(Namespace { name, labels })
+        Ok(Namespace { name, labels, audit: self.u.ratio(1, 4)?, log_allowed: self.u.ratio(1, 4)? })
     }
 
     fn node_object(&mut self, s: &Snapshot) -> R<Node> {
@@ -1017,7 +1017,8 @@ impl<'u, 'd> Gen<'u, 'd> {
             3 => vec!["Egress".into()],
             _ => vec!["Ingress".into(), "Egress".into()],
         };
-        let mut p = NetworkPolicy { namespace, name, pod_selector, policy_types, ingress: Vec::new(), egress: Vec::new() };
+        let audit = self.u.ratio(1, 4)?;
+        let mut p = NetworkPolicy { audit, namespace, name, pod_selector, policy_types, ingress: Vec::new(), egress: Vec::new() };
         for _ in 0..self.u.int_in_range(0..=2u8)? {
             p.ingress.push(self.np_rule()?);
         }
@@ -1067,8 +1068,17 @@ impl<'u, 'd> Gen<'u, 'd> {
         let tier = self.string(&["Admin", "Baseline"])?;
         let priority = Some(i64::from(self.u.int_in_range(0..=2u8)?));
         let subject = if self.chance(40)? { CnpSubject::Namespaces(self.selector(&NS_KEYS)?) } else { CnpSubject::Pods(self.cnp_pods()?) };
-        let mut p =
-            ClusterNetworkPolicy { name, generation: None, uid: None, tier, priority, subject, ingress: Vec::new(), egress: Vec::new() };
+        let mut p = ClusterNetworkPolicy {
+            name,
+            audit: self.u.ratio(1, 4)?,
+            generation: None,
+            uid: None,
+            tier,
+            priority,
+            subject,
+            ingress: Vec::new(),
+            egress: Vec::new(),
+        };
         for _ in 0..self.u.int_in_range(0..=2u8)? {
             p.ingress.push(self.cnp_rule(false)?);
         }

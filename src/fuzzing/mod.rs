@@ -156,7 +156,7 @@ pub fn pipeline(data: &[u8]) -> Vec<String> {
     };
     let mut endpoints = snapshot.derived_endpoints(&node);
     endpoints.extend(input.endpoints.into_iter().map(tame_endpoint));
-    let options = Options { isolate_run_pods: input.isolate_run_pods };
+    let options = Options { isolate_run_pods: input.isolate_run_pods, ..Options::default() };
 
     let shape = if input.peer_classes {
         render::RenderOptions { peer_classes_from: 0, ..crate::render::RenderOptions::DEFAULT }
@@ -580,7 +580,14 @@ pub fn to_manifest(objects: &[Object], annotations: &BTreeMap<usize, Annotations
             }
             Object::Namespace(ns) => {
                 out.push_str("{\"apiVersion\": \"v1\", \"kind\": \"Namespace\", ");
-                metadata(&mut out, &ns.name, None, None, Some(&ns.labels), ann);
+                let mut ann = ann.cloned().unwrap_or_default();
+                if ns.audit {
+                    ann.insert(crate::model::ENFORCEMENT_ANNOTATION.into(), "audit".into());
+                }
+                if ns.log_allowed {
+                    ann.insert(crate::model::LOG_ALLOWED_ANNOTATION.into(), "true".into());
+                }
+                metadata(&mut out, &ns.name, None, None, Some(&ns.labels), Some(&ann));
             }
             Object::Node(n) => {
                 out.push_str("{\"apiVersion\": \"v1\", \"kind\": \"Node\", ");
@@ -627,7 +634,11 @@ pub fn to_manifest(objects: &[Object], annotations: &BTreeMap<usize, Annotations
             }
             Object::NetworkPolicy(np) => {
                 out.push_str("{\"apiVersion\": \"networking.k8s.io/v1\", \"kind\": \"NetworkPolicy\", ");
-                metadata(&mut out, &np.name, Some(&np.namespace), None, None, ann);
+                let mut ann = ann.cloned().unwrap_or_default();
+                if np.audit {
+                    ann.insert(crate::model::ENFORCEMENT_ANNOTATION.into(), "audit".into());
+                }
+                metadata(&mut out, &np.name, Some(&np.namespace), None, None, Some(&ann));
                 out.push_str(", \"spec\": {\"podSelector\": ");
                 selector(&mut out, &np.pod_selector);
                 let types: Vec<String> = np.policy_types.iter().map(|t| yaml_str(t)).collect();

@@ -33,6 +33,8 @@ pub const PLURAL: &str = "clusternetworkpolicies";
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct ClusterNetworkPolicy {
     pub name: String,
+    /// Annotated `flock.dev/enforcement: audit`.
+    pub audit: bool,
     /// `metadata.generation` and `metadata.uid` (set by the API server, `None` in
     /// manifests): what a status condition's `observedGeneration` refers to, and which
     /// object of that name it is on. Not used to enforce.
@@ -300,6 +302,8 @@ pub fn from_json(obj: &Value) -> Result<ClusterNetworkPolicy, ConvertError> {
     };
     Ok(ClusterNetworkPolicy {
         name,
+        audit: obj.pointer("/metadata/annotations").and_then(|a| a.get(super::ENFORCEMENT_ANNOTATION)).and_then(Value::as_str)
+            == Some("audit"),
         generation: obj.pointer("/metadata/generation").and_then(Value::as_i64),
         uid: obj.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_string),
         tier: spec.get("tier").and_then(Value::as_str).unwrap_or_default().to_string(),
@@ -399,6 +403,9 @@ pub fn to_json(p: &ClusterNetworkPolicy) -> Value {
     }
     if let Some(u) = &p.uid {
         metadata.insert("uid".into(), json!(u));
+    }
+    if p.audit {
+        metadata.insert("annotations".into(), json!({super::ENFORCEMENT_ANNOTATION: "audit"}));
     }
     json!({"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec})
 }

@@ -55,14 +55,20 @@ pub fn namespace(ns: &core::Namespace) -> Result<Namespace, ConvertError> {
     let name = name_of(&ns.metadata)?;
     let mut labels: super::Labels = ns.metadata.labels.iter().flatten().collect();
     labels.insert(NAMESPACE_NAME_LABEL, &name);
-    Ok(Namespace { name, labels })
+    let audit = annotation(&ns.metadata, super::ENFORCEMENT_ANNOTATION) == Some("audit");
+    let log_allowed = annotation(&ns.metadata, super::LOG_ALLOWED_ANNOTATION) == Some("true");
+    Ok(Namespace { name, labels, audit, log_allowed })
+}
+
+fn annotation<'a>(metadata: &'a meta::ObjectMeta, key: &str) -> Option<&'a str> {
+    metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
 /// A namespace known only by name (referenced by a pod or policy, never declared).
 pub fn implicit_namespace(name: &str) -> Namespace {
     let mut labels = super::Labels::new();
     labels.insert(NAMESPACE_NAME_LABEL, name);
-    Namespace { name: name.to_string(), labels }
+    Namespace { name: name.to_string(), labels, ..Namespace::default() }
 }
 
 /// A Pod. A pod without `metadata.uid` (a manifest) gets [`derived_uid`].
@@ -187,7 +193,10 @@ pub fn network_policy(np: &net::NetworkPolicy) -> Result<NetworkPolicy, ConvertE
     let name = name_of(&np.metadata)?;
     let namespace = namespace_of(&np.metadata);
     let spec = np.spec.clone().unwrap_or_default();
+    // A sandboxed run's policy (flock-controller labels it) is never audited.
+    let run_policy = np.metadata.labels.as_ref().is_some_and(|l| l.contains_key(crate::translate::RUN_LABEL));
     Ok(NetworkPolicy {
+        audit: annotation(&np.metadata, super::ENFORCEMENT_ANNOTATION) == Some("audit") && !run_policy,
         namespace,
         name,
         pod_selector: spec.pod_selector.as_ref().map(label_selector).unwrap_or_default(),

@@ -46,12 +46,23 @@ impl fmt::Display for ObjectRef {
     }
 }
 
-/// A namespace: its name and labels.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The annotation that puts a NetworkPolicy, a namespace's NetworkPolicies or a
+/// ClusterNetworkPolicy in audit mode: exactly `audit` (anything else enforces), and only
+/// where the agent runs with `--allow-audit-mode`.
+pub const ENFORCEMENT_ANNOTATION: &str = "flock.dev/enforcement";
+/// The namespace annotation that logs allowed new connections of its pods: exactly `true`.
+pub const LOG_ALLOWED_ANNOTATION: &str = "flock.dev/log-allowed";
+
+/// A namespace: its name and labels, and what its annotations ask of flock.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct Namespace {
     pub name: String,
     pub labels: Labels,
+    /// Annotated `flock.dev/enforcement: audit`: its NetworkPolicies are audited.
+    pub audit: bool,
+    /// Annotated `flock.dev/log-allowed: "true"`.
+    pub log_allowed: bool,
 }
 
 /// The phase of a pod (`status.phase`).
@@ -254,6 +265,9 @@ pub struct PolicyRule {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct NetworkPolicy {
+    /// Annotated `flock.dev/enforcement: audit` (and not a sandboxed run's policy, labelled
+    /// `flock.dev/run`, which is always enforced).
+    pub audit: bool,
     pub namespace: String,
     pub name: String,
     pub pod_selector: LabelSelector,

@@ -28,6 +28,9 @@ struct EndpointView {
     pod: ObjectRef,
     ingress: Vec<String>,
     egress: Vec<String>,
+    /// The same, with the audited policies (audit mode).
+    audit_ingress: Vec<String>,
+    audit_egress: Vec<String>,
 }
 
 impl Endpoints {
@@ -36,7 +39,17 @@ impl Endpoints {
         let by_interface = np
             .endpoints
             .iter()
-            .map(|e| (e.interface.clone(), EndpointView { pod: e.pod.clone(), ingress: deniers(&e.ingress), egress: deniers(&e.egress) }))
+            .map(|e| {
+                let audit = |d: &DirectionPolicy| d.audit.as_deref().map(deniers).unwrap_or_default();
+                let view = EndpointView {
+                    pod: e.pod.clone(),
+                    ingress: deniers(&e.ingress),
+                    egress: deniers(&e.egress),
+                    audit_ingress: audit(&e.ingress),
+                    audit_egress: audit(&e.egress),
+                };
+                (e.interface.clone(), view)
+            })
             .collect();
         Self { by_interface }
     }
@@ -75,6 +88,9 @@ pub enum Reason {
     SpoofedSource,
     /// To a pod interface flock has no policy for (yet).
     UnknownPod,
+    /// Not a denial: a new connection the pod's policy allowed, logged because its namespace
+    /// asks for it (`flock.dev/log-allowed`).
+    Allowed,
 }
 
 impl Reason {
@@ -83,6 +99,7 @@ impl Reason {
             Self::Policy => "policy",
             Self::SpoofedSource => "spoofed-source",
             Self::UnknownPod => "unknown-pod",
+            Self::Allowed => "allowed",
         }
     }
 }
@@ -111,6 +128,9 @@ pub struct Denial {
     /// is not one of this node's endpoints any more.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<String>,
+    /// Audit mode: the packet was accepted; the audited policies would deny it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub audit: bool,
     /// The log prefix, when it is not one flock writes (another table logging to the group).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
@@ -123,7 +143,27 @@ impl Denial {
             (Some(d), _) => d,
             (None, Reason::SpoofedSource) => "spoofed-source",
             (None, Reason::UnknownPod) => "unknown-pod",
-            (None, Reason::Policy) => "unknown",
+            (None, Reason::Policy | Reason::Allowed) => "unknown",
+        }
+    }
+}
+
+impl Denial {
+    fn by_policy(&mut self, endpoints: &Endpoints, direction: Direction, interface: &str, audit: bool) {
+        self.direction = Some(direction.as_field());
+        self.audit = audit;
+        match endpoints.by_interface.get(interface) {
+            Some(ep) => {
+                self.pod = Some(ep.pod.to_string());
+                self.namespace = Some(ep.pod.namespace.clone());
+                self.policies = match (direction, audit) {
+                    (Direction::Ingress, false) => ep.ingress.clone(),
+                    (Direction::Egress, false) => ep.egress.clone(),
+                    (Direction::Ingress, true) => ep.audit_ingress.clone(),
+                    (Direction::Egress, true) => ep.audit_egress.clone(),
+                };
+            }
+            None => self.policies = vec![format!("unknown pod (interface {interface})")],
         }
     }
 }
@@ -146,23 +186,17 @@ pub fn denial(logged: &Logged, endpoints: &Endpoints, snapshot: &Snapshot) -> De
         protocol: logged.protocol_name(),
         port: logged.dport,
         policies: Vec::new(),
+        audit: false,
         prefix: None,
     };
     let ns_of = |s: &str| s.split_once('/').map(|(ns, _)| ns.to_string());
     match LogPrefix::parse(&logged.prefix) {
-        Some(LogPrefix::Deny { direction, interface }) => {
-            d.direction = Some(direction.as_field());
-            match endpoints.by_interface.get(&interface) {
-                Some(ep) => {
-                    d.pod = Some(ep.pod.to_string());
-                    d.namespace = Some(ep.pod.namespace.clone());
-                    d.policies = match direction {
-                        Direction::Ingress => ep.ingress.clone(),
-                        Direction::Egress => ep.egress.clone(),
-                    };
-                }
-                None => d.policies = vec![format!("unknown pod (interface {interface})")],
-            }
+        Some(LogPrefix::Deny { direction, interface }) => d.by_policy(endpoints, direction, &interface, false),
+        Some(LogPrefix::Audit { direction, interface }) => d.by_policy(endpoints, direction, &interface, true),
+        Some(LogPrefix::Allow { direction, interface }) => {
+            d.by_policy(endpoints, direction, &interface, false);
+            d.reason = Reason::Allowed;
+            d.policies.clear();
         }
         Some(LogPrefix::Spoofed) => {
             d.reason = Reason::SpoofedSource;

@@ -32,6 +32,16 @@ impl DenyLog {
         format!("logged (NFLOG group {}, {}/s, burst {}), dropped", self.group, self.rate, self.burst)
     }
 
+    /// What the allowed-connection logging chains do, for their comments.
+    pub fn describe_allowed(&self) -> String {
+        format!("logged (NFLOG group {}, {}/s, burst {}), allowed", self.group, self.rate, self.burst)
+    }
+
+    /// What the audit logging chains do, for their comments.
+    pub fn describe_audit(&self) -> String {
+        format!("logged (NFLOG group {}, {}/s, burst {}), accepted", self.group, self.rate, self.burst)
+    }
+
     /// The rule logging with `prefix`, as nft lists it (a burst of 5, nft's default, is not
     /// printed).
     pub fn rule(&self, prefix: &LogPrefix) -> String {
@@ -51,6 +61,12 @@ impl Default for DenyLog {
 pub enum LogPrefix {
     /// A pod's policy denied it, in `direction`; `interface` is the pod's host interface.
     Deny { direction: Direction, interface: String },
+    /// A pod's policy allowed a new connection, in `direction` (its namespace asks for it:
+    /// `flock.dev/log-allowed`).
+    Allow { direction: Direction, interface: String },
+    /// A pod's policies with the audited ones would deny it (it was accepted, unless the
+    /// enforced policy denies it too).
+    Audit { direction: Direction, interface: String },
     /// A packet from a pod interface with a source address that is not the pod's (or from
     /// an interface flock has no pod for).
     Spoofed,
@@ -65,6 +81,8 @@ impl fmt::Display for LogPrefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Deny { direction, interface } => write!(f, "{PREFIX}deny:{direction}:{}", super::names::comment(interface)),
+            Self::Audit { direction, interface } => write!(f, "{PREFIX}audit:{direction}:{}", super::names::comment(interface)),
+            Self::Allow { direction, interface } => write!(f, "{PREFIX}allow:{direction}:{}", super::names::comment(interface)),
             Self::Spoofed => write!(f, "{PREFIX}spoofed"),
             Self::UnknownPod => write!(f, "{PREFIX}unknown-pod"),
         }
@@ -87,7 +105,16 @@ impl LogPrefix {
             "egress" => Direction::Egress,
             _ => return None,
         };
-        (kind == "deny" && !interface.is_empty()).then(|| Self::Deny { direction, interface: interface.to_string() })
+        if interface.is_empty() {
+            return None;
+        }
+        let interface = interface.to_string();
+        match kind {
+            "deny" => Some(Self::Deny { direction, interface }),
+            "audit" => Some(Self::Audit { direction, interface }),
+            "allow" => Some(Self::Allow { direction, interface }),
+            _ => None,
+        }
     }
 }
 
@@ -100,12 +127,14 @@ mod tests {
         for p in [
             LogPrefix::Deny { direction: Direction::Ingress, interface: "flk53f5ab4becbb".into() },
             LogPrefix::Deny { direction: Direction::Egress, interface: "flk0".into() },
+            LogPrefix::Audit { direction: Direction::Ingress, interface: "flk0".into() },
+            LogPrefix::Allow { direction: Direction::Egress, interface: "flk0".into() },
             LogPrefix::Spoofed,
             LogPrefix::UnknownPod,
         ] {
             assert_eq!(LogPrefix::parse(&p.to_string()), Some(p.clone()), "{p}");
         }
-        for bad in ["", "flock:", "flock:deny:ingress:", "flock:deny:sideways:flk0", "other:spoofed", "flock:allow:ingress:flk0"] {
+        for bad in ["", "flock:", "flock:deny:ingress:", "flock:deny:sideways:flk0", "other:spoofed", "flock:permit:ingress:flk0"] {
             assert_eq!(LogPrefix::parse(bad), None, "{bad}");
         }
     }

@@ -47,8 +47,8 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use crate::translate::{
-    Action, AllowRule, Changed, Direction, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef, PeerMatch, PortMatch, PortRanges,
-    PriorityGroup, Tier, TierRule,
+    Action, AllowRule, Changed, Direction, DirectionPolicy, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef, PeerMatch,
+    PortMatch, PortRanges, PriorityGroup, Tier, TierRule,
 };
 use names::{comment, quoted};
 use peers::PeerPlan;
@@ -64,6 +64,14 @@ pub const INGRESS_MAP: &str = "ingress-chains";
 /// Where an allowed egress packet goes: on to the destination's ingress policy (a pod on this
 /// node) or out.
 pub const EGRESS_ALLOWED: &str = "egress-allowed";
+/// The audit mode's counterparts of the dispatch chains and maps, and its base chain
+/// (before the enforcing one: it never drops).
+pub const AUDIT_BASE_CHAIN: &str = "audit";
+pub const AUDIT_FROM_PODS: &str = "audit-from-pods";
+pub const AUDIT_TO_PODS: &str = "audit-to-pods";
+pub const AUDIT_EGRESS_ALLOWED: &str = "audit-egress-allowed";
+pub const AUDIT_INGRESS_MAP: &str = "audit-ingress-chains";
+pub const AUDIT_EGRESS_MAP: &str = "audit-egress-chains";
 /// Host-side pod interfaces flock owns (see `flock_cni::HOST_INTERFACE_PREFIX`).
 pub const POD_INTERFACES: &str = "flk*";
 
@@ -314,6 +322,14 @@ impl Family {
 /// One endpoint's chains of one direction, in reference order, and its entry chain's name.
 type EndpointChains = (String, Vec<Chain>);
 
+/// One endpoint direction's chains: the enforced view's entry, the audited view's entry,
+/// and every chain of both (each before the chains that refer to it).
+struct Rendered {
+    entry: Option<String>,
+    audit_entry: Option<String>,
+    chains: Vec<Chain>,
+}
+
 /// Choices of shape that do not change what is enforced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RenderOptions {
@@ -357,9 +373,11 @@ enum SetKey {
     Port(NamedPortDef, Family),
 }
 
-/// One endpoint's chains of one direction as last rendered, and the sets they refer to.
+/// One endpoint's chains of one direction as last rendered (enforced, audited), and the
+/// sets they refer to.
 struct EndpointRender {
     chains: Vec<Chain>,
+    audit: Vec<Chain>,
     sets: Vec<SetKey>,
 }
 
@@ -382,11 +400,14 @@ pub struct RenderCache {
     dispatch: Option<Dispatch>,
 }
 
-/// The elements of the pod address sets (IPv4, IPv6) and the dispatch maps.
+/// The elements of the pod address sets (IPv4, IPv6) and the dispatch maps (enforced, and
+/// the audit mode's).
 struct Dispatch {
     addrs: [Arc<Vec<Element>>; 2],
     ingress: Arc<Vec<Element>>,
     egress: Arc<Vec<Element>>,
+    audit_ingress: Arc<Vec<Element>>,
+    audit_egress: Arc<Vec<Element>>,
 }
 
 /// Rendered peer and named-port sets per definition, per family (IPv4, IPv6): `None` not
@@ -497,7 +518,8 @@ impl RenderCache {
         let (mut egress_map, mut ingress_map) = (Vec::new(), Vec::new());
         let mut endpoints = BTreeMap::new();
         let uses = &mut self.uses;
-        let mut chains_of = |r: &mut Renderer<'_>, ep: &EndpointPolicy, dir: Direction| -> EndpointChains {
+        let log_on = self.options.log.is_some();
+        let mut chains_of = |r: &mut Renderer<'_>, ep: &EndpointPolicy, dir: Direction| -> Rendered {
             let key = (ep.interface.clone(), dir);
             let plan = &plans[usize::from(dir == Direction::Egress)];
             // A new peer plan only matters to the endpoints it covers.
@@ -511,28 +533,37 @@ impl RenderCache {
                         release(uses, &stale.sets);
                     }
                     r.used.clear();
-                    let chains = r.endpoint_chains(ep, dir);
+                    let logs_allowed = log_on && ep.log_allowed;
+                    let chains = if logs_allowed || ep.direction(dir).is_enforced() { r.endpoint_chains(ep, dir) } else { Vec::new() };
+                    let audit = r.audit_chains(ep, dir).unwrap_or_default();
                     let mut sets = std::mem::take(&mut r.used);
                     sets.sort();
                     sets.dedup();
                     for k in &sets {
                         *uses.entry(k.clone()).or_default() += 1;
                     }
-                    EndpointRender { chains, sets }
+                    EndpointRender { chains, audit, sets }
                 }
             };
-            let entry = rendered.chains.last().map(|c| c.name.clone()).unwrap_or_default();
-            let out = (entry, rendered.chains.clone());
+            let out = Rendered {
+                entry: rendered.chains.last().map(|c| c.name.clone()),
+                audit_entry: rendered.audit.last().map(|c| c.name.clone()),
+                chains: rendered.chains.iter().chain(&rendered.audit).cloned().collect(),
+            };
             endpoints.insert(key, rendered);
             out
         };
+        let audited = |d: &DirectionPolicy| log_on && d.audit.is_some();
+        let logs_allowed = |ep: &EndpointPolicy| log_on && ep.log_allowed;
+        let (mut audit_ingress_map, mut audit_egress_map) = (Vec::new(), Vec::new());
 
         // The dispatch maps and pod address sets change only with an endpoint (chain names do
         // not depend on the rules).
         let dispatch = self.dispatch.take().filter(|_| changed.endpoints.is_empty());
         for ep in &np.endpoints {
-            let egress = ep.egress.is_enforced().then(|| chains_of(&mut r, ep, Direction::Egress));
-            let ingress = ep.ingress.is_enforced().then(|| chains_of(&mut r, ep, Direction::Ingress));
+            let rendered = |d: &DirectionPolicy| d.is_enforced() || audited(d) || logs_allowed(ep);
+            let egress = rendered(&ep.egress).then(|| chains_of(&mut r, ep, Direction::Egress));
+            let ingress = rendered(&ep.ingress).then(|| chains_of(&mut r, ep, Direction::Ingress));
             if dispatch.is_none() {
                 let pod = ep.pod.to_string();
                 let iface = quoted(&ep.interface);
@@ -540,14 +571,23 @@ impl RenderCache {
                     let slot = usize::from(ip.is_ipv6());
                     addrs[slot].push(Element { key: format!("{iface} . {ip}"), comment: comment(&pod), verdict: None });
                 }
-                if let Some((entry, _)) = &egress {
-                    egress_map.push(Element { key: iface.clone(), comment: comment(&pod), verdict: Some(format!("jump {entry}")) });
+                let element = |verdict: String| Element { key: iface.clone(), comment: comment(&pod), verdict: Some(verdict) };
+                if let Some(entry) = egress.as_ref().and_then(|e| e.entry.as_ref()) {
+                    egress_map.push(element(format!("jump {entry}")));
                 }
-                let verdict = ingress.as_ref().map_or_else(|| "accept".to_string(), |(entry, _)| format!("goto {entry}"));
-                ingress_map.push(Element { key: iface, comment: comment(&pod), verdict: Some(verdict) });
+                if let Some(entry) = egress.as_ref().and_then(|e| e.audit_entry.as_ref()) {
+                    audit_egress_map.push(element(format!("jump {entry}")));
+                }
+                if let Some(entry) = ingress.as_ref().and_then(|e| e.audit_entry.as_ref()) {
+                    audit_ingress_map.push(element(format!("goto {entry}")));
+                }
+                let verdict =
+                    ingress.as_ref().and_then(|e| e.entry.as_ref()).map_or_else(|| "accept".to_string(), |entry| format!("goto {entry}"));
+                ingress_map.push(element(verdict));
             }
-            egress_chains.extend(egress);
-            ingress_chains.extend(ingress);
+            let keyed = |r: Rendered| (r.entry.or(r.audit_entry).unwrap_or_default(), r.chains);
+            egress_chains.extend(egress.map(keyed));
+            ingress_chains.extend(ingress.map(keyed));
         }
         drop(r);
         // Chains of endpoints that are gone (or no longer restricted in a direction).
@@ -576,6 +616,8 @@ impl RenderCache {
                 addrs: [v4, v6].map(|v| Arc::new(sorted(v))),
                 ingress: Arc::new(sorted(ingress_map)),
                 egress: Arc::new(sorted(egress_map)),
+                audit_ingress: Arc::new(sorted(audit_ingress_map)),
+                audit_egress: Arc::new(sorted(audit_egress_map)),
             }
         });
         for (name, fam) in [(POD_ADDRS_V4, Family::V4), (POD_ADDRS_V6, Family::V6)] {
@@ -612,8 +654,43 @@ impl RenderCache {
             interval: false,
             elements: Arc::clone(&dispatch.ingress),
         }));
+        // Audit mode: its dispatch, where some endpoint has an audited view.
+        let auditing = !dispatch.audit_ingress.is_empty() || !dispatch.audit_egress.is_empty();
+        let audit_map = |name: &str, comment: &str, elements: &Arc<Vec<Element>>| {
+            Object::Set(Set {
+                name: name.into(),
+                comment: comment.into(),
+                key: vec!["ifname"],
+                data: Some("verdict"),
+                interval: false,
+                elements: Arc::clone(elements),
+            })
+        };
+        if auditing {
+            objects.push(audit_map(
+                AUDIT_INGRESS_MAP,
+                "audit mode: pod interface -> the ingress policy its audited policies would give",
+                &dispatch.audit_ingress,
+            ));
+        }
         objects.push(Object::Chain(to_pods));
+        if auditing {
+            objects.push(Object::Chain(Chain {
+                name: AUDIT_TO_PODS.into(),
+                comment: "audit mode: packets to a pod on this node, through its audited ingress policy".into(),
+                hook: None,
+                rules: vec![format!("oifname vmap @{AUDIT_INGRESS_MAP}"), "accept".into()],
+            }));
+        }
         objects.push(Object::Chain(egress_allowed()));
+        if auditing {
+            objects.push(Object::Chain(Chain {
+                name: AUDIT_EGRESS_ALLOWED.into(),
+                comment: "audit mode: egress the audited policies would allow; then the destination's audited ingress".into(),
+                hook: None,
+                rules: vec![format!("oifname \"{POD_INTERFACES}\" goto {AUDIT_TO_PODS}"), "accept".into()],
+            }));
+        }
         objects.extend(class_chains(&egress_plan.chains));
         objects.extend(by_name(&egress_plan.maps));
         objects.extend(flatten(egress_chains));
@@ -625,8 +702,39 @@ impl RenderCache {
             interval: false,
             elements: Arc::clone(&dispatch.egress),
         }));
+        if auditing {
+            objects.push(audit_map(
+                AUDIT_EGRESS_MAP,
+                "audit mode: pod interface -> the egress policy its audited policies would give",
+                &dispatch.audit_egress,
+            ));
+        }
         objects.push(Object::Chain(from_pods));
         objects.push(Object::Chain(forward));
+        if auditing {
+            objects.push(Object::Chain(Chain {
+                name: AUDIT_FROM_PODS.into(),
+                comment:
+                    "audit mode: packets from a pod on this node, through its audited egress policy (spoofed ones are left to forward)"
+                        .into(),
+                hook: None,
+                rules: vec![
+                    format!("iifname . ip saddr != @{POD_ADDRS_V4} accept"),
+                    format!("iifname . ip6 saddr != @{POD_ADDRS_V6} accept"),
+                    format!("iifname vmap @{AUDIT_EGRESS_MAP}"),
+                ],
+            }));
+            objects.push(Object::Chain(Chain {
+                name: AUDIT_BASE_CHAIN.into(),
+                comment: "audit mode, before forward: what audited policies would deny is logged and accepted; forward decides".into(),
+                hook: Some(Hook { type_: "filter", hook: "forward", priority: "filter - 1", policy: "accept" }),
+                rules: vec![
+                    "ct state established,related accept".into(),
+                    format!("iifname \"{POD_INTERFACES}\" jump {AUDIT_FROM_PODS}"),
+                    format!("oifname \"{POD_INTERFACES}\" goto {AUDIT_TO_PODS}"),
+                ],
+            }));
+        }
         self.plans = Some(plans);
         self.dispatch = Some(dispatch);
         Ruleset { comment: TABLE_COMMENT.into(), objects }
@@ -656,9 +764,7 @@ fn refers_to_changed(ep: &EndpointPolicy, dir: Direction, changed: &Changed) -> 
         PeerMatch::Addresses(d) => changed.peer_sets.contains(d),
         PeerMatch::NamedPort(d) => changed.port_sets.contains(d),
     };
-    let d = ep.direction(dir);
-    d.rules.iter().any(|r| hit(&r.peer))
-        || d.admin.iter().chain(&d.baseline).flat_map(|g| &g.policies).flat_map(|p| &p.rules).any(|r| hit(&r.peer))
+    ep.direction(dir).peers().into_iter().any(hit)
 }
 
 /// Where an egress policy sends what it allows: a packet to a pod on this node meets that
@@ -754,6 +860,10 @@ struct TierCtx<'a> {
     allow: &'a str,
     /// The verdict that denies (`drop`, or `goto` the pod's logging chain).
     deny: &'a str,
+    /// What the chain names start with (`ingress`, `audit-egress`, ...).
+    purpose: &'a str,
+    /// What comments start with (`audit: ` in the audited view).
+    note: &'a str,
 }
 
 struct Renderer<'a> {
@@ -778,41 +888,87 @@ impl Renderer<'_> {
     /// to the destination's ingress policy through `egress-allowed`, never by returning, so
     /// a verdict may be given at any depth.
     fn endpoint_chains(&mut self, ep: &EndpointPolicy, dir: Direction) -> Vec<Chain> {
+        self.view_chains(ep, dir, ep.direction(dir), None)
+    }
+
+    /// The chains of `ep`'s audited view of `dir` (see [`DirectionPolicy::audit`]), laid out
+    /// as [`Self::endpoint_chains`] but evaluated in the `audit` base chain, before the
+    /// enforced one: what it would deny is logged (as audit) and accepted, what it would
+    /// allow is accepted, so the enforced chains decide alone. `None`: no audited view (or no
+    /// logging, without which auditing shows nothing).
+    fn audit_chains(&mut self, ep: &EndpointPolicy, dir: Direction) -> Option<Vec<Chain>> {
+        let log = self.log?;
+        let view = ep.direction(dir).audit.as_deref()?;
+        Some(self.view_chains(ep, dir, view, Some(log)))
+    }
+
+    /// The chains of one view of an endpoint direction, each before the chains that refer to
+    /// it, the entry last: the enforced view (`audit` `None`), or the audited one.
+    fn view_chains(&mut self, ep: &EndpointPolicy, dir: Direction, d: &DirectionPolicy, audit: Option<log::DenyLog>) -> Vec<Chain> {
         let pod = ep.pod.to_string();
-        let d = ep.direction(dir);
-        let chain_comment = comment(&format!("{dir} policy of pod {pod} ({})", ep.interface));
-        let entry = names::dynamic(dir.as_field(), &[&ep.interface, &pod, &chain_comment], &pod);
-        let allow = match dir {
-            Direction::Ingress => "accept".to_string(),
-            Direction::Egress => format!("goto {EGRESS_ALLOWED}"),
+        let (purpose, note) = match audit {
+            None => (dir.as_field().to_string(), String::new()),
+            Some(_) => (format!("audit-{}", dir.as_field()), "audit: ".to_string()),
+        };
+        let chain_comment = comment(&format!("{note}{dir} policy of pod {pod} ({})", ep.interface));
+        let entry = names::dynamic(&purpose, &[&ep.interface, &pod, &chain_comment], &pod);
+        let mut allow = match (dir, audit) {
+            (Direction::Ingress, _) => "accept".to_string(),
+            (Direction::Egress, None) => format!("goto {EGRESS_ALLOWED}"),
+            (Direction::Egress, Some(_)) => format!("goto {AUDIT_EGRESS_ALLOWED}"),
         };
         let families: Vec<Family> =
             [(ep.has_v4(), Family::V4), (ep.has_v6(), Family::V6)].into_iter().filter(|(has, _)| *has).map(|(_, f)| f).collect();
+        let mut chains = Vec::new();
+        // The namespace asks for allowed connections to be logged: they go through a chain
+        // that logs them (rate-limited) and allows.
+        if let (Some(log), None, true) = (self.log, audit, ep.log_allowed) {
+            let allow_comment = comment(&format!("{dir} of {pod} allowed: {} (flock.dev/log-allowed)", log.describe_allowed()));
+            let name = names::dynamic(&format!("{purpose}-allow"), &[&ep.interface, &pod], &pod);
+            let prefix = log::LogPrefix::Allow { direction: dir, interface: ep.interface.clone() };
+            chains.push(Chain { name: name.clone(), comment: allow_comment, hook: None, rules: vec![log.rule(&prefix), allow] });
+            allow = format!("goto {name}");
+        }
         // Denials go through one chain per pod and direction that logs them (rate-limited)
-        // and drops, when something here denies.
+        // and drops — or, audited, logs them as audit and accepts — when something here
+        // denies.
         let denies = d.is_isolated()
             || d.admin.iter().chain(&d.baseline).flat_map(|g| &g.policies).flat_map(|p| &p.rules).any(|r| r.action == Action::Deny);
-        let mut chains = Vec::new();
-        let deny = match self.log {
-            Some(log) if denies => {
+        let deny = match (self.log, audit) {
+            (Some(log), None) if denies => {
                 let deny_comment = comment(&format!("{dir} of {pod} denied: {}", log.describe()));
-                let name = names::dynamic(&format!("{}-deny", dir.as_field()), &[&ep.interface, &pod], &pod);
+                let name = names::dynamic(&format!("{purpose}-deny"), &[&ep.interface, &pod], &pod);
                 let prefix = log::LogPrefix::Deny { direction: dir, interface: ep.interface.clone() };
                 chains.push(Chain { name: name.clone(), comment: deny_comment, hook: None, rules: vec![log.rule(&prefix), "drop".into()] });
                 format!("goto {name}")
             }
+            (_, Some(log)) if denies => {
+                let deny_comment = comment(&format!("audit: {dir} of {pod} would be denied: {}", log.describe_audit()));
+                let name = names::dynamic(&format!("{purpose}-log"), &[&ep.interface, &pod], &pod);
+                let prefix = log::LogPrefix::Audit { direction: dir, interface: ep.interface.clone() };
+                chains.push(Chain {
+                    name: name.clone(),
+                    comment: deny_comment,
+                    hook: None,
+                    rules: vec![log.rule(&prefix), "accept".into()],
+                });
+                format!("goto {name}")
+            }
             _ => "drop".to_string(),
         };
-        let ctx = TierCtx { ep, dir, families: &families, allow: &allow, deny: &deny };
+        let ctx = TierCtx { ep, dir, families: &families, allow: &allow, deny: &deny, purpose: &purpose, note: &note };
 
         let mut tail_rules = Vec::new();
         if d.is_isolated() {
-            // A rule allowing everything decides alone; otherwise the peer classes, or (few
-            // lookups) one rule per allow rule.
+            // A rule allowing everything decides alone; otherwise the peer classes (the
+            // enforced view's, whose class chains allow without logging), or (few lookups) one
+            // rule per allow rule.
             let plan = &self.plans[usize::from(dir == Direction::Egress)];
             match d.rules.iter().find(|r| r.peer == PeerMatch::Any && r.ports == PortMatch::Any) {
                 Some(rule) => self.allow_rule(rule, dir, &families, &allow, &mut tail_rules),
-                None if plan.covers(&ep.interface) => tail_rules.extend(plan.rules(&ep.interface, &allow)),
+                None if audit.is_none() && !ep.log_allowed && plan.covers(&ep.interface) => {
+                    tail_rules.extend(plan.rules(&ep.interface, &allow))
+                }
                 None => {
                     for rule in &d.rules {
                         self.allow_rule(rule, dir, &families, &allow, &mut tail_rules);
@@ -823,25 +979,26 @@ impl Renderer<'_> {
                 format!("{pod} is unknown to flock: closed until its Pod is seen")
             } else {
                 let by: Vec<String> = d.isolated_by.iter().map(ToString::to_string).collect();
-                format!("{dir} of {pod} not allowed (isolated by {})", by.join(", "))
+                format!("{note}{dir} of {pod} not allowed (isolated by {})", by.join(", "))
             };
             tail_rules.push(format!("counter {deny} comment \"{}\"", comment(&why)));
         } else {
             // Baseline: a Pass hands over to the default, allow.
             self.tier_groups(&ctx, Tier::Baseline, &d.baseline, &allow, &mut tail_rules, &mut chains);
-            tail_rules.push(format!("{allow} comment \"{}\"", comment(&format!("{dir} of {pod}: no rule decided, allowed (default)"))));
+            tail_rules
+                .push(format!("{allow} comment \"{}\"", comment(&format!("{note}{dir} of {pod}: no rule decided, allowed (default)"))));
         }
         if d.admin.is_empty() {
             chains.push(Chain { name: entry, comment: chain_comment, hook: None, rules: tail_rules });
             return chains;
         }
-        let tail_comment = comment(&format!("{dir} policy of pod {pod} after the Admin tier: NetworkPolicy, then Baseline"));
-        let tail = names::dynamic(&format!("{}-np", dir.as_field()), &[&ep.interface, &pod, &tail_comment], &pod);
+        let tail_comment = comment(&format!("{note}{dir} policy of pod {pod} after the Admin tier: NetworkPolicy, then Baseline"));
+        let tail = names::dynamic(&format!("{purpose}-np"), &[&ep.interface, &pod, &tail_comment], &pod);
         chains.push(Chain { name: tail.clone(), comment: tail_comment, hook: None, rules: tail_rules });
         let mut entry_rules = Vec::new();
         self.tier_groups(&ctx, Tier::Admin, &d.admin, &format!("goto {tail}"), &mut entry_rules, &mut chains);
-        entry_rules.push(format!("goto {tail} comment \"{}\"", comment(&format!("{dir} of {pod}: no Admin rule decided"))));
-        let entry_comment = comment(&format!("{dir} policy of pod {pod} ({}): Admin tier first", ep.interface));
+        entry_rules.push(format!("goto {tail} comment \"{}\"", comment(&format!("{note}{dir} of {pod}: no Admin rule decided"))));
+        let entry_comment = comment(&format!("{note}{dir} policy of pod {pod} ({}): Admin tier first", ep.interface));
         chains.push(Chain { name: entry, comment: entry_comment, hook: None, rules: entry_rules });
         chains
     }
@@ -885,12 +1042,13 @@ impl Renderer<'_> {
                     }
                     let what: Vec<String> = check.iter().map(ToString::to_string).collect();
                     let chain_comment = comment(&format!(
-                        "{} of {pod}: does {} first match {}? ({tier} tier, equal priority)",
+                        "{}{} of {pod}: does {} first match {}? ({tier} tier, equal priority)",
+                        ctx.note,
                         ctx.dir,
                         policy.name,
                         what.join(" or ")
                     ));
-                    let name = names::dynamic(&format!("{}-tie", ctx.dir.as_field()), &[&ctx.ep.interface, &chain_comment], &pod);
+                    let name = names::dynamic(&format!("{}-tie", ctx.purpose), &[&ctx.ep.interface, &chain_comment], &pod);
                     let mut rules = Vec::new();
                     for rule in &policy.rules {
                         let v = if check.contains(&rule.action) { verdict(rule.action) } else { "return".to_string() };

@@ -87,7 +87,7 @@ impl SourceOptions {
 enum Change {
     /// A whole (re)list: replaces everything of the resource.
     Relisted(Vec<Object>),
-    Apply(Object),
+    Apply(Box<Object>),
     Delete(Key),
 }
 
@@ -249,7 +249,7 @@ pub async fn run_with(
                         }
                         listed.insert(res);
                     }
-                    Change::Apply(o) => upsert(s, o),
+                    Change::Apply(o) => upsert(s, *o),
                     Change::Delete(k) => delete(s, &k),
                 }
             }

@@ -105,6 +105,8 @@ pub struct CompiledCnpRule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompiledCnp {
     pub name: String,
+    /// Annotated for audit (`Options::audit_mode` decides whether that counts).
+    pub audit: bool,
     pub tier: Tier,
     /// `None`: the policy cannot be placed; it is evaluated first in the Admin tier.
     pub priority: Option<i64>,
@@ -187,7 +189,7 @@ pub fn compile(p: &ClusterNetworkPolicy, problems: &mut Vec<PolicyProblem>) -> C
     };
     let ingress = compile_rules(Direction::Ingress, &p.ingress);
     let egress = compile_rules(Direction::Egress, &p.egress);
-    CompiledCnp { name: p.name.clone(), tier, priority, subject, ingress, egress }
+    CompiledCnp { name: p.name.clone(), audit: p.audit, tier, priority, subject, ingress, egress }
 }
 
 /// A rule of a policy that cannot be placed or whose subject cannot be read: Accept matches
@@ -398,6 +400,7 @@ mod tests {
     fn policy(tier: &str, priority: Option<i64>) -> ClusterNetworkPolicy {
         ClusterNetworkPolicy {
             name: "p".into(),
+            audit: false,
             generation: None,
             uid: None,
             tier: tier.into(),

@@ -44,6 +44,8 @@ pub struct CompiledRule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompiledPolicy {
     pub key: ObjectRef,
+    /// Annotated for audit (`Options::audit_mode` decides whether that counts).
+    pub audit: bool,
     pub selector: Selector,
     pub ingress: bool,
     pub egress: bool,
@@ -134,7 +136,7 @@ pub fn compile(policy: &NetworkPolicy, problems: &mut Vec<PolicyProblem>) -> Com
         egress_rules.clear();
     }
 
-    CompiledPolicy { key, selector, ingress, egress, ingress_rules, egress_rules }
+    CompiledPolicy { key, audit: policy.audit, selector, ingress, egress, ingress_rules, egress_rules }
 }
 
 /// Splits a selector error `"field: message"` (see [`Selector::compile`]).

@@ -386,16 +386,8 @@ fn references<'a>(np: &'a NodePolicy) -> (BTreeSet<&'a PeerDef>, BTreeSet<&'a Na
     };
     for ep in &np.endpoints {
         for dir in [Direction::Ingress, Direction::Egress] {
-            let d = ep.direction(dir);
-            for r in &d.rules {
-                note(&r.peer);
-            }
-            for g in d.admin.iter().chain(&d.baseline) {
-                for p in &g.policies {
-                    for r in &p.rules {
-                        note(&r.peer);
-                    }
-                }
+            for m in ep.direction(dir).peers() {
+                note(m);
             }
         }
     }

@@ -439,6 +439,10 @@ pub struct DirectionPolicy {
     pub admin: Vec<PriorityGroup>,
     /// Baseline-tier ClusterNetworkPolicies selecting the pod, by priority.
     pub baseline: Vec<PriorityGroup>,
+    /// In audit mode, where an audited policy applies and changes it: this direction as it
+    /// would be with the audited policies enforced. What it would deny and the enforced
+    /// direction allows is logged (as audit) and accepted.
+    pub audit: Option<Box<DirectionPolicy>>,
 }
 
 impl DirectionPolicy {
@@ -450,6 +454,16 @@ impl DirectionPolicy {
     /// Whether anything restricts this direction (else: every packet is allowed).
     pub fn is_enforced(&self) -> bool {
         self.is_isolated() || !self.admin.is_empty() || !self.baseline.is_empty()
+    }
+
+    /// Every peer a rule of this direction matches, the audited view's included.
+    pub fn peers(&self) -> Vec<&PeerMatch> {
+        let mut out: Vec<&PeerMatch> = self.rules.iter().map(|r| &r.peer).collect();
+        out.extend(self.admin.iter().chain(&self.baseline).flat_map(|g| &g.policies).flat_map(|p| &p.rules).map(|r| &r.peer));
+        if let Some(a) = &self.audit {
+            out.extend(a.peers());
+        }
+        out
     }
 }
 
@@ -463,6 +477,9 @@ pub struct EndpointPolicy {
     pub addrs: Vec<IpAddr>,
     pub ingress: DirectionPolicy,
     pub egress: DirectionPolicy,
+    /// Its namespace is annotated `flock.dev/log-allowed: "true"`: new connections its policy
+    /// allows are logged too (rate-limited).
+    pub log_allowed: bool,
 }
 
 impl EndpointPolicy {

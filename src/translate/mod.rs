@@ -50,11 +50,16 @@ pub struct Options {
     /// Pods labelled [`RUN_LABEL`] are egress-isolated even while no policy selects them, so
     /// a run's pod that starts before its per-run policy exists is closed, not open.
     pub isolate_run_pods: bool,
+    /// Policies annotated `flock.dev/enforcement: audit` (or in a namespace so annotated)
+    /// are evaluated but not enforced: each direction they apply to gets, beside what is
+    /// enforced, what would be with them ([`DirectionPolicy::audit`]). Off: every policy is
+    /// enforced, annotated or not (audit means open; the agent's `--allow-audit-mode`).
+    pub audit_mode: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { isolate_run_pods: true }
+        Self { isolate_run_pods: true, audit_mode: false }
     }
 }
 
@@ -238,17 +243,55 @@ impl<'a> Translator<'a, '_> {
             addrs: ep.addrs.clone(),
             ingress: DirectionPolicy::default(),
             egress: DirectionPolicy::default(),
+            log_allowed: false,
         };
         let Some(pod) = self.pod_of(ep) else {
             policy.ingress.isolated_by.push(Isolation::UnknownPod);
             policy.egress.isolated_by.push(Isolation::UnknownPod);
             return policy;
         };
+        policy.log_allowed = self.snapshot.namespace(&pod.namespace).is_some_and(|n| n.log_allowed);
+        // Audited policies are left out of what is enforced. Never for a sandboxed run's
+        // pod: flock's own isolation of runs does not open for an audit.
+        let auditing = options.audit_mode && !pod.labels.contains_key(RUN_LABEL);
+        let ns_audit = self.snapshot.namespace(&pod.namespace).is_some_and(|n| n.audit);
+        let audited = |c: &CompiledPolicy| auditing && (c.audit || ns_audit);
+        let audited_cnp = |c: &cluster::CompiledCnp| auditing && c.audit;
+        self.directions(pod, &mut policy, policies, cluster, selects_a_local_pod, options, &|c| !audited(c), &|c| !audited_cnp(c));
+        let ns_labels = self.snapshot.namespace(&pod.namespace).map(|n| &n.labels);
+        let audit_applies = policies.iter().any(|c| audited(c) && c.selector.matches(&pod.labels))
+            || cluster.iter().any(|c| audited_cnp(c) && c.subject.matches(ns_labels, &pod.labels));
+        if audit_applies {
+            let mut all = EndpointPolicy { ingress: DirectionPolicy::default(), egress: DirectionPolicy::default(), ..policy.clone() };
+            self.directions(pod, &mut all, policies, cluster, selects_a_local_pod, options, &|_| true, &|_| true);
+            for (enforced, with_audit) in [(&mut policy.ingress, all.ingress), (&mut policy.egress, all.egress)] {
+                if *enforced != with_audit {
+                    enforced.audit = Some(Box::new(with_audit));
+                }
+            }
+        }
+        policy
+    }
+
+    /// Both directions of `policy` (for the local `pod`) from the NetworkPolicies and
+    /// ClusterNetworkPolicies `include` and `include_cnp` keep.
+    #[allow(clippy::too_many_arguments)]
+    fn directions(
+        &mut self,
+        pod: &'a Pod,
+        policy: &mut EndpointPolicy,
+        policies: &[&CompiledPolicy],
+        cluster: &[&cluster::CompiledCnp],
+        selects_a_local_pod: &mut [bool],
+        options: &Options,
+        include: &dyn Fn(&CompiledPolicy) -> bool,
+        include_cnp: &dyn Fn(&cluster::CompiledCnp) -> bool,
+    ) {
         if options.isolate_run_pods && pod.labels.contains_key(RUN_LABEL) {
             policy.egress.isolated_by.push(Isolation::RunPod);
         }
         // The endpoint's own namespace is the pod's (`pod_of` checks it).
-        let selecting: Vec<&CompiledPolicy> = policies.iter().copied().filter(|c| c.selector.matches(&pod.labels)).collect();
+        let selecting: Vec<&CompiledPolicy> = policies.iter().copied().filter(|c| include(c) && c.selector.matches(&pod.labels)).collect();
         for dir in [Direction::Ingress, Direction::Egress] {
             let mut rules = RuleList::default();
             let mut isolated_by = Vec::new();
@@ -282,6 +325,9 @@ impl<'a> Translator<'a, '_> {
                     continue;
                 }
                 selects_a_local_pod[i] = true;
+                if !include_cnp(c) {
+                    continue;
+                }
                 if c.rules(dir).is_empty() {
                     continue;
                 }
@@ -313,7 +359,6 @@ impl<'a> Translator<'a, '_> {
             slot.admin = admin;
             slot.baseline = baseline;
         }
-        policy
     }
 
     /// One ClusterNetworkPolicy's rules of `dir` for the local `pod`, in order.

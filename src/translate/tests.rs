@@ -419,7 +419,7 @@ fn run_pods_are_egress_isolated_until_a_policy_allows() {
     assert_eq!(summary(&np, "x/a", E), "isolated: ");
     assert_eq!(summary(&np, "x/a", I), "open");
     let eps: Vec<LocalEndpoint> = s.pods().map(LocalEndpoint::for_pod).collect();
-    let np = translate(&s, &eps, &Options { isolate_run_pods: false });
+    let np = translate(&s, &eps, &Options { isolate_run_pods: false, ..Options::default() });
     assert_eq!(summary(&np, "x/a", E), "open");
 
     for p in testkit::policies(

@@ -367,7 +367,14 @@ fn hook_number(hook: &str) -> Option<u32> {
     })
 }
 
+/// A priority by name (`filter`), number, or name and offset (`filter - 1`), as nft reads it.
 fn priority(p: &str) -> Option<i32> {
+    if let Some((name, offset)) = p.split_once(" - ") {
+        return priority(name)?.checked_sub(offset.parse().ok()?);
+    }
+    if let Some((name, offset)) = p.split_once(" + ") {
+        return priority(name)?.checked_add(offset.parse().ok()?);
+    }
     Some(match p {
         "raw" => -300,
         "mangle" => -150,

@@ -102,6 +102,13 @@ struct Args {
     /// Denials logged at once per pod and direction before the rate applies.
     #[arg(long, env = "FLOCK_DENY_LOG_BURST", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     deny_log_burst: u32,
+    /// Honour flock.dev/enforcement: audit on NetworkPolicies, namespaces and
+    /// ClusterNetworkPolicies: such policies are evaluated and what they would deny is
+    /// logged (flock::denied, audit=true; flock_audit_denials_total) and accepted. Audit
+    /// means open: off by default, and never for sandboxed runs' pods and policies. Needs
+    /// the denial log (--deny-log-group not 0).
+    #[arg(long, env = "FLOCK_ALLOW_AUDIT_MODE")]
+    allow_audit_mode: bool,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
@@ -125,6 +132,11 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    if args.allow_audit_mode && args.deny_log_group == 0 {
+        anyhow::bail!(
+            "--allow-audit-mode needs the denial log (--deny-log-group is 0): audited policies would be neither enforced nor logged"
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     rt.block_on(async move {
         let client = kube::Client::try_default().await.context("building the Kubernetes client (in-cluster config or KUBECONFIG)")?;
@@ -134,6 +146,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         agent.pod_wait = args.pod_wait;
         agent.routes = !args.no_routes;
         agent.translate.isolate_run_pods = !args.no_run_pod_isolation;
+        agent.translate.audit_mode = args.allow_audit_mode;
         agent.nft = args.nft.clone();
         agent.nft_transactions = args.nft_transactions;
         agent.deny_log = (args.deny_log_group != 0).then_some(flock::render::log::DenyLog {

@@ -297,7 +297,7 @@ fn base_snapshot() -> Snapshot {
     let mut s = Snapshot::new();
     let mut labels = Labels::new();
     labels.insert(NAMESPACE_NAME_LABEL, NS);
-    s.upsert_namespace(Namespace { name: NS.into(), labels });
+    s.upsert_namespace(Namespace { name: NS.into(), labels, ..Namespace::default() });
     for (i, cidr, ip) in [(0, "198.18.0.0/24", Ipv4Addr::new(198, 18, 0, 1)), (1, "198.19.0.0/16", Ipv4Addr::new(198, 19, 0, 1))] {
         let mut labels = Labels::new();
         labels.insert("kubernetes.io/hostname", format!("node-{i}"));
@@ -319,6 +319,7 @@ fn server_policy(name: String, peers: Vec<PolicyPeer>) -> NetworkPolicy {
     let mut server = LabelSelector::default();
     server.match_labels.insert("app".into(), "server".into());
     NetworkPolicy {
+        audit: false,
         namespace: NS.into(),
         name,
         pod_selector: server,

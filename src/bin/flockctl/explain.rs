@@ -53,6 +53,10 @@ pub struct ExplainArgs {
     /// selects are not egress-isolated.
     #[arg(long)]
     no_run_pod_isolation: bool,
+    /// As flock-agent's --allow-audit-mode: policies annotated flock.dev/enforcement: audit
+    /// are not enforced; the explanation also says what they would decide.
+    #[arg(long)]
+    allow_audit_mode: bool,
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
@@ -81,7 +85,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             eprintln!("warning: {w}");
         }
         let snapshot = m.into_snapshot();
-        let options = Options { isolate_run_pods: !args.no_run_pod_isolation };
+        let options = Options { isolate_run_pods: !args.no_run_pod_isolation, audit_mode: args.allow_audit_mode };
         let e = Explainer::new(&snapshot, options).explain(&query)?;
         match args.output {
             Output::Json => serde_json::to_string_pretty(&e)?,

@@ -27,6 +27,10 @@ pub struct RenderArgs {
     /// Do not isolate the egress of pods labelled flock.dev/run that no policy selects.
     #[arg(long)]
     no_run_pod_isolation: bool,
+    /// As flock-agent's --allow-audit-mode: policies annotated flock.dev/enforcement: audit
+    /// (or in a namespace so annotated) are logged, not enforced.
+    #[arg(long)]
+    allow_audit_mode: bool,
 }
 
 pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
@@ -47,7 +51,7 @@ pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
         eprintln!("warning: {p}");
     }
     let endpoints = snapshot.derived_endpoints(&args.node);
-    let options = Options { isolate_run_pods: !args.no_run_pod_isolation };
+    let options = Options { isolate_run_pods: !args.no_run_pod_isolation, audit_mode: args.allow_audit_mode };
     let policy = translate::translate(&snapshot, &endpoints, &options);
     let ruleset = flock::render::render(&policy);
     let text = ruleset.to_text();

@@ -244,7 +244,9 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
             let cells = sim.probe(*spec, &pods, &dests)?;
             results.push((*spec, cells));
         }
-        let (denied, lost) = collector.take(Duration::from_millis(300)).await;
+        let (mut denied, lost) = collector.take(Duration::from_millis(300)).await;
+        // Connections logged as allowed (flock.dev/log-allowed) are not denials.
+        denied.retain(|d| d.denial.reason != flock::nflog::denial::Reason::Allowed);
         let denied = group_denials(&denied);
         if lost > 0 {
             eprintln!("warning: {lost} denial records were not collected (the collector fell behind)");

@@ -395,7 +395,7 @@ where
                 Ok(Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)))) => {
                     advance(rv, &o);
                     let change = match self.convert(&o) {
-                        Some(x) => Some(Change::Apply(x)),
+                        Some(x) => Some(Change::Apply(Box::new(x))),
                         // An earlier version must not stay in force for an object now unreadable.
                         None if self.kind.drop_unreadable => Some(Change::Delete((self.kind.key)(&o))),
                         None => None,
