@@ -143,22 +143,26 @@ fn variant(s: &Snapshot, drop: bool) -> Snapshot {
 /// Each node's table, and each pod's (node, interface, addresses).
 struct Nodes {
     tables: BTreeMap<String, Table>,
+    /// Each node's table as `flockctl explain --live` reads it.
+    live: BTreeMap<String, flock::explain::live::LiveTable>,
     pods: BTreeMap<String, (String, String, Vec<IpAddr>)>,
 }
 
 fn nodes(s: &Snapshot, options: &Options) -> Nodes {
-    let (mut tables, mut pods) = (BTreeMap::new(), BTreeMap::new());
+    let (mut tables, mut pods, mut live) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     for node in ["node-1", "node-2"] {
         let eps = s.derived_endpoints(node);
         let rs = render::render(&translate::translate(s, &eps, options));
         let mut a = Applier::new(FakeNft::new());
         a.apply(&rs).unwrap_or_else(|e| panic!("{node}: {e}\n{}", rs.to_text()));
         tables.insert(node.to_string(), a.backend().table().unwrap().clone());
+        let listing = flock::nft::canonical(&rs.to_text()).unwrap();
+        live.insert(node.to_string(), flock::explain::live::LiveTable::parse(&listing).unwrap());
         for ep in eps {
             pods.insert(ep.pod.to_string(), (node.to_string(), ep.interface.clone(), ep.addrs.clone()));
         }
     }
-    Nodes { tables, pods }
+    Nodes { tables, live, pods }
 }
 
 /// What the tables do with a new connection from `from` to `to`: whether `forward` lets it
@@ -239,6 +243,13 @@ fn audited_policies_are_logged_not_enforced() {
                         if let Some(view) = &d.audit {
                             assert_eq!(view.verdict, a.verdict, "{cell}: the audit view");
                         }
+                    }
+                    // `explain --live` on a node holding both ends says the same.
+                    if same_node {
+                        let node = e.from.node.clone().unwrap();
+                        let l = n.live[&node].explain(&q).unwrap();
+                        assert_eq!(l.audit.as_ref().map(|r| !r.is_empty()), Some(!expect.is_empty()), "{cell}: live {:?}", l.audit);
+                        assert_eq!(l.verdict, e.verdict, "{cell}: live");
                     }
                     audited_cells += usize::from(!expect.is_empty());
                 }

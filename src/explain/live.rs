@@ -19,7 +19,7 @@ use crate::conformance::Family;
 use crate::model::Protocol;
 use crate::nft::table::{Ruleset, Table};
 use crate::nft::trace::{self, Ct, L4, Packet};
-use crate::render::{BASE_CHAIN, EGRESS_ALLOWED, FROM_PODS, POD_ADDRS_V4, POD_ADDRS_V6, TO_PODS};
+use crate::render::{AUDIT_BASE_CHAIN, BASE_CHAIN, EGRESS_ALLOWED, FROM_PODS, POD_ADDRS_V4, POD_ADDRS_V6, TO_PODS};
 
 /// The interface name traced packets use for the node's uplink: anything that is not a pod
 /// interface (`flk*`).
@@ -96,6 +96,10 @@ pub struct LiveExplanation {
     pub ingress: Option<LiveDirection>,
     /// Every rule the packet matched, from the base chain on.
     pub path: Vec<TracedRule>,
+    /// Audit mode (the table has the `audit` base chain): the rules of the audited views
+    /// the packet would be denied by, which log it (empty: the audited policies allow it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<Vec<TracedRule>>,
 }
 
 /// An end as the table knows it.
@@ -209,18 +213,28 @@ impl LiveTable {
             dport: query.port,
             ct: Ct::New,
         };
-        let t = trace::trace(&self.table, BASE_CHAIN, &pkt).map_err(|e| LiveError::Trace(e.to_string()))?;
-        let path: Vec<TracedRule> = t
-            .path
-            .into_iter()
-            .map(|s| TracedRule {
-                chain_comment: self.table.chains.get(&s.chain).and_then(|c| c.spec.comment.clone()),
-                chain: s.chain,
-                rule: s.rule,
-                matched: s.matched,
-            })
-            .collect();
-        let verdict = if t.verdict == trace::Verdict::Accept { Verdict::Allow } else { Verdict::Deny };
+        let traced = |base: &str| -> Result<(trace::Verdict, Vec<TracedRule>), LiveError> {
+            let t = trace::trace(&self.table, base, &pkt).map_err(|e| LiveError::Trace(e.to_string()))?;
+            let path = t
+                .path
+                .into_iter()
+                .map(|s| TracedRule {
+                    chain_comment: self.table.chains.get(&s.chain).and_then(|c| c.spec.comment.clone()),
+                    chain: s.chain,
+                    rule: s.rule,
+                    matched: s.matched,
+                })
+                .collect();
+            Ok((t.verdict, path))
+        };
+        let (verdict, path) = traced(BASE_CHAIN)?;
+        let audit = match self.table.chains.contains_key(AUDIT_BASE_CHAIN) {
+            true => Some(
+                traced(AUDIT_BASE_CHAIN)?.1.into_iter().filter(|r| r.chain.starts_with("audit-") && r.chain.contains("-log-")).collect(),
+            ),
+            false => None,
+        };
+        let verdict = if verdict == trace::Verdict::Accept { Verdict::Allow } else { Verdict::Deny };
         // Egress is denied when the packet was dropped by the source check or the pod's
         // egress chains; ingress is judged only when egress let the packet on.
         let in_egress = |chain: &str| chain == FROM_PODS || (chain.starts_with("egress-") && chain != EGRESS_ALLOWED);
@@ -243,6 +257,7 @@ impl LiveTable {
             egress,
             ingress,
             path,
+            audit,
         })
     }
 }
@@ -281,6 +296,18 @@ pub fn to_text(e: &LiveExplanation) -> String {
                 }
             }
         }
+    }
+    match &e.audit {
+        Some(rules) if !rules.is_empty() => {
+            let _ = writeln!(s, "  audit mode: the audited policies would deny it (logged, accepted):");
+            for r in rules {
+                let _ = writeln!(s, "    {}: {}", r.chain, r.rule);
+            }
+        }
+        Some(_) => {
+            let _ = writeln!(s, "  audit mode: the audited policies would allow it");
+        }
+        None => {}
     }
     s
 }
