@@ -237,6 +237,31 @@ async fn denied_packets_are_logged_counted_and_rate_limited() {
     wait_until("the allow log in nft", Duration::from_secs(10), || rig.table().contains("log prefix \"flock:allow:ingress:")).await;
     assert!(ping(rig.pod("a"), "198.18.80.11"));
     wait_until("the allowed connection counted", Duration::from_secs(5), || rig.metric(allowed) >= 1.0).await;
+    // Every log path has the rate limit: a flood of allowed pings logs at most its share.
+    let flooded = |what: &str, before: f64, after: f64, elapsed: Duration| {
+        let logged = after - before;
+        let bound = f64::from(burst) + f64::from(rate) * (elapsed.as_secs_f64() + 1.0);
+        eprintln!("{what}: {logged} logged in {elapsed:?} (bound {bound})");
+        assert!(logged <= bound, "{what}: {logged} logged in {elapsed:?}, bound {bound}");
+    };
+    // (1,000 new UDP flows: a ping flood is one flow, logged once.)
+    let (before, t) = (rig.metric(allowed), Instant::now());
+    let pod_ns = flock::netns::Netns::named(&rig.pod("a").name);
+    let sent = tokio::task::spawn_blocking(move || {
+        flock::netns::run_in(&pod_ns, || {
+            (0..1000)
+                .filter(|_| std::net::UdpSocket::bind("198.18.80.10:0").and_then(|s| s.send_to(b"x", "198.18.80.11:9")).is_ok())
+                .count()
+        })
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let elapsed = t.elapsed();
+    assert_eq!(sent, 1000);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(rig.metric(allowed) - before >= 1.0, "new flows are logged");
+    flooded("allowed flood", before, rig.metric(allowed), elapsed);
 
     rig.server.apply(deny_ingress_to("deny-b", "b")).unwrap();
     wait_until("the policy in nft", Duration::from_secs(10), || rig.table().contains("isolated by policy default/deny-b")).await;
@@ -259,10 +284,13 @@ async fn denied_packets_are_logged_counted_and_rate_limited() {
     // A spoofed source is logged as such.
     rig.pod("a").ip(&["addr", "add", "198.18.80.99/32", "dev", "eth0"]);
     assert!(!rig.pod("a").try_exec(&["ping", "-c", "1", "-W", "1", "-I", "198.18.80.99", "198.18.80.11"]).status.success());
-    wait_until("the spoofed source counted", Duration::from_secs(5), || {
-        rig.metric("flock_denied_packets_total{namespace=\"\",direction=\"spoofed-source\"}") >= 1.0
-    })
-    .await;
+    let spoofed = "flock_denied_packets_total{namespace=\"\",direction=\"spoofed-source\"}";
+    wait_until("the spoofed source counted", Duration::from_secs(5), || rig.metric(spoofed) >= 1.0).await;
+    let (before, t) = (rig.metric(spoofed), Instant::now());
+    rig.pod("a").try_exec(&["ping", "-f", "-c", "1000", "-w", "2", "-I", "198.18.80.99", "198.18.80.11"]);
+    let elapsed = t.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    flooded("spoofed flood", before, rig.metric(spoofed), elapsed);
     assert_eq!(rig.metric("flock_denial_records_lost_total"), 0.0);
 
     // Audit mode: a policy annotated for audit denying a's ingress is logged, not enforced.
