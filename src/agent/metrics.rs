@@ -11,6 +11,11 @@ use prometheus_client::registry::Registry;
 
 use crate::process::{MetricLabels as Labels, metric_label as label};
 
+/// The labels of the logged-packet counters (no pod label: its size does not grow with pods).
+fn namespace_direction(namespace: &str, direction: &str) -> Labels {
+    vec![("namespace".to_string(), namespace.to_string()), ("direction".to_string(), direction.to_string())]
+}
+
 /// All of flock-agent's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -286,21 +291,15 @@ impl Metrics {
     }
 
     pub fn denied(&self, namespace: &str, direction: &str) {
-        self.denied_packets
-            .get_or_create(&vec![("namespace".to_string(), namespace.to_string()), ("direction".to_string(), direction.to_string())])
-            .inc();
+        self.denied_packets.get_or_create(&namespace_direction(namespace, direction)).inc();
     }
 
     pub fn audit_denied(&self, namespace: &str, direction: &str) {
-        self.audit_denials
-            .get_or_create(&vec![("namespace".to_string(), namespace.to_string()), ("direction".to_string(), direction.to_string())])
-            .inc();
+        self.audit_denials.get_or_create(&namespace_direction(namespace, direction)).inc();
     }
 
     pub fn allowed_logged(&self, namespace: &str, direction: &str) {
-        self.allowed_logged
-            .get_or_create(&vec![("namespace".to_string(), namespace.to_string()), ("direction".to_string(), direction.to_string())])
-            .inc();
+        self.allowed_logged.get_or_create(&namespace_direction(namespace, direction)).inc();
     }
 
     pub fn denial_records_lost(&self) {
