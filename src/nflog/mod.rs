@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
+use crate::apply::netlink::attr;
+
 // From linux/netlink.h and linux/netfilter/nfnetlink_log.h.
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
@@ -263,25 +265,16 @@ impl NflogSocket {
     }
 }
 
-fn attr(out: &mut Vec<u8>, ty: u16, value: &[u8]) {
-    let len = u16::try_from(4 + value.len()).unwrap_or(u16::MAX);
-    out.extend_from_slice(&len.to_ne_bytes());
-    out.extend_from_slice(&ty.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize(out.len().next_multiple_of(4), 0);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apply::netlink::nul_terminated;
 
     /// An NFULNL_MSG_PACKET as the kernel sends it, for `payload` with `prefix`.
     pub(crate) fn message(prefix: &str, indev: Option<u32>, outdev: Option<u32>, payload: &[u8]) -> Vec<u8> {
         let mut body = vec![2u8, 0, 0, 100];
         attr(&mut body, 1, &[0x08, 0x00, 2, 0]);
-        let mut p = prefix.as_bytes().to_vec();
-        p.push(0);
-        attr(&mut body, NFULA_PREFIX, &p);
+        attr(&mut body, NFULA_PREFIX, &nul_terminated(prefix));
         if let Some(i) = indev {
             attr(&mut body, NFULA_IFINDEX_INDEV, &i.to_be_bytes());
         }

@@ -27,19 +27,14 @@ pub struct DenyLog {
 impl DenyLog {
     pub const DEFAULT: Self = Self { group: 100, rate: 10, burst: 20 };
 
-    /// What the logging chains do, for their comments.
-    pub fn describe(&self) -> String {
-        format!("logged (NFLOG group {}, {}/s, burst {}), dropped", self.group, self.rate, self.burst)
+    /// What a logging chain does, for its comment: logs, `then` (`dropped`, `accepted`).
+    pub fn describe(&self, then: &str) -> String {
+        format!("logged (NFLOG group {}, {}/s, burst {}), {then}", self.group, self.rate, self.burst)
     }
 
-    /// What the allowed-connection logging chains do, for their comments.
-    pub fn describe_allowed(&self) -> String {
-        format!("logged (NFLOG group {}, {}/s, burst {}), allowed", self.group, self.rate, self.burst)
-    }
-
-    /// What the audit logging chains do, for their comments.
-    pub fn describe_audit(&self) -> String {
-        format!("logged (NFLOG group {}, {}/s, burst {}), accepted", self.group, self.rate, self.burst)
+    /// A chain logging with `prefix` (rate-limited), then giving `verdict`.
+    pub fn chain(&self, name: String, comment: String, prefix: &LogPrefix, verdict: String) -> super::Chain {
+        super::Chain { name, comment, hook: None, rules: vec![self.rule(prefix), verdict] }
     }
 
     /// The rule logging with `prefix`, as nft lists it (a burst of 5, nft's default, is not

@@ -795,11 +795,8 @@ pub const DENY_UNKNOWN_POD: &str = "deny-unknown-pod";
 fn skeleton(log: Option<log::DenyLog>) -> ([Chain; 3], Vec<Chain>) {
     let (spoofed, unknown, shared) = match log {
         Some(log) => {
-            let chain = |name: &str, what: &str, prefix: log::LogPrefix| Chain {
-                name: name.into(),
-                comment: comment(&format!("{what}: {}", log.describe())),
-                hook: None,
-                rules: vec![log.rule(&prefix), "drop".into()],
+            let chain = |name: &str, what: &str, prefix: log::LogPrefix| {
+                log.chain(name.into(), comment(&format!("{what}: {}", log.describe("dropped"))), &prefix, "drop".into())
             };
             (
                 format!("goto {DENY_SPOOFED}"),
@@ -923,10 +920,10 @@ impl Renderer<'_> {
         // The namespace asks for allowed connections to be logged: they go through a chain
         // that logs them (rate-limited) and allows.
         if let (Some(log), None, true) = (self.log, audit, ep.log_allowed) {
-            let allow_comment = comment(&format!("{dir} of {pod} allowed: {} (flock.dev/log-allowed)", log.describe_allowed()));
+            let allow_comment = comment(&format!("{dir} of {pod} allowed: {} (flock.dev/log-allowed)", log.describe("allowed")));
             let name = names::dynamic(&format!("{purpose}-allow"), &[&ep.interface, &pod], &pod);
             let prefix = log::LogPrefix::Allow { direction: dir, interface: ep.interface.clone() };
-            chains.push(Chain { name: name.clone(), comment: allow_comment, hook: None, rules: vec![log.rule(&prefix), allow] });
+            chains.push(log.chain(name.clone(), allow_comment, &prefix, allow));
             allow = format!("goto {name}");
         }
         // Denials go through one chain per pod and direction that logs them (rate-limited)
@@ -936,22 +933,17 @@ impl Renderer<'_> {
             || d.admin.iter().chain(&d.baseline).flat_map(|g| &g.policies).flat_map(|p| &p.rules).any(|r| r.action == Action::Deny);
         let deny = match (self.log, audit) {
             (Some(log), None) if denies => {
-                let deny_comment = comment(&format!("{dir} of {pod} denied: {}", log.describe()));
+                let deny_comment = comment(&format!("{dir} of {pod} denied: {}", log.describe("dropped")));
                 let name = names::dynamic(&format!("{purpose}-deny"), &[&ep.interface, &pod], &pod);
                 let prefix = log::LogPrefix::Deny { direction: dir, interface: ep.interface.clone() };
-                chains.push(Chain { name: name.clone(), comment: deny_comment, hook: None, rules: vec![log.rule(&prefix), "drop".into()] });
+                chains.push(log.chain(name.clone(), deny_comment, &prefix, "drop".into()));
                 format!("goto {name}")
             }
             (_, Some(log)) if denies => {
-                let deny_comment = comment(&format!("audit: {dir} of {pod} would be denied: {}", log.describe_audit()));
+                let deny_comment = comment(&format!("audit: {dir} of {pod} would be denied: {}", log.describe("accepted")));
                 let name = names::dynamic(&format!("{purpose}-log"), &[&ep.interface, &pod], &pod);
                 let prefix = log::LogPrefix::Audit { direction: dir, interface: ep.interface.clone() };
-                chains.push(Chain {
-                    name: name.clone(),
-                    comment: deny_comment,
-                    hook: None,
-                    rules: vec![log.rule(&prefix), "accept".into()],
-                });
+                chains.push(log.chain(name.clone(), deny_comment, &prefix, "accept".into()));
                 format!("goto {name}")
             }
             _ => "drop".to_string(),

@@ -218,14 +218,14 @@ fn verdict_data(v: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-fn nul_terminated(s: &str) -> Vec<u8> {
+pub(crate) fn nul_terminated(s: &str) -> Vec<u8> {
     let mut b = s.as_bytes().to_vec();
     b.push(0);
     b
 }
 
 /// Appends attribute `ty` holding `payload`, padded to 4 bytes.
-fn attr(out: &mut Vec<u8>, ty: u16, payload: &[u8]) {
+pub(crate) fn attr(out: &mut Vec<u8>, ty: u16, payload: &[u8]) {
     let len = 4 + payload.len();
     // Lengths are bounded by MAX_ELEMENTS_BYTES (checked by the caller) and the key sizes.
     out.extend_from_slice(&(len as u16).to_ne_bytes());
