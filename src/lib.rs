@@ -25,6 +25,7 @@ pub mod agent;
 pub mod apply;
 #[doc(hidden)]
 pub mod conformance;
+pub mod conntrack;
 pub mod controller;
 pub mod daemon;
 pub mod explain;
@@ -41,6 +42,7 @@ pub mod process;
 pub mod reference;
 pub mod render;
 pub mod report;
+pub mod revoke;
 #[doc(hidden)]
 pub mod sim;
 pub mod source;

@@ -127,6 +127,24 @@ impl Rng {
         // The modulo bias is irrelevant at these sizes.
         (self.next_u64() % n.max(1) as u64) as usize
     }
+
+    /// One of `from` (not empty).
+    pub fn pick<'a, T>(&mut self, from: &'a [T]) -> &'a T {
+        &from[self.below(from.len())]
+    }
+
+    /// True with probability `percent`/100.
+    pub fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    /// `items` in a random order (Fisher–Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.below(i + 1);
+            items.swap(i, j);
+        }
+    }
 }
 
 /// Generates the cluster.
@@ -527,6 +545,15 @@ fn baseline_policy(i: usize, teams: usize, ipv6: bool) -> ClusterNetworkPolicy {
 mod tests {
     use super::*;
     use crate::translate::{Options, translate};
+
+    #[test]
+    fn shuffles_are_permutations() {
+        let mut v: Vec<usize> = (0..50).collect();
+        Rng::new(3).shuffle(&mut v);
+        assert_ne!(v, (0..50).collect::<Vec<_>>());
+        v.sort_unstable();
+        assert_eq!(v, (0..50).collect::<Vec<_>>());
+    }
 
     #[test]
     fn sizes_and_determinism() {

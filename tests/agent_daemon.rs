@@ -8,6 +8,8 @@ use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use flock::agent::AgentConfig;
@@ -320,6 +322,78 @@ async fn denied_packets_are_logged_counted_and_rate_limited() {
         });
         assert!(exported, "the dashboard queries {m}, which /metrics does not export:\n{exposition}");
     }
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
+/// A UDP echo server in `ns` on `addr`, until `stop`.
+fn udp_echo(ns: &NetnsGuard, addr: &str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    let sock = flock::netns::run_in(&ns.netns(), || std::net::UdpSocket::bind(addr)).unwrap().unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok((n, from)) = sock.recv_from(&mut buf) {
+                let _ = sock.send_to(&buf[..n], from);
+            }
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_policy_change_revokes_a_connection_and_reverting_it_restores_it() {
+    if !require_root("a_policy_change_revokes_a_connection_and_reverting_it_restores_it") {
+        return;
+    }
+    let mut rig = Rig::new("revoke").await;
+    let (stop, task) = rig.start(rig.options(|_| {}));
+    wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
+    rig.add_pod("a", "198.18.81.10", json!({"app": "a"})).await;
+    rig.add_pod("b", "198.18.81.11", json!({"app": "b"})).await;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let server = udp_echo(rig.pod("b"), "198.18.81.11:7000", stopping.clone());
+    // One UDP socket (one connection to conntrack) from a, asking once per call.
+    let client = flock::netns::run_in(&rig.pod("a").netns(), || {
+        let c = std::net::UdpSocket::bind("198.18.81.10:0")?;
+        c.connect("198.18.81.11:7000")?;
+        c.set_read_timeout(Some(Duration::from_millis(200)))?;
+        Ok::<_, std::io::Error>(c)
+    })
+    .unwrap()
+    .unwrap();
+    let echoed = |c: &std::net::UdpSocket| {
+        let mut buf = [0u8; 8];
+        c.send(b"ping").is_ok() && c.recv(&mut buf).is_ok()
+    };
+    assert!(echoed(&client));
+    let revoked = "flock_revoked_connections_total{namespace=\"default\",direction=\"ingress\"}";
+    assert_eq!(rig.metric(revoked), 0.0);
+
+    rig.server.apply(deny_ingress_to("deny-b", "b")).unwrap();
+    wait_until("the policy in nft", Duration::from_secs(10), || rig.table().contains("isolated by policy default/deny-b")).await;
+    wait_until("the connection revoked", Duration::from_secs(2), || rig.metric(revoked) >= 1.0).await;
+    assert!(!echoed(&client), "a revoked connection carries nothing");
+    assert!(!echoed(&client), "a revoked connection carries nothing");
+    assert!(rig.metric("flock_revocation_sweeps_total{result=\"ok\"}") >= 1.0);
+    assert!(rig.metric("flock_conntrack_entries_listed") >= 1.0);
+    // The kernel holds the mark on that connection, in the node's namespace only.
+    let marked = |node: &NetnsGuard| {
+        flock::netns::run_in(&node.netns(), || {
+            let entries = flock::conntrack::ConntrackSocket::open().unwrap().dump().unwrap().entries;
+            entries.iter().any(|e| e.orig.dport == 7000 && e.mark & flock::render::REVOKED_MARK != 0)
+        })
+        .unwrap()
+    };
+    assert!(marked(&rig.node.ns));
+
+    // The policy goes: the same connection is admitted again.
+    rig.server.delete("networking.k8s.io/v1", "NetworkPolicy", Some("default"), "deny-b").unwrap();
+    wait_until("the policy gone from nft", Duration::from_secs(10), || !rig.table().contains("deny-b")).await;
+    wait_until("the connection restored", Duration::from_secs(3), || echoed(&client)).await;
+    assert!(!marked(&rig.node.ns));
+    stopping.store(true, Ordering::Relaxed);
+    server.join().unwrap();
     stop.send(true).unwrap();
     task.await.unwrap();
 }

@@ -125,6 +125,7 @@ fn handle(shared: &Shared, group: u16, event: Event) {
                     "{}",
                     match (d.reason, d.audit) {
                         (denial::Reason::Allowed, _) => "connection allowed (flock.dev/log-allowed)",
+                        (denial::Reason::Revoked, _) => "packet of a revoked connection (a policy change denies it): dropped, TCP reset",
                         (_, true) => "packet would be denied (audit mode: accepted)",
                         (_, false) => "packet denied",
                     }

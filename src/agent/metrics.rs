@@ -1,7 +1,7 @@
 //! The Prometheus metrics operators watch (`/metrics`): sync durations and failures, the
 //! last successful sync, event-to-enforced latency, what is tracked, the ruleset's size,
 //! the watches' state, reconnects and relists, API probes, CNI requests, coalesced events,
-//! drift repairs, denied packets.
+//! drift repairs, denied packets, revoked connections.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -52,6 +52,10 @@ pub struct Metrics {
     allowed_logged: Family<Labels, Counter>,
     denial_records_lost: Counter,
     denial_records_unreadable: Counter,
+    revoked: Family<Labels, Counter>,
+    revocation_sweeps: Family<Labels, Counter>,
+    revocation_sweep_duration: Histogram,
+    connections_listed: Gauge,
 }
 
 fn duration_histogram() -> Histogram {
@@ -108,6 +112,10 @@ impl Metrics {
             allowed_logged: Family::default(),
             denial_records_lost: Counter::default(),
             denial_records_unreadable: Counter::default(),
+            revoked: Family::default(),
+            revocation_sweeps: Family::default(),
+            revocation_sweep_duration: duration_histogram(),
+            connections_listed: Gauge::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -196,7 +204,7 @@ impl Metrics {
         );
         r.register(
             "denied_packets",
-            "Denied packets the kernel logged (rate-limited per pod and direction: a floor, not a count of drops), by namespace of the pod whose policy denied and direction (ingress, egress, spoofed-source, unknown-pod)",
+            "Denied packets the kernel logged (rate-limited per pod and direction: a floor, not a count of drops), by namespace of the pod whose policy denied and direction (ingress, egress, spoofed-source, unknown-pod, revoked)",
             m.denied_packets.clone(),
         );
         r.register(
@@ -215,10 +223,33 @@ impl Metrics {
             m.denial_records_lost.clone(),
         );
         r.register("denial_records_unreadable", "Denial records the agent could not decode", m.denial_records_unreadable.clone());
+        r.register(
+            "revoked_connections",
+            "Established connections cut because the policy in force denies them (conntrack entries deleted after a change), by namespace of the pod whose policy denies and direction",
+            m.revoked.clone(),
+        );
+        r.register(
+            "revocation_sweeps",
+            "Passes over the node's conntrack table judging established connections against the policy in force, by result (ok, failed)",
+            m.revocation_sweeps.clone(),
+        );
+        r.register(
+            "revocation_sweep_duration_seconds",
+            "Duration of a pass over the conntrack table: list, judge, delete",
+            m.revocation_sweep_duration.clone(),
+        );
+        r.register(
+            "conntrack_entries_listed",
+            "Connections the node's conntrack table held at the last revocation sweep",
+            m.connections_listed.clone(),
+        );
         // Every reason a sync can fail, at zero from the start: a dashboard's rate() sees
         // the first failure, and the series exist before anything went wrong.
         for reason in ["nft_rejected", "nft_spawn", "netns", "nft_list", "panic"] {
             let _ = m.sync_failures.get_or_create(&label("reason", reason));
+        }
+        for result in ["ok", "failed"] {
+            let _ = m.revocation_sweeps.get_or_create(&label("result", result));
         }
         crate::process::register_build_info(&mut r);
         Self { registry: r, ..m }
@@ -300,6 +331,19 @@ impl Metrics {
 
     pub fn allowed_logged(&self, namespace: &str, direction: &str) {
         self.allowed_logged.get_or_create(&namespace_direction(namespace, direction)).inc();
+    }
+
+    /// One revocation sweep: `Some((listed, seconds))` when it ran to the end.
+    pub fn revocation_sweep(&self, done: Option<(usize, f64)>) {
+        self.revocation_sweeps.get_or_create(&label("result", if done.is_some() { "ok" } else { "failed" })).inc();
+        if let Some((listed, seconds)) = done {
+            self.connections_listed.set(i64::try_from(listed).unwrap_or(i64::MAX));
+            self.revocation_sweep_duration.observe(seconds);
+        }
+    }
+
+    pub fn revoked(&self, namespace: &str, direction: &str) {
+        self.revoked.get_or_create(&namespace_direction(namespace, direction)).inc();
     }
 
     pub fn denial_records_lost(&self) {

@@ -21,6 +21,7 @@ pub mod denials;
 pub mod http;
 pub mod metrics;
 mod registry;
+pub mod revocation;
 pub mod routes;
 mod translation;
 
@@ -78,6 +79,10 @@ pub struct AgentConfig {
     /// Denied packets logged by the kernel (NFLOG) and read back as structured logs and
     /// metrics ([`denials`]); `None`: only dropped.
     pub deny_log: Option<render::log::DenyLog>,
+    /// After each commit that changed the table, cut the established connections the policy
+    /// in force denies by setting this bit of their ct mark ([`revocation`]); `None`: they
+    /// live on until they end.
+    pub revoke: Option<u32>,
     /// Where to count what happens.
     pub metrics: Arc<metrics::Metrics>,
     /// Each change of this counter forces a full sync (the API came back after failing).
@@ -125,6 +130,7 @@ impl AgentConfig {
             nft: PathBuf::from("nft"),
             nft_transactions: false,
             deny_log: Some(render::log::DenyLog::DEFAULT),
+            revoke: Some(render::REVOKED_MARK),
             metrics: Arc::new(metrics::Metrics::new()),
             full_resync: None,
             sync_hook: None,
@@ -163,6 +169,9 @@ pub struct SyncStatus {
     /// While failing syncs back off: when the next attempt is due (a CNI request tries at
     /// once regardless).
     pub retry_at: Option<Instant>,
+    /// Revocation sweeps completed, and the connections they cut.
+    pub sweeps: u64,
+    pub revoked: u64,
 }
 
 /// Why the agent could not start.
@@ -551,7 +560,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     let mut last_generation = 0u64;
     let mut reported: Vec<translate::PolicyProblem> = Vec::new();
     // Kept from one sync to the next: each translates only what changed since the last.
-    let render_options = render::RenderOptions { log: cfg.deny_log, ..render::RenderOptions::DEFAULT };
+    let render_options = render::RenderOptions { log: cfg.deny_log, revoked: cfg.revoke, ..render::RenderOptions::DEFAULT };
     let mut translation = Some(translation::Translation::new(cfg.translate.clone(), render_options));
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -561,6 +570,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     // While failing syncs back off: when the next attempt is due.
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut pending = Pending::default();
+    // A revocation sweep is owed: the first commit of this agent (connections may predate a
+    // change committed before a restart), or the last sweep failed.
+    let mut sweep_owed = cfg.revoke.is_some();
     loop {
         tokio::select! {
             _ = shared.wake.notified() => {}
@@ -789,6 +801,43 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     s.consecutive_failures = 0;
                     s.retry_at = None;
                 });
+                // After the commit is published (an ADD waiting for it goes ahead), before
+                // the next sync: the judge reads the translation just committed.
+                if let Some(bit) = cfg.revoke
+                    && (sweep_owed || periodic || matches!(outcome, Outcome::Applied { .. }))
+                {
+                    let Some(tr) = translation.take() else { return };
+                    let netns = cfg.netns.clone();
+                    let job = tokio::task::spawn_blocking(move || {
+                        let started = Instant::now();
+                        let swept = tr.policy().map(|np| revocation::sweep(&netns, np, bit));
+                        (tr, swept, started.elapsed())
+                    });
+                    let (tr, swept, took) = match job.await {
+                        Ok(x) => x,
+                        Err(e) => {
+                            shared.crash(format!("the revocation sweep panicked: {e}"));
+                            return;
+                        }
+                    };
+                    translation = Some(tr);
+                    match swept {
+                        Some(Ok(swept)) => {
+                            revocation::report(&cfg.metrics, &swept, took.as_secs_f64());
+                            sweep_owed = !swept.refused.is_empty();
+                            shared.status.send_modify(|s| {
+                                s.sweeps += 1;
+                                s.revoked += swept.revoked.len() as u64;
+                            });
+                        }
+                        Some(Err(e)) => {
+                            cfg.metrics.revocation_sweep(None);
+                            tracing::error!(error = %e, "cannot cut the established connections the policy denies; the next sync tries again");
+                            sweep_owed = true;
+                        }
+                        None => {}
+                    }
+                }
             }
             Err(e) => {
                 let delay = backoff.fail();

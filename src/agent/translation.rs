@@ -60,6 +60,11 @@ impl Translation {
         Self { options, render, state: None }
     }
 
+    /// The translation kept (`None`: none yet).
+    pub fn policy(&self) -> Option<&NodePolicy> {
+        self.state.as_ref().map(|s| s.translation.policy())
+    }
+
     /// The source version the kept translation is of (`None`: none kept).
     pub fn version(&self) -> Option<u64> {
         self.state.as_ref().map(|s| s.version)

@@ -380,13 +380,26 @@ fn not_enforced(reason: String) -> DirectionExplanation {
     }
 }
 
+/// What a flow carries, as policy sees it: a protocol with ports, or another one (ICMP, …)
+/// that only rules without ports admit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Port(Protocol, u16),
+    Other,
+}
+
 /// The verdict of `ep`'s policy in `dir` for a new flow with `peer` (the other end's
 /// address), in the renderer's order of evaluation.
 pub fn decide(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr, protocol: Protocol, port: u16) -> DirectionExplanation {
+    decide_transport(np, ep, dir, peer, Transport::Port(protocol, port))
+}
+
+/// [`decide`] for a flow of any transport.
+pub fn decide_transport(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr, transport: Transport) -> DirectionExplanation {
     let d = ep.direction(dir);
     let pod = ep.pod.to_string();
-    let mut out = decide_view(np, &pod, dir, d, peer, protocol, port);
-    out.audit = d.audit.as_deref().map(|a| Box::new(decide_view(np, &pod, dir, a, peer, protocol, port)));
+    let mut out = decide_view(np, &pod, dir, d, peer, transport);
+    out.audit = d.audit.as_deref().map(|a| Box::new(decide_view(np, &pod, dir, a, peer, transport)));
     out
 }
 
@@ -397,8 +410,7 @@ fn decide_view(
     dir: Direction,
     d: &DirectionPolicy,
     peer: IpAddr,
-    protocol: Protocol,
-    port: u16,
+    transport: Transport,
 ) -> DirectionExplanation {
     let isolated_by: Vec<String> = d.isolated_by.iter().map(ToString::to_string).collect();
     let out = |verdict, decided_by, deciding, passed, reason| DirectionExplanation {
@@ -410,7 +422,7 @@ fn decide_view(
         reason,
         audit: None,
     };
-    let m = Matcher { np, peer, protocol, port };
+    let m = Matcher { np, peer, transport };
 
     let mut passed = Vec::new();
     for g in &d.admin {
@@ -500,8 +512,7 @@ fn isolating(i: &Isolation) -> PolicyRef {
 struct Matcher<'a> {
     np: &'a NodePolicy,
     peer: IpAddr,
-    protocol: Protocol,
-    port: u16,
+    transport: Transport,
 }
 
 impl Matcher<'_> {
@@ -510,17 +521,20 @@ impl Matcher<'_> {
             PeerMatch::Any => self.ports(ports),
             PeerMatch::Addresses(def) => self.np.peer_sets.get(def).is_some_and(|s| s.contains(self.peer)) && self.ports(ports),
             // The set holds (address, protocol, port): the rule's ports are in it.
-            PeerMatch::NamedPort(def) => self.np.port_sets.get(def).is_some_and(|s| match self.peer {
-                IpAddr::V4(a) => s.v4.contains_key(&(a, self.protocol, self.port)),
-                IpAddr::V6(a) => s.v6.contains_key(&(a, self.protocol, self.port)),
-            }),
+            PeerMatch::NamedPort(def) => {
+                let Transport::Port(protocol, port) = self.transport else { return false };
+                self.np.port_sets.get(def).is_some_and(|s| match self.peer {
+                    IpAddr::V4(a) => s.v4.contains_key(&(a, protocol, port)),
+                    IpAddr::V6(a) => s.v6.contains_key(&(a, protocol, port)),
+                })
+            }
         }
     }
 
     fn ports(&self, ports: &PortMatch) -> bool {
         match ports {
             PortMatch::Any => true,
-            PortMatch::Protocol(p, ranges) => *p == self.protocol && ranges.contains(self.port),
+            PortMatch::Protocol(p, ranges) => matches!(self.transport, Transport::Port(q, n) if q == *p && ranges.contains(n)),
         }
     }
 

@@ -88,6 +88,9 @@ pub enum Reason {
     SpoofedSource,
     /// To a pod interface flock has no policy for (yet).
     UnknownPod,
+    /// A packet of a connection a policy change revoked (dropped; TCP: the sender got a
+    /// reset).
+    Revoked,
     /// Not a denial: a new connection the pod's policy allowed, logged because its namespace
     /// asks for it (`flock.dev/log-allowed`).
     Allowed,
@@ -99,6 +102,7 @@ impl Reason {
             Self::Policy => "policy",
             Self::SpoofedSource => "spoofed-source",
             Self::UnknownPod => "unknown-pod",
+            Self::Revoked => "revoked",
             Self::Allowed => "allowed",
         }
     }
@@ -143,6 +147,7 @@ impl Denial {
             (Some(d), _) => d,
             (None, Reason::SpoofedSource) => "spoofed-source",
             (None, Reason::UnknownPod) => "unknown-pod",
+            (None, Reason::Revoked) => "revoked",
             (None, Reason::Policy | Reason::Allowed) => "unknown",
         }
     }
@@ -205,6 +210,10 @@ pub fn denial(logged: &Logged, endpoints: &Endpoints, snapshot: &Snapshot) -> De
         Some(LogPrefix::UnknownPod) => {
             d.reason = Reason::UnknownPod;
             d.namespace = ns_of(&d.to);
+        }
+        Some(LogPrefix::Revoked) => {
+            d.reason = Reason::Revoked;
+            d.namespace = ns_of(&d.from).or_else(|| ns_of(&d.to));
         }
         None => d.prefix = Some(logged.prefix.clone()),
     }
@@ -276,6 +285,8 @@ spec:
         assert_eq!((d.reason, d.direction_label(), d.namespace.as_deref()), (Reason::SpoofedSource, "spoofed-source", None));
         let d = denial(&logged("flock:unknown-pod", &yb_ip.to_string(), &xa_ip.to_string()), &eps, &s);
         assert_eq!((d.reason, d.namespace.as_deref()), (Reason::UnknownPod, Some("x")));
+        let d = denial(&logged("flock:revoked", &yb_ip.to_string(), &xa_ip.to_string()), &eps, &s);
+        assert_eq!((d.reason, d.direction_label(), d.namespace.as_deref()), (Reason::Revoked, "revoked", Some("y")));
         let d = denial(&logged("other", &yb_ip.to_string(), &xa_ip.to_string()), &eps, &s);
         assert_eq!(d.prefix.as_deref(), Some("other"));
         let json = serde_json::to_value(denial(&logged("flock:spoofed", "198.19.9.9", "198.19.9.8"), &eps, &s)).unwrap();

@@ -142,7 +142,7 @@ fn be_u32(v: &[u8]) -> Option<u32> {
 }
 
 /// The attributes of a netlink message body: (type without flags, value).
-fn attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub(crate) fn attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     std::iter::from_fn(move || {
         if b.len() < 4 {
             return None;

@@ -178,7 +178,8 @@ fn follow(table: &Table, verdict: &str, pkt: &Packet, path: &mut Vec<Step>, dept
     let mut words = verdict.split(' ');
     match (words.next(), words.next()) {
         (Some("accept"), None) => Ok(Next::Final(Verdict::Accept)),
-        (Some("drop"), None) => Ok(Next::Final(Verdict::Drop)),
+        // The packet goes no further (the sender gets a reset): a drop to the flow.
+        (Some("drop" | "reject"), None) => Ok(Next::Final(Verdict::Drop)),
         (Some("return"), None) => Ok(Next::Return),
         (Some("jump"), Some(target)) => match run_chain(table, target, pkt, path, depth + 1)? {
             Flow::Continue => Ok(Next::Rule),
@@ -237,6 +238,14 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
                 c.pos += 1;
                 c.string()?;
             }
+            "reject" => {
+                c.pos += 1;
+                for kw in ["with", "tcp", "reset"] {
+                    c.keyword(kw)?;
+                }
+                c.end()?;
+                return Ok(matched.then(|| Action::Verdict("reject".into())));
+            }
             "accept" | "drop" | "return" => {
                 c.pos += 1;
                 c.end()?;
@@ -247,6 +256,16 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
                 let target = c.word()?;
                 c.end()?;
                 return Ok(matched.then(|| Action::Verdict(format!("{w} {target}"))));
+            }
+            "ct" if c.toks.get(c.pos + 1) == Some(&Tok::Word("mark")) => {
+                // ct mark & BIT == BIT: a mark flock sets on connections it revoked. The
+                // traced packet opens a connection, whose mark is 0.
+                c.pos += 2;
+                c.keyword("&")?;
+                let bit = c.word()?;
+                c.keyword("==")?;
+                c.keyword(&bit)?;
+                matched = false;
             }
             "ct" => {
                 c.pos += 1;

@@ -6,7 +6,7 @@
 //! still dropped, only not logged) and drops. The prefix says what was denied, in a form
 //! that needs no lookup in the kernel's state: `flock:deny:ingress:<interface>` (the pod's
 //! host interface, which the agent maps back to its endpoint), `flock:spoofed`,
-//! `flock:unknown-pod`.
+//! `flock:unknown-pod`, `flock:revoked`.
 
 use std::fmt;
 
@@ -67,6 +67,9 @@ pub enum LogPrefix {
     Spoofed,
     /// A packet to a pod interface flock has no policy for yet.
     UnknownPod,
+    /// A packet of a connection a policy change revoked (`crate::revoke`): dropped, a TCP
+    /// one answered with a reset.
+    Revoked,
 }
 
 /// The first part of every prefix flock writes.
@@ -80,6 +83,7 @@ impl fmt::Display for LogPrefix {
             Self::Allow { direction, interface } => write!(f, "{PREFIX}allow:{direction}:{}", super::names::comment(interface)),
             Self::Spoofed => write!(f, "{PREFIX}spoofed"),
             Self::UnknownPod => write!(f, "{PREFIX}unknown-pod"),
+            Self::Revoked => write!(f, "{PREFIX}revoked"),
         }
     }
 }
@@ -91,6 +95,7 @@ impl LogPrefix {
         match rest {
             "spoofed" => return Some(Self::Spoofed),
             "unknown-pod" => return Some(Self::UnknownPod),
+            "revoked" => return Some(Self::Revoked),
             _ => {}
         }
         let (kind, rest) = rest.split_once(':')?;
@@ -126,6 +131,7 @@ mod tests {
             LogPrefix::Allow { direction: Direction::Egress, interface: "flk0".into() },
             LogPrefix::Spoofed,
             LogPrefix::UnknownPod,
+            LogPrefix::Revoked,
         ] {
             assert_eq!(LogPrefix::parse(&p.to_string()), Some(p.clone()), "{p}");
         }

@@ -10,6 +10,7 @@
 //!
 //! ```text
 //! chain forward            filter hook forward, priority filter (after kube-proxy's DNAT)
+//!   ct mark & 0x01000000 == 0x01000000 goto revoked   a connection revoked (`crate::revoke`)
 //!   ct state established,related accept; ct state invalid drop
 //!   iifname "flk*" jump from-pods        a packet leaving a local pod
 //!   oifname "flk*" jump to-pods          a packet entering a local pod
@@ -341,10 +342,13 @@ pub struct RenderOptions {
     pub peer_classes_from: usize,
     /// Denials logged to NFLOG ([`log`]), or only dropped.
     pub log: Option<log::DenyLog>,
+    /// Connections whose ct mark has this bit (the agent revoked them: `crate::revoke`) are
+    /// stopped first thing; `None`: no revocation.
+    pub revoked: Option<u32>,
 }
 
 impl RenderOptions {
-    pub const DEFAULT: Self = Self { peer_classes_from: PEER_CLASSES_FROM, log: Some(log::DenyLog::DEFAULT) };
+    pub const DEFAULT: Self = Self { peer_classes_from: PEER_CLASSES_FROM, log: Some(log::DenyLog::DEFAULT), revoked: Some(REVOKED_MARK) };
 }
 
 /// Lookups from which a pod's allow rules go through peer classes, by default.
@@ -637,7 +641,7 @@ impl RenderCache {
         objects.extend(sets.into_iter().map(Object::Set));
         // Each object after those it refers to: ingress chains, their map, to-pods; then
         // egress-allowed (which goes to to-pods), egress chains, their map, from-pods, forward.
-        let ([from_pods, to_pods, forward], shared_denials) = skeleton(self.options.log);
+        let ([from_pods, to_pods, forward], shared_denials) = skeleton(self.options.log, self.options.revoked);
         objects.extend(shared_denials.into_iter().map(Object::Chain));
         let flatten = |mut v: Vec<EndpointChains>| {
             v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -789,11 +793,25 @@ fn sorted(mut v: Vec<Element>) -> Vec<Element> {
 /// (rate-limited) and dropped.
 pub const DENY_SPOOFED: &str = "deny-spoofed";
 pub const DENY_UNKNOWN_POD: &str = "deny-unknown-pod";
+/// Where packets of revoked connections go: logged (with logging), a TCP one answered with a
+/// reset, dropped.
+pub const REVOKED: &str = "revoked";
 
-/// The static chains: dispatch (from-pods, to-pods) and the base chain; and with logging,
-/// the chains logging the denials they make.
-fn skeleton(log: Option<log::DenyLog>) -> ([Chain; 3], Vec<Chain>) {
-    let (spoofed, unknown, shared) = match log {
+/// The ct mark bit flock sets on connections it revoked, by default (`crate::revoke`).
+pub const REVOKED_MARK: u32 = 0x0100_0000;
+
+/// The base chain's first rule with revocation: a connection the agent marked (`bit` of its
+/// ct mark) because the policy in force denies it goes no further, whatever its state.
+pub fn revoked_rule(bit: u32) -> String {
+    format!("ct mark & {bit:#010x} == {bit:#010x} counter goto {REVOKED} comment \"connection revoked: the policy in force denies it\"")
+}
+
+/// The static chains: dispatch (from-pods, to-pods) and the base chain; and the chains
+/// where what they deny goes (logged, with logging; and revoked connections).
+fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>) -> ([Chain; 3], Vec<Chain>) {
+    // As nft lists it: a TCP reset needs TCP.
+    const RESET: &str = "meta l4proto tcp reject with tcp reset";
+    let (spoofed, unknown, mut shared) = match log {
         Some(log) => {
             let chain = |name: &str, what: &str, prefix: log::LogPrefix| {
                 log.chain(name.into(), comment(&format!("{what}: {}", log.describe("dropped"))), &prefix, "drop".into())
@@ -809,6 +827,24 @@ fn skeleton(log: Option<log::DenyLog>) -> ([Chain; 3], Vec<Chain>) {
         }
         None => ("drop".to_string(), "drop".to_string(), Vec::new()),
     };
+    let mut base = Vec::new();
+    if let Some(bit) = revoked {
+        let what = "connections revoked by a policy change";
+        let (text, mut rules) = match log {
+            Some(log) => (format!("{what}: {}", log.describe("TCP reset, dropped")), vec![log.rule(&log::LogPrefix::Revoked)]),
+            None => (format!("{what}: TCP reset, dropped"), Vec::new()),
+        };
+        let comment = comment(&text);
+        rules.extend([RESET.to_string(), "drop".to_string()]);
+        shared.push(Chain { name: REVOKED.into(), comment, hook: None, rules });
+        base.push(revoked_rule(bit));
+    }
+    base.extend([
+        "ct state established,related accept".into(),
+        "ct state invalid drop".into(),
+        format!("iifname \"{POD_INTERFACES}\" jump {FROM_PODS}"),
+        format!("oifname \"{POD_INTERFACES}\" jump {TO_PODS}"),
+    ]);
     let chains = [
         Chain {
             name: FROM_PODS.into(),
@@ -837,12 +873,7 @@ fn skeleton(log: Option<log::DenyLog>) -> ([Chain; 3], Vec<Chain>) {
             name: BASE_CHAIN.into(),
             comment: "routed pod traffic, after DNAT: policy sees pod addresses, not service addresses".into(),
             hook: Some(Hook { type_: "filter", hook: "forward", priority: "filter", policy: "accept" }),
-            rules: vec![
-                "ct state established,related accept".into(),
-                "ct state invalid drop".into(),
-                format!("iifname \"{POD_INTERFACES}\" jump {FROM_PODS}"),
-                format!("oifname \"{POD_INTERFACES}\" jump {TO_PODS}"),
-            ],
+            rules: base,
         },
     ];
     (chains, shared)

@@ -212,6 +212,24 @@ fn conformance_cases_hold_through_the_tracer() {
     assert!(failures.is_empty(), "{} of {} cases fail:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }
 
+/// The generated cases `tests/conformance_random.rs` runs on real kernels, through the tracer
+/// first (the pipeline against the reference evaluator, without a kernel), and more of them.
+#[test]
+fn generated_cases_hold_through_the_tracer() {
+    let base = testkit::base_cluster();
+    let mut failures = Vec::new();
+    let cases = testkit::cases::generate(&base, 2026, 400);
+    for g in &cases {
+        let case = crate::conformance::parse_case(Path::new("case.yaml"), &g.dir_name, &g.yaml).unwrap();
+        match TracedCluster::run_case_with(&base, &case, &RenderOptions::default()) {
+            Ok(m) if m.is_empty() => {}
+            Ok(m) => failures.push(format!("{}: {} cells differ, first: {}\n{}", case.dir_name, m.len(), m[0], g.yaml)),
+            Err(e) => failures.push(format!("{}: {e}", case.dir_name)),
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases fail:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
 #[test]
 fn cluster_policy_cases_hold_on_the_ipv6_base_through_the_tracer() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");

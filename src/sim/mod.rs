@@ -96,6 +96,8 @@ pub struct SimOptions {
     pub translate: translate::Options,
     /// How long to wait for the agents to commit a change.
     pub sync_timeout: Duration,
+    /// The agents cut connections a change denies (`--revoke-denied-flows`).
+    pub revoke: bool,
 }
 
 impl SimOptions {
@@ -109,6 +111,7 @@ impl SimOptions {
             parallelism: 48,
             translate: translate::Options::default(),
             sync_timeout: Duration::from_secs(30),
+            revoke: true,
         }
     }
 }
@@ -253,6 +256,7 @@ impl Sim {
             let mut cfg = AgentConfig::new(name, Netns::named(&ns), dir.join("cni.sock"), dir.join("pending-del"));
             cfg.state_dir = Some(dir.join("agent"));
             cfg.translate = sim.opts.translate.clone();
+            cfg.revoke = sim.opts.revoke.then_some(crate::render::REVOKED_MARK);
             cfg.coalesce = Duration::from_millis(10);
             let agent = Agent::start(cfg, sim.source.subscribe())
                 .await

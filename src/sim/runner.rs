@@ -2,7 +2,10 @@
 //! objects are applied through the static source (pods stay up; a Pod with a new uid gets a
 //! new sandbox), the runner waits until every node has committed the change, probes, and
 //! compares every checked cell — and `flockctl explain`'s verdict for it. After a case the
-//! base cluster is restored.
+//! base cluster's objects are restored; nothing else is reset, as in a real cluster: the
+//! connections earlier steps and cases made stay in conntrack (a policy change cuts those
+//! it denies: `crate::revoke`), so a case's outcome must not depend on what ran before it
+//! (`flockctl conformance --shuffle`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -7,6 +7,7 @@
 //! (198.18.1.0/24) and node-2 (198.18.2.0/24); every pod serving 80 and 81 on TCP, UDP and
 //! SCTP with ports named `serve-<port>-<proto>`.
 
+pub mod cases;
 pub mod kernel;
 
 use std::path::Path;

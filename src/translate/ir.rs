@@ -187,11 +187,12 @@ pub struct AddressSet {
 impl AddressSet {
     pub fn insert(&mut self, net: IpNet, comment: &str) {
         match net {
+            // Keys without host bits: `contains` looks prefixes up by their network.
             IpNet::V4(n) => {
-                self.v4.entry(n).or_insert_with(|| comment.to_string());
+                self.v4.entry(n.trunc()).or_insert_with(|| comment.to_string());
             }
             IpNet::V6(n) => {
-                self.v6.entry(n).or_insert_with(|| comment.to_string());
+                self.v6.entry(n.trunc()).or_insert_with(|| comment.to_string());
             }
         }
     }
@@ -205,9 +206,14 @@ impl AddressSet {
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
+        // A large set (pod addresses) is looked up by every prefix that could hold the
+        // address, longest first; a small one scanned.
+        const SCAN: usize = 64;
         match ip {
-            IpAddr::V4(a) => self.v4.keys().any(|n| n.contains(&a)),
-            IpAddr::V6(a) => self.v6.keys().any(|n| n.contains(&a)),
+            IpAddr::V4(a) if self.v4.len() <= SCAN => self.v4.keys().any(|n| n.contains(&a)),
+            IpAddr::V4(a) => (0..=32).rev().any(|len| Ipv4Net::new(a, len).is_ok_and(|n| self.v4.contains_key(&n.trunc()))),
+            IpAddr::V6(a) if self.v6.len() <= SCAN => self.v6.keys().any(|n| n.contains(&a)),
+            IpAddr::V6(a) => (0..=128).rev().any(|len| Ipv6Net::new(a, len).is_ok_and(|n| self.v6.contains_key(&n.trunc()))),
         }
     }
 }
@@ -556,6 +562,32 @@ mod tests {
 
     fn net(s: &str) -> IpNet {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn large_address_sets_find_what_a_scan_finds() {
+        let mut set = AddressSet::default();
+        for i in 0..200u32 {
+            set.insert(IpNet::from(IpAddr::from(std::net::Ipv4Addr::from(0xc612_0000 + i * 7))), "pod");
+            set.insert(IpNet::from(IpAddr::from(std::net::Ipv6Addr::from((0x2001_0db8_u128 << 96) | (u128::from(i) * 5)))), "pod");
+        }
+        for n in ["198.18.128.0/17", "10.0.0.0/8", "2001:db8:0:1::/64", "198.18.3.128/25"] {
+            set.insert(net(n), "block");
+        }
+        assert!(set.v4.len() > 64 && set.v6.len() > 64);
+        let scan = |ip: IpAddr| match ip {
+            IpAddr::V4(a) => set.v4.keys().any(|n| n.contains(&a)),
+            IpAddr::V6(a) => set.v6.keys().any(|n| n.contains(&a)),
+        };
+        for i in 0..3000u32 {
+            let v4 = IpAddr::from(std::net::Ipv4Addr::from(0xc612_0000 + i * 3));
+            let v6 = IpAddr::from(std::net::Ipv6Addr::from((0x2001_0db8_u128 << 96) + u128::from(i) * 3 + (u128::from(i % 2) << 64)));
+            assert_eq!(set.contains(v4), scan(v4), "{v4}");
+            assert_eq!(set.contains(v6), scan(v6), "{v6}");
+        }
+        assert!(set.contains("10.1.2.3".parse().unwrap()));
+        assert!(set.contains("198.18.200.1".parse().unwrap()));
+        assert!(!set.contains("198.19.200.1".parse().unwrap()));
     }
 
     #[test]

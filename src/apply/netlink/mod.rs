@@ -235,7 +235,7 @@ pub(crate) fn attr(out: &mut Vec<u8>, ty: u16, payload: &[u8]) {
 }
 
 /// Appends nested attribute `ty` whose content `fill` writes.
-fn nested(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn nested(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     fill(out);
@@ -245,7 +245,7 @@ fn nested(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>)) {
 }
 
 /// Appends a netlink message: header, nfgenmsg, `body`.
-fn message(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16, body: &[u8]) {
+pub(crate) fn message(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16, body: &[u8]) {
     let len = 16 + 4 + body.len();
     out.extend_from_slice(&(len as u32).to_ne_bytes());
     out.extend_from_slice(&ty.to_ne_bytes());

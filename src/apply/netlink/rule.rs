@@ -2,7 +2,7 @@
 //!
 //! The grammar is the renderer's, no more: `ct state LIST`; `meta l4proto P`; `tcp|udp|sctp
 //! dport N|A-B`; `iifname|oifname "prefix*"`; `limit rate N/second [burst M packets]`; `log
-//! [prefix "P"] group G`; a field or a concatenation of fields
+//! [prefix "P"] group G`; `ct mark & BIT == BIT`; `reject with tcp reset`; a field or a concatenation of fields
 //! (`iifname`, `oifname`, `ip|ip6 saddr|daddr`, `meta l4proto`, `th dport`) looked up in a
 //! named set (`@set`, `!= @set`) or verdict map (`vmap @map`); `counter`; a verdict; a
 //! comment. Anything else is an error, and the caller writes through nft instead.
@@ -61,6 +61,7 @@ const NFT_META_OIFNAME: u32 = 7;
 const NFT_META_NFPROTO: u32 = 15;
 const NFT_META_L4PROTO: u32 = 16;
 const NFT_CT_STATE: u32 = 0;
+const NFT_CT_MARK: u32 = 3;
 const NFTA_LIMIT_RATE: u16 = 1;
 const NFTA_LIMIT_UNIT: u16 = 2;
 const NFTA_LIMIT_BURST: u16 = 3;
@@ -69,6 +70,9 @@ const NFTA_LIMIT_FLAGS: u16 = 5;
 const NFT_LIMIT_PKTS: u32 = 0;
 const NFTA_LOG_GROUP: u16 = 1;
 const NFTA_LOG_PREFIX: u16 = 2;
+const NFTA_REJECT_TYPE: u16 = 1;
+const NFTA_REJECT_ICMP_CODE: u16 = 2;
+const NFT_REJECT_TCP_RST: u32 = 1;
 /// The name nft gives an anonymous set: the kernel numbers it.
 pub const ANONYMOUS_SET: &str = "__set%d";
 /// nft's protocol header ids (`enum proto_desc_id`).
@@ -241,6 +245,37 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) 
                     }
                 }
                 i += 3;
+            }
+            ("ct", Some("mark")) => {
+                // `ct mark & BIT == BIT`: a host-order value, like the state.
+                let bit = word(i + 3).ok_or("ct mark & without a value")?;
+                if word(i + 2) != Some("&") || word(i + 4) != Some("==") || word(i + 5) != Some(bit) {
+                    return Err("ct mark other than & BIT == BIT".into());
+                }
+                let v = bit.strip_prefix("0x").and_then(|h| u32::from_str_radix(h, 16).ok()).ok_or_else(|| format!("ct mark {bit}"))?;
+                out.exprs.push(expr("ct", |b| {
+                    u32_attr(b, NFTA_CT_DREG, NFT_REG_1);
+                    u32_attr(b, NFTA_CT_KEY, NFT_CT_MARK);
+                }));
+                out.exprs.push(expr("bitwise", |b| {
+                    u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
+                    u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
+                    u32_attr(b, NFTA_BITWISE_LEN, 4);
+                    nested(b, NFTA_BITWISE_MASK, |d| attr(d, NFTA_DATA_VALUE, &v.to_ne_bytes()));
+                    nested(b, NFTA_BITWISE_XOR, |d| attr(d, NFTA_DATA_VALUE, &0u32.to_ne_bytes()));
+                }));
+                out.exprs.push(cmp(NFT_CMP_EQ, &v.to_ne_bytes()));
+                i += 6;
+            }
+            ("reject", Some("with")) => {
+                if (word(i + 2), word(i + 3)) != (Some("tcp"), Some("reset")) {
+                    return Err("reject other than with tcp reset".into());
+                }
+                out.exprs.push(expr("reject", |b| {
+                    u32_attr(b, NFTA_REJECT_TYPE, NFT_REJECT_TCP_RST);
+                    attr(b, NFTA_REJECT_ICMP_CODE, &[0]);
+                }));
+                i += 4;
             }
             ("meta", Some("l4proto")) if word(i + 2).is_some_and(|n| n != "." && !n.starts_with('@') && n != "!=" && n != "vmap") => {
                 let p = word(i + 2).unwrap_or_default();

@@ -109,9 +109,33 @@ struct Args {
     /// the denial log (--deny-log-group not 0).
     #[arg(long, env = "FLOCK_ALLOW_AUDIT_MODE")]
     allow_audit_mode: bool,
+    /// After every change, cut the established connections the policy in force denies: the
+    /// agent marks them in conntrack and the ruleset stops their packets both ways (a TCP
+    /// end that sends gets a reset). Log target flock::revoked, metric
+    /// flock_revoked_connections_total. false: a connection admitted before a change lives
+    /// on until it ends.
+    #[arg(long, env = "FLOCK_REVOKE_DENIED_FLOWS", default_value_t = true, action = clap::ArgAction::Set)]
+    revoke_denied_flows: bool,
+    /// The ct mark bit flock owns for revoked connections (one bit; other agents' bits of
+    /// the ct mark are left alone).
+    #[arg(long, env = "FLOCK_REVOKE_CT_MARK", default_value = "0x01000000", value_parser = parse_mark_bit)]
+    revoke_ct_mark: u32,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
+}
+
+/// One bit of the ct mark, as `0x…` or decimal.
+fn parse_mark_bit(s: &str) -> Result<u32, String> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("{s:?}: {e}"))?;
+    if v.count_ones() != 1 {
+        return Err(format!("{s:?}: one bit of the ct mark (e.g. 0x01000000), not {v:#x}"));
+    }
+    Ok(v)
 }
 
 /// A duration as `humantime` reads it (`30s`, `500ms`, `1m 30s`).
@@ -149,6 +173,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         agent.translate.audit_mode = args.allow_audit_mode;
         agent.nft = args.nft.clone();
         agent.nft_transactions = args.nft_transactions;
+        agent.revoke = args.revoke_denied_flows.then_some(args.revoke_ct_mark);
         agent.deny_log = (args.deny_log_group != 0).then_some(flock::render::log::DenyLog {
             group: args.deny_log_group,
             rate: args.deny_log_rate,

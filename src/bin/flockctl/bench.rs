@@ -9,7 +9,8 @@
 //! text in a fresh namespace, measured in the same loop.
 //!
 //! With `--dataplane`, the data path instead (`crate::dataplane`): new connections per second
-//! through a node with flock's ruleset, next to conntrack alone.
+//! through a node with flock's ruleset, next to conntrack alone. With `--conntrack-entries N`,
+//! a revocation sweep over N connections (`crate::sweep`).
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
@@ -66,6 +67,11 @@ pub struct BenchArgs {
     dataplane: bool,
     #[command(flatten)]
     dataplane_args: crate::dataplane::DataplaneArgs,
+    /// Measure a revocation sweep instead (root; a throwaway network namespace): list this
+    /// many conntrack entries of node-0's pods, judge each against node-0's policy, mark the
+    /// denied ones.
+    #[arg(long, value_name = "N")]
+    conntrack_entries: Option<usize>,
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
@@ -78,6 +84,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     params.seed = args.seed;
     params.admin_policies = args.admin_policies;
     params.baseline_policies = args.baseline_policies;
+    if let Some(n) = args.conntrack_entries {
+        let out = crate::sweep::run(&params, n, args.runs).context("revocation-sweep benchmark")?;
+        print_json(&out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if args.dataplane {
         let out = crate::dataplane::run(&params, &args.dataplane_args).context("data-path benchmark")?;
         print_json(&out)?;

@@ -26,6 +26,11 @@ pub struct ConformanceArgs {
     /// Print timings per step on stderr.
     #[arg(long, short)]
     verbose: bool,
+    /// Run the cases in an order shuffled with this seed (a case's outcome must not depend
+    /// on what ran before it: the cluster, its connections included, is not reset between
+    /// cases, only its objects).
+    #[arg(long, value_name = "SEED")]
+    shuffle: Option<u64>,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -47,7 +52,11 @@ pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
     }
     let base =
         manifest::load_paths(std::slice::from_ref(&base_path)).with_context(|| format!("reading {}", base_path.display()))?.to_snapshot();
-    let cases = dirs.iter().map(|d| conformance::load_case(d)).collect::<Result<Vec<_>, _>>()?;
+    let mut cases = dirs.iter().map(|d| conformance::load_case(d)).collect::<Result<Vec<_>, _>>()?;
+    if let Some(seed) = args.shuffle {
+        flock::synth::Rng::new(seed).shuffle(&mut cases);
+        eprintln!("{} cases in an order shuffled with seed {seed}", cases.len());
+    }
     let rt = runtime()?;
     let (_passed, failed, _skipped) = rt.block_on(async {
         cleanup_on_interrupt()?;

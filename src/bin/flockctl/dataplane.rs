@@ -50,7 +50,7 @@ use flock::model::{
 use flock::netns::Netns;
 use flock::nft::NftRuleset;
 use flock::nft::trace::{self, Ct, L4, Packet, Verdict};
-use flock::render::{self, Object, Ruleset};
+use flock::render::{self, Object, RenderOptions, Ruleset};
 use flock::sim::fabric::run as sh;
 use flock::synth::{self, Params, Rng};
 use flock::translate::{self, Options};
@@ -78,7 +78,22 @@ pub struct DataplaneArgs {
     /// --dataplane: server threads accepting connections.
     #[arg(long, default_value_t = 1)]
     dataplane_servers: usize,
+    /// --dataplane: flock's table with the rule that stops revoked connections (the
+    /// agent's default); false measures the table without it (the conntrack-only table
+    /// never has it).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    dataplane_revoke: bool,
 }
+
+impl DataplaneArgs {
+    /// How flock's table is rendered.
+    fn flock_options(&self) -> RenderOptions {
+        RenderOptions { revoked: self.dataplane_revoke.then_some(render::REVOKED_MARK), ..RenderOptions::DEFAULT }
+    }
+}
+
+/// The conntrack-only table: flock's skeleton without policy or revocation.
+const CONNTRACK_ONLY: RenderOptions = RenderOptions { revoked: None, ..RenderOptions::DEFAULT };
 
 /// The port the hand-built scenarios' server listens on and their policies allow.
 const PORT: u16 = 8080;
@@ -134,7 +149,7 @@ pub fn run(params: &Params, args: &DataplaneArgs) -> anyhow::Result<Value> {
     remove_on_signal().context("installing the signal handlers")?;
 
     let started = Instant::now();
-    let scenarios = [ip_blocks(args)?, pod_selectors(args)?, synthetic_busiest(params)?];
+    let scenarios = [ip_blocks(args)?, pod_selectors(args)?, synthetic_busiest(params, args.flock_options())?];
     eprintln!("dataplane: scenarios built in {:.2}s", started.elapsed().as_secs_f64());
     let mut topologies = Vec::new();
     for s in &scenarios {
@@ -179,6 +194,7 @@ pub fn run(params: &Params, args: &DataplaneArgs) -> anyhow::Result<Value> {
         "worst": worst,
         "rounds": args.dataplane_rounds,
         "seconds_per_round": args.dataplane_seconds,
+        "revoke_rule": args.dataplane_revoke,
         "machine": {
             "cpus": std::thread::available_parallelism().map_or(0, usize::from),
             "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default(),
@@ -365,7 +381,7 @@ fn ip_blocks(args: &DataplaneArgs) -> anyhow::Result<Scenario> {
     let what = format!(
         "{p} NetworkPolicies in namespace {NS} select the server pod, each allowing TCP {PORT} from one ingress rule of {b} /32 ipBlocks at random addresses of 198.18.0.0/15; the client's address is the last ipBlock of the last policy"
     );
-    hand_built("ip_blocks", what, s, client)
+    hand_built("ip_blocks", what, s, client, args.flock_options())
 }
 
 /// (b) `policies` policies × `blocks` pod-selector peers, each selecting one pod of the
@@ -402,18 +418,19 @@ fn pod_selectors(args: &DataplaneArgs) -> anyhow::Result<Scenario> {
     let what = format!(
         "{p} NetworkPolicies in namespace {NS} select the server pod, each allowing TCP {PORT} from one ingress rule of {b} podSelector peers, each selecting one pod of the namespace ({count} peer pods, on another node); the client is the pod of the last policy's last peer"
     );
-    hand_built("pod_selectors", what, s, client)
+    hand_built("pod_selectors", what, s, client, args.flock_options())
 }
 
-fn hand_built(name: &'static str, what: String, s: Snapshot, client: IpAddr) -> anyhow::Result<Scenario> {
+fn hand_built(name: &'static str, what: String, s: Snapshot, client: IpAddr, options: RenderOptions) -> anyhow::Result<Scenario> {
     let endpoints = s.derived_endpoints("node-0");
     let Some(server) = endpoints.first().cloned() else { bail!("{name}: no server endpoint") };
     let np = translate::translate(&s, &endpoints, &Options::default());
     if let Some(p) = np.problems.first() {
         bail!("{name}: the generated policies have problems, first: {p}");
     }
-    let flock = render::render(&np);
-    let conntrack_only = render::render(&translate::translate(&without_policies(&s), &endpoints, &Options::default()));
+    let flock = render::render_with(&np, &options);
+    let conntrack_only =
+        render::render_with(&translate::translate(&without_policies(&s), &endpoints, &Options::default()), &CONNTRACK_ONLY);
     let server_addr = server.addrs[0];
     let denied = Some(IpAddr::V4(DENIED_V4));
     let sc = Scenario { name, what, server, server_addr, port: PORT, client, denied, flock, conntrack_only };
@@ -448,12 +465,12 @@ fn without_policies(s: &Snapshot) -> Snapshot {
 
 /// (c) The synthetic cluster's local pod with the most ingress rules; the client is the
 /// remote pod (and the server's TCP port) whose accepting rule comes last in its chains.
-fn synthetic_busiest(params: &Params) -> anyhow::Result<Scenario> {
+fn synthetic_busiest(params: &Params, options: RenderOptions) -> anyhow::Result<Scenario> {
     let cluster = synth::generate(params);
     let s = &cluster.snapshot;
     let endpoints = s.derived_endpoints(&cluster.node);
     let np = translate::translate(s, &endpoints, &Options::default());
-    let flock = render::render(&np);
+    let flock = render::render_with(&np, &options);
     let mut busiest: Option<(usize, &LocalEndpoint)> = None;
     for ep in &endpoints {
         let rules = server_chains(&flock, &ep.interface).rules;
@@ -510,7 +527,7 @@ fn synthetic_busiest(params: &Params) -> anyhow::Result<Scenario> {
             break;
         }
     }
-    let conntrack_only = render::render(&translate::translate(&without_policies(s), &endpoints, &Options::default()));
+    let conntrack_only = render::render_with(&translate::translate(&without_policies(s), &endpoints, &Options::default()), &CONNTRACK_ONLY);
     let what = format!(
         "the local pod with the most ingress rules ({rules}) of {} in the synthetic cluster of {} pods and {} NetworkPolicies (flock::synth, seed {}, {} pods per node); the client is the remote pod and server port whose accepting rule comes last in the pod's ingress chains (the worst case for that pod)",
         cluster.node, params.pods, params.policies, params.seed, params.pods_per_node

@@ -7,6 +7,7 @@ mod dataplane;
 mod explain;
 mod render;
 mod sim;
+mod sweep;
 
 use std::process::ExitCode;
 

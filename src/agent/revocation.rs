@@ -1,0 +1,117 @@
+//! Cutting the connections a change denies: after a sync commits a changed table (and on
+//! the periodic tick, and after the agent's first commit), the node's conntrack table is
+//! listed inside the node's network namespace, each connection judged against the policy
+//! just committed ([`crate::revoke`]), and the denied ones marked (a bit of their ct mark:
+//! [`crate::conntrack`]), which the table's first rule stops — TCP with a reset. Marked
+//! connections the policy admits again are unmarked.
+//!
+//! One log line per sweep that revoked anything (target `flock::revoked`: how many, the pods,
+//! and what denies them), a debug line per connection, and
+//! `flock_revoked_connections_total`.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use crate::conntrack::{Changed, ConntrackError, ConntrackSocket, Entry};
+use crate::netns::{self, Netns, NetnsError};
+use crate::revoke::{Judge, Revocation, by_cause};
+use crate::translate::NodePolicy;
+
+use super::metrics::Metrics;
+
+/// Why a sweep did not run to the end (what it marked before stays marked).
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("entering the node's network namespace: {0}")]
+    Netns(#[from] NetnsError),
+    #[error(transparent)]
+    Conntrack(#[from] ConntrackError),
+    #[error("listing the node's addresses: {0}")]
+    Addresses(#[source] nix::Error),
+}
+
+/// What one sweep found and did.
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// Entries in the table.
+    pub listed: usize,
+    /// The connections the policy denies, revoked (marked; or ended meanwhile).
+    pub revoked: Vec<Revocation>,
+    /// Denied connections the kernel refused to mark, with why.
+    pub refused: Vec<(Revocation, String)>,
+    /// Revoked connections the policy admits again, unmarked.
+    pub restored: usize,
+    /// Entries that could not be decoded (left alone).
+    pub unreadable: Vec<String>,
+}
+
+/// Judges every connection of `netns` against `np`, marks the denied ones with `bit` and
+/// unmarks the admitted ones.
+pub fn sweep(netns: &Netns, np: &NodePolicy, bit: u32) -> Result<Swept, SweepError> {
+    netns::run_in(netns, || {
+        let node = node_addresses()?;
+        let mut socket = ConntrackSocket::open()?;
+        let dump = socket.dump()?;
+        let judge = Judge::new(np, &node);
+        let found = judge.sweep(&dump.entries, bit);
+        let doomed: Vec<&Entry> = found.revoke.iter().map(|(e, _)| *e).collect();
+        let marked = if doomed.is_empty() { Changed::default() } else { socket.set_mark(&doomed, bit, true)? };
+        let restored = if found.restore.is_empty() { Changed::default() } else { socket.set_mark(&found.restore, bit, false)? };
+        let mut swept = Swept { listed: dump.entries.len(), unreadable: dump.unreadable, restored: restored.changed, ..Swept::default() };
+        for (e, r) in found.revoke {
+            match marked.failed.iter().find(|(t, _)| *t == e.orig) {
+                Some((_, why)) => swept.refused.push((r, why.clone())),
+                None => swept.revoked.push(r),
+            }
+        }
+        for (t, why) in &restored.failed {
+            tracing::warn!(target: "flock::revoked", connection = %t, error = %why, "cannot unmark a connection the policy admits again; the next sweep tries again");
+        }
+        Ok(swept)
+    })?
+}
+
+/// The addresses of the calling thread's network namespace (connections from or to them are
+/// not forwarded: the ruleset does not police them).
+fn node_addresses() -> Result<BTreeSet<IpAddr>, SweepError> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(SweepError::Addresses)?;
+    Ok(addrs
+        .filter_map(|i| i.address)
+        .filter_map(|a| a.as_sockaddr_in().map(|s| IpAddr::V4(s.ip())).or_else(|| a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip()))))
+        .collect())
+}
+
+/// Logs and counts what a sweep did.
+pub fn report(metrics: &Metrics, swept: &Swept, seconds: f64) {
+    metrics.revocation_sweep(Some((swept.listed, seconds)));
+    for why in &swept.unreadable {
+        tracing::warn!(target: "flock::revoked", error = %why, "a conntrack entry could not be decoded; left alone");
+    }
+    for (r, why) in &swept.refused {
+        tracing::error!(target: "flock::revoked", connection = %r.flow, pod = %r.why.pod, error = %why, "the kernel refused to mark a denied connection; the next sweep tries again");
+    }
+    if swept.restored > 0 {
+        tracing::info!(target: "flock::revoked", connections = swept.restored, "revoked connections the policy admits again were restored");
+    }
+    if swept.revoked.is_empty() {
+        tracing::debug!(listed = swept.listed, seconds, "no established connection is denied by the policy in force");
+        return;
+    }
+    for r in &swept.revoked {
+        metrics.revoked(&r.why.namespace, r.why.direction.as_field());
+        tracing::debug!(target: "flock::revoked", connection = %r.flow, pod = %r.why.pod, direction = r.why.direction.as_field(), reason = %r.why.reason, "connection cut");
+    }
+    let causes: Vec<String> = by_cause(&swept.revoked).into_iter().map(|(cause, n)| format!("{cause} ({n})")).collect();
+    let mut pods: Vec<&str> = swept.revoked.iter().map(|r| r.why.pod.as_str()).collect();
+    pods.sort_unstable();
+    pods.dedup();
+    tracing::info!(
+        target: "flock::revoked",
+        connections = swept.revoked.len(),
+        refused = swept.refused.len(),
+        listed = swept.listed,
+        pods = %pods.join(", "),
+        denied_by = %causes.join("; "),
+        "cut established connections the policy in force denies"
+    );
+}

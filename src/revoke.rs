@@ -1,0 +1,271 @@
+//! Which established connections the policy in force no longer admits: pure, from the node's
+//! [`NodePolicy`] (the translation the renderer wrote into the committed table) and the
+//! connections conntrack lists.
+//!
+//! The ruleset accepts every packet of an established connection before any policy (the
+//! cheap path every packet takes); only a connection's first packet meets policy. So after a
+//! change the agent lists the node's connections, judges each as its first packet would be
+//! judged now — egress at a source pod of this node, then ingress at a destination pod of this
+//! node, on the addresses and port after DNAT ([`Entry::policed`]) — with the very decision
+//! function `flockctl explain` uses ([`crate::explain::decide_transport`]), and sets a bit of
+//! the ct mark of the connections denied. The ruleset's first rule stops every packet of a
+//! marked connection, both ways (`render::revoked_rule`): TCP answered with a reset, so each
+//! end learns the connection is gone as soon as it sends; the entry stays until it expires,
+//! so no packet of the connection — a reply in flight included — can start it again as a new
+//! one. A marked connection the policy admits again is unmarked.
+//!
+//! Pure like the translator (checked by `tests/purity.rs`).
+//!
+//! Connections to or from the node's own addresses are not forwarded and the ruleset (hook
+//! `forward`) does not police them: they are left alone.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::conntrack::{Entry, Tuple};
+use crate::explain::{Decider, PolicyRef, Transport, Verdict, decide_transport};
+use crate::model::Protocol;
+use crate::translate::{Direction, EndpointPolicy, NodePolicy};
+
+/// One connection the policy in force denies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revocation {
+    /// The connection as policy judges it (after DNAT).
+    pub flow: Tuple,
+    /// Why (shared by the connections of one pod, peer and port).
+    pub why: Arc<Why>,
+}
+
+/// What denies a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Why {
+    /// The pod whose policy denies it, `namespace/name`.
+    pub pod: String,
+    pub namespace: String,
+    pub direction: Direction,
+    pub decided_by: Decider,
+    /// The rules or isolating policies that deny it.
+    pub deciding: Vec<PolicyRef>,
+    /// A sentence for people.
+    pub reason: String,
+}
+
+impl Why {
+    /// What denies, for logs: each deciding policy, or the tier when none is named.
+    pub fn cause(&self) -> String {
+        if self.deciding.is_empty() {
+            return self.decided_by.to_string();
+        }
+        self.deciding.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    }
+}
+
+/// Judges connections against one node's policy.
+pub struct Judge<'a> {
+    np: &'a NodePolicy,
+    local: BTreeMap<IpAddr, &'a EndpointPolicy>,
+    node_addrs: &'a BTreeSet<IpAddr>,
+}
+
+impl<'a> Judge<'a> {
+    /// `node_addrs`: the node's own addresses (its namespace's, not its pods').
+    pub fn new(np: &'a NodePolicy, node_addrs: &'a BTreeSet<IpAddr>) -> Self {
+        let local = np.endpoints.iter().flat_map(|e| e.addrs.iter().map(move |a| (*a, e))).collect();
+        Self { np, local, node_addrs }
+    }
+
+    /// `None`: the policy admits the connection, or does not police it.
+    pub fn judge(&self, flow: &Tuple) -> Option<Revocation> {
+        self.why(flow).map(|why| Revocation { flow: *flow, why: Arc::new(why) })
+    }
+
+    fn why(&self, flow: &Tuple) -> Option<Why> {
+        if self.node_addrs.contains(&flow.src) || self.node_addrs.contains(&flow.dst) {
+            return None;
+        }
+        let transport = match flow.protocol {
+            6 => Transport::Port(Protocol::Tcp, flow.dport),
+            17 => Transport::Port(Protocol::Udp, flow.dport),
+            132 => Transport::Port(Protocol::Sctp, flow.dport),
+            _ => Transport::Other,
+        };
+        let ends = [(flow.src, Direction::Egress, flow.dst), (flow.dst, Direction::Ingress, flow.src)];
+        for (at, direction, peer) in ends {
+            let Some(ep) = self.local.get(&at) else { continue };
+            let d = decide_transport(self.np, ep, direction, peer, transport);
+            if d.verdict == Verdict::Deny {
+                return Some(Why {
+                    pod: ep.pod.to_string(),
+                    namespace: ep.pod.namespace.clone(),
+                    direction,
+                    decided_by: d.decided_by,
+                    deciding: d.deciding,
+                    reason: d.reason,
+                });
+            }
+        }
+        None
+    }
+
+    /// What to change in `entries` for the ct mark bit `bit` to say exactly which connections
+    /// the policy denies: the denied ones without it, with why, and the marked ones the policy
+    /// admits again. Closed TCP connections are left alone (nothing flows on them; a SYN of
+    /// their tuple starts a new connection, which policy judges).
+    pub fn sweep<'e>(&self, entries: &'e [Entry], bit: u32) -> Sweep<'e> {
+        let mut out = Sweep::default();
+        // Connections differing only in the source port are judged alike: judged once.
+        let mut judged: BTreeMap<(IpAddr, IpAddr, u8, u16), Option<Arc<Why>>> = BTreeMap::new();
+        for e in entries.iter().filter(|e| !e.is_closed()) {
+            let flow = e.policed();
+            let why = judged.entry((flow.src, flow.dst, flow.protocol, flow.dport)).or_insert_with(|| self.why(&flow).map(Arc::new));
+            let marked = e.mark & bit != 0;
+            match why {
+                Some(why) if !marked => out.revoke.push((e, Revocation { flow, why: Arc::clone(why) })),
+                None if marked => out.restore.push(e),
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// What one pass over the conntrack table changes.
+#[derive(Debug, Default)]
+pub struct Sweep<'e> {
+    /// Connections the policy denies, not marked yet.
+    pub revoke: Vec<(&'e Entry, Revocation)>,
+    /// Marked connections the policy admits again (it changed back).
+    pub restore: Vec<&'e Entry>,
+}
+
+/// A batch of revocations summed up for one log line: how many connections each cause cut.
+pub fn by_cause(revocations: &[Revocation]) -> BTreeMap<String, usize> {
+    let mut causes: BTreeMap<*const Why, String> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for r in revocations {
+        let cause = causes.entry(Arc::as_ptr(&r.why)).or_insert_with(|| r.why.cause());
+        *out.entry(cause.clone()).or_insert(0) += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit;
+    use crate::translate::{Options, translate};
+
+    /// The base cluster with x/a isolated for ingress (only x/b admitted, TCP 80) and z/a's
+    /// egress denied to y/b by a ClusterNetworkPolicy.
+    fn policy(node: &str) -> (NodePolicy, crate::model::Snapshot) {
+        let mut s = testkit::base_cluster();
+        for p in testkit::policies(
+            "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: a-from-b, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}], ports: [{port: 80}]}]",
+        ) {
+            s.upsert_policy(p);
+        }
+        let endpoints = s.derived_endpoints(node);
+        (translate(&s, &endpoints, &Options::default()), s)
+    }
+
+    fn ip(s: &crate::model::Snapshot, pod: &str) -> IpAddr {
+        s.pod_by_name(&testkit::pod_ref(pod)).and_then(|p| p.ips.first().copied()).expect("pod address")
+    }
+
+    fn flow(src: IpAddr, dst: IpAddr, protocol: u8, dport: u16) -> Tuple {
+        Tuple { src, dst, protocol, sport: 40000, dport }
+    }
+
+    #[test]
+    fn connections_are_judged_as_their_first_packet_would_be_now() {
+        let s0 = testkit::base_cluster();
+        let a = s0.pod_by_name(&testkit::pod_ref("x/a")).expect("x/a");
+        let node = a.node.clone().expect("x/a has a node");
+        let (np, s) = policy(&node);
+        let none = BTreeSet::new();
+        let judge = Judge::new(&np, &none);
+        let (xa, xb, yb) = (ip(&s, "x/a"), ip(&s, "x/b"), ip(&s, "y/b"));
+        // Admitted: x/b to x/a on TCP 80.
+        assert_eq!(judge.judge(&flow(xb, xa, 6, 80)), None);
+        // Denied: another port, another peer, another protocol (ICMP: only rules without
+        // ports admit it).
+        let r = judge.judge(&flow(xb, xa, 6, 81)).expect("port 81 is denied");
+        assert_eq!((r.why.pod.as_str(), r.why.namespace.as_str(), r.why.direction), ("x/a", "x", Direction::Ingress));
+        assert_eq!(r.why.decided_by, Decider::NetworkPolicy);
+        assert_eq!(r.why.cause(), "NetworkPolicy x/a-from-b: Isolate");
+        assert!(judge.judge(&flow(yb, xa, 6, 80)).is_some());
+        assert!(judge.judge(&flow(xb, xa, 1, 0)).is_some());
+        assert!(judge.judge(&flow(xb, xa, 17, 80)).is_some());
+        // x/a's egress is not isolated.
+        assert_eq!(judge.judge(&flow(xa, yb, 6, 81)), None);
+        // The node's own address as an end: not forwarded, not policed.
+        let own: BTreeSet<IpAddr> = [xb].into();
+        assert_eq!(Judge::new(&np, &own).judge(&flow(xb, xa, 6, 81)), None);
+    }
+
+    #[test]
+    fn a_sweep_marks_the_denied_and_unmarks_the_admitted() {
+        let s0 = testkit::base_cluster();
+        let node = s0.pod_by_name(&testkit::pod_ref("x/a")).and_then(|p| p.node.clone()).expect("node");
+        let (np, s) = policy(&node);
+        let none = BTreeSet::new();
+        let judge = Judge::new(&np, &none);
+        let (xa, xb, yb) = (ip(&s, "x/a"), ip(&s, "x/b"), ip(&s, "y/b"));
+        let entry = |f: Tuple, mark: u32, tcp_state: Option<u8>| {
+            let reply = Tuple { src: f.dst, dst: f.src, protocol: f.protocol, sport: f.dport, dport: f.sport };
+            let mut e = Entry::new(f, reply);
+            (e.mark, e.tcp_state) = (mark, tcp_state);
+            e
+        };
+        const BIT: u32 = 0x0100_0000;
+        let entries = [
+            entry(flow(yb, xa, 6, 80), 0, Some(3)),     // denied, unmarked: revoke
+            entry(flow(yb, xa, 17, 80), BIT | 1, None), // denied, marked: as is
+            entry(flow(xb, xa, 6, 80), BIT, Some(3)),   // admitted, marked: restore
+            entry(flow(xb, xa, 6, 80), 1, Some(3)),     // admitted, another agent's bit: as is
+            entry(flow(yb, xa, 6, 81), 0, Some(7)),     // denied but closed (TIME_WAIT): as is
+            entry(flow(yb, xa, 132, 80), 0, None),      // SCTP: the rule's port is TCP's: revoke
+        ];
+        let sw = judge.sweep(&entries, BIT);
+        let revoked: Vec<Tuple> = sw.revoke.iter().map(|(e, _)| e.orig).collect();
+        assert_eq!(revoked, vec![entries[0].orig, entries[5].orig]);
+        assert_eq!(sw.restore.iter().map(|e| e.orig).collect::<Vec<_>>(), vec![entries[2].orig]);
+    }
+
+    #[test]
+    fn a_service_connection_is_judged_after_dnat() {
+        let s0 = testkit::base_cluster();
+        let node = s0.pod_by_name(&testkit::pod_ref("x/a")).and_then(|p| p.node.clone()).expect("node");
+        let (np, s) = policy(&node);
+        let none = BTreeSet::new();
+        let judge = Judge::new(&np, &none);
+        let (xa, xb) = (ip(&s, "x/a"), ip(&s, "x/b"));
+        // x/b -> a service address on 8080, DNAT to x/a:80 (admitted) or x/a:81 (denied).
+        let vip: IpAddr = "198.19.0.10".parse().expect("address");
+        let orig = Tuple { src: xb, dst: vip, protocol: 6, sport: 40000, dport: 8080 };
+        let to = |port| Entry::new(orig, Tuple { src: xa, dst: xb, protocol: 6, sport: port, dport: 40000 });
+        let entries = [to(80), to(81)];
+        let sw = judge.sweep(&entries, 1);
+        assert_eq!(sw.revoke.len(), 1);
+        assert_eq!(sw.revoke[0].1.flow, Tuple { src: xb, dst: xa, protocol: 6, sport: 40000, dport: 81 });
+    }
+
+    #[test]
+    fn a_batch_is_summed_up_by_cause() {
+        let s0 = testkit::base_cluster();
+        let node = s0.pod_by_name(&testkit::pod_ref("x/a")).and_then(|p| p.node.clone()).expect("node");
+        let (np, s) = policy(&node);
+        let none = BTreeSet::new();
+        let judge = Judge::new(&np, &none);
+        let (xa, yb, zb) = (ip(&s, "x/a"), ip(&s, "y/b"), ip(&s, "z/b"));
+        let rs: Vec<Revocation> = [flow(yb, xa, 6, 80), flow(zb, xa, 17, 53)].iter().filter_map(|f| judge.judge(f)).collect();
+        assert_eq!(by_cause(&rs), BTreeMap::from([("NetworkPolicy x/a-from-b: Isolate".to_string(), 2)]));
+    }
+}
