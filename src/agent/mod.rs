@@ -573,6 +573,10 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     // A revocation sweep is owed: the first commit of this agent (connections may predate a
     // change committed before a restart), or the last sweep failed.
     let mut sweep_owed = cfg.revoke.is_some();
+    let mut sweep_job: Option<tokio::task::JoinHandle<SweepRun>> = None;
+    let mut stale_streak = 0u32;
+    // Counts commits a sweep must reflect: a sweep that sees it move on is stale.
+    let commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
     loop {
         tokio::select! {
             _ = shared.wake.notified() => {}
@@ -608,6 +612,25 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                         shared.crash(format!("reading the drift baseline panicked: {e}"));
                         return;
                     }
+                }
+                continue;
+            }
+            done = async { match sweep_job.as_mut() { Some(job) => job.await, None => std::future::pending().await } } => {
+                sweep_job = None;
+                let Some(mut outcome) = sweep_done(&shared, done) else { return };
+                // Owed already when a commit came while this one ran.
+                sweep_owed |= outcome.owed;
+                // Commits kept outdating the sweep (changes faster than a sweep): this one
+                // holds the loop until it is done, so no commit can outdate it.
+                while sweep_owed && !*stop.borrow() && outcome.stale_streak(&mut stale_streak) >= STALE_SWEEPS {
+                    let Some(job) = start_sweep(&cfg, translation.as_ref(), &commits) else { break };
+                    let Some(o) = sweep_done(&shared, job.await) else { return };
+                    (outcome, sweep_owed) = (o, false);
+                    sweep_owed |= outcome.owed;
+                }
+                if sweep_owed && !*stop.borrow() {
+                    sweep_job = start_sweep(&cfg, translation.as_ref(), &commits);
+                    sweep_owed = sweep_job.is_none();
                 }
                 continue;
             }
@@ -801,42 +824,15 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     s.consecutive_failures = 0;
                     s.retry_at = None;
                 });
-                // After the commit is published (an ADD waiting for it goes ahead), before
-                // the next sync: the judge reads the translation just committed.
-                if let Some(bit) = cfg.revoke
-                    && (sweep_owed || periodic || matches!(outcome, Outcome::Applied { .. }))
-                {
-                    let Some(tr) = translation.take() else { return };
-                    let netns = cfg.netns.clone();
-                    let job = tokio::task::spawn_blocking(move || {
-                        let started = Instant::now();
-                        let swept = tr.policy().map(|np| revocation::sweep(&netns, np, bit));
-                        (tr, swept, started.elapsed())
-                    });
-                    let (tr, swept, took) = match job.await {
-                        Ok(x) => x,
-                        Err(e) => {
-                            shared.crash(format!("the revocation sweep panicked: {e}"));
-                            return;
-                        }
-                    };
-                    translation = Some(tr);
-                    match swept {
-                        Some(Ok(swept)) => {
-                            revocation::report(&cfg.metrics, &swept, took.as_secs_f64());
-                            sweep_owed = !swept.refused.is_empty();
-                            shared.status.send_modify(|s| {
-                                s.sweeps += 1;
-                                s.revoked += swept.revoked.len() as u64;
-                            });
-                        }
-                        Some(Err(e)) => {
-                            cfg.metrics.revocation_sweep(None);
-                            tracing::error!(error = %e, "cannot cut the established connections the policy denies; the next sync tries again");
-                            sweep_owed = true;
-                        }
-                        None => {}
-                    }
+                // Beside the loop (a large conntrack table takes a while to judge): the
+                // translation just committed, shared, not copied.
+                if cfg.revoke.is_some() && (periodic || matches!(outcome, Outcome::Applied { .. })) {
+                    sweep_owed = true;
+                    commits.fetch_add(1, Ordering::SeqCst);
+                }
+                if sweep_owed && sweep_job.is_none() {
+                    sweep_job = start_sweep(&cfg, translation.as_ref(), &commits);
+                    sweep_owed = sweep_job.is_none();
                 }
             }
             Err(e) => {
@@ -854,6 +850,68 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             }
         }
     }
+}
+
+/// Sweeps outdated in a row after which the next one holds the sync loop.
+const STALE_SWEEPS: u32 = 3;
+
+/// What the loop makes of a finished sweep.
+struct SweepOutcome {
+    /// Another sweep is owed (this one was outdated, failed, or left connections unmarked).
+    owed: bool,
+    stale: bool,
+}
+
+impl SweepOutcome {
+    fn stale_streak(&self, streak: &mut u32) -> u32 {
+        *streak = if self.stale { *streak + 1 } else { 0 };
+        *streak
+    }
+}
+
+/// Reports a finished sweep; `None`: it panicked (the agent is crashing).
+fn sweep_done(shared: &Shared, done: Result<SweepRun, tokio::task::JoinError>) -> Option<SweepOutcome> {
+    let metrics = &shared.config.metrics;
+    match done {
+        Ok((Some(Ok(swept)), took)) => {
+            revocation::report(metrics, &swept, took.as_secs_f64());
+            shared.status.send_modify(|s| {
+                s.sweeps += u64::from(!swept.stale);
+                s.revoked += swept.revoked.len() as u64;
+            });
+            Some(SweepOutcome { owed: !swept.refused.is_empty() || swept.stale, stale: swept.stale })
+        }
+        Ok((Some(Err(e)), _)) => {
+            metrics.revocation_sweep(None);
+            tracing::error!(error = %e, "cannot cut the established connections the policy denies; the next sync tries again");
+            Some(SweepOutcome { owed: true, stale: false })
+        }
+        Ok((None, _)) => Some(SweepOutcome { owed: true, stale: false }),
+        Err(e) => {
+            shared.crash(format!("the revocation sweep panicked: {e}"));
+            None
+        }
+    }
+}
+
+/// A revocation sweep's outcome (`None`: no translation to judge with yet) and duration.
+type SweepRun = (Option<Result<revocation::Swept, revocation::SweepError>>, Duration);
+
+/// Starts a revocation sweep with the translation last committed, if revocation is on.
+fn start_sweep(
+    cfg: &AgentConfig,
+    translation: Option<&translation::Translation>,
+    commits: &Arc<std::sync::atomic::AtomicU64>,
+) -> Option<tokio::task::JoinHandle<SweepRun>> {
+    let bit = cfg.revoke?;
+    let np = translation?.shared_policy()?;
+    let (netns, commits) = (cfg.netns.clone(), Arc::clone(commits));
+    let mine = commits.load(Ordering::SeqCst);
+    Some(tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let current = || commits.load(Ordering::SeqCst) == mine;
+        (Some(revocation::sweep(&netns, &np, bit, &current)), started.elapsed())
+    }))
 }
 
 /// A drift baseline read beside the sync loop: the commit it followed and what it read.

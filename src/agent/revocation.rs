@@ -43,17 +43,23 @@ pub struct Swept {
     pub restored: usize,
     /// Entries that could not be decoded (left alone).
     pub unreadable: Vec<String>,
+    /// A newer commit came while judging: nothing was changed (the next sweep judges).
+    pub stale: bool,
 }
 
 /// Judges every connection of `netns` against `np`, marks the denied ones with `bit` and
-/// unmarks the admitted ones.
-pub fn sweep(netns: &Netns, np: &NodePolicy, bit: u32) -> Result<Swept, SweepError> {
+/// unmarks the admitted ones — unless `current` says by then that `np` is no longer what the
+/// table enforces (a newer commit: its own sweep follows), when nothing is changed.
+pub fn sweep(netns: &Netns, np: &NodePolicy, bit: u32, current: &(dyn Fn() -> bool + Sync)) -> Result<Swept, SweepError> {
     netns::run_in(netns, || {
         let node = node_addresses()?;
         let mut socket = ConntrackSocket::open()?;
         let dump = socket.dump()?;
         let judge = Judge::new(np, &node);
         let found = judge.sweep(&dump.entries, bit);
+        if !current() {
+            return Ok(Swept { listed: dump.entries.len(), stale: true, ..Swept::default() });
+        }
         let doomed: Vec<&Entry> = found.revoke.iter().map(|(e, _)| *e).collect();
         let marked = if doomed.is_empty() { Changed::default() } else { socket.set_mark(&doomed, bit, true)? };
         let restored = if found.restore.is_empty() { Changed::default() } else { socket.set_mark(&found.restore, bit, false)? };
@@ -83,6 +89,10 @@ fn node_addresses() -> Result<BTreeSet<IpAddr>, SweepError> {
 
 /// Logs and counts what a sweep did.
 pub fn report(metrics: &Metrics, swept: &Swept, seconds: f64) {
+    if swept.stale {
+        tracing::debug!(listed = swept.listed, seconds, "revocation sweep outdated by a newer commit; judging again");
+        return;
+    }
     metrics.revocation_sweep(Some((swept.listed, seconds)));
     for why in &swept.unreadable {
         tracing::warn!(target: "flock::revoked", error = %why, "a conntrack entry could not be decoded; left alone");

@@ -60,9 +60,9 @@ impl Translation {
         Self { options, render, state: None }
     }
 
-    /// The translation kept (`None`: none yet).
-    pub fn policy(&self) -> Option<&NodePolicy> {
-        self.state.as_ref().map(|s| s.translation.policy())
+    /// The translation kept, shared (`None`: none yet).
+    pub fn shared_policy(&self) -> Option<std::sync::Arc<NodePolicy>> {
+        self.state.as_ref().map(|s| s.translation.shared_policy())
     }
 
     /// The source version the kept translation is of (`None`: none kept).

@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -77,7 +78,9 @@ pub struct Incremental {
     cluster: BTreeMap<String, (CompiledCnp, Vec<PolicyProblem>)>,
     /// Per endpoint interface.
     extra: BTreeMap<String, EndpointExtra>,
-    np: NodePolicy,
+    /// Shared with readers of a committed translation (the agent's revocation sweep): a
+    /// step copies it only while one still holds it.
+    np: Arc<NodePolicy>,
     changed: Changed,
 }
 
@@ -98,7 +101,7 @@ impl Incremental {
             policies: BTreeMap::new(),
             cluster: BTreeMap::new(),
             extra: BTreeMap::new(),
-            np: NodePolicy::default(),
+            np: Arc::new(NodePolicy::default()),
             changed: Changed::default(),
         }
     }
@@ -107,6 +110,11 @@ impl Incremental {
     /// step's inputs.
     pub fn policy(&self) -> &NodePolicy {
         &self.np
+    }
+
+    /// The current translation, shared: it stays as it is while the translation steps on.
+    pub fn shared_policy(&self) -> Arc<NodePolicy> {
+        Arc::clone(&self.np)
     }
 
     /// What the last step changed.
@@ -272,12 +280,12 @@ impl Incremental {
 
         // The dirty endpoints, translated again; the others kept.
         let mut old_policies: BTreeMap<String, EndpointPolicy> =
-            std::mem::take(&mut self.np.endpoints).into_iter().map(|p| (p.interface.clone(), p)).collect();
+            std::mem::take(&mut Arc::make_mut(&mut self.np).endpoints).into_iter().map(|p| (p.interface.clone(), p)).collect();
         // Filled per endpoint below (`Translator::endpoint` reports there).
-        self.np.problems.clear();
+        Arc::make_mut(&mut self.np).problems.clear();
         let cluster: Vec<&CompiledCnp> = self.cluster.values().map(|(c, _)| c).collect();
         self.extra.retain(|iface, _| resolved.contains_key(iface));
-        let mut tr = Translator { snapshot, addresses, out: &mut self.np, added: Some(Vec::new()) };
+        let mut tr = Translator { snapshot, addresses, out: Arc::make_mut(&mut self.np), added: Some(Vec::new()) };
         for ep in &eps {
             let old = old_policies.remove(&ep.interface);
             let policy = match old {
@@ -344,11 +352,11 @@ impl Incremental {
                 self.np.port_sets.keys().filter(|d| !port_refs.contains(d)).cloned().collect(),
             );
             for d in peer_refs {
-                self.np.peer_sets.remove(&d);
+                Arc::make_mut(&mut self.np).peer_sets.remove(&d);
                 changed.peer_sets.insert(d);
             }
             for d in port_refs {
-                self.np.port_sets.remove(&d);
+                Arc::make_mut(&mut self.np).port_sets.remove(&d);
                 changed.port_sets.insert(d);
             }
         }
@@ -365,7 +373,7 @@ impl Incremental {
         problems.extend(self.extra.values().flat_map(|x| x.problems.iter().cloned()));
         problems.sort();
         problems.dedup();
-        self.np.problems = problems;
+        Arc::make_mut(&mut self.np).problems = problems;
 
         self.eps = eps;
         self.changed = changed;
