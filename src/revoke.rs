@@ -24,7 +24,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::conntrack::{Entry, Tuple};
-use crate::explain::{Decider, PolicyRef, Transport, Verdict, decide_transport};
+use crate::explain::{Decider, PolicyRef, Transport, Verdict, decide_transport, denies};
 use crate::model::Protocol;
 use crate::translate::{Direction, EndpointPolicy, NodePolicy};
 
@@ -80,19 +80,23 @@ impl<'a> Judge<'a> {
         self.why(flow).map(|why| Revocation { flow: *flow, why: Arc::new(why) })
     }
 
-    fn why(&self, flow: &Tuple) -> Option<Why> {
-        if self.node_addrs.contains(&flow.src) || self.node_addrs.contains(&flow.dst) {
-            return None;
-        }
-        let transport = match flow.protocol {
-            6 => Transport::Port(Protocol::Tcp, flow.dport),
-            17 => Transport::Port(Protocol::Udp, flow.dport),
-            132 => Transport::Port(Protocol::Sctp, flow.dport),
-            _ => Transport::Other,
-        };
+    /// The ends this node polices: (the local pod's policy, its direction, the peer), egress
+    /// first as in the data path.
+    fn ends(&self, flow: &Tuple) -> impl Iterator<Item = (&'a EndpointPolicy, Direction, IpAddr)> + use<'a, '_> {
+        let policed = !(self.node_addrs.contains(&flow.src) || self.node_addrs.contains(&flow.dst));
         let ends = [(flow.src, Direction::Egress, flow.dst), (flow.dst, Direction::Ingress, flow.src)];
-        for (at, direction, peer) in ends {
-            let Some(ep) = self.local.get(&at) else { continue };
+        ends.into_iter().filter(move |_| policed).filter_map(|(at, dir, peer)| self.local.get(&at).map(|ep| (*ep, dir, peer)))
+    }
+
+    /// Whether the policy denies the connection (nothing allocated).
+    pub fn denied(&self, flow: &Tuple) -> bool {
+        let transport = transport(flow);
+        self.ends(flow).any(|(ep, dir, peer)| denies(self.np, ep, dir, peer, transport))
+    }
+
+    fn why(&self, flow: &Tuple) -> Option<Why> {
+        let transport = transport(flow);
+        for (ep, direction, peer) in self.ends(flow) {
             let d = decide_transport(self.np, ep, direction, peer, transport);
             if d.verdict == Verdict::Deny {
                 return Some(Why {
@@ -114,19 +118,38 @@ impl<'a> Judge<'a> {
     /// their tuple starts a new connection, which policy judges).
     pub fn sweep<'e>(&self, entries: &'e [Entry], bit: u32) -> Sweep<'e> {
         let mut out = Sweep::default();
-        // Connections differing only in the source port are judged alike: judged once.
-        let mut judged: BTreeMap<(IpAddr, IpAddr, u8, u16), Option<Arc<Why>>> = BTreeMap::new();
+        // Connections differing only in the source port are judged alike: judged once, and
+        // explained (for the log) only when they are revoked.
+        let mut whys: BTreeMap<(IpAddr, IpAddr, u8, u16), Arc<Why>> = BTreeMap::new();
         for e in entries.iter().filter(|e| !e.is_closed()) {
             let flow = e.policed();
-            let why = judged.entry((flow.src, flow.dst, flow.protocol, flow.dport)).or_insert_with(|| self.why(&flow).map(Arc::new));
             let marked = e.mark & bit != 0;
-            match why {
-                Some(why) if !marked => out.revoke.push((e, Revocation { flow, why: Arc::clone(why) })),
-                None if marked => out.restore.push(e),
+            match (self.denied(&flow), marked) {
+                (true, false) => {
+                    let key = (flow.src, flow.dst, flow.protocol, flow.dport);
+                    let why = match whys.get(&key) {
+                        Some(w) => Arc::clone(w),
+                        None => match self.why(&flow) {
+                            Some(w) => Arc::clone(whys.entry(key).or_insert(Arc::new(w))),
+                            None => continue,
+                        },
+                    };
+                    out.revoke.push((e, Revocation { flow, why }));
+                }
+                (false, true) => out.restore.push(e),
                 _ => {}
             }
         }
         out
+    }
+}
+
+fn transport(flow: &Tuple) -> Transport {
+    match flow.protocol {
+        6 => Transport::Port(Protocol::Tcp, flow.dport),
+        17 => Transport::Port(Protocol::Udp, flow.dport),
+        132 => Transport::Port(Protocol::Sctp, flow.dport),
+        _ => Transport::Other,
     }
 }
 

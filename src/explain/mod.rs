@@ -403,6 +403,25 @@ pub fn decide_transport(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, pe
     out
 }
 
+/// Whether `ep`'s enforced policy in `dir` denies the flow: [`decide_transport`]'s verdict
+/// without its explanation (nothing allocated: for judging many flows).
+pub fn denies(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr, transport: Transport) -> bool {
+    let d = ep.direction(dir);
+    let m = Matcher { np, peer, transport };
+    for g in &d.admin {
+        match m.group_action(g, Tier::Admin) {
+            Some(Action::Deny) => return true,
+            Some(Action::Accept) => return false,
+            Some(Action::Pass) => break,
+            None => {}
+        }
+    }
+    if d.is_isolated() {
+        return !d.rules.iter().any(|r| m.matches(&r.peer, &r.ports));
+    }
+    d.baseline.iter().find_map(|g| m.group_action(g, Tier::Baseline)) == Some(Action::Deny)
+}
+
 /// [`decide`] for one view of a direction (enforced, or audited).
 fn decide_view(
     np: &NodePolicy,
@@ -538,6 +557,32 @@ impl Matcher<'_> {
         }
     }
 
+    /// The first matching rule of each policy of a priority group.
+    fn firsts<'g>(&self, g: &'g PriorityGroup) -> impl Iterator<Item = &'g TierRule> + use<'g, '_> {
+        g.policies.iter().filter_map(|p| p.rules.iter().find(|r| self.matches(&r.peer, &r.ports)))
+    }
+
+    /// The outcome of a priority group: Deny over Pass over Accept (Baseline: Deny over
+    /// Accept over Pass). `None`: no rule of the group matched.
+    fn group_action(&self, g: &PriorityGroup, tier: Tier) -> Option<Action> {
+        let (mut deny, mut pass, mut accept) = (false, false, false);
+        for r in self.firsts(g) {
+            match r.action {
+                Action::Deny => deny = true,
+                Action::Pass => pass = true,
+                Action::Accept => accept = true,
+            }
+        }
+        match tier {
+            _ if deny => Some(Action::Deny),
+            Tier::Admin if pass => Some(Action::Pass),
+            Tier::Baseline if accept => Some(Action::Accept),
+            _ if pass => Some(Action::Pass),
+            _ if accept => Some(Action::Accept),
+            _ => None,
+        }
+    }
+
     /// Every NetworkPolicy rule admitting the flow.
     fn allow_rules(&self, rules: &[AllowRule]) -> Vec<PolicyRef> {
         let mut out: Vec<PolicyRef> = rules
@@ -563,14 +608,9 @@ impl Matcher<'_> {
     /// Deny over Pass over Accept (Baseline: Pass and Accept both allow; Accept reported if
     /// any). `None`: no rule of the group matched.
     fn group(&self, g: &PriorityGroup, tier: Tier) -> Option<(Action, Vec<PolicyRef>)> {
-        let firsts: Vec<&TierRule> = g.policies.iter().filter_map(|p| p.rules.iter().find(|r| self.matches(&r.peer, &r.ports))).collect();
-        let order: &[Action] = match tier {
-            Tier::Admin => &[Action::Deny, Action::Pass, Action::Accept],
-            Tier::Baseline => &[Action::Deny, Action::Accept, Action::Pass],
-        };
-        let action = order.iter().copied().find(|a| firsts.iter().any(|r| r.action == *a))?;
-        let rules = firsts
-            .iter()
+        let action = self.group_action(g, tier)?;
+        let rules = self
+            .firsts(g)
             .filter(|r| r.action == action)
             .map(|r| PolicyRef {
                 kind: "ClusterNetworkPolicy",

@@ -172,3 +172,42 @@ status: {phase: Running, podIPs: [{ip: 198.18.1.90}]}
     assert_eq!((e.verdict, e.egress.decided_by), (Verdict::Deny, Decider::Flock), "{}", to_text(&e));
     assert_eq!(e.egress.deciding[0].kind, "flock");
 }
+
+/// `denies` (the verdict alone, for judging many connections) agrees with `decide` on every
+/// pod pair, transport and node of the steps of generated cases (Admin, Baseline and
+/// NetworkPolicy shapes, relabels, deletions).
+#[test]
+fn denies_is_decides_verdict() {
+    let base = base_cluster();
+    let transports = [
+        Transport::Port(Protocol::Tcp, 80),
+        Transport::Port(Protocol::Tcp, 81),
+        Transport::Port(Protocol::Udp, 80),
+        Transport::Port(Protocol::Udp, 81),
+        Transport::Port(Protocol::Sctp, 80),
+        Transport::Other,
+    ];
+    let mut checked = 0;
+    for g in crate::testkit::cases::generate(&base, 11, 40) {
+        let case = crate::conformance::parse_case(std::path::Path::new("case.yaml"), &g.dir_name, &g.yaml).unwrap();
+        let mut s = base.clone();
+        for step in &case.steps {
+            crate::conformance::apply_step(&mut s, step);
+            for node in ["node-1", "node-2"] {
+                let np = translate::translate(&s, &s.derived_endpoints(node), &translate::Options::default());
+                for ep in &np.endpoints {
+                    for peer in s.pods().flat_map(|p| p.ips.iter().copied()) {
+                        for dir in [Direction::Ingress, Direction::Egress] {
+                            for t in transports {
+                                let full = decide_transport(&np, ep, dir, peer, t).verdict == Verdict::Deny;
+                                assert_eq!(denies(&np, ep, dir, peer, t), full, "{}: {} {dir} {peer} {t:?}", g.dir_name, ep.pod);
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 50_000, "{checked}");
+}
