@@ -198,6 +198,13 @@ spec:
         (translate(&s, &endpoints, &Options::default()), s)
     }
 
+    /// The policy of x/a's node.
+    fn on_x_a_node() -> (NodePolicy, crate::model::Snapshot) {
+        let s0 = testkit::base_cluster();
+        let node = s0.pod_by_name(&testkit::pod_ref("x/a")).and_then(|p| p.node.clone()).expect("x/a has a node");
+        policy(&node)
+    }
+
     fn ip(s: &crate::model::Snapshot, pod: &str) -> IpAddr {
         s.pod_by_name(&testkit::pod_ref(pod)).and_then(|p| p.ips.first().copied()).expect("pod address")
     }
@@ -208,10 +215,7 @@ spec:
 
     #[test]
     fn connections_are_judged_as_their_first_packet_would_be_now() {
-        let s0 = testkit::base_cluster();
-        let a = s0.pod_by_name(&testkit::pod_ref("x/a")).expect("x/a");
-        let node = a.node.clone().expect("x/a has a node");
-        let (np, s) = policy(&node);
+        let (np, s) = on_x_a_node();
         let none = BTreeSet::new();
         let judge = Judge::new(&np, &none);
         let (xa, xb, yb) = (ip(&s, "x/a"), ip(&s, "x/b"), ip(&s, "y/b"));
@@ -235,9 +239,7 @@ spec:
 
     #[test]
     fn a_sweep_marks_the_denied_and_unmarks_the_admitted() {
-        let s0 = testkit::base_cluster();
-        let node = s0.pod_by_name(&testkit::pod_ref("x/a")).and_then(|p| p.node.clone()).expect("node");
-        let (np, s) = policy(&node);
+        let (np, s) = on_x_a_node();
         let none = BTreeSet::new();
         let judge = Judge::new(&np, &none);
         let (xa, xb, yb) = (ip(&s, "x/a"), ip(&s, "x/b"), ip(&s, "y/b"));
@@ -264,9 +266,7 @@ spec:
 
     #[test]
     fn a_service_connection_is_judged_after_dnat() {
-        let s0 = testkit::base_cluster();
-        let node = s0.pod_by_name(&testkit::pod_ref("x/a")).and_then(|p| p.node.clone()).expect("node");
-        let (np, s) = policy(&node);
+        let (np, s) = on_x_a_node();
         let none = BTreeSet::new();
         let judge = Judge::new(&np, &none);
         let (xa, xb) = (ip(&s, "x/a"), ip(&s, "x/b"));
@@ -282,9 +282,7 @@ spec:
 
     #[test]
     fn a_batch_is_summed_up_by_cause() {
-        let s0 = testkit::base_cluster();
-        let node = s0.pod_by_name(&testkit::pod_ref("x/a")).and_then(|p| p.node.clone()).expect("node");
-        let (np, s) = policy(&node);
+        let (np, s) = on_x_a_node();
         let none = BTreeSet::new();
         let judge = Judge::new(&np, &none);
         let (xa, yb, zb) = (ip(&s, "x/a"), ip(&s, "y/b"), ip(&s, "z/b"));

@@ -126,9 +126,19 @@ struct Flow {
 
 impl Flow {
     fn start(sim: &Sim, proto: Proto, from: &str, to: &str) -> Self {
-        let s = sim.snapshot();
-        let (src, dst) = (pod_ip(&s, from), SocketAddr::new(pod_ip(&s, to), PORT));
-        let label = format!("{proto:?} {from} -> {to}");
+        let dst = SocketAddr::new(pod_ip(&sim.snapshot(), to), PORT);
+        Self::start_to(sim, proto, from, dst).labelled(format!("{proto:?} {from} -> {to}"))
+    }
+
+    fn labelled(mut self, label: String) -> Self {
+        self.label = label;
+        self
+    }
+
+    /// A flow from pod `from` to any address.
+    fn start_to(sim: &Sim, proto: Proto, from: &str, dst: SocketAddr) -> Self {
+        let src = pod_ip(&sim.snapshot(), from);
+        let label = format!("{proto:?} {from} -> {dst}");
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(Log::default()));
         let (flag, out) = (stop.clone(), log.clone());
@@ -272,29 +282,22 @@ struct Scenario {
     admitted: &'static [&'static str],
 }
 
-const ALLOW_FROM_C_AND_Y_7000: &str = "
+/// x/b admits x/c on every port and namespace y on `port` (TCP and UDP).
+fn allow_from_c_and_y(port: u16) -> String {
+    format!(
+        "
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
-metadata: {name: b-in, namespace: x}
+metadata: {{name: b-in, namespace: x}}
 spec:
-  podSelector: {matchLabels: {pod: b}}
+  podSelector: {{matchLabels: {{pod: b}}}}
   ingress:
-    - from: [{podSelector: {matchLabels: {pod: c}}}]
-    - from: [{namespaceSelector: {matchLabels: {ns: y}}}]
-      ports: [{port: 7000, protocol: TCP}, {port: 7000, protocol: UDP}]
-";
-
-const ALLOW_FROM_C_AND_Y_7001: &str = "
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: b-in, namespace: x}
-spec:
-  podSelector: {matchLabels: {pod: b}}
-  ingress:
-    - from: [{podSelector: {matchLabels: {pod: c}}}]
-    - from: [{namespaceSelector: {matchLabels: {ns: y}}}]
-      ports: [{port: 7001, protocol: TCP}, {port: 7001, protocol: UDP}]
-";
+    - from: [{{podSelector: {{matchLabels: {{pod: c}}}}}}]
+    - from: [{{namespaceSelector: {{matchLabels: {{ns: y}}}}}}]
+      ports: [{{port: {port}, protocol: TCP}}, {{port: {port}, protocol: UDP}}]
+"
+    )
+}
 
 const ALLOW_ROLE_CLIENT: &str = "
 apiVersion: networking.k8s.io/v1
@@ -352,8 +355,8 @@ spec:
         },
         Scenario {
             name: "a changed policy",
-            setup: |s| apply_yaml(s, ALLOW_FROM_C_AND_Y_7000),
-            change: |s| apply_yaml(s, ALLOW_FROM_C_AND_Y_7001),
+            setup: |s| apply_yaml(s, &allow_from_c_and_y(PORT)),
+            change: |s| apply_yaml(s, &allow_from_c_and_y(PORT + 1)),
             denied: &["y/a", "y/b"],
             admitted: &["x/c"],
         },
@@ -472,5 +475,44 @@ async fn without_revocation_a_denied_connection_outlives_the_change() {
         &["x/b".to_string()],
     );
     assert_ne!(c.unwrap()[0].outcome, Some(flock::sim::probe::Outcome::Connected));
+    sim.teardown().await.unwrap();
+}
+
+/// A Service's connection (the client dials a virtual address; the node's DNAT, as
+/// kube-proxy's, sends it to a backend pod) is judged on the backend, as policy sees it:
+/// denying the backend's ingress cuts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_service_connection_is_judged_on_its_backend_and_cut() {
+    if !require_root("a_service_connection_is_judged_on_its_backend_and_cut") {
+        return;
+    }
+    let mut sim = Sim::build(testkit::base_cluster(), sim_options()).await.unwrap();
+    let _echo = Echo::start(&sim, "x/b");
+    let backend = pod_ip(&sim.snapshot(), "x/b");
+    // y/a and x/b are on node-2: its prerouting DNATs the virtual address to x/b.
+    let vip = "198.19.255.10";
+    let node = sim.node_netns("node-2").unwrap();
+    let rules = format!(
+        "table ip flock-test-svc {{\n chain pre {{\n  type nat hook prerouting priority dstnat; policy accept;\n  ip daddr {vip} tcp dport 8080 dnat to {backend}:{PORT}\n  ip daddr {vip} udp dport 8080 dnat to {backend}:{PORT}\n }}\n}}\n"
+    );
+    let mut nft = std::process::Command::new("ip")
+        .args(["netns", "exec", &node, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+    let out = nft.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let flows: Vec<Flow> =
+        [Proto::Tcp, Proto::Udp].into_iter().map(|p| Flow::start_to(&sim, p, "y/a", SocketAddr::new(vip.parse().unwrap(), 8080))).collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    sim.apply(|s| apply_yaml(s, CNP_DENY_Y_TO_X)).await.unwrap();
+    let committed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for f in flows {
+        let (label, log) = f.finish();
+        assert_cut(&label, &log, committed);
+    }
     sim.teardown().await.unwrap();
 }

@@ -172,6 +172,8 @@ pub struct SyncStatus {
     /// Revocation sweeps completed, and the connections they cut.
     pub sweeps: u64,
     pub revoked: u64,
+    /// The source version of the commit the last completed revocation sweep judged against.
+    pub swept_source_version: u64,
 }
 
 /// Why the agent could not start.
@@ -422,16 +424,20 @@ impl Agent {
         self.shared.lock().endpoints.values().cloned().collect()
     }
 
-    /// Waits until a committed sync includes source version `version`.
+    /// Waits until a committed sync includes source version `version` and, with revocation,
+    /// a sweep has judged the node's connections against it (before that, a connection the
+    /// change denies may still pass, or one it admits again still be stopped).
     pub async fn wait_source(&self, version: u64, timeout: Duration) -> Result<(), String> {
         let mut rx = self.shared.status.subscribe();
-        match tokio::time::timeout(timeout, rx.wait_for(|s| s.source_version >= version)).await {
+        let revoke = self.shared.config.revoke.is_some();
+        let done = |s: &SyncStatus| s.source_version >= version && (!revoke || s.swept_source_version >= version);
+        match tokio::time::timeout(timeout, rx.wait_for(done)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) => Err("the agent stopped".into()),
             Err(_) => {
                 let s = self.shared.status.borrow().clone();
                 Err(format!(
-                    "node {}: source version {version} not committed within {timeout:?} (last error: {})",
+                    "node {}: source version {version} not committed (and swept) within {timeout:?} (last error: {})",
                     self.shared.config.node,
                     s.error.unwrap_or_default()
                 ))
@@ -575,6 +581,10 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     let mut sweep_owed = cfg.revoke.is_some();
     let mut sweep_job: Option<tokio::task::JoinHandle<SweepRun>> = None;
     let mut stale_streak = 0u32;
+    // The source version the table holds, while the last sync committed (`None` after a
+    // failed one: the kept translation is then ahead of the table, and nothing is judged
+    // with it until a commit).
+    let mut committed_version: Option<u64> = None;
     // Counts commits a sweep must reflect: a sweep that sees it move on is stale.
     let commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
     loop {
@@ -617,19 +627,23 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             }
             done = async { match sweep_job.as_mut() { Some(job) => job.await, None => std::future::pending().await } } => {
                 sweep_job = None;
-                let Some(mut outcome) = sweep_done(&shared, done) else { return };
+                let Some(mut outcome) = sweep_done(&shared, done, (committed_version, commits.load(Ordering::SeqCst))) else { return };
+                let Some(version) = committed_version else {
+                    sweep_owed |= outcome.owed;
+                    continue;
+                };
                 // Owed already when a commit came while this one ran.
                 sweep_owed |= outcome.owed;
                 // Commits kept outdating the sweep (changes faster than a sweep): this one
                 // holds the loop until it is done, so no commit can outdate it.
                 while sweep_owed && !*stop.borrow() && outcome.stale_streak(&mut stale_streak) >= STALE_SWEEPS {
-                    let Some(job) = start_sweep(&cfg, translation.as_ref(), &commits) else { break };
-                    let Some(o) = sweep_done(&shared, job.await) else { return };
+                    let Some(job) = start_sweep(&cfg, translation.as_ref(), &commits, version) else { break };
+                    let Some(o) = sweep_done(&shared, job.await, (committed_version, commits.load(Ordering::SeqCst))) else { return };
                     (outcome, sweep_owed) = (o, false);
                     sweep_owed |= outcome.owed;
                 }
                 if sweep_owed && !*stop.borrow() {
-                    sweep_job = start_sweep(&cfg, translation.as_ref(), &commits);
+                    sweep_job = start_sweep(&cfg, translation.as_ref(), &commits, version);
                     sweep_owed = sweep_job.is_none();
                 }
                 continue;
@@ -830,12 +844,18 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     sweep_owed = true;
                     commits.fetch_add(1, Ordering::SeqCst);
                 }
+                committed_version = Some(source_version);
+                if cfg.revoke.is_some() && !sweep_owed && sweep_job.is_none() {
+                    // Nothing changed the table since the last sweep: it holds.
+                    shared.status.send_modify(|s| s.swept_source_version = s.swept_source_version.max(source_version));
+                }
                 if sweep_owed && sweep_job.is_none() {
-                    sweep_job = start_sweep(&cfg, translation.as_ref(), &commits);
+                    sweep_job = start_sweep(&cfg, translation.as_ref(), &commits, source_version);
                     sweep_owed = sweep_job.is_none();
                 }
             }
             Err(e) => {
+                committed_version = None;
                 let delay = backoff.fail();
                 retry_at = Some(tokio::time::Instant::now() + delay);
                 // A forced or periodic sync that failed is still owed.
@@ -869,24 +889,34 @@ impl SweepOutcome {
     }
 }
 
-/// Reports a finished sweep; `None`: it panicked (the agent is crashing).
-fn sweep_done(shared: &Shared, done: Result<SweepRun, tokio::task::JoinError>) -> Option<SweepOutcome> {
+/// Reports a finished sweep; `None`: it panicked (the agent is crashing). `now`: the
+/// source version the table holds and the commit count, as the loop knows them.
+fn sweep_done(shared: &Shared, done: Result<SweepRun, tokio::task::JoinError>, now: (Option<u64>, u64)) -> Option<SweepOutcome> {
     let metrics = &shared.config.metrics;
     match done {
-        Ok((Some(Ok(swept)), took)) => {
+        Ok((Some(Ok(swept)), took, of)) => {
             revocation::report(metrics, &swept, took.as_secs_f64());
+            // No change of the table since it started: it holds for what is committed now
+            // (commits that changed nothing included).
+            let holds_for = match now {
+                (Some(version), commits) if commits == of.commits => version,
+                _ => of.version,
+            };
             shared.status.send_modify(|s| {
                 s.sweeps += u64::from(!swept.stale);
                 s.revoked += swept.revoked.len() as u64;
+                if !swept.stale {
+                    s.swept_source_version = s.swept_source_version.max(holds_for);
+                }
             });
             Some(SweepOutcome { owed: !swept.refused.is_empty() || swept.stale, stale: swept.stale })
         }
-        Ok((Some(Err(e)), _)) => {
+        Ok((Some(Err(e)), _, _)) => {
             metrics.revocation_sweep(None);
             tracing::error!(error = %e, "cannot cut the established connections the policy denies; the next sync tries again");
             Some(SweepOutcome { owed: true, stale: false })
         }
-        Ok((None, _)) => Some(SweepOutcome { owed: true, stale: false }),
+        Ok((None, _, _)) => Some(SweepOutcome { owed: true, stale: false }),
         Err(e) => {
             shared.crash(format!("the revocation sweep panicked: {e}"));
             None
@@ -895,13 +925,22 @@ fn sweep_done(shared: &Shared, done: Result<SweepRun, tokio::task::JoinError>) -
 }
 
 /// A revocation sweep's outcome (`None`: no translation to judge with yet) and duration.
-type SweepRun = (Option<Result<revocation::Swept, revocation::SweepError>>, Duration);
+type SweepRun = (Option<Result<revocation::Swept, revocation::SweepError>>, Duration, SweepOf);
+
+/// What a sweep judged against: the source version committed when it started, and the
+/// commit count then (see `sync_loop`).
+#[derive(Debug, Clone, Copy)]
+struct SweepOf {
+    version: u64,
+    commits: u64,
+}
 
 /// Starts a revocation sweep with the translation last committed, if revocation is on.
 fn start_sweep(
     cfg: &AgentConfig,
     translation: Option<&translation::Translation>,
     commits: &Arc<std::sync::atomic::AtomicU64>,
+    version: u64,
 ) -> Option<tokio::task::JoinHandle<SweepRun>> {
     let bit = cfg.revoke?;
     let np = translation?.shared_policy()?;
@@ -910,7 +949,7 @@ fn start_sweep(
     Some(tokio::task::spawn_blocking(move || {
         let started = Instant::now();
         let current = || commits.load(Ordering::SeqCst) == mine;
-        (Some(revocation::sweep(&netns, &np, bit, &current)), started.elapsed())
+        (Some(revocation::sweep(&netns, &np, bit, &current)), started.elapsed(), SweepOf { version, commits: mine })
     }))
 }
 

@@ -313,7 +313,7 @@ impl Sim {
     }
 
     /// Changes the cluster with `f`, brings sandboxes in line and waits until every node has
-    /// committed the change.
+    /// committed the change (and, with revocation, judged its connections against it).
     pub async fn apply(&mut self, f: impl FnOnce(&mut Snapshot)) -> Result<(), SimError> {
         let mut err = None;
         let version = self.source.update(|s| {

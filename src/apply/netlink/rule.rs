@@ -165,6 +165,23 @@ fn cmp(op: u32, data: &[u8]) -> Vec<u8> {
     })
 }
 
+/// A 32-bit conntrack key (host order: the state, the mark) loaded and masked with `mask`.
+fn ct_masked(key: u32, mask: u32) -> [Vec<u8>; 2] {
+    [
+        expr("ct", |b| {
+            u32_attr(b, NFTA_CT_DREG, NFT_REG_1);
+            u32_attr(b, NFTA_CT_KEY, key);
+        }),
+        expr("bitwise", |b| {
+            u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
+            u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
+            u32_attr(b, NFTA_BITWISE_LEN, 4);
+            nested(b, NFTA_BITWISE_MASK, |d| attr(d, NFTA_DATA_VALUE, &mask.to_ne_bytes()));
+            nested(b, NFTA_BITWISE_XOR, |d| attr(d, NFTA_DATA_VALUE, &0u32.to_ne_bytes()));
+        }),
+    ]
+}
+
 /// The register a part starting at 32-bit register `slot` is loaded into.
 fn register(slot: usize) -> u32 {
     let slot = slot as u32;
@@ -200,18 +217,8 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) 
                         other => return Err(format!("ct state {other}")),
                     };
                 }
-                out.exprs.push(expr("ct", |b| {
-                    u32_attr(b, NFTA_CT_DREG, NFT_REG_1);
-                    u32_attr(b, NFTA_CT_KEY, NFT_CT_STATE);
-                }));
                 // The state is a host-order bit mask.
-                out.exprs.push(expr("bitwise", |b| {
-                    u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
-                    u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
-                    u32_attr(b, NFTA_BITWISE_LEN, 4);
-                    nested(b, NFTA_BITWISE_MASK, |d| attr(d, NFTA_DATA_VALUE, &bits.to_ne_bytes()));
-                    nested(b, NFTA_BITWISE_XOR, |d| attr(d, NFTA_DATA_VALUE, &0u32.to_ne_bytes()));
-                }));
+                out.exprs.extend(ct_masked(NFT_CT_STATE, bits));
                 out.exprs.push(cmp(NFT_CMP_NEQ, &0u32.to_ne_bytes()));
                 i += 3;
             }
@@ -253,17 +260,7 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) 
                     return Err("ct mark other than & BIT == BIT".into());
                 }
                 let v = bit.strip_prefix("0x").and_then(|h| u32::from_str_radix(h, 16).ok()).ok_or_else(|| format!("ct mark {bit}"))?;
-                out.exprs.push(expr("ct", |b| {
-                    u32_attr(b, NFTA_CT_DREG, NFT_REG_1);
-                    u32_attr(b, NFTA_CT_KEY, NFT_CT_MARK);
-                }));
-                out.exprs.push(expr("bitwise", |b| {
-                    u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
-                    u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
-                    u32_attr(b, NFTA_BITWISE_LEN, 4);
-                    nested(b, NFTA_BITWISE_MASK, |d| attr(d, NFTA_DATA_VALUE, &v.to_ne_bytes()));
-                    nested(b, NFTA_BITWISE_XOR, |d| attr(d, NFTA_DATA_VALUE, &0u32.to_ne_bytes()));
-                }));
+                out.exprs.extend(ct_masked(NFT_CT_MARK, v));
                 out.exprs.push(cmp(NFT_CMP_EQ, &v.to_ne_bytes()));
                 i += 6;
             }
