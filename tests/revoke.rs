@@ -516,3 +516,38 @@ async fn a_service_connection_is_judged_on_its_backend_and_cut() {
     }
     sim.teardown().await.unwrap();
 }
+
+/// Both ends of a cut TCP connection end at their next send, whichever sends first: each
+/// gets a reset, not a retransmission into silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn both_ends_of_a_cut_tcp_connection_get_a_reset() {
+    if !require_root("both_ends_of_a_cut_tcp_connection_get_a_reset") {
+        return;
+    }
+    let mut sim = Sim::build(testkit::base_cluster(), sim_options()).await.unwrap();
+    let s = sim.snapshot();
+    let server_addr = SocketAddr::new(pod_ip(&s, "x/b"), PORT);
+    let listener = netns::run_in(&pod_ns(&sim, "x/b"), || TcpListener::bind(server_addr)).unwrap().unwrap();
+    let mut client =
+        netns::run_in(&pod_ns(&sim, "y/a"), || TcpStream::connect_timeout(&server_addr, Duration::from_secs(2))).unwrap().unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    for s in [&client, &server] {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    }
+    let mut buf = [0u8; 4];
+    client.write_all(b"ping").unwrap();
+    server.read_exact(&mut buf).unwrap();
+    server.write_all(b"pong").unwrap();
+    client.read_exact(&mut buf).unwrap();
+
+    sim.apply(|s| apply_yaml(s, CNP_DENY_Y_TO_X)).await.unwrap();
+    let committed = Instant::now();
+    // The server speaks first: it is reset...
+    let r = server.write_all(b"late").and_then(|()| server.read_exact(&mut buf));
+    assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::ConnectionReset), "the server end");
+    // ...and so is the client when it sends.
+    let r = client.write_all(b"late").and_then(|()| client.read_exact(&mut buf));
+    assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::ConnectionReset), "the client end");
+    assert!(committed.elapsed() < Duration::from_secs(1), "{:?}", committed.elapsed());
+    sim.teardown().await.unwrap();
+}
