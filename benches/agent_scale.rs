@@ -198,6 +198,10 @@ fn main() {
         let mut cfg = AgentConfig::new("node-0", node.netns(), dir.join("cni.sock"), dir.join("spool"));
         cfg.routes = false;
         cfg.resync = Duration::from_secs(3600);
+        // FLOCK_BENCH_REVOKE=0: without revocation sweeps (what they cost the latencies).
+        if std::env::var("FLOCK_BENCH_REVOKE").is_ok_and(|v| v == "0") {
+            cfg.revoke = None;
+        }
         let health = Arc::new(ApiHealth::new(Duration::from_secs(5), Duration::from_secs(60)));
         let (writer, source) = SourceWriter::new(Snapshot::new(), false);
         let (_stop_tx, stop) = tokio::sync::watch::channel(false);

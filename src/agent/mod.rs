@@ -581,6 +581,10 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     let mut sweep_owed = cfg.revoke.is_some();
     let mut sweep_job: Option<tokio::task::JoinHandle<SweepRun>> = None;
     let mut stale_streak = 0u32;
+    // When the owed sweep starts, and when the last one did (sweeps start at most every
+    // SWEEP_INTERVAL: a burst of commits, ADDs, makes a few, not one each).
+    let mut sweep_at: Option<tokio::time::Instant> = None;
+    let mut last_sweep: Option<tokio::time::Instant> = None;
     // The source version the table holds, while the last sync committed (`None` after a
     // failed one: the kept translation is then ahead of the table, and nothing is judged
     // with it until a commit).
@@ -588,6 +592,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     // Counts commits a sweep must reflect: a sweep that sees it move on is stale.
     let commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
     loop {
+        let sweeping_idle = sweep_job.is_none();
         tokio::select! {
             _ = shared.wake.notified() => {}
             _ = tick.tick() => pending.periodic = true,
@@ -638,12 +643,24 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                 // holds the loop until it is done, so no commit can outdate it.
                 while sweep_owed && !*stop.borrow() && outcome.stale_streak(&mut stale_streak) >= STALE_SWEEPS {
                     let Some(job) = start_sweep(&cfg, translation.as_ref(), &commits, version) else { break };
+                    last_sweep = Some(tokio::time::Instant::now());
                     let Some(o) = sweep_done(&shared, job.await, (committed_version, commits.load(Ordering::SeqCst))) else { return };
                     (outcome, sweep_owed) = (o, false);
                     sweep_owed |= outcome.owed;
                 }
-                if sweep_owed && !*stop.borrow() {
+                if sweep_owed {
+                    sweep_at = Some(next_sweep(last_sweep));
+                }
+                continue;
+            }
+            () = async { match sweep_at.filter(|_| sweeping_idle) { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                sweep_at = None;
+                if let Some(version) = committed_version
+                    && sweep_owed
+                    && !*stop.borrow()
+                {
                     sweep_job = start_sweep(&cfg, translation.as_ref(), &commits, version);
+                    last_sweep = Some(tokio::time::Instant::now());
                     sweep_owed = sweep_job.is_none();
                 }
                 continue;
@@ -850,8 +867,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     shared.status.send_modify(|s| s.swept_source_version = s.swept_source_version.max(source_version));
                 }
                 if sweep_owed && sweep_job.is_none() {
-                    sweep_job = start_sweep(&cfg, translation.as_ref(), &commits, source_version);
-                    sweep_owed = sweep_job.is_none();
+                    sweep_at = Some(next_sweep(last_sweep));
                 }
             }
             Err(e) => {
@@ -870,6 +886,15 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             }
         }
     }
+}
+
+/// The shortest time between the starts of two revocation sweeps.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
+
+/// When the next sweep may start.
+fn next_sweep(last: Option<tokio::time::Instant>) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    last.map_or(now, |l| (l + SWEEP_INTERVAL).max(now))
 }
 
 /// Sweeps outdated in a row after which the next one holds the sync loop.

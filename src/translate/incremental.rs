@@ -438,6 +438,8 @@ fn repair(
         .filter(|(_, o)| !o.is_empty())
         .collect();
 
+    // A set is copied (it may be shared with a reader of an earlier translation) only when
+    // it changes.
     for (def, set) in np.peer_sets.iter_mut() {
         if !matches!(def, PeerDef::Pods { .. }) {
             continue;
@@ -445,12 +447,12 @@ fn repair(
         let mut before: Vec<(IpNet, String)> = Vec::new();
         for ip in ips {
             let net = IpNet::from(*ip);
-            let removed = match net {
-                IpNet::V4(n) => set.v4.remove(&n),
-                IpNet::V6(n) => set.v6.remove(&n),
+            let held = match net {
+                IpNet::V4(n) => set.v4.get(&n),
+                IpNet::V6(n) => set.v6.get(&n),
             };
-            if let Some(c) = removed {
-                before.push((net, c));
+            if let Some(c) = held {
+                before.push((net, c.clone()));
             }
         }
         let mut after: Vec<(IpNet, String)> = Vec::new();
@@ -464,10 +466,17 @@ fn repair(
         }
         after.sort();
         after.dedup_by(|a, b| a.0 == b.0);
-        for (net, c) in &after {
-            set.insert(*net, c);
-        }
         if before != after {
+            let set = Arc::make_mut(set);
+            for (net, _) in &before {
+                match net {
+                    IpNet::V4(n) => set.v4.remove(n),
+                    IpNet::V6(n) => set.v6.remove(n),
+                };
+            }
+            for (net, c) in &after {
+                set.insert(*net, c);
+            }
             changed.peer_sets.insert(def.clone());
         }
     }
@@ -479,20 +488,10 @@ fn repair(
         for ip in ips {
             match ip {
                 IpAddr::V4(a) => {
-                    let keys: Vec<_> = set.v4.range((*a, lo, 0)..=(*a, hi, u16::MAX)).map(|(k, _)| *k).collect();
-                    for k in keys {
-                        if let Some(c) = set.v4.remove(&k) {
-                            before.push((IpAddr::V4(k.0), k.1, k.2, c));
-                        }
-                    }
+                    before.extend(set.v4.range((*a, lo, 0)..=(*a, hi, u16::MAX)).map(|(k, c)| (IpAddr::V4(k.0), k.1, k.2, c.clone())));
                 }
                 IpAddr::V6(a) => {
-                    let keys: Vec<_> = set.v6.range((*a, lo, 0)..=(*a, hi, u16::MAX)).map(|(k, _)| *k).collect();
-                    for k in keys {
-                        if let Some(c) = set.v6.remove(&k) {
-                            before.push((IpAddr::V6(k.0), k.1, k.2, c));
-                        }
-                    }
+                    before.extend(set.v6.range((*a, lo, 0)..=(*a, hi, u16::MAX)).map(|(k, c)| (IpAddr::V6(k.0), k.1, k.2, c.clone())));
                 }
             }
         }
@@ -521,11 +520,18 @@ fn repair(
         }
         after.sort();
         after.dedup_by(|a, b| (a.0, a.1, a.2) == (b.0, b.1, b.2));
-        for (ip, p, port, c) in &after {
-            set.insert(*ip, *p, *port, c);
-        }
         before.sort();
         if before != after {
+            let set = Arc::make_mut(set);
+            for (ip, p, port, _) in &before {
+                match ip {
+                    IpAddr::V4(a) => set.v4.remove(&(*a, *p, *port)),
+                    IpAddr::V6(a) => set.v6.remove(&(*a, *p, *port)),
+                };
+            }
+            for (ip, p, port, c) in &after {
+                set.insert(*ip, *p, *port, c);
+            }
             changed.port_sets.insert(def.clone());
         }
     }

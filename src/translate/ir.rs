@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -548,10 +549,11 @@ impl fmt::Display for PolicyProblem {
 pub struct NodePolicy {
     /// In interface-name order.
     pub endpoints: Vec<EndpointPolicy>,
-    /// Every address set a rule refers to.
-    pub peer_sets: BTreeMap<PeerDef, AddressSet>,
+    /// Every address set a rule refers to (shared: a copy of the policy copies only the sets
+    /// that change after it).
+    pub peer_sets: BTreeMap<PeerDef, Arc<AddressSet>>,
     /// Every named-port set a rule refers to.
-    pub port_sets: BTreeMap<NamedPortDef, PortAddressSet>,
+    pub port_sets: BTreeMap<NamedPortDef, Arc<PortAddressSet>>,
     /// Problems in the policies that apply to this node's pods.
     pub problems: Vec<PolicyProblem>,
 }

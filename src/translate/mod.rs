@@ -512,7 +512,7 @@ impl<'a> Translator<'a, '_> {
                 }
             }
         }
-        self.out.peer_sets.insert(def.clone(), set);
+        self.out.peer_sets.insert(def.clone(), std::sync::Arc::new(set));
         if let Some(added) = &mut self.added {
             added.push(PeerMatch::Addresses(def.clone()));
         }
@@ -543,7 +543,7 @@ impl<'a> Translator<'a, '_> {
                 }
             }
         }
-        self.out.port_sets.insert(def.clone(), set);
+        self.out.port_sets.insert(def.clone(), std::sync::Arc::new(set));
         if let Some(added) = &mut self.added {
             added.push(PeerMatch::NamedPort(def.clone()));
         }
