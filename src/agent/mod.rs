@@ -934,7 +934,7 @@ fn sweep_done(shared: &Shared, done: Result<SweepRun, tokio::task::JoinError>, n
                     s.swept_source_version = s.swept_source_version.max(holds_for);
                 }
             });
-            Some(SweepOutcome { owed: !swept.refused.is_empty() || swept.stale, stale: swept.stale })
+            Some(SweepOutcome { owed: !swept.refused.is_empty() || swept.unrestored > 0 || swept.stale, stale: swept.stale })
         }
         Ok((Some(Err(e)), _, _)) => {
             metrics.revocation_sweep(None);

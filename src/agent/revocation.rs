@@ -39,8 +39,10 @@ pub struct Swept {
     pub revoked: Vec<Revocation>,
     /// Denied connections the kernel refused to mark, with why.
     pub refused: Vec<(Revocation, String)>,
-    /// Revoked connections the policy admits again, unmarked.
+    /// Revoked connections the policy admits again, unmarked; and those the kernel refused
+    /// to unmark.
     pub restored: usize,
+    pub unrestored: usize,
     /// Entries that could not be decoded (left alone).
     pub unreadable: Vec<String>,
     /// A newer commit came while judging: nothing was changed (the next sweep judges).
@@ -63,7 +65,13 @@ pub fn sweep(netns: &Netns, np: &NodePolicy, bit: u32, current: &(dyn Fn() -> bo
         let doomed: Vec<&Entry> = found.revoke.iter().map(|(e, _)| *e).collect();
         let marked = if doomed.is_empty() { Changed::default() } else { socket.set_mark(&doomed, bit, true)? };
         let restored = if found.restore.is_empty() { Changed::default() } else { socket.set_mark(&found.restore, bit, false)? };
-        let mut swept = Swept { listed: dump.entries.len(), unreadable: dump.unreadable, restored: restored.changed, ..Swept::default() };
+        let mut swept = Swept {
+            listed: dump.entries.len(),
+            unreadable: dump.unreadable,
+            restored: restored.changed,
+            unrestored: restored.failed.len(),
+            ..Swept::default()
+        };
         for (e, r) in found.revoke {
             match marked.failed.iter().find(|(t, _)| *t == e.orig) {
                 Some((_, why)) => swept.refused.push((r, why.clone())),
