@@ -633,12 +633,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             done = async { match sweep_job.as_mut() { Some(job) => job.await, None => std::future::pending().await } } => {
                 sweep_job = None;
                 let Some(mut outcome) = sweep_done(&shared, done, (committed_version, commits.load(Ordering::SeqCst))) else { return };
-                let Some(version) = committed_version else {
-                    sweep_owed |= outcome.owed;
-                    continue;
-                };
                 // Owed already when a commit came while this one ran.
                 sweep_owed |= outcome.owed;
+                let Some(version) = committed_version else { continue };
                 // Commits kept outdating the sweep (changes faster than a sweep): this one
                 // holds the loop until it is done, so no commit can outdate it.
                 while sweep_owed && !*stop.borrow() && outcome.stale_streak(&mut stale_streak) >= STALE_SWEEPS {
@@ -919,7 +916,7 @@ impl SweepOutcome {
 fn sweep_done(shared: &Shared, done: Result<SweepRun, tokio::task::JoinError>, now: (Option<u64>, u64)) -> Option<SweepOutcome> {
     let metrics = &shared.config.metrics;
     match done {
-        Ok((Some(Ok(swept)), took, of)) => {
+        Ok((Ok(swept), took, of)) => {
             revocation::report(metrics, &swept, took.as_secs_f64());
             // No change of the table since it started: it holds for what is committed now
             // (commits that changed nothing included).
@@ -936,12 +933,11 @@ fn sweep_done(shared: &Shared, done: Result<SweepRun, tokio::task::JoinError>, n
             });
             Some(SweepOutcome { owed: !swept.refused.is_empty() || swept.unrestored > 0 || swept.stale, stale: swept.stale })
         }
-        Ok((Some(Err(e)), _, _)) => {
+        Ok((Err(e), _, _)) => {
             metrics.revocation_sweep(None);
             tracing::error!(error = %e, "cannot cut the established connections the policy denies; the next sync tries again");
             Some(SweepOutcome { owed: true, stale: false })
         }
-        Ok((None, _, _)) => Some(SweepOutcome { owed: true, stale: false }),
         Err(e) => {
             shared.crash(format!("the revocation sweep panicked: {e}"));
             None
@@ -949,8 +945,8 @@ fn sweep_done(shared: &Shared, done: Result<SweepRun, tokio::task::JoinError>, n
     }
 }
 
-/// A revocation sweep's outcome (`None`: no translation to judge with yet) and duration.
-type SweepRun = (Option<Result<revocation::Swept, revocation::SweepError>>, Duration, SweepOf);
+/// A revocation sweep's outcome, its duration, and what it judged against.
+type SweepRun = (Result<revocation::Swept, revocation::SweepError>, Duration, SweepOf);
 
 /// What a sweep judged against: the source version committed when it started, and the
 /// commit count then (see `sync_loop`).
@@ -974,7 +970,7 @@ fn start_sweep(
     Some(tokio::task::spawn_blocking(move || {
         let started = Instant::now();
         let current = || commits.load(Ordering::SeqCst) == mine;
-        (Some(revocation::sweep(&netns, &np, bit, &current)), started.elapsed(), SweepOf { version, commits: mine })
+        (revocation::sweep(&netns, &np, bit, &current), started.elapsed(), SweepOf { version, commits: mine })
     }))
 }
 

@@ -15,8 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
-use crate::apply::netlink::{attr, message, nested};
-use crate::nflog::attributes;
+use crate::apply::netlink::{acks, attr, attributes, message, messages, nested};
 
 // From linux/netlink.h and linux/netfilter/nfnetlink_conntrack.h.
 const NLM_F_REQUEST: u16 = 0x1;
@@ -294,36 +293,6 @@ impl ConntrackSocket {
 
 fn ty(msg: u16) -> u16 {
     (NFNL_SUBSYS_CTNETLINK << 8) | msg
-}
-
-/// The netlink messages of one datagram: (type, flags, seq, body after the header).
-fn messages(mut b: &[u8]) -> impl Iterator<Item = Result<(u16, u16, u32, &[u8]), String>> {
-    std::iter::from_fn(move || {
-        if b.len() < 16 {
-            return None;
-        }
-        let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
-        if len < 16 || len > b.len() {
-            let e = format!("a message of {len} bytes in {} received", b.len());
-            b = &[];
-            return Some(Err(e));
-        }
-        let t = u16::from_ne_bytes([b[4], b[5]]);
-        let flags = u16::from_ne_bytes([b[6], b[7]]);
-        let seq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
-        let body = &b[16..len];
-        b = &b[len.next_multiple_of(4).min(b.len())..];
-        Some(Ok((t, flags, seq, body)))
-    })
-}
-
-/// The (seq, error code) of every acknowledgement or error in a datagram.
-fn acks(datagram: &[u8]) -> Vec<(u32, i32)> {
-    messages(datagram)
-        .filter_map(Result::ok)
-        .filter(|(t, _, _, body)| *t == NLMSG_ERROR && body.len() >= 4)
-        .map(|(_, _, seq, body)| (seq, i32::from_ne_bytes([body[0], body[1], body[2], body[3]])))
-        .collect()
 }
 
 /// Decodes one datagram of a dump answering `seq` into `out`; `true` once the dump is done.

@@ -14,12 +14,11 @@ use std::time::Duration;
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
-use crate::apply::netlink::attr;
+use crate::apply::netlink::{acks, attr, attributes, message, messages};
 
 // From linux/netlink.h and linux/netfilter/nfnetlink_log.h.
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
-const NLMSG_ERROR: u16 = 0x2;
 const NFNL_SUBSYS_ULOG: u16 = 4;
 const NFULNL_MSG_PACKET: u16 = 0;
 const NFULNL_MSG_CONFIG: u16 = 1;
@@ -31,7 +30,6 @@ const NFULA_IFINDEX_INDEV: u16 = 4;
 const NFULA_IFINDEX_OUTDEV: u16 = 5;
 const NFULA_PAYLOAD: u16 = 9;
 const NFULA_PREFIX: u16 = 10;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 /// Bytes of each packet copied to the record: the network and transport headers (IPv6 with
 /// a few extension headers included).
 const COPY_RANGE: u32 = 160;
@@ -95,21 +93,15 @@ pub struct Received {
 /// Decodes the messages of one datagram from an NFLOG socket.
 pub fn parse(datagram: &[u8]) -> Received {
     let (mut out, mut bad) = (Vec::new(), Vec::new());
-    let mut rest = datagram;
-    while rest.len() >= 16 {
-        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let ty = u16::from_ne_bytes([rest[4], rest[5]]);
-        if len < 16 || len > rest.len() {
-            bad.push(format!("a message of {len} bytes in {} received", rest.len()));
-            break;
-        }
-        if ty == (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET {
-            match packet(&rest[16..len]) {
+    for m in messages(datagram) {
+        match m {
+            Ok((ty, _, _, body)) if ty == (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET => match packet(body) {
                 Ok(p) => out.push(p),
                 Err(e) => bad.push(e),
-            }
+            },
+            Ok(_) => {}
+            Err(e) => bad.push(e),
         }
-        rest = &rest[len.next_multiple_of(4).min(rest.len())..];
     }
     Received { records: out, unreadable: bad }
 }
@@ -139,23 +131,6 @@ fn packet(body: &[u8]) -> Result<Logged, String> {
 
 fn be_u32(v: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(v.get(..4)?.try_into().ok()?))
-}
-
-/// The attributes of a netlink message body: (type without flags, value).
-pub(crate) fn attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if b.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
-        let ty = u16::from_ne_bytes([b[2], b[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > b.len() {
-            return None;
-        }
-        let value = &b[4..len];
-        b = &b[len.next_multiple_of(4).min(b.len())..];
-        Some((ty, value))
-    })
 }
 
 /// Source, destination, protocol and the transport header of an IPv4 or IPv6 packet
@@ -229,24 +204,16 @@ impl NflogSocket {
 
     /// Sends one configuration message for the group and waits for its acknowledgement.
     fn config(&mut self, seq: u32, attrs: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
-        let mut body = vec![0u8, 0u8];
-        body.extend_from_slice(&self.group.to_be_bytes());
+        let mut body = Vec::new();
         attrs(&mut body);
-        let len = u32::try_from(16 + body.len()).unwrap_or(u32::MAX);
-        let mut msg = Vec::with_capacity(16 + body.len());
-        msg.extend_from_slice(&len.to_ne_bytes());
-        msg.extend_from_slice(&((NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG).to_ne_bytes());
-        msg.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
-        msg.extend_from_slice(&seq.to_ne_bytes());
-        msg.extend_from_slice(&0u32.to_ne_bytes());
-        msg.extend_from_slice(&body);
+        // nfgenmsg: family unspecified, version 0, the group as res_id.
+        let mut msg = Vec::with_capacity(20 + body.len());
+        message(&mut msg, (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq, 0, self.group, &body);
         self.socket.send(&msg, 0)?;
         loop {
             self.buf.clear();
             self.socket.recv(&mut self.buf, 0)?;
-            let b = &self.buf;
-            if b.len() >= 20 && u16::from_ne_bytes([b[4], b[5]]) == NLMSG_ERROR && u32::from_ne_bytes([b[8], b[9], b[10], b[11]]) == seq {
-                let code = i32::from_ne_bytes([b[16], b[17], b[18], b[19]]);
+            if let Some((_, code)) = acks(&self.buf).into_iter().find(|(s, _)| *s == seq) {
                 return if code == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(-code)) };
             }
         }

@@ -278,14 +278,16 @@ impl Incremental {
             }
         }
 
+        // Copied here if a reader still holds the last translation.
+        let np = Arc::make_mut(&mut self.np);
         // The dirty endpoints, translated again; the others kept.
         let mut old_policies: BTreeMap<String, EndpointPolicy> =
-            std::mem::take(&mut Arc::make_mut(&mut self.np).endpoints).into_iter().map(|p| (p.interface.clone(), p)).collect();
+            std::mem::take(&mut np.endpoints).into_iter().map(|p| (p.interface.clone(), p)).collect();
         // Filled per endpoint below (`Translator::endpoint` reports there).
-        Arc::make_mut(&mut self.np).problems.clear();
+        np.problems.clear();
         let cluster: Vec<&CompiledCnp> = self.cluster.values().map(|(c, _)| c).collect();
         self.extra.retain(|iface, _| resolved.contains_key(iface));
-        let mut tr = Translator { snapshot, addresses, out: Arc::make_mut(&mut self.np), added: Some(Vec::new()) };
+        let mut tr = Translator { snapshot, addresses, out: &mut *np, added: Some(Vec::new()) };
         for ep in &eps {
             let old = old_policies.remove(&ep.interface);
             let policy = match old {
@@ -346,17 +348,17 @@ impl Incremental {
 
         // Sets no rule refers to any more go (only a changed endpoint can stop referring to one).
         if !changed.endpoints.is_empty() {
-            let (peer_refs, port_refs) = references(&self.np);
+            let (peer_refs, port_refs) = references(np);
             let (peer_refs, port_refs): (BTreeSet<PeerDef>, BTreeSet<NamedPortDef>) = (
-                self.np.peer_sets.keys().filter(|d| !peer_refs.contains(d)).cloned().collect(),
-                self.np.port_sets.keys().filter(|d| !port_refs.contains(d)).cloned().collect(),
+                np.peer_sets.keys().filter(|d| !peer_refs.contains(d)).cloned().collect(),
+                np.port_sets.keys().filter(|d| !port_refs.contains(d)).cloned().collect(),
             );
             for d in peer_refs {
-                Arc::make_mut(&mut self.np).peer_sets.remove(&d);
+                np.peer_sets.remove(&d);
                 changed.peer_sets.insert(d);
             }
             for d in port_refs {
-                Arc::make_mut(&mut self.np).port_sets.remove(&d);
+                np.port_sets.remove(&d);
                 changed.port_sets.insert(d);
             }
         }
@@ -373,7 +375,7 @@ impl Incremental {
         problems.extend(self.extra.values().flat_map(|x| x.problems.iter().cloned()));
         problems.sort();
         problems.dedup();
-        Arc::make_mut(&mut self.np).problems = problems;
+        np.problems = problems;
 
         self.eps = eps;
         self.changed = changed;

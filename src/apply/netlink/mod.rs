@@ -70,6 +70,7 @@ const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
 const NFPROTO_INET: u8 = 1;
 const NLA_F_NESTED: u16 = 0x8000;
+const NLA_TYPE_MASK: u16 = 0x3fff;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
@@ -242,6 +243,53 @@ pub(crate) fn nested(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>)
     let len = (out.len() - start) as u16;
     out[start..start + 2].copy_from_slice(&len.to_ne_bytes());
     out[start + 2..start + 4].copy_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+}
+
+/// The netlink messages of one datagram: (type, flags, seq, body after the header).
+pub(crate) fn messages(mut b: &[u8]) -> impl Iterator<Item = Result<(u16, u16, u32, &[u8]), String>> {
+    std::iter::from_fn(move || {
+        if b.len() < 16 {
+            return None;
+        }
+        let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        if len < 16 || len > b.len() {
+            let e = format!("a message of {len} bytes in {} received", b.len());
+            b = &[];
+            return Some(Err(e));
+        }
+        let t = u16::from_ne_bytes([b[4], b[5]]);
+        let flags = u16::from_ne_bytes([b[6], b[7]]);
+        let seq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
+        let body = &b[16..len];
+        b = &b[len.next_multiple_of(4).min(b.len())..];
+        Some(Ok((t, flags, seq, body)))
+    })
+}
+
+/// The (seq, error code) of every acknowledgement or error in a datagram.
+pub(crate) fn acks(datagram: &[u8]) -> Vec<(u32, i32)> {
+    messages(datagram)
+        .filter_map(Result::ok)
+        .filter(|(t, _, _, body)| *t == NLMSG_ERROR && body.len() >= 4)
+        .map(|(_, _, seq, body)| (seq, i32::from_ne_bytes([body[0], body[1], body[2], body[3]])))
+        .collect()
+}
+
+/// The attributes of a netlink message body: (type without flags, value).
+pub(crate) fn attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if b.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
+        let ty = u16::from_ne_bytes([b[2], b[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > b.len() {
+            return None;
+        }
+        let value = &b[4..len];
+        b = &b[len.next_multiple_of(4).min(b.len())..];
+        Some((ty, value))
+    })
 }
 
 /// Appends a netlink message: header, nfgenmsg, `body`.
@@ -461,19 +509,13 @@ impl NfSocket {
         while !done {
             recv.clear();
             socket.recv(&mut recv, 0).map_err(NetlinkError::Reply)?;
-            let mut rest = &recv[..];
-            while rest.len() >= 16 {
-                let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-                let ty = u16::from_ne_bytes([rest[4], rest[5]]);
-                let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-                if len < 16 || len > rest.len() {
-                    return Err(NetlinkError::Protocol(format!("a message of {len} bytes in {} received", rest.len())));
-                }
+            for m in messages(&recv) {
+                let (ty, _, seq, body) = m.map_err(NetlinkError::Protocol)?;
                 // Sequence numbers increase through the batch: find the message by position.
                 let ours = seq.wrapping_sub(base).checked_sub(1).and_then(|i| sent.get(i as usize)).filter(|s| s.seq == seq);
                 match ty {
-                    NLMSG_ERROR if len >= 20 && (ours.is_some() || seq == base) => {
-                        let code = i32::from_ne_bytes([rest[16], rest[17], rest[18], rest[19]]);
+                    NLMSG_ERROR if body.len() >= 4 && (ours.is_some() || seq == base) => {
+                        let code = i32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
                         if code != 0 {
                             // The batch itself (seq == base): the kernel could not queue the
                             // refusals, e.g. out of memory.
@@ -487,7 +529,6 @@ impl NfSocket {
                     NLMSG_ERROR | NLMSG_DONE => {}
                     other => return Err(NetlinkError::Protocol(format!("message type {other:#x}"))),
                 }
-                rest = &rest[len.next_multiple_of(4).min(rest.len())..];
             }
         }
         Ok(())
