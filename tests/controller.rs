@@ -29,9 +29,9 @@ fn golden(path: PathBuf, text: &str) {
 
 #[test]
 fn crds_are_up_to_date() {
-    let dir = root().join("deploy/controller/crds");
-    for (name, text) in crd::crd_files().unwrap() {
-        golden(dir.join(name), &text);
+    let dir = root().join("deploy");
+    for (path, text) in crd::crd_files().unwrap() {
+        golden(dir.join(path), &text);
     }
 }
 

@@ -123,8 +123,13 @@ fn controller_deployment_has_the_install_identity_and_known_flags() {
     // The generated CRDs and the binary agree.
     let crds = std::process::Command::new(env!("CARGO_BIN_EXE_flock-controller")).arg("--print-crds").output().unwrap();
     let crds = String::from_utf8_lossy(&crds.stdout);
-    for f in ["runprofiles.flock.dev.yaml", "runs.flock.dev.yaml"] {
-        assert!(crds.contains(&read(&format!("deploy/controller/crds/{f}"))), "{f} differs from --print-crds");
+    for f in [
+        "controller/crds/runprofiles.flock.dev.yaml",
+        "controller/crds/runs.flock.dev.yaml",
+        "controller/crds/auditevents.flock.dev.yaml",
+        "agent/crds/flocknodes.flock.dev.yaml",
+    ] {
+        assert!(crds.contains(&read(&format!("deploy/{f}"))), "{f} differs from --print-crds");
     }
 }
 

@@ -18,6 +18,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::translate::RUN_LABEL;
 use crate::translate::selector::{validate_label_key, validate_label_value};
 
 /// The API group.
@@ -277,8 +278,11 @@ pub struct RunProfileStatus {
     derive = "PartialEq",
     doc = "Run: a sandboxed run whose pods get the egress of a RunProfile, as their own NetworkPolicy <run>-egress owned by the Run.",
     printcolumn(name = "Profile", type_ = "string", json_path = ".spec.profile"),
-    printcolumn(name = "Enforced", type_ = "boolean", json_path = ".status.enforcement.enabled"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Enforced", type_ = "string", json_path = ".status.conditions[?(@.type==\"Enforced\")].status"),
     printcolumn(name = "Policy", type_ = "string", json_path = ".status.conditions[?(@.type==\"NetworkPolicyReady\")].reason"),
+    printcolumn(name = "Expires", type_ = "string", json_path = ".status.expiresAt"),
+    printcolumn(name = "Enforcement", type_ = "boolean", priority = 1, json_path = ".status.enforcement.enabled"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -287,11 +291,19 @@ pub struct RunSpec {
     #[schemars(length(min = 1, max = 253))]
     pub profile: String,
     /// The run's pods. Default: the pods labelled `flock.dev/run: <run name>` (names longer
-    /// than 63 characters are shortened with a hash, see `flock.dev/run` in the README). Must
-    /// not be empty: an empty selector would isolate every pod of the namespace.
+    /// than 63 characters are shortened with a hash, see `flock.dev/run` in the README). A
+    /// custom selector must select only pods carrying the `flock.dev/run` label (in
+    /// `matchLabels`, or a `matchExpressions` entry `In` or `Exists` on it): flock-agent
+    /// isolates such pods from their creation, so none is open before the policy exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = kube::core::Rule::new("(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)").message("podSelector must not be empty"))]
+    #[x_kube(validation = kube::core::Rule::new("(has(self.matchLabels) && 'flock.dev/run' in self.matchLabels) || (has(self.matchExpressions) && self.matchExpressions.exists(e, e.key == 'flock.dev/run' && (e.operator == 'In' || e.operator == 'Exists')))").message("podSelector must require the flock.dev/run label (pods without it would be open until the run's policy exists)"))]
     pub pod_selector: Option<Selector>,
+    /// How long the run may use its egress, in seconds from its creation. When it passes,
+    /// the controller rewrites the run's policy to allow nothing (its pods stay isolated,
+    /// both ways) and sets `Expired`. Raising it extends the run, also after expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
 }
 
 /// What the controller reports about a run.
@@ -310,10 +322,37 @@ pub struct RunStatus {
     /// afterwards was withdrawn, and is re-created with a `NetworkPolicyWithdrawn` event).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<AppliedPolicy>,
-    /// `NetworkPolicyReady` and `Ready`.
+    /// When the run's egress expires (`spec.activeDeadlineSeconds` after its creation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub expires_at: Option<String>,
+    /// The egress last recorded in an `AuditEvent` (what the run was granted, as the audit
+    /// trail knows it): the next change is recorded against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Grant>,
+    /// `NetworkPolicyReady`, `Enforced`, `Expired` and `Ready`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// The egress recorded last for a run (see `AuditEvent`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    /// The sequence number of the last `AuditEvent` written for the run (1, 2, …).
+    pub sequence: i64,
+    /// The destinations granted (none once expired).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 512), inner(length(max = 1024)))]
+    pub destinations: Vec<String>,
+    /// Whether the run had expired.
+    #[serde(default)]
+    pub expired: bool,
+    /// The expiry then in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub expires_at: Option<String>,
 }
 
 /// The pinned enforcement decision.
@@ -340,6 +379,196 @@ pub struct AppliedPolicy {
     pub kind: String,
     pub name: String,
     pub uid: String,
+    /// The policy's `metadata.generation` as applied (what nodes must report enforcing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+}
+
+/// FlockNode: what flock-agent enforces on one node. Cluster-scoped, named after the Node
+/// and owned by it (deleted with it); its status is written by that node's agent only, when
+/// something in it changes and at most once per 10 s: no timestamps (times are metrics).
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[kube(
+    group = "flock.dev",
+    version = "v1alpha1",
+    kind = "FlockNode",
+    plural = "flocknodes",
+    shortname = "fnode",
+    category = "flock",
+    status = "FlockNodeStatus",
+    derive = "PartialEq",
+    doc = "FlockNode: what flock-agent enforces on one node (named after the Node, written by its agent).",
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(name = "API", type_ = "string", json_path = ".status.api"),
+    printcolumn(name = "Endpoints", type_ = "integer", json_path = ".status.ruleset.localEndpoints"),
+    printcolumn(name = "Rules", type_ = "integer", json_path = ".status.ruleset.rules"),
+    printcolumn(name = "Elements", type_ = "integer", json_path = ".status.ruleset.setElements"),
+    printcolumn(name = "Hash", type_ = "string", priority = 1, json_path = ".status.ruleset.hash"),
+    printcolumn(name = "Error", type_ = "string", json_path = ".status.lastError"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FlockNodeSpec {}
+
+/// What a node's agent reports.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct FlockNodeStatus {
+    /// flock-agent's version.
+    #[schemars(length(max = 64))]
+    pub version: String,
+    /// The API server as the agent sees it: Connected, Degraded or Disconnected.
+    #[schemars(length(max = 32))]
+    pub api: String,
+    /// The ruleset of the last committed sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ruleset: Option<NodeRuleset>,
+    /// Why the last sync failed (empty when it committed; the last committed ruleset stays).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 4096))]
+    pub last_error: String,
+    /// The NetworkPolicies that select a run pod (labelled `flock.dev/run`) scheduled on this
+    /// node, each with the `metadata.generation` the last committed sync enforces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub run_policies: Vec<EnforcedPolicy>,
+}
+
+/// The last committed ruleset of a node.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRuleset {
+    /// SHA-256 of the ruleset (its structure, as rendered; equal rulesets, equal hashes).
+    #[schemars(length(max = 64))]
+    pub hash: String,
+    pub rules: i64,
+    pub set_elements: i64,
+    /// Local pod endpoints the ruleset covers.
+    pub local_endpoints: i64,
+}
+
+/// A policy a node enforces, at a generation.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct EnforcedPolicy {
+    /// `namespace/name`.
+    #[schemars(length(min = 1, max = 317))]
+    pub name: String,
+    pub generation: i64,
+}
+
+/// AuditEvent: one grant, change, withdrawal or expiry of a run's egress, written by
+/// flock-controller. Durable: not owned by the Run (it outlives it), immutable, removed only
+/// by the controller's retention (by age and by count per run).
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "flock.dev",
+    version = "v1alpha1",
+    kind = "AuditEvent",
+    plural = "auditevents",
+    namespaced,
+    category = "flock",
+    derive = "PartialEq",
+    doc = "AuditEvent: a grant, change, withdrawal or expiry of a run's egress (durable, immutable; written by flock-controller).",
+    printcolumn(name = "Run", type_ = "string", json_path = ".spec.run.name"),
+    printcolumn(name = "Action", type_ = "string", json_path = ".spec.action"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".spec.reason"),
+    printcolumn(name = "Time", type_ = "string", json_path = ".spec.time")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("audit events are immutable"))]
+pub struct AuditEventSpec {
+    pub run: AuditRun,
+    pub profile: AuditProfile,
+    pub policy: AuditPolicy,
+    /// The run's `AuditEvent` sequence number (1 for its first).
+    pub sequence: i64,
+    pub action: AuditAction,
+    /// Why (CamelCase).
+    #[schemars(length(min = 1, max = 128))]
+    pub reason: String,
+    /// Human-readable detail.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 4096))]
+    pub message: String,
+    /// Destinations granted by this change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 512), inner(length(max = 1024)))]
+    pub added: Vec<String>,
+    /// Destinations taken away by this change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 512), inner(length(max = 1024)))]
+    pub removed: Vec<String>,
+    /// When the run's egress expires (after this change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub expires_at: Option<String>,
+    /// When the controller recorded it (RFC 3339).
+    #[schemars(length(min = 1, max = 64))]
+    pub time: String,
+}
+
+/// The run an `AuditEvent` is about.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditRun {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 64))]
+    pub uid: String,
+}
+
+/// The profile of an `AuditEvent`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditProfile {
+    #[schemars(length(max = 253))]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+}
+
+/// The run's policy in an `AuditEvent`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditPolicy {
+    #[schemars(length(max = 64))]
+    pub kind: String,
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// Its generation after the change (absent when the change was recorded before it was
+    /// applied: grants are recorded first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+}
+
+/// What happened to a run's egress.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuditAction {
+    /// First granted.
+    Granted,
+    /// The destinations or the deadline changed.
+    Changed,
+    /// The applied policy was found deleted (and was re-created).
+    Withdrawn,
+    /// The deadline passed: the policy now allows nothing.
+    Expired,
+    /// The deadline was raised after expiry: the egress is granted again.
+    Extended,
+}
+
+impl AuditAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Granted => "Granted",
+            Self::Changed => "Changed",
+            Self::Withdrawn => "Withdrawn",
+            Self::Expired => "Expired",
+            Self::Extended => "Extended",
+        }
+    }
 }
 
 /// A status condition (the shape of `metav1.Condition`).
@@ -371,6 +600,7 @@ pub struct Condition {
 /// Condition status strings.
 pub const TRUE: &str = "True";
 pub const FALSE: &str = "False";
+pub const UNKNOWN: &str = "Unknown";
 
 /// Sets condition `type_` in `conditions`: `lastTransitionTime` changes only when the status
 /// does (a reason or message change keeps it), so a no-op pass leaves the list equal.
@@ -383,7 +613,19 @@ pub fn set_condition(
     generation: Option<i64>,
     now: &str,
 ) {
-    let status = if status { TRUE } else { FALSE };
+    set_condition_status(conditions, type_, if status { TRUE } else { FALSE }, reason, message, generation, now);
+}
+
+/// [`set_condition`] with the status as a string (`True`, `False`, `Unknown`).
+pub fn set_condition_status(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &str,
+) {
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
             if c.status != status {
@@ -502,9 +744,29 @@ impl RunSpec {
                 out.push(problem("spec.podSelector", "must not be empty (it would isolate every pod of the namespace)"));
             }
             check_selector(sel, "spec.podSelector", &mut out);
+            if !requires_run_label(sel) {
+                out.push(problem(
+                    "spec.podSelector",
+                    format!("must require the {RUN_LABEL} label (matchLabels, or matchExpressions In or Exists): pods without it would be open until the run's policy exists"),
+                ));
+            }
+        }
+        if let Some(d) = self.active_deadline_seconds
+            && d < 1
+        {
+            out.push(problem("spec.activeDeadlineSeconds", format!("{d} is not a positive number of seconds")));
         }
         out
     }
+}
+
+/// Whether every pod `sel` selects carries the `flock.dev/run` label.
+pub fn requires_run_label(sel: &Selector) -> bool {
+    sel.match_labels.contains_key(RUN_LABEL)
+        || sel
+            .match_expressions
+            .iter()
+            .any(|e| e.key == RUN_LABEL && matches!(e.operator, SelectorOperator::In | SelectorOperator::Exists))
 }
 
 fn problem(field: impl Into<String>, message: impl Into<String>) -> Problem {
@@ -579,15 +841,19 @@ pub fn to_yaml<T: serde::Serialize>(value: &T) -> Result<String, serde_saphyr::S
     serde_saphyr::to_string_with_options(value, serde_saphyr::ser_options! { folded_wrap_chars: usize::MAX })
 }
 
-/// The generated CRDs as (file name under `deploy/controller/crds/`, YAML text).
+/// The generated CRDs as (path under `deploy/`, YAML text): the controller's (RunProfile,
+/// Run, AuditEvent) under `controller/crds/`, FlockNode (the agent writes it) under
+/// `agent/crds/`.
 pub fn crd_files() -> Result<Vec<(String, String)>, serde_saphyr::SerializeError> {
     let header = "# Generated from the Rust types in src/controller/crd.rs: do not edit.\n\
                   # Regenerate with FLOCK_BLESS=1 cargo test --test controller crds_are_up_to_date\n\
                   # (or `flock-controller --print-crds`).\n";
     let mut out = Vec::new();
-    for crd in [RunProfile::crd(), Run::crd()] {
+    for (dir, crd) in
+        [("controller", RunProfile::crd()), ("controller", Run::crd()), ("controller", AuditEvent::crd()), ("agent", FlockNode::crd())]
+    {
         let name = crd.metadata.name.clone().unwrap_or_default();
-        out.push((format!("{name}.yaml"), format!("{header}{}", to_yaml(&crd)?)));
+        out.push((format!("{dir}/crds/{name}.yaml"), format!("{header}{}", to_yaml(&crd)?)));
     }
     Ok(out)
 }
@@ -670,15 +936,27 @@ mod tests {
     fn the_crds_carry_schema_and_cel_rules() {
         let files = crd_files().unwrap();
         let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["runprofiles.flock.dev.yaml", "runs.flock.dev.yaml"]);
+        assert_eq!(
+            names,
+            [
+                "controller/crds/runprofiles.flock.dev.yaml",
+                "controller/crds/runs.flock.dev.yaml",
+                "controller/crds/auditevents.flock.dev.yaml",
+                "agent/crds/flocknodes.flock.dev.yaml"
+            ]
+        );
         let profile = &files[0].1;
         assert!(profile.contains("scope: Cluster"), "{profile}");
         assert!(profile.contains("isCIDR(self)"));
         assert!(profile.contains("x-kubernetes-list-type: map"));
         let run = &files[1].1;
         assert!(run.contains("scope: Namespaced"));
-        assert!(run.contains("podSelector must not be empty"));
+        assert!(run.contains("podSelector must require the flock.dev/run label"));
         assert!(run.contains("the enforcement decision is pinned"));
         assert!(run.contains("status: {}"), "status subresource:\n{run}");
+        let audit = &files[2].1;
+        assert!(audit.contains("audit events are immutable") && !audit.contains("status: {}"), "{audit}");
+        let node = &files[3].1;
+        assert!(node.contains("scope: Cluster") && node.contains("status: {}") && node.contains("- name"), "{node}");
     }
 }

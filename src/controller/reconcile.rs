@@ -286,7 +286,8 @@ pub async fn apply(client: &Client, kind: &PolicyKind, object: &Value) -> Result
         ReconcileError::Apply { kind: kind.kind().to_string(), namespace: namespace.clone(), name: name.clone(), error }
     })?;
     let uid = written.uid().ok_or_else(|| ReconcileError::NoUid { kind: kind.kind().to_string(), namespace, name: name.clone() })?;
-    Ok(AppliedPolicy { api_version: kind.api_version().to_string(), kind: kind.kind().to_string(), name, uid })
+    let generation = written.metadata.generation;
+    Ok(AppliedPolicy { api_version: kind.api_version().to_string(), kind: kind.kind().to_string(), name, uid, generation })
 }
 
 /// Step 6 (pure): what the apply was, judged by the uid recorded in the run's status.
@@ -598,7 +599,7 @@ mod tests {
     use crate::controller::probe::EnforceMode;
 
     fn applied(uid: &str) -> AppliedPolicy {
-        AppliedPolicy { api_version: "networking.k8s.io/v1".into(), kind: "NetworkPolicy".into(), name: "r-egress".into(), uid: uid.into() }
+        AppliedPolicy { api_version: "networking.k8s.io/v1".into(), kind: "NetworkPolicy".into(), name: "r-egress".into(), uid: uid.into(), generation: Some(1) }
     }
 
     #[test]

@@ -30,8 +30,13 @@ pub fn endpoint_slice(addr: &str) -> Value {
 /// the API server's EndpointSlice (198.18.250.2:6443).
 pub async fn api_server() -> ApiServer {
     let server = ApiServer::start_temp().await.unwrap();
-    for file in ["runprofiles.flock.dev.yaml", "runs.flock.dev.yaml"] {
-        let text = std::fs::read_to_string(root().join("deploy/controller/crds").join(file)).unwrap();
+    for file in [
+        "controller/crds/runprofiles.flock.dev.yaml",
+        "controller/crds/runs.flock.dev.yaml",
+        "controller/crds/auditevents.flock.dev.yaml",
+        "agent/crds/flocknodes.flock.dev.yaml",
+    ] {
+        let text = std::fs::read_to_string(root().join("deploy").join(file)).unwrap();
         server.apply(serde_saphyr::from_str::<Value>(&text).unwrap()).unwrap();
     }
     server.apply(endpoint_slice("198.18.250.2")).unwrap();
