@@ -119,12 +119,38 @@ fn render_goldens_for_each_profile_feature() {
         let cnp = render::render_cilium(&run(RUN), &profile_named(name, spec), &cluster()).unwrap();
         golden(dir.join(format!("{name}.cilium.yaml")), &crd::to_yaml(&cnp).unwrap());
     }
-    // A run that names its pods.
+    // A run that names its pods (all of them labelled flock.dev/run, as it must).
     let custom = run(
-        "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-8}\nspec:\n  profile: p\n  podSelector:\n    matchLabels: {app: agent}\n    matchExpressions: [{key: tier, operator: Exists}]\n",
+        "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-8}\nspec:\n  profile: p\n  podSelector:\n    matchLabels: {app: agent}\n    matchExpressions: [{key: tier, operator: Exists}, {key: flock.dev/run, operator: Exists}]\n",
     );
     let np = render::render(&custom, &profile_named("dns-only", "spec: {}"), &cluster()).unwrap();
     golden(dir.join("custom-selector.yaml"), &crd::to_yaml(&np).unwrap());
+    // An expired run: the policy stays and allows nothing, both ways; its destinations are
+    // none (what the audit trail records as removed).
+    let (_, spec) = PROFILES.iter().find(|(n, _)| *n == "full").unwrap();
+    let mut plan = render::plan(&run(RUN), &profile_named("full", spec), &cluster()).unwrap();
+    assert!(plan.destinations().len() > 3, "{:?}", plan.destinations());
+    plan.withdraw("2026-11-26T10:00:00Z");
+    assert!(plan.destinations().is_empty());
+    golden(dir.join("expired.yaml"), &crd::to_yaml(&render::network_policy(&plan)).unwrap());
+    golden(dir.join("expired.cilium.yaml"), &crd::to_yaml(&render::cilium_network_policy(&plan)).unwrap());
+    let model = flock::model::convert::network_policy(&render::network_policy(&plan)).unwrap();
+    assert!(model.egress.is_empty() && model.ingress.is_empty() && model.policy_types == ["Ingress", "Egress"], "{model:?}");
+}
+
+#[test]
+fn destinations_name_each_peer_and_its_ports() {
+    let (_, spec) = PROFILES.iter().find(|(n, _)| *n == "full").unwrap();
+    let plan = render::plan(&run(RUN), &profile_named("full", spec), &cluster()).unwrap();
+    let d = plan.destinations();
+    eprintln!("{d:#?}");
+    assert!(d.iter().any(|l| l == "dns: pods kube-system/k8s-app=kube-dns on UDP/53,TCP/53"), "{d:#?}");
+    assert!(d.iter().any(|l| l.starts_with("internet: 0.0.0.0/0 except 10.0.0.0/8,")), "{d:#?}");
+    assert!(d.iter().any(|l| l == "api-server: 198.18.250.2/32 on TCP/6443"), "{d:#?}");
+    let mut sorted = d.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(d, sorted);
 }
 
 #[test]
@@ -182,6 +208,23 @@ fn render_refuses_invalid_input_naming_it() {
     let r = run("apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-9}\nspec: {profile: p, podSelector: {}}\n");
     let e = render::render(&r, &profile_named("p", "spec: {}"), &cluster()).unwrap_err();
     assert!(e.to_string().contains("run agents/job-9 is invalid: spec.podSelector"), "{e}");
+    // A custom selector must require flock.dev/run: the pods it selects otherwise would be
+    // open until the policy exists (flock-agent isolates only labelled pods before that).
+    for selector in ["{matchLabels: {app: agent}}", "{matchExpressions: [{key: flock.dev/run, operator: NotIn, values: [x]}]}"] {
+        let r = run(&format!(
+            "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {{name: job-10}}\nspec: {{profile: p, podSelector: {selector}}}\n"
+        ));
+        let e = render::render(&r, &profile_named("p", "spec: {}"), &cluster()).unwrap_err();
+        assert!(e.to_string().contains("spec.podSelector: must require the flock.dev/run label"), "{e}");
+    }
+    for selector in
+        ["{matchLabels: {flock.dev/run: job-10, app: agent}}", "{matchExpressions: [{key: flock.dev/run, operator: In, values: [a, b]}]}"]
+    {
+        let r = run(&format!(
+            "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {{name: job-10}}\nspec: {{profile: p, podSelector: {selector}}}\n"
+        ));
+        assert!(render::render(&r, &profile_named("p", "spec: {}"), &cluster()).is_ok(), "{selector}");
+    }
 }
 
 // ---- deploy examples ------------------------------------------------------------------

@@ -94,20 +94,13 @@ async fn controller_policy() -> (NetworkPolicy, ApiServer, Duration) {
             },
         }))
         .unwrap();
-    let opts = Options {
-        enforce: EnforceMode::On,
-        agent: AgentRef::default(),
-        cluster: ClusterConfig {
-            pod_cidrs: vec!["198.18.0.0/20".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()],
-            service_cidrs: vec!["198.18.240.0/20".parse().unwrap()],
-            dns: DnsConfig::default(),
-            api_server: Default::default(),
-        },
-        api_server_url: None,
-        resync: Duration::from_secs(600),
-        instance: "e2e".into(),
-        namespace: "flock-system".into(),
+    let cluster = ClusterConfig {
+        pod_cidrs: vec!["198.18.0.0/20".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()],
+        service_cidrs: vec!["198.18.240.0/20".parse().unwrap()],
+        dns: DnsConfig::default(),
+        api_server: Default::default(),
     };
+    let opts = Options { agent: AgentRef::default(), instance: "e2e".into(), ..Options::new(EnforceMode::On, cluster) };
     let client = server.client();
     let startup = controller::start(&client, &opts).await.unwrap();
     let (stop, rx) = tokio::sync::watch::channel(false);

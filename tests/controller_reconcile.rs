@@ -54,7 +54,7 @@ fn options(enforce: EnforceMode) -> Options {
         api_server_url: Some("https://198.18.240.1:443".into()),
         resync: Duration::from_secs(600),
         instance: "flock-controller-test".into(),
-        namespace: "flock-system".into(),
+        ..Options::new(enforce, cluster())
     }
 }
 
@@ -738,14 +738,20 @@ async fn rbac_grants_exactly_the_requests_the_controller_makes() {
         json!({"apiVersion": "flock.dev/v1alpha1", "kind": "Run", "metadata": {"name": "d", "namespace": NS, "uid": "uid-d", "generation": 1}, "spec": {"profile": "web"},
                   "status": {"enforcement": {"enabled": false, "mode": "off", "reason": "test"}}}),
     );
+    // An AuditEvent past its retention.
+    direct(json!({"apiVersion": "flock.dev/v1alpha1", "kind": "AuditEvent", "metadata": {"name": "old-1", "namespace": NS},
+                  "spec": {"run": {"name": "gone", "uid": "uid-gone"}, "profile": {"name": "web"}, "policy": {"kind": "NetworkPolicy", "name": "gone-egress"},
+                           "sequence": 1, "action": "Granted", "reason": "RunStarted", "time": "2020-01-01T00:00:00Z"}}));
     server.clear_requests();
 
     // As the binary runs it: start-up (auto: the probe), then the controllers while leading.
     let phase = |server: ApiServer| async move {
-        let opts = options(EnforceMode::Auto);
+        let mut opts = options(EnforceMode::Auto);
+        opts.retention.interval = Duration::from_millis(100);
         let client = server.client();
         let mut startup = controller::start(&client, &opts).await.unwrap();
         startup.decision.enabled = true; // nothing enforces in this cluster; enforce anyway
+        startup.verify = flock::controller::enforced::Verify::Flock; // and as if flock-agent reported
         let (stop, rx) = watch::channel(false);
         let mut lease = LeaseConfig::new("flock-system", "flock-controller", "replica-0");
         lease.retry_period = Duration::from_millis(200);
@@ -771,6 +777,10 @@ async fn rbac_grants_exactly_the_requests_the_controller_makes() {
     eventually(10, "a applied", || (condition(&server, "a", NETWORK_POLICY_READY)?.1 == "Applied").then_some(())).await;
     eventually(10, "d disabled", || (condition(&server, "d", NETWORK_POLICY_READY)?.1 == "Disabled").then_some(())).await;
     eventually(10, "the profile's status", || server.get_resource::<RunProfile>(None, "web").unwrap()?.status).await;
+    eventually(10, "the old AuditEvent collected", || {
+        server.get("flock.dev/v1alpha1", "AuditEvent", Some(NS), "old-1").unwrap().is_none().then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await; // a lease renewal
     stop.send(true).unwrap();
     task.await.unwrap();

@@ -342,15 +342,16 @@ pub struct RunStatus {
 pub struct Grant {
     /// The sequence number of the last `AuditEvent` written for the run (1, 2, …).
     pub sequence: i64,
-    /// The destinations granted (none once expired).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The destinations granted (none once expired). Always written: status is merge-patched,
+    /// and an absent list would keep the old one.
+    #[serde(default)]
     #[schemars(length(max = 512), inner(length(max = 1024)))]
     pub destinations: Vec<String>,
     /// Whether the run had expired.
     #[serde(default)]
     pub expired: bool,
     /// The expiry then in force.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(length(max = 64))]
     pub expires_at: Option<String>,
 }
@@ -671,6 +672,12 @@ pub fn describe(problems: &[Problem]) -> String {
 }
 
 impl RunProfileSpec {
+    /// A profile that grants nothing (what an expired run's policy is rendered from when its
+    /// own profile is gone or invalid).
+    pub fn withdrawn() -> Self {
+        Self { dns: false, internet: None, api_server: false, services: Vec::new(), cidrs: Vec::new(), ingress: Some(Vec::new()) }
+    }
+
     /// What the API server's schema and CEL rules would reject, checked again (see the
     /// module doc). Empty when the profile is usable.
     pub fn problems(&self) -> Vec<Problem> {
@@ -763,10 +770,7 @@ impl RunSpec {
 /// Whether every pod `sel` selects carries the `flock.dev/run` label.
 pub fn requires_run_label(sel: &Selector) -> bool {
     sel.match_labels.contains_key(RUN_LABEL)
-        || sel
-            .match_expressions
-            .iter()
-            .any(|e| e.key == RUN_LABEL && matches!(e.operator, SelectorOperator::In | SelectorOperator::Exists))
+        || sel.match_expressions.iter().any(|e| e.key == RUN_LABEL && matches!(e.operator, SelectorOperator::In | SelectorOperator::Exists))
 }
 
 fn problem(field: impl Into<String>, message: impl Into<String>) -> Problem {

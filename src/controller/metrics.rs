@@ -46,6 +46,9 @@ pub struct Metrics {
     reconcile_errors: Family<Labels, Counter>,
     runs_in_backoff: Gauge,
     leader: Gauge,
+    audit_events: Family<Labels, Counter>,
+    audit_collected: Counter,
+    audit_errors: Counter,
 }
 
 fn duration_histogram() -> Histogram {
@@ -80,6 +83,9 @@ impl Metrics {
             reconcile_errors: Family::default(),
             runs_in_backoff: Gauge::default(),
             leader: Gauge::default(),
+            audit_events: Family::default(),
+            audit_collected: Counter::default(),
+            audit_errors: Counter::default(),
             registry: Registry::default(),
         };
         r.register("policies_applied", "Run policies applied, by result (created, recreated, applied, failed)", m.applied.clone());
@@ -94,6 +100,13 @@ impl Metrics {
         r.register("reconcile_errors", "Reconciles that ended in an API error and were requeued, by kind", m.reconcile_errors.clone());
         r.register("runs_in_backoff", "Runs whose last reconcile failed, waiting out their backoff", m.runs_in_backoff.clone());
         r.register("leader", "Whether this replica holds the leader lease (1) or not (0)", m.leader.clone());
+        r.register(
+            "audit_events_written",
+            "AuditEvents written, by action (Granted, Changed, Withdrawn, Expired, Extended)",
+            m.audit_events.clone(),
+        );
+        r.register("audit_events_collected", "AuditEvents deleted by retention (age, count per run)", m.audit_collected.clone());
+        r.register("audit_collection_errors", "Retention passes over AuditEvents that failed", m.audit_errors.clone());
         Self { registry: root, ..m }
     }
 
@@ -107,6 +120,18 @@ impl Metrics {
         if result == ApplyResult::Recreated {
             self.withdrawn.inc();
         }
+    }
+
+    pub fn audited(&self, action: &str) {
+        self.audit_events.get_or_create(&label("action", action)).inc();
+    }
+
+    pub fn audit_collected(&self, n: usize) {
+        self.audit_collected.inc_by(n as u64);
+    }
+
+    pub fn audit_collection_failed(&self) {
+        self.audit_errors.inc();
     }
 
     pub fn deleted(&self) {

@@ -20,7 +20,9 @@
 //! elects a leader around [`run`].
 
 pub mod apiserver;
+pub mod audit;
 pub mod crd;
+pub mod enforced;
 pub mod leader;
 pub mod metrics;
 pub mod probe;
@@ -44,7 +46,9 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 
 use crate::agent::http::{Handler, json_response, metrics_response};
-use crd::{Run, RunProfile};
+use crd::{FlockNode, Run, RunProfile};
+use enforced::Verify;
+use k8s_openapi::api::core::v1::Pod;
 use metrics::Metrics;
 use probe::{AgentRef, Decision, EnforceMode, PolicyKind};
 use render::{ApiEndpoint, ClusterConfig};
@@ -63,7 +67,7 @@ pub const CILIUM_API_VERSION: &str = "cilium.io/v2";
 pub const CILIUM_KIND: &str = "CiliumNetworkPolicy";
 
 /// How the controller runs (the flags of `flock-controller`).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Options {
     pub enforce: EnforceMode,
     /// The flock-agent DaemonSet the `auto` probe looks for.
@@ -78,6 +82,36 @@ pub struct Options {
     pub instance: String,
     /// The controller's namespace (start-up Events are about its Deployment there).
     pub namespace: String,
+    /// After this long with nodes not enforcing a run's policy, an `EnforcementDelayed` Event.
+    pub enforced_timeout: Duration,
+    /// Retention of AuditEvents.
+    pub retention: audit::Retention,
+    /// The clock of expiry and timestamps (a fake one in tests).
+    pub clock: reconcile::Clock,
+}
+
+impl Options {
+    /// Defaults with `enforce` and the cluster's configuration.
+    pub fn new(enforce: EnforceMode, cluster: ClusterConfig) -> Self {
+        Self {
+            enforce,
+            agent: AgentRef::default(),
+            cluster,
+            api_server_url: None,
+            resync: Duration::from_secs(600),
+            instance: FIELD_MANAGER.into(),
+            namespace: "flock-system".into(),
+            enforced_timeout: Duration::from_secs(60),
+            retention: audit::Retention::default(),
+            clock: reconcile::system_clock(),
+        }
+    }
+}
+
+impl std::fmt::Debug for reconcile::Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Context")
+    }
 }
 
 /// Why the controller cannot start.
@@ -99,6 +133,21 @@ pub struct Startup {
     /// The API server addresses of the client configuration (kept when the EndpointSlices
     /// change).
     pub fixed_endpoints: BTreeSet<ApiEndpoint>,
+    /// Whether runs' `Enforced` can be verified (flock-agent enforces and reports).
+    pub verify: Verify,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("enforce", &self.enforce)
+            .field("agent", &self.agent)
+            .field("cluster", &self.cluster)
+            .field("resync", &self.resync)
+            .field("enforced_timeout", &self.enforced_timeout)
+            .field("retention", &self.retention)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Start-up: checks the configuration, finds the API server (none → error), decides
@@ -153,9 +202,14 @@ pub async fn start(client: &Client, opts: &Options) -> Result<Startup, StartErro
     tracing::info!(mode = opts.enforce.as_str(), enabled = decision.enabled, reason = %decision.reason, "enforcement decision for new runs");
     let kind = probe::policy_kind(client).await;
     tracing::info!(kind = kind.kind(), "policy kind");
+    let verify = probe::verification(client, &decision, &kind, probe_result.as_ref().and_then(|r| r.as_ref().ok())).await;
+    match &verify {
+        Verify::Flock => tracing::info!("flock-agent enforces: runs' Enforced condition follows the nodes' FlockNodes"),
+        Verify::Unknown { message, .. } => tracing::info!(why = %message, "runs' Enforced condition is Unknown"),
+    }
     let mut cluster = opts.cluster.clone();
     cluster.api_server = api_server;
-    Ok(Startup { decision, kind, cluster, fixed_endpoints })
+    Ok(Startup { decision, kind, cluster, fixed_endpoints, verify })
 }
 
 /// The reporter of the controller's Events.
@@ -182,10 +236,19 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
     metrics.enforcement(startup.decision.enabled);
     let profile_feed = ProfileFeed::new(Api::<RunProfile>::all(client.clone()));
     let (run_store, run_writer) = reflector::store::<Run>();
+    // Run pods and FlockNodes: whether each run's nodes enforce its policy. Only pods
+    // labelled flock.dev/run (every run's pods carry it), and only while flock reports.
+    let verifying = startup.verify == Verify::Flock;
+    let pods = Reflected::<Pod>::new(Api::all(client.clone()), watcher::Config::default().labels(crate::translate::RUN_LABEL), verifying);
+    let nodes = Reflected::<FlockNode>::new(Api::all(client.clone()), watcher::Config::default(), verifying);
+    let (complete_tx, enforcement_complete) = watch::channel(!verifying);
     let caches = reconcile::Caches {
         profiles: profile_feed.store.clone(),
         profiles_complete: profile_feed.complete.clone(),
         runs: run_store.clone(),
+        pods: pods.store.clone(),
+        nodes: nodes.store.clone(),
+        enforcement_complete,
     };
     let mut ctx = reconcile::Context::new(
         client.clone(),
@@ -197,7 +260,18 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
         caches,
     );
     ctx.resync = opts.resync;
+    ctx.verify = startup.verify.clone();
+    ctx.enforced_timeout = opts.enforced_timeout;
+    ctx.clock = opts.clock.clone();
     let ctx = Arc::new(ctx);
+    {
+        let (mut a, mut b) = (pods.complete.clone(), nodes.complete.clone());
+        tokio::spawn(async move {
+            if a.wait_for(|c| *c).await.is_ok() && b.wait_for(|c| *c).await.is_ok() {
+                complete_tx.send_replace(true);
+            }
+        });
+    }
 
     // The run controller's own watch, reflected here (as `Controller::new` would) so that
     // the backoff of a deleted run can be forgotten: each event after the cache has it.
@@ -217,10 +291,34 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
         PolicyKind::Cilium(ar) => runs.owns_with(Api::<DynamicObject>::all_with(client.clone(), ar), ar.clone(), owned),
     };
     let runs = runs
-        .watches_stream(profile_feed.for_runs, move |profile: RunProfile| {
-            // A profile change (creation, deletion) re-renders the runs that use it.
-            let name = profile.name_any();
-            run_store.state().into_iter().filter(|r| r.spec.profile == name).map(|r| ObjectRef::from_obj(&*r)).collect::<Vec<_>>()
+        .watches_stream(profile_feed.for_runs, {
+            let run_store = run_store.clone();
+            move |profile: RunProfile| {
+                // A profile change (creation, deletion) re-renders the runs that use it.
+                let name = profile.name_any();
+                run_store.state().into_iter().filter(|r| r.spec.profile == name).map(|r| ObjectRef::from_obj(&*r)).collect::<Vec<_>>()
+            }
+        })
+        .watches_stream(pods.events, {
+            let run_store = run_store.clone();
+            // A run pod scheduled, finished or gone: its runs' nodes changed.
+            move |pod: Pod| runs_of_pod(&run_store, &pod)
+        })
+        .watches_stream(nodes.events, {
+            let (run_store, pod_store) = (run_store.clone(), pods.store.clone());
+            // A node's report changed: the runs with a pod there.
+            move |node: FlockNode| {
+                let name = node.name_any();
+                let mut out: Vec<ObjectRef<Run>> = Vec::new();
+                for pod in pod_store.state().iter().filter(|p| enforced::node_of(p) == Some(name.as_str())) {
+                    for r in runs_of_pod(&run_store, pod) {
+                        if !out.contains(&r) {
+                            out.push(r);
+                        }
+                    }
+                }
+                out
+            }
         })
         .reconcile_all_on(reconcile_all)
         .graceful_shutdown_on(stopped(stop.clone()))
@@ -238,6 +336,7 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
                 tracing::debug!(error = %e, "profile controller");
             }
         });
+    let collector = tokio::spawn(collect_audit_events(client.clone(), opts.retention, opts.clock.clone(), metrics.clone()));
     tracing::info!("controllers running");
     // Stopping lets reconciles in flight finish, but not forever: a request the API server
     // never answers must not keep a replica that lost its Lease, or got SIGTERM, working.
@@ -248,9 +347,12 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
     tokio::select! {
         _ = async { futures::join!(runs, profiles) } => tracing::info!("controllers stopped"),
         () = profile_feed.feed => tracing::error!("the RunProfile watch ended"),
+        () = pods.feed => tracing::error!("the run pod watch ended"),
+        () = nodes.feed => tracing::error!("the FlockNode watch ended"),
         () = bounded_stop => tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles still in flight after the grace period; stopping anyway"),
     }
     follower.abort();
+    collector.abort();
 }
 
 /// How many RunProfile changes may wait for each controller (the feed waits when one is
@@ -304,6 +406,85 @@ impl ProfileFeed {
             }
         };
         Self { store, complete, feed: Box::pin(feed), for_profiles: receiver_stream(for_profiles), for_runs: receiver_stream(for_runs) }
+    }
+}
+
+/// The runs (in the pod's namespace) whose selector selects `pod`.
+fn runs_of_pod(runs: &Store<Run>, pod: &Pod) -> Vec<ObjectRef<Run>> {
+    let namespace = pod.namespace();
+    runs.state()
+        .into_iter()
+        .filter(|r| r.namespace() == namespace)
+        .filter(|r| render::run_selector(r).ok().as_ref().and_then(enforced::compile).is_some_and(|s| enforced::selects(&s, pod)))
+        .map(|r| ObjectRef::from_obj(&*r))
+        .collect()
+}
+
+/// A watch that fills a cache and triggers the run controller, each change after the cache
+/// has it (deletions included). `enabled` false: an empty cache, no watch.
+struct Reflected<K: kube::Resource + Clone + 'static>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone + Default,
+{
+    store: Store<K>,
+    complete: watch::Receiver<bool>,
+    feed: futures::future::BoxFuture<'static, ()>,
+    events: futures::stream::BoxStream<'static, Result<K, watcher::Error>>,
+}
+
+impl<K> Reflected<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone + Default + Send + Sync,
+{
+    fn new(api: Api<K>, config: watcher::Config, enabled: bool) -> Self {
+        let (store, writer) = reflector::store::<K>();
+        let (complete_tx, complete) = watch::channel(false);
+        let (tx, rx) = mpsc::channel(PROFILE_FEED_BUFFER);
+        let kind = K::kind(&K::DynamicType::default()).to_string();
+        let feed = async move {
+            if !enabled {
+                return std::future::pending().await;
+            }
+            let events = watcher(api, config).default_backoff().reflect(writer);
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                let object = match event {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o)) => o,
+                    Ok(watcher::Event::InitDone) => {
+                        complete_tx.send_replace(true);
+                        continue;
+                    }
+                    Ok(watcher::Event::Init) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "watching {kind}s");
+                        continue;
+                    }
+                };
+                let _ = tx.send(object).await;
+            }
+        };
+        Self { store, complete, feed: Box::pin(feed), events: receiver_stream(rx) }
+    }
+}
+
+/// Applies AuditEvent retention every `retention.interval` (while this replica leads).
+async fn collect_audit_events(client: Client, retention: audit::Retention, clock: reconcile::Clock, metrics: Arc<Metrics>) {
+    let mut tick = tokio::time::interval(retention.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match audit::collect(&client, clock(), &retention).await {
+            Ok(0) => {}
+            Ok(n) => {
+                metrics.audit_collected(n);
+                tracing::info!(deleted = n, "AuditEvents past their retention deleted");
+            }
+            Err(e) => {
+                metrics.audit_collection_failed();
+                tracing::warn!(error = %e, "AuditEvent retention failed; the next pass tries again");
+            }
+        }
     }
 }
 

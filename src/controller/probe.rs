@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, GroupVersionKind, ListParams};
 use kube::{Api, Client};
 
+use super::enforced::Verify;
 use super::{CILIUM_GROUP, CILIUM_KIND, CILIUM_VERSION};
 
 /// `--enforce`.
@@ -52,6 +53,8 @@ impl EnforceMode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeResult {
     pub found: bool,
+    /// The enforcer found is flock-agent.
+    pub flock: bool,
     pub reason: String,
 }
 
@@ -120,6 +123,7 @@ pub async fn probe(client: &Client, agent: &AgentRef) -> Result<ProbeResult, Pro
             if st.number_ready >= 1 {
                 return Ok(ProbeResult {
                     found: true,
+                    flock: true,
                     reason: format!(
                         "DaemonSet {}/{} has {}/{} pods ready",
                         agent.namespace, agent.name, st.number_ready, st.desired_number_scheduled
@@ -137,14 +141,47 @@ pub async fn probe(client: &Client, agent: &AgentRef) -> Result<ProbeResult, Pro
             .await
             .map_err(|error| ProbeError::Pods { selector: selector.to_string(), error })?;
         if !found.items.is_empty() {
-            return Ok(ProbeResult { found: true, reason: format!("{agent_state}; found {name} pods (kube-system, {selector})") });
+            return Ok(ProbeResult {
+                found: true,
+                flock: false,
+                reason: format!("{agent_state}; found {name} pods (kube-system, {selector})"),
+            });
         }
     }
     let searched: Vec<&str> = OTHER_ENFORCERS.iter().map(|(_, s)| *s).collect();
     Ok(ProbeResult {
         found: false,
+        flock: false,
         reason: format!("{agent_state}, and no kube-system pods with {}: NetworkPolicies would not be enforced", searched.join(", ")),
     })
+}
+
+/// Whether runs' `Enforced` can be verified: only flock-agent reports what each node
+/// enforces (FlockNodes). Not with enforcement off, CiliumNetworkPolicies, an enforcer the
+/// auto probe found that is not flock, or where the FlockNode API is not served (flock-agent,
+/// which installs it, is not there).
+pub async fn verification(client: &Client, decision: &Decision, kind: &PolicyKind, probe: Option<&ProbeResult>) -> Verify {
+    use super::enforced::reason;
+    if !decision.enabled {
+        return Verify::Unknown { reason: reason::DISABLED, message: format!("policy enforcement is off ({})", decision.reason) };
+    }
+    if let PolicyKind::Cilium(_) = kind {
+        return Verify::Unknown {
+            reason: reason::NOT_FLOCK,
+            message: "runs get CiliumNetworkPolicies, which Cilium enforces; only flock-agent reports what each node enforces".into(),
+        };
+    }
+    if let Some(p) = probe.filter(|p| !p.flock) {
+        return Verify::Unknown { reason: reason::NOT_FLOCK, message: format!("the enforcer is not flock-agent ({})", p.reason) };
+    }
+    let gvk = GroupVersionKind::gvk(super::crd::GROUP, super::crd::VERSION, "FlockNode");
+    match kube::discovery::pinned_kind(client, &gvk).await {
+        Ok(_) => Verify::Flock,
+        Err(e) => Verify::Unknown {
+            reason: reason::NOT_FLOCK,
+            message: format!("the FlockNode API (flocknodes.flock.dev, installed with flock-agent) is not served: {e}"),
+        },
+    }
 }
 
 /// Which policy kind runs get.
@@ -206,8 +243,8 @@ mod tests {
 
     #[test]
     fn decision_table() {
-        let yes: Result<ProbeResult, ProbeError> = Ok(ProbeResult { found: true, reason: "agent".into() });
-        let no: Result<ProbeResult, ProbeError> = Ok(ProbeResult { found: false, reason: "none".into() });
+        let yes: Result<ProbeResult, ProbeError> = Ok(ProbeResult { found: true, flock: true, reason: "agent".into() });
+        let no: Result<ProbeResult, ProbeError> = Ok(ProbeResult { found: false, flock: false, reason: "none".into() });
         let err: Result<ProbeResult, ProbeError> = Err(ProbeError::Pods {
             selector: "x".into(),
             error: kube::Error::Api(Box::new(kube::core::Status::failure("no", "Forbidden"))),

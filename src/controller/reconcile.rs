@@ -46,7 +46,12 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::crd::{self, AppliedPolicy, Enforcement, Run, RunProfile, RunStatus};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::SignedDuration;
+
+use super::audit::{self, AuditError, Change};
+use super::crd::{self, AppliedPolicy, AuditAction, AuditPolicy, AuditProfile, Enforcement, FlockNode, Run, RunProfile, RunStatus};
+use super::enforced::{self, Judgement, Verify};
 use super::metrics::{ApplyResult, Metrics};
 use super::probe::{Decision, PolicyKind};
 use super::render::{self, ClusterConfig, RenderError};
@@ -55,6 +60,24 @@ use super::{FIELD_MANAGER, WITHDRAWN_REASON};
 /// Condition types.
 pub const NETWORK_POLICY_READY: &str = "NetworkPolicyReady";
 pub const READY: &str = "Ready";
+pub const ENFORCED: &str = "Enforced";
+pub const EXPIRED: &str = "Expired";
+
+/// The reason of the Warning Event for a policy that nodes take too long to enforce.
+pub const DELAYED_REASON: &str = "EnforcementDelayed";
+
+/// The controller's clock (a fake one in tests): expiry and timestamps read it.
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// The wall clock.
+pub fn system_clock() -> Clock {
+    Arc::new(Timestamp::now)
+}
+
+/// A timestamp as conditions and statuses write it (RFC 3339, seconds).
+pub fn format_time(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
 
 /// Reasons of `NetworkPolicyReady` (and of `Ready` when it is False).
 pub mod reason {
@@ -66,6 +89,12 @@ pub mod reason {
     pub const APPLY_FAILED: &str = "ApplyFailed";
     /// `Ready` of a run whose enforcement is disabled: nothing to wait for.
     pub const ENFORCEMENT_DISABLED: &str = "EnforcementDisabled";
+    /// `Ready` of a run whose nodes do not all enforce its policy yet.
+    pub const NOT_ENFORCED: &str = "NotEnforced";
+    /// `Expired`, and `Ready` of an expired run.
+    pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+    pub const ACTIVE: &str = "Active";
+    pub const NO_DEADLINE: &str = "NoDeadline";
     /// RunProfile `Ready`.
     pub const VALID: &str = "Valid";
     pub const INVALID: &str = "Invalid";
@@ -86,8 +115,23 @@ pub struct Context {
     pub resync: Duration,
     /// The caches the reconciles read.
     pub caches: Caches,
+    /// Whether `Enforced` can be verified here (flock-agent reports FlockNodes).
+    pub verify: Verify,
+    /// After this long with nodes still pending, a Warning Event `EnforcementDelayed`.
+    pub enforced_timeout: Duration,
+    pub clock: Clock,
     /// Backoff of runs whose last reconcile failed.
     backoffs: Mutex<Backoffs>,
+    /// Runs whose nodes do not all enforce their policy yet, by run uid.
+    delays: Mutex<HashMap<String, Delay>>,
+}
+
+/// Since when a run's policy generation has been pending on some node.
+#[derive(Debug, Clone, Copy)]
+struct Delay {
+    generation: i64,
+    since: Instant,
+    reported: bool,
 }
 
 /// The controller's caches (reflector stores), fed by its watches.
@@ -102,6 +146,12 @@ pub struct Caches {
     /// Every Run (the run controller's own cache): a failure is recorded only for a run that
     /// is still here.
     pub runs: Store<Run>,
+    /// The pods labelled `flock.dev/run` (every run pod: see [`crd::requires_run_label`]),
+    /// and every FlockNode: whether the run's nodes enforce its policy.
+    pub pods: Store<Pod>,
+    pub nodes: Store<FlockNode>,
+    /// True once both hold a complete list.
+    pub enforcement_complete: watch::Receiver<bool>,
 }
 
 impl Context {
@@ -123,7 +173,40 @@ impl Context {
             metrics,
             resync: Duration::from_secs(600),
             caches,
+            verify: Verify::Unknown { reason: enforced::reason::NOT_FLOCK, message: "not probed".into() },
+            enforced_timeout: Duration::from_secs(60),
+            clock: system_clock(),
             backoffs: Mutex::new(Backoffs::default()),
+            delays: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn delays(&self) -> MutexGuard<'_, HashMap<String, Delay>> {
+        self.delays.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes a run's `Enforced` judgement for `generation`; `Some(wait)` while pending: the
+    /// time left before `EnforcementDelayed` is due (zero: due now, and not reported yet).
+    fn pending_for(&self, run: &Run, generation: i64, judgement: &Judgement) -> Option<Duration> {
+        let uid = backoff_key(run);
+        let mut delays = self.delays();
+        if judgement.status != crd::FALSE {
+            delays.remove(&uid);
+            return None;
+        }
+        let d = delays.entry(uid).or_insert(Delay { generation, since: Instant::now(), reported: false });
+        if d.generation != generation {
+            *d = Delay { generation, since: Instant::now(), reported: false };
+        }
+        if d.reported {
+            return None;
+        }
+        Some(self.enforced_timeout.saturating_sub(d.since.elapsed()))
+    }
+
+    fn delay_reported(&self, run: &Run) {
+        if let Some(d) = self.delays().get_mut(&backoff_key(run)) {
+            d.reported = true;
         }
     }
 
@@ -145,7 +228,10 @@ impl Context {
     /// no longer has goes too.
     pub fn observe_run(&self, event: &watcher::Event<Run>) {
         match event {
-            watcher::Event::Delete(run) => self.change_backoffs(|b| b.forget(run)),
+            watcher::Event::Delete(run) => {
+                self.delays().remove(&backoff_key(run));
+                self.change_backoffs(|b| b.forget(run))
+            }
             watcher::Event::InitDone => self.change_backoffs(|b| {
                 let present: std::collections::HashSet<String> = self.caches.runs.state().iter().map(|r| backoff_key(r)).collect();
                 b.entries.retain(|k, _| present.contains(k));
@@ -204,6 +290,10 @@ pub enum ReconcileError {
     Status { kind: &'static str, name: String, error: kube::Error },
     #[error("encoding {what}: {error}")]
     Encode { what: String, error: serde_json::Error },
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    #[error("run {run}: the pod and FlockNode caches stopped before they were complete")]
+    EnforcementCache { run: String },
 }
 
 impl ReconcileError {
@@ -220,7 +310,11 @@ pub enum Outcome {
     Applied {
         policy: AppliedPolicy,
         result: ApplyResult,
-        previous: Option<AppliedPolicy>,
+        previous: Option<Box<AppliedPolicy>>,
+        /// The run's deadline passed: the policy allows nothing.
+        expired: bool,
+        /// The AuditEvents written by this pass.
+        recorded: Vec<Change>,
     },
     Disabled,
     /// The user's to fix: a condition says what, and nothing happens until a change.
@@ -230,9 +324,11 @@ pub enum Outcome {
     },
 }
 
-/// Now, as a condition timestamp (RFC 3339, seconds).
-pub fn now() -> String {
-    Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+/// When `run` expires: `spec.activeDeadlineSeconds` after its creation.
+pub fn expires_at(run: &Run) -> Option<Timestamp> {
+    let secs = run.spec.active_deadline_seconds?;
+    let created = run.meta().creation_timestamp.as_ref()?.0;
+    created.checked_add(SignedDuration::from_secs(secs)).ok()
 }
 
 /// Step 1: the run's pinned decision, or `current` for a run that has none yet.
@@ -355,16 +451,18 @@ pub async fn remove_policies(client: &Client, run: &Run, kinds: &[PolicyKind]) -
     Ok(deleted)
 }
 
-/// Step 8 (pure): the conditions an outcome means.
-pub fn conditions(status: &mut RunStatus, outcome: &Outcome, generation: Option<i64>, now: &str) {
-    let (np_ok, np_reason, np_message, ready, ready_reason) = match outcome {
-        Outcome::Applied { policy, .. } => {
-            let msg = format!("{} {} applied (uid {})", policy.kind, policy.name, policy.uid);
-            (true, reason::APPLIED, msg, true, reason::APPLIED)
-        }
+/// Step 8 (pure): the conditions of an outcome, the run's expiry and the `Enforced`
+/// judgement.
+pub fn conditions(status: &mut RunStatus, outcome: &Outcome, enforced: &Judgement, generation: Option<i64>, now: &str) {
+    let (np_ok, np_reason, np_message) = match outcome {
+        Outcome::Applied { policy, .. } => (
+            true,
+            reason::APPLIED,
+            format!("{} {} applied (uid {}, generation {})", policy.kind, policy.name, policy.uid, policy.generation.unwrap_or(0)),
+        ),
         Outcome::Disabled => {
             let why = status.enforcement.as_ref().map(|e| e.reason.clone()).unwrap_or_default();
-            (false, reason::DISABLED, format!("policy enforcement is disabled for this run ({why})"), true, reason::ENFORCEMENT_DISABLED)
+            (false, reason::DISABLED, format!("policy enforcement is disabled for this run ({why})"))
         }
         Outcome::UserError { reason, message } => {
             let kept = status
@@ -372,11 +470,26 @@ pub fn conditions(status: &mut RunStatus, outcome: &Outcome, generation: Option<
                 .as_ref()
                 .map(|p| format!("; the last applied {} {} stays in place", p.kind, p.name))
                 .unwrap_or_default();
-            (false, *reason, format!("{message}{kept}"), false, *reason)
+            (false, *reason, format!("{message}{kept}"))
         }
     };
     crd::set_condition(&mut status.conditions, NETWORK_POLICY_READY, np_ok, np_reason, &np_message, generation, now);
-    let ready_message = if ready { String::new() } else { np_message };
+    let expired = matches!(outcome, Outcome::Applied { expired: true, .. });
+    let (expired_reason, expired_message) = match (&status.expires_at, expired) {
+        (Some(at), true) => (reason::DEADLINE_EXCEEDED, format!("the run's deadline passed at {at}: its policy allows nothing")),
+        (Some(at), false) => (reason::ACTIVE, format!("the run's egress expires at {at}")),
+        (None, _) => (reason::NO_DEADLINE, String::new()),
+    };
+    crd::set_condition(&mut status.conditions, EXPIRED, expired, expired_reason, &expired_message, generation, now);
+    crd::set_condition_status(&mut status.conditions, ENFORCED, enforced.status, enforced.reason, &enforced.message, generation, now);
+    let (ready, ready_reason, ready_message) = match outcome {
+        Outcome::Disabled => (true, reason::ENFORCEMENT_DISABLED, String::new()),
+        Outcome::UserError { .. } => (false, np_reason, np_message),
+        Outcome::Applied { .. } if expired => (false, reason::DEADLINE_EXCEEDED, expired_message),
+        // Unknown: an enforcer that does not report (Ready keeps its meaning: applied).
+        Outcome::Applied { .. } if enforced.status == crd::FALSE => (false, reason::NOT_ENFORCED, enforced.message.clone()),
+        Outcome::Applied { .. } => (true, reason::APPLIED, String::new()),
+    };
     crd::set_condition(&mut status.conditions, READY, ready, ready_reason, &ready_message, generation, now);
 }
 
@@ -392,6 +505,8 @@ pub async fn write_status(client: &Client, run: &Run, current: &RunStatus, statu
         "observedGeneration": status.observed_generation,
         "enforcement": status.enforcement,
         "networkPolicy": status.network_policy,
+        "expiresAt": status.expires_at,
+        "grant": status.grant,
         "conditions": status.conditions,
     }});
     Api::<Run>::namespaced(client.clone(), &namespace)
@@ -432,7 +547,9 @@ pub async fn withdrawn_event(recorder: &Recorder, run: &Run, previous: Option<&A
     }
 }
 
-/// Steps 2–7 of a run whose decision is `enforcement`; `status.networkPolicy` is updated.
+/// Steps 2–7 of a run whose decision is `enforcement`; `status.networkPolicy` and
+/// `status.grant` are updated. An expired run gets a policy that allows nothing, whatever
+/// its profile says (also when the profile is gone or invalid).
 async fn steps(run: &Run, ctx: &Context, enforcement: &Enforcement, status: &mut RunStatus) -> Result<Outcome, ReconcileError> {
     let others: Vec<PolicyKind> = match &ctx.kind {
         PolicyKind::NetworkPolicy => Vec::new(),
@@ -448,20 +565,39 @@ async fn steps(run: &Run, ctx: &Context, enforcement: &Enforcement, status: &mut
         status.network_policy = None;
         return Ok(Outcome::Disabled);
     }
-    let Some(profile) = cached_profile(&ctx.caches, &run.spec.profile).await? else {
-        return Ok(Outcome::UserError {
-            reason: reason::PROFILE_NOT_FOUND,
-            message: format!("RunProfile {} does not exist", run.spec.profile),
-        });
+    let expires = expires_at(run);
+    let expired = expires.is_some_and(|t| (ctx.clock)() >= t);
+    let expires_text = expires.map(format_time);
+    let cached = cached_profile(&ctx.caches, &run.spec.profile).await?;
+    let profile = match (&cached, expired) {
+        (Some(p), _) => p.clone(),
+        // Expired: nothing of the profile is used.
+        (None, true) => Arc::new(RunProfile::new(&run.spec.profile, crd::RunProfileSpec::withdrawn())),
+        (None, false) => {
+            return Ok(Outcome::UserError {
+                reason: reason::PROFILE_NOT_FOUND,
+                message: format!("RunProfile {} does not exist", run.spec.profile),
+            });
+        }
     };
     let cluster = ctx.cluster.borrow().clone();
-    let plan = match render::plan(run, &profile, &cluster) {
+    let planned = match render::plan(run, &profile, &cluster) {
+        Err(RenderError::Profile { .. }) if expired => {
+            render::plan(run, &RunProfile::new(&run.spec.profile, crd::RunProfileSpec::withdrawn()), &cluster)
+        }
+        other => other,
+    };
+    let mut plan = match planned {
         Ok(p) => p,
         Err(e) => {
             let (reason, message) = user_error(&e);
             return Ok(Outcome::UserError { reason, message });
         }
     };
+    if expired {
+        plan.withdraw(expires_text.as_deref().unwrap_or_default());
+    }
+    let destinations = plan.destinations();
     let object = desired(&plan, &ctx.kind)
         .map_err(|error| ReconcileError::Encode { what: format!("{} {}/{}", ctx.kind.kind(), plan.namespace, plan.name), error })?;
     let applied = match apply(&ctx.client, &ctx.kind, &object).await {
@@ -478,14 +614,105 @@ async fn steps(run: &Run, ctx: &Context, enforcement: &Enforcement, status: &mut
     for _ in 0..n {
         ctx.metrics.deleted();
     }
-    Ok(Outcome::Applied { policy: applied, result, previous })
+
+    // The audit trail, after the policy is in place and before `status.grant` moves on.
+    let mut changes = Vec::new();
+    if result == ApplyResult::Recreated {
+        changes.push((
+            Change { action: AuditAction::Withdrawn, reason: audit::reason::WITHDRAWN, added: Vec::new(), removed: Vec::new() },
+            format!(
+                "{} {} had been applied (uid {}) and was found deleted; re-created (uid {})",
+                applied.kind,
+                applied.name,
+                previous.as_ref().map_or("?", |p| p.uid.as_str()),
+                applied.uid
+            ),
+        ));
+    }
+    if let Some(change) = audit::decide(status.grant.as_ref(), &destinations, expired, expires_text.as_deref()) {
+        let profile_note = cached.as_ref().map_or_else(
+            || format!("RunProfile {} (gone)", run.spec.profile),
+            |p| format!("RunProfile {} generation {}", run.spec.profile, p.metadata.generation.unwrap_or(0)),
+        );
+        let message = match change.action {
+            AuditAction::Expired => format!("the run's deadline passed at {}", expires_text.as_deref().unwrap_or("?")),
+            AuditAction::Extended => format!("the deadline was raised to {}; {profile_note}", expires_text.as_deref().unwrap_or("none")),
+            _ => profile_note,
+        };
+        changes.push((change, message));
+    }
+    let mut sequence = status.grant.as_ref().map_or(0, |g| g.sequence);
+    let mut recorded = Vec::new();
+    for (change, message) in changes {
+        sequence += 1;
+        let record = audit::Record {
+            run,
+            profile: AuditProfile { name: run.spec.profile.clone(), generation: cached.as_ref().and_then(|p| p.metadata.generation) },
+            policy: AuditPolicy { kind: applied.kind.clone(), name: applied.name.clone(), generation: applied.generation },
+            sequence,
+            message,
+            expires_at: expires_text.clone(),
+            time: format_time((ctx.clock)()),
+        };
+        audit::write(&ctx.client, &audit::event(&record, &change)).await?;
+        ctx.metrics.audited(change.action.as_str());
+        recorded.push(change);
+    }
+    if !recorded.is_empty() {
+        status.grant = Some(audit::next_grant(sequence, &destinations, expired, expires_text.as_deref()));
+    }
+    Ok(Outcome::Applied { policy: applied, result, previous: previous.map(Box::new), expired, recorded })
 }
 
-/// The requeue of an outcome.
-pub fn action(outcome: &Outcome, resync: Duration) -> Action {
+/// Step 8: the `Enforced` judgement of an outcome.
+async fn judge_enforced(run: &Run, ctx: &Context, outcome: &Outcome, status: &RunStatus) -> Result<Judgement, ReconcileError> {
+    if matches!(outcome, Outcome::Disabled) {
+        return Ok(Judgement::unknown(enforced::reason::DISABLED, "policy enforcement is disabled for this run".into()));
+    }
+    if let Verify::Unknown { reason, message } = &ctx.verify {
+        return Ok(Judgement::unknown(reason, message.clone()));
+    }
+    let Some(policy) = &status.network_policy else {
+        return Ok(Judgement {
+            status: crd::FALSE,
+            reason: enforced::reason::NO_POLICY,
+            message: "no policy has been applied for the run".into(),
+            pending: Vec::new(),
+        });
+    };
+    let mut complete = ctx.caches.enforcement_complete.clone();
+    complete.wait_for(|c| *c).await.map_err(|_| ReconcileError::EnforcementCache { run: key(run) })?;
+    let namespace = run.namespace().unwrap_or_default();
+    let Some(selector) = render::run_selector(run).ok().as_ref().and_then(enforced::compile) else {
+        return Ok(Judgement::unknown(enforced::reason::NO_POLICY, "the run's pod selector is invalid".into()));
+    };
+    let pods = ctx.caches.pods.state();
+    let nodes = enforced::nodes(&selector, pods.iter().map(|p| &**p).filter(|p| p.namespace().as_deref() == Some(namespace.as_str())));
+    let reports = nodes
+        .iter()
+        .filter_map(|n| {
+            let node = ctx.caches.nodes.get(&ObjectRef::new(n))?;
+            Some((n.clone(), node.status.clone().unwrap_or_default()))
+        })
+        .collect();
+    Ok(enforced::judge(&format!("{namespace}/{}", policy.name), policy.generation.unwrap_or(0), &nodes, &reports))
+}
+
+/// The requeue of an outcome: applied runs at the resync period, or sooner when their
+/// deadline comes first or an `EnforcementDelayed` Event will be due.
+pub fn action(outcome: &Outcome, resync: Duration, until_expiry: Option<Duration>, until_delayed: Option<Duration>) -> Action {
     match outcome {
-        Outcome::Applied { .. } => Action::requeue(resync),
-        Outcome::Disabled | Outcome::UserError { .. } => Action::await_change(),
+        Outcome::Applied { .. } => {
+            let wait = [Some(resync), until_expiry, until_delayed].into_iter().flatten().min().unwrap_or(resync);
+            Action::requeue(wait.max(Duration::from_millis(100)))
+        }
+        Outcome::Disabled => Action::await_change(),
+        // A run kept from its policy by a user error still expires on time (checked again at
+        // the resync period too: the clock is not the only thing that moves a deadline).
+        Outcome::UserError { .. } => match until_expiry {
+            Some(wait) => Action::requeue(wait.min(resync).max(Duration::from_millis(100))),
+            None => Action::await_change(),
+        },
     }
 }
 
@@ -511,8 +738,9 @@ pub async fn reconcile_run(run: Arc<Run>, ctx: Arc<Context>) -> Result<Action, R
     let enforcement = pin(&current, &ctx.decision);
     status.enforcement = Some(enforcement.clone());
     status.observed_generation = run.meta().generation;
+    status.expires_at = expires_at(&run).map(format_time);
     let generation = run.meta().generation;
-    let now = now();
+    let now = format_time((ctx.clock)());
     let outcome = match steps(&run, &ctx, &enforcement, &mut status).await {
         Ok(o) => o,
         Err(e) => {
@@ -527,15 +755,66 @@ pub async fn reconcile_run(run: Arc<Run>, ctx: Arc<Context>) -> Result<Action, R
             return Err(e);
         }
     };
-    conditions(&mut status, &outcome, generation, &now);
+    let judgement = judge_enforced(&run, &ctx, &outcome, &status).await?;
+    conditions(&mut status, &outcome, &judgement, generation, &now);
     write_status(&ctx.client, &run, &current, &status).await?;
-    if let Outcome::Applied { policy, result: ApplyResult::Recreated, previous } = &outcome {
-        withdrawn_event(&ctx.recorder, &run, previous.as_ref(), policy).await;
+    let mut until_delayed = None;
+    if let Outcome::Applied { policy, result, previous, recorded, .. } = &outcome {
+        if *result == ApplyResult::Recreated {
+            withdrawn_event(&ctx.recorder, &run, previous.as_deref(), policy).await;
+        }
+        for change in recorded.iter().filter(|c| c.action != AuditAction::Withdrawn) {
+            audit_event(&ctx.recorder, &run, change).await;
+        }
+        match ctx.pending_for(&run, policy.generation.unwrap_or(0), &judgement) {
+            Some(left) if left.is_zero() => {
+                delayed_event(&ctx.recorder, &run, ctx.enforced_timeout, &judgement).await;
+                ctx.delay_reported(&run);
+            }
+            left => until_delayed = left,
+        }
     }
     ctx.change_backoffs(|b| b.forget(&run));
     ctx.metrics.reconciled("Run", started.elapsed().as_secs_f64());
     tracing::debug!(run = %key(&run), outcome = ?outcome, seconds = started.elapsed().as_secs_f64(), "reconciled");
-    Ok(action(&outcome, ctx.resync))
+    let until_expiry = expires_at(&run)
+        .map(|t| t.duration_since((ctx.clock)()))
+        .filter(|d| d.is_positive())
+        .and_then(|d| Duration::try_from(d).ok())
+        // Past the deadline by the clock's second: at most one more pass.
+        .map(|d| d + Duration::from_millis(10));
+    Ok(action(&outcome, ctx.resync, until_expiry, until_delayed))
+}
+
+/// The Kubernetes Event of an audited change (beside the AuditEvent; fails open).
+async fn audit_event(recorder: &Recorder, run: &Run, change: &Change) {
+    let (type_, reason) = match change.action {
+        AuditAction::Granted => (EventType::Normal, "EgressGranted"),
+        AuditAction::Changed => (EventType::Normal, "EgressChanged"),
+        AuditAction::Extended => (EventType::Normal, "EgressExtended"),
+        AuditAction::Expired => (EventType::Warning, "EgressExpired"),
+        AuditAction::Withdrawn => (EventType::Warning, WITHDRAWN_REASON),
+    };
+    let note = format!("{} ({}): +{} -{} destinations", change.action.as_str(), change.reason, change.added.len(), change.removed.len());
+    let event = Event { type_, reason: reason.into(), note: Some(note), action: "Audit".into(), secondary: None };
+    if let Err(e) = recorder.publish(&event, &run.object_ref(&())).await {
+        tracing::warn!(error = %e, run = %key(run), "publishing the {reason} event");
+    }
+}
+
+/// The Warning Event of a policy nodes take too long to enforce (fails open).
+async fn delayed_event(recorder: &Recorder, run: &Run, after: Duration, judgement: &Judgement) {
+    tracing::warn!(run = %key(run), pending = ?judgement.pending, "nodes do not enforce the run's policy after {after:?}");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: DELAYED_REASON.into(),
+        note: Some(format!("after {}s: {}", after.as_secs(), judgement.message)),
+        action: "Verify".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &run.object_ref(&())).await {
+        tracing::warn!(error = %e, "publishing the {DELAYED_REASON} event");
+    }
 }
 
 /// The backoff after `failures` consecutive failures: 1 s, doubling, at most 5 min.
@@ -573,7 +852,7 @@ pub async fn reconcile_profile(profile: Arc<RunProfile>, ctx: Arc<Context>) -> R
     let problems = profile.spec.problems();
     let (ok, why, message) =
         if problems.is_empty() { (true, reason::VALID, String::new()) } else { (false, reason::INVALID, crd::describe(&problems)) };
-    crd::set_condition(&mut status.conditions, READY, ok, why, &message, generation, &now());
+    crd::set_condition(&mut status.conditions, READY, ok, why, &message, generation, &format_time((ctx.clock)()));
     if status != current {
         let name = profile.name_any();
         let patch = json!({"status": {"observedGeneration": status.observed_generation, "conditions": status.conditions}});
@@ -599,7 +878,13 @@ mod tests {
     use crate::controller::probe::EnforceMode;
 
     fn applied(uid: &str) -> AppliedPolicy {
-        AppliedPolicy { api_version: "networking.k8s.io/v1".into(), kind: "NetworkPolicy".into(), name: "r-egress".into(), uid: uid.into(), generation: Some(1) }
+        AppliedPolicy {
+            api_version: "networking.k8s.io/v1".into(),
+            kind: "NetworkPolicy".into(),
+            name: "r-egress".into(),
+            uid: uid.into(),
+            generation: Some(1),
+        }
     }
 
     #[test]
@@ -624,17 +909,28 @@ mod tests {
         assert_eq!(record(Some(&cnp), &applied("u2")), ApplyResult::Created);
     }
 
+    fn applied_outcome(expired: bool) -> Outcome {
+        Outcome::Applied { policy: applied("u1"), result: ApplyResult::Created, previous: None, expired, recorded: Vec::new() }
+    }
+
+    fn judged(status: &'static str) -> Judgement {
+        Judgement { status, reason: "R", message: format!("judged {status}"), pending: Vec::new() }
+    }
+
     #[test]
     fn conditions_per_outcome() {
         let mut s = RunStatus::default();
-        conditions(&mut s, &Outcome::Applied { policy: applied("u1"), result: ApplyResult::Created, previous: None }, Some(1), "t1");
+        let yes = judged("True");
+        conditions(&mut s, &applied_outcome(false), &yes, Some(1), "t1");
         let np = crd::condition(&s.conditions, NETWORK_POLICY_READY).unwrap();
         assert_eq!((np.status.as_str(), np.reason.as_str()), ("True", "Applied"));
         assert_eq!(crd::condition(&s.conditions, READY).unwrap().status, "True");
+        assert_eq!(crd::condition(&s.conditions, EXPIRED).unwrap().reason, reason::NO_DEADLINE);
         s.network_policy = Some(applied("u1"));
         conditions(
             &mut s,
             &Outcome::UserError { reason: reason::PROFILE_NOT_FOUND, message: "RunProfile p does not exist".into() },
+            &yes,
             Some(2),
             "t2",
         );
@@ -643,14 +939,41 @@ mod tests {
         assert!(np.message.contains("stays in place"), "{}", np.message);
         let ready = crd::condition(&s.conditions, READY).unwrap();
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "ProfileNotFound"));
-        conditions(&mut s, &Outcome::Disabled, Some(2), "t3");
+        let unknown = judged("Unknown");
+        conditions(&mut s, &Outcome::Disabled, &unknown, Some(2), "t3");
         let ready = crd::condition(&s.conditions, READY).unwrap();
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "EnforcementDisabled"));
         assert_eq!(crd::condition(&s.conditions, NETWORK_POLICY_READY).unwrap().reason, "Disabled");
+        assert_eq!(crd::condition(&s.conditions, ENFORCED).unwrap().status, "Unknown");
         // Same outcome twice: equal status (so no write).
         let before = s.clone();
-        conditions(&mut s, &Outcome::Disabled, Some(2), "t4");
+        conditions(&mut s, &Outcome::Disabled, &unknown, Some(2), "t4");
         assert_eq!(s, before);
+        // Ready needs Enforced (Unknown keeps today's meaning) and no expiry.
+        conditions(&mut s, &applied_outcome(false), &judged("False"), Some(3), "t5");
+        let ready = crd::condition(&s.conditions, READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str(), ready.message.as_str()), ("False", reason::NOT_ENFORCED, "judged False"));
+        conditions(&mut s, &applied_outcome(false), &unknown, Some(3), "t6");
+        assert_eq!(crd::condition(&s.conditions, READY).unwrap().status, "True");
+        s.expires_at = Some("2026-11-26T10:00:00Z".into());
+        conditions(&mut s, &applied_outcome(true), &yes, Some(3), "t7");
+        let expired = crd::condition(&s.conditions, EXPIRED).unwrap();
+        assert_eq!((expired.status.as_str(), expired.reason.as_str()), ("True", reason::DEADLINE_EXCEEDED));
+        let ready = crd::condition(&s.conditions, READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reason::DEADLINE_EXCEEDED));
+    }
+
+    #[test]
+    fn requeue_before_the_deadline_and_the_delay_event() {
+        let resync = Duration::from_secs(600);
+        let wait = |a: Action| format!("{a:?}");
+        assert_eq!(wait(action(&applied_outcome(false), resync, None, None)), wait(Action::requeue(resync)));
+        let soon = Duration::from_secs(5);
+        assert_eq!(wait(action(&applied_outcome(false), resync, Some(soon), None)), wait(Action::requeue(soon)));
+        assert_eq!(wait(action(&applied_outcome(false), resync, Some(resync), Some(soon))), wait(Action::requeue(soon)));
+        let user = Outcome::UserError { reason: reason::PROFILE_NOT_FOUND, message: String::new() };
+        assert_eq!(wait(action(&user, resync, None, None)), wait(Action::await_change()));
+        assert_eq!(wait(action(&user, resync, Some(soon), None)), wait(Action::requeue(soon)), "a user error does not stop expiry");
     }
 
     fn run_with_uid(uid: &str) -> Run {

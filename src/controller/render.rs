@@ -317,6 +317,73 @@ pub fn plan(run: &Run, profile: &RunProfile, cluster: &ClusterConfig) -> Result<
     })
 }
 
+/// The annotation on a policy whose run expired: when (the policy then allows nothing).
+pub const EXPIRED_ANNOTATION: &str = "flock.dev/expired";
+
+impl Plan {
+    /// The run expired at `at`: the policy allows nothing, both ways (it stays, so the run's
+    /// pods stay isolated rather than open).
+    pub fn withdraw(&mut self, at: &str) {
+        self.egress.clear();
+        self.ingress = Some(Vec::new());
+        self.annotations.insert(EXPIRED_ANNOTATION.to_string(), at.to_string());
+    }
+
+    /// What the run may reach, one line per (rule, peer), sorted: what an `AuditEvent`
+    /// compares and records.
+    pub fn destinations(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for r in &self.egress {
+            let purpose = match r.purpose {
+                Purpose::Dns => "dns",
+                Purpose::Internet => "internet",
+                Purpose::ApiServer => "api-server",
+                Purpose::Service => "service",
+                Purpose::Cidr => "cidr",
+                Purpose::Ingress => "ingress",
+            };
+            let ports = describe_ports(&r.ports);
+            for p in &r.peers {
+                out.push(format!("{purpose}: {} on {ports}", describe_peer(p)));
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+fn describe_peer(p: &Peer) -> String {
+    match p {
+        Peer::Pods { namespace, selector } => {
+            let mut terms: Vec<String> = selector.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            terms.extend(selector.match_expressions.iter().map(|e| match e.values.is_empty() {
+                true => format!("{} {}", e.key, e.operator.as_str()),
+                false => format!("{} {} ({})", e.key, e.operator.as_str(), e.values.join(",")),
+            }));
+            if terms.is_empty() { format!("pods {namespace}/*") } else { format!("pods {namespace}/{}", terms.join(",")) }
+        }
+        Peer::Cidr { cidr, except } if except.is_empty() => cidr.to_string(),
+        Peer::Cidr { cidr, except } => {
+            format!("{cidr} except {}", except.iter().map(ToString::to_string).collect::<Vec<_>>().join(","))
+        }
+    }
+}
+
+fn describe_ports(ports: &[PortSpec]) -> String {
+    if ports.is_empty() {
+        return "all ports".into();
+    }
+    ports
+        .iter()
+        .map(|p| match p.end_port {
+            Some(end) if end != p.port => format!("{}/{}-{end}", p.protocol.as_str(), p.port),
+            _ => format!("{}/{}", p.protocol.as_str(), p.port),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The run's `networking.k8s.io/v1` NetworkPolicy.
 pub fn render(run: &Run, profile: &RunProfile, cluster: &ClusterConfig) -> Result<net::NetworkPolicy, RenderError> {
     plan(run, profile, cluster).map(|p| network_policy(&p))

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use flock::agent::http::{ListenAddr, serve_with};
+use flock::controller::audit::Retention;
 use flock::controller::leader::{self, LeaseConfig};
 use flock::controller::metrics::Metrics;
 use flock::controller::probe::{AgentRef, EnforceMode};
@@ -57,6 +58,16 @@ struct Args {
     /// policies are seen at once).
     #[arg(long, env = "FLOCK_RESYNC_SECONDS", default_value_t = 600)]
     resync_seconds: u64,
+    /// A Warning Event `EnforcementDelayed` when nodes hosting a run's pods have not reported
+    /// enforcing its policy's current generation after this many seconds.
+    #[arg(long, env = "FLOCK_ENFORCED_TIMEOUT_SECONDS", default_value_t = 60)]
+    enforced_timeout_seconds: u64,
+    /// AuditEvents older than this many days are deleted.
+    #[arg(long, env = "FLOCK_AUDIT_MAX_AGE_DAYS", default_value_t = 90)]
+    audit_max_age_days: u64,
+    /// At most this many AuditEvents are kept per run (the newest).
+    #[arg(long, env = "FLOCK_AUDIT_MAX_PER_RUN", default_value_t = 100)]
+    audit_max_per_run: usize,
     /// Address of /healthz, /readyz and /metrics (HOST:PORT or unix:/path).
     #[arg(long, env = "FLOCK_METRICS_ADDRESS", default_value = "0.0.0.0:9782")]
     metrics_address: ListenAddr,
@@ -84,7 +95,7 @@ struct Args {
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "FLOCK_LOG", default_value = "info")]
     log: String,
-    /// Print the CRDs (RunProfile, Run) as YAML and exit.
+    /// Print the CRDs (RunProfile, Run, AuditEvent, FlockNode) as YAML and exit.
     #[arg(long, env = "FLOCK_PRINT_CRDS")]
     print_crds: bool,
 }
@@ -159,6 +170,13 @@ fn run(args: Args) -> anyhow::Result<()> {
             resync: Duration::from_secs(args.resync_seconds.max(1)),
             instance: id.clone(),
             namespace: args.namespace.clone(),
+            enforced_timeout: Duration::from_secs(args.enforced_timeout_seconds.max(1)),
+            retention: Retention {
+                max_age: Duration::from_secs(args.audit_max_age_days.max(1).saturating_mul(24 * 3600)),
+                max_per_run: args.audit_max_per_run.max(1),
+                interval: Duration::from_secs(600),
+            },
+            clock: flock::controller::reconcile::system_clock(),
         };
 
         let stop = stop_on_signals("policies");

@@ -1,0 +1,389 @@
+//! Runs' lifecycle in flock-controller, against the in-repo API server: expiry on a fake
+//! clock (the policy rewritten to allow nothing, `Expired`, re-granted when the deadline is
+//! raised, also without a profile), the durable audit trail (one AuditEvent per grant,
+//! change, withdrawal and expiry, never duplicated, retention by age and count), `Enforced`
+//! from two simulated nodes' FlockNodes (one lagging; `EnforcementDelayed` once), `Unknown`
+//! where flock does not report, and custom pod selectors without `flock.dev/run` refused.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flock::controller::audit::{self, Retention};
+use flock::controller::crd::{self, AuditEvent, Run};
+use flock::controller::metrics::Metrics;
+use flock::controller::probe::EnforceMode;
+use flock::controller::reconcile::{ENFORCED, EXPIRED, NETWORK_POLICY_READY, READY};
+use flock::controller::render::{ClusterConfig, DnsConfig};
+use flock::controller::{self, Options};
+use flock_test_apiserver::ApiServer;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+#[path = "common/controller.rs"]
+mod common;
+use common::eventually;
+
+const NS: &str = "jobs";
+
+/// A clock the test moves.
+#[derive(Clone)]
+struct FakeClock(Arc<Mutex<Timestamp>>);
+
+impl FakeClock {
+    fn new() -> Self {
+        Self(Arc::new(Mutex::new(Timestamp::now())))
+    }
+    fn advance(&self, secs: i64) {
+        let mut t = self.0.lock().unwrap();
+        *t += SignedDuration::from_secs(secs);
+    }
+    fn clock(&self) -> flock::controller::reconcile::Clock {
+        let me = self.0.clone();
+        Arc::new(move || *me.lock().unwrap())
+    }
+}
+
+fn options(enforce: EnforceMode, clock: &FakeClock) -> Options {
+    let cluster = ClusterConfig {
+        pod_cidrs: vec!["198.18.0.0/20".parse().unwrap()],
+        service_cidrs: vec!["198.18.240.0/20".parse().unwrap()],
+        dns: DnsConfig::default(),
+        api_server: Default::default(),
+    };
+    Options {
+        api_server_url: Some("https://198.18.240.1:443".into()),
+        // Short: the test moves the fake clock, and each pass reads it.
+        resync: Duration::from_millis(200),
+        enforced_timeout: Duration::from_secs(1),
+        clock: clock.clock(),
+        ..Options::new(enforce, cluster)
+    }
+}
+
+struct Running {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    metrics: Arc<Metrics>,
+}
+
+impl Running {
+    async fn start(server: &ApiServer, opts: Options) -> Self {
+        let client = server.client();
+        let startup = controller::start(&client, &opts).await.unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (stop, rx) = watch::channel(false);
+        let m = metrics.clone();
+        let task = tokio::spawn(async move { controller::run(client, startup, &opts, m, rx).await });
+        Self { stop, task, metrics }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("the controller stops").unwrap();
+    }
+}
+
+fn profile(server: &ApiServer, name: &str, spec: Value) {
+    server.apply(json!({"apiVersion": "flock.dev/v1alpha1", "kind": "RunProfile", "metadata": {"name": name}, "spec": spec})).unwrap();
+}
+
+async fn create_run(server: &ApiServer, name: &str, spec: Value) -> Run {
+    let r: Run = serde_json::from_value(
+        json!({"apiVersion": "flock.dev/v1alpha1", "kind": "Run", "metadata": {"name": name, "namespace": NS}, "spec": spec}),
+    )
+    .unwrap();
+    Api::<Run>::namespaced(server.client(), NS).create(&PostParams::default(), &r).await.unwrap()
+}
+
+fn run_of(server: &ApiServer, name: &str) -> Run {
+    server.get_resource::<Run>(Some(NS), name).unwrap().unwrap()
+}
+
+fn condition(server: &ApiServer, run: &str, type_: &str) -> Option<(String, String, String)> {
+    let st = run_of(server, run).status?;
+    crd::condition(&st.conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn wait_condition(server: &ApiServer, run: &str, type_: &str, status: &str, reason: &str) -> String {
+    eventually(10, &format!("{run} {type_}={status} ({reason})"), || {
+        let (s, r, m) = condition(server, run, type_)?;
+        (s == status && r == reason).then_some(m)
+    })
+    .await
+}
+
+fn policy(server: &ApiServer, name: &str) -> Option<NetworkPolicy> {
+    server.get_resource::<NetworkPolicy>(Some(NS), name).unwrap()
+}
+
+/// The run's AuditEvents, by sequence.
+fn audits(server: &ApiServer, run: &str) -> Vec<AuditEvent> {
+    let mut out: Vec<AuditEvent> =
+        server.list_resources::<AuditEvent>(Some(NS)).unwrap().into_iter().filter(|e| e.spec.run.name == run).collect();
+    out.sort_by_key(|e| e.spec.sequence);
+    out
+}
+
+async fn wait_audits(server: &ApiServer, run: &str, n: usize) -> Vec<AuditEvent> {
+    let got = eventually(10, &format!("{n} AuditEvents of {run}"), || Some(audits(server, run)).filter(|a| a.len() >= n)).await;
+    assert_eq!(got.len(), n, "{got:#?}");
+    got
+}
+
+fn events(server: &ApiServer, reason: &str) -> Vec<Value> {
+    server.list("events.k8s.io/v1", "Event", None).unwrap().into_iter().filter(|e| e["reason"] == reason).collect()
+}
+
+fn egress_rules(np: &NetworkPolicy) -> usize {
+    np.spec.as_ref().and_then(|s| s.egress.as_ref()).map_or(0, Vec::len)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_withdraws_egress_and_a_raised_deadline_grants_it_again() {
+    let server = common::api_server().await;
+    let clock = FakeClock::new();
+    let ctl = Running::start(&server, options(EnforceMode::On, &clock)).await;
+    profile(&server, "web", json!({"internet": {"ports": [{"port": 443}]}}));
+    let run = create_run(&server, "job-1", json!({"profile": "web", "activeDeadlineSeconds": 3600})).await;
+    let created = run.metadata.creation_timestamp.clone().unwrap().0;
+
+    // Granted: the profile's egress, Expired False with the expiry, one AuditEvent.
+    let np = eventually(10, "the policy", || policy(&server, "job-1-egress")).await;
+    assert_eq!(egress_rules(&np), 2, "DNS and internet");
+    let msg = wait_condition(&server, "job-1", EXPIRED, "False", "Active").await;
+    let expires = flock::controller::reconcile::format_time(created + SignedDuration::from_secs(3600));
+    assert!(msg.contains(&expires), "{msg}");
+    assert_eq!(run_of(&server, "job-1").status.unwrap().expires_at.as_deref(), Some(expires.as_str()));
+    wait_condition(&server, "job-1", READY, "True", "Applied").await;
+    let a = wait_audits(&server, "job-1", 1).await;
+    let granted = &a[0].spec;
+    assert_eq!((granted.action, granted.sequence, granted.reason.as_str()), (crd::AuditAction::Granted, 1, "RunStarted"));
+    assert_eq!(granted.run.uid, run.metadata.uid.clone().unwrap());
+    assert_eq!((granted.profile.name.as_str(), granted.profile.generation), ("web", Some(1)));
+    assert_eq!(granted.policy.generation, np.metadata.generation);
+    assert!(granted.added.iter().any(|d| d.starts_with("internet: 0.0.0.0/0")), "{:?}", granted.added);
+    assert_eq!(granted.expires_at.as_deref(), Some(expires.as_str()));
+    // Not owned by the run: it outlives it.
+    assert!(a[0].metadata.owner_references.as_ref().is_none_or(Vec::is_empty));
+
+    // An hour later: the policy stays and allows nothing, Expired, Ready False, recorded.
+    clock.advance(3601);
+    let np = eventually(10, "the policy withdrawn", || policy(&server, "job-1-egress").filter(|p| egress_rules(p) == 0)).await;
+    let spec = np.spec.clone().unwrap();
+    assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_string(), "Egress".to_string()][..]));
+    assert!(spec.ingress.is_none_or(|i| i.is_empty()));
+    assert_eq!(np.metadata.annotations.as_ref().unwrap()["flock.dev/expired"], expires);
+    wait_condition(&server, "job-1", EXPIRED, "True", "DeadlineExceeded").await;
+    wait_condition(&server, "job-1", READY, "False", "DeadlineExceeded").await;
+    assert_eq!(condition(&server, "job-1", NETWORK_POLICY_READY).unwrap().0, "True", "the withdrawing policy is applied");
+    let a = wait_audits(&server, "job-1", 2).await;
+    assert_eq!((a[1].spec.action, a[1].spec.sequence), (crd::AuditAction::Expired, 2));
+    assert_eq!(a[1].spec.removed, granted.added, "everything granted is taken away");
+    assert!(a[1].spec.added.is_empty());
+    eventually(10, "the EgressExpired event", || events(&server, "EgressExpired").pop()).await;
+
+    // Raising the deadline after expiry grants the egress again.
+    let runs = Api::<Run>::namespaced(server.client(), NS);
+    runs.patch("job-1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"activeDeadlineSeconds": 7200}}))).await.unwrap();
+    eventually(10, "the egress back", || policy(&server, "job-1-egress").filter(|p| egress_rules(p) == 2)).await;
+    wait_condition(&server, "job-1", EXPIRED, "False", "Active").await;
+    wait_condition(&server, "job-1", READY, "True", "Applied").await;
+    let a = wait_audits(&server, "job-1", 3).await;
+    assert_eq!((a[2].spec.action, a[2].spec.reason.as_str()), (crd::AuditAction::Extended, "DeadlineExtended"));
+    assert_eq!(a[2].spec.added, granted.added, "{:#?}", a);
+
+    // A profile change is recorded with what it adds.
+    profile(
+        &server,
+        "web",
+        json!({"internet": {"ports": [{"port": 443}]}, "cidrs": [{"cidr": "198.51.100.0/24", "ports": [{"port": 5432}]}]}),
+    );
+    let a = wait_audits(&server, "job-1", 4).await;
+    assert_eq!(a[3].spec.action, crd::AuditAction::Changed);
+    assert_eq!(a[3].spec.added, ["cidr: 198.51.100.0/24 on TCP/5432"]);
+    assert!(a[3].spec.removed.is_empty());
+    assert_eq!(a[3].spec.profile.generation, Some(2));
+
+    // Expiry needs no profile: the profile deleted, the deadline passes, egress is withdrawn.
+    server.delete("flock.dev/v1alpha1", "RunProfile", None, "web").unwrap();
+    wait_condition(&server, "job-1", NETWORK_POLICY_READY, "False", "ProfileNotFound").await;
+    clock.advance(3600);
+    eventually(10, "the policy withdrawn again", || policy(&server, "job-1-egress").filter(|p| egress_rules(p) == 0)).await;
+    wait_condition(&server, "job-1", EXPIRED, "True", "DeadlineExceeded").await;
+    let a = wait_audits(&server, "job-1", 5).await;
+    assert_eq!(a[4].spec.action, crd::AuditAction::Expired);
+    assert_eq!(a[4].spec.removed.len(), 4, "DNS, internet (two families) and the CIDR");
+
+    // Passes that change nothing record nothing (no duplicates: names are per sequence).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(audits(&server, "job-1").len(), 5);
+    let st = run_of(&server, "job-1").status.unwrap();
+    assert_eq!(st.grant.as_ref().map(|g| (g.sequence, g.expired)), Some((5, true)));
+    let text = ctl.metrics.encode();
+    assert!(text.contains("flock_controller_audit_events_written_total{action=\"Expired\"} 2"), "{text}");
+    ctl.stop().await;
+}
+
+/// A FlockNode as a node's agent writes it.
+fn flock_node(server: &ApiServer, node: &str, policies: &[(&str, i64)]) {
+    let run_policies: Vec<Value> = policies.iter().map(|(n, g)| json!({"name": n, "generation": g})).collect();
+    server
+        .apply(json!({"apiVersion": "flock.dev/v1alpha1", "kind": "FlockNode", "metadata": {"name": node}, "spec": {},
+                      "status": {"version": "test", "api": "Connected", "runPolicies": run_policies}}))
+        .unwrap();
+}
+
+fn run_pod(server: &ApiServer, name: &str, run: &str, node: &str) {
+    server
+        .apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {"flock.dev/run": run}},
+                      "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}, "status": {"phase": "Running"}}))
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforced_follows_what_every_node_of_the_run_reports() {
+    let server = common::api_server().await;
+    let clock = FakeClock::new();
+    let ctl = Running::start(&server, options(EnforceMode::On, &clock)).await;
+    profile(&server, "web", json!({"internet": {"ports": [{"port": 443}]}}));
+    run_pod(&server, "p1", "job-2", "node-a");
+    run_pod(&server, "p2", "job-2", "node-b");
+    // Not the run's: another run's pod, and an unscheduled one.
+    run_pod(&server, "other", "job-x", "node-c");
+    server
+        .apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p3", "namespace": NS, "labels": {"flock.dev/run": "job-2"}},
+                      "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+        .unwrap();
+    create_run(&server, "job-2", json!({"profile": "web"})).await;
+    let np = eventually(10, "the policy", || policy(&server, "job-2-egress")).await;
+    let policy_name = format!("{NS}/job-2-egress");
+    assert_eq!(np.metadata.generation, Some(1));
+
+    // No node reports yet.
+    let msg = wait_condition(&server, "job-2", ENFORCED, "False", "NodesPending").await;
+    assert!(msg.contains("2 of 2") && msg.contains("node-a (no FlockNode") && msg.contains("node-b"), "{msg}");
+    assert!(!msg.contains("node-c"), "{msg}");
+    wait_condition(&server, "job-2", READY, "False", "NotEnforced").await;
+
+    // node-a enforces generation 1; node-b lags.
+    flock_node(&server, "node-a", &[(&policy_name, 1)]);
+    flock_node(&server, "node-b", &[]);
+    let msg = eventually(10, "only node-b pending", || {
+        let (_, _, m) = condition(&server, "job-2", ENFORCED)?;
+        m.contains("1 of 2").then_some(m)
+    })
+    .await;
+    assert!(msg.contains("node-b (not yet)"), "{msg}");
+    // After the timeout, one EnforcementDelayed event naming the lagging node.
+    let delayed = eventually(10, "EnforcementDelayed", || events(&server, "EnforcementDelayed").pop()).await;
+    assert!(delayed["note"].as_str().unwrap().contains("node-b"), "{delayed}");
+    flock_node(&server, "node-b", &[(&policy_name, 1)]);
+    wait_condition(&server, "job-2", ENFORCED, "True", "AllNodesEnforce").await;
+    wait_condition(&server, "job-2", READY, "True", "Applied").await;
+    assert_eq!(events(&server, "EnforcementDelayed").len(), 1, "one event per pending spell");
+
+    // A profile change: generation 2, both nodes lag until they report it.
+    profile(&server, "web", json!({"internet": {"ports": [{"port": 443}, {"port": 80}]}}));
+    eventually(10, "generation 2", || policy(&server, "job-2-egress").filter(|p| p.metadata.generation == Some(2))).await;
+    let msg = wait_condition(&server, "job-2", ENFORCED, "False", "NodesPending").await;
+    assert!(msg.contains("generation 2") && msg.contains("node-a (generation 1)"), "{msg}");
+    flock_node(&server, "node-a", &[(&policy_name, 2)]);
+    flock_node(&server, "node-b", &[(&policy_name, 2), ("jobs/unrelated", 5)]);
+    wait_condition(&server, "job-2", ENFORCED, "True", "AllNodesEnforce").await;
+
+    // node-b lags again for generation 3, then its pod finishes: node-b no longer counts.
+    profile(&server, "web", json!({"internet": {"ports": [{"port": 443}]}}));
+    eventually(10, "generation 3", || policy(&server, "job-2-egress").filter(|p| p.metadata.generation == Some(3))).await;
+    flock_node(&server, "node-a", &[(&policy_name, 3)]);
+    wait_condition(&server, "job-2", ENFORCED, "False", "NodesPending").await;
+    server.delete("v1", "Pod", Some(NS), "p2").unwrap();
+    wait_condition(&server, "job-2", ENFORCED, "True", "AllNodesEnforce").await;
+    let st = run_of(&server, "job-2").status.unwrap();
+    assert_eq!(st.network_policy.unwrap().generation, Some(3));
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforced_is_unknown_where_flock_does_not_report() {
+    // No FlockNode API: flock-agent is not installed.
+    let server = common::api_server().await;
+    server.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", None, "flocknodes.flock.dev").unwrap();
+    let clock = FakeClock::new();
+    let ctl = Running::start(&server, options(EnforceMode::On, &clock)).await;
+    profile(&server, "web", json!({}));
+    run_pod(&server, "p1", "job-3", "node-a");
+    create_run(&server, "job-3", json!({"profile": "web"})).await;
+    let msg = wait_condition(&server, "job-3", ENFORCED, "Unknown", "NotEnforcedByFlock").await;
+    assert!(msg.contains("FlockNode"), "{msg}");
+    wait_condition(&server, "job-3", READY, "True", "Applied").await;
+    // No watch of pods or FlockNodes when nothing reports.
+    assert!(!server.requests().iter().any(|r| r.path.contains("/pods") || r.path.contains("flocknodes")));
+    ctl.stop().await;
+
+    // Enforcement off: Unknown, and Ready as before.
+    let server = common::api_server().await;
+    let ctl = Running::start(&server, options(EnforceMode::Off, &clock)).await;
+    profile(&server, "web", json!({}));
+    create_run(&server, "job-4", json!({"profile": "web"})).await;
+    wait_condition(&server, "job-4", ENFORCED, "Unknown", "EnforcementDisabled").await;
+    wait_condition(&server, "job-4", READY, "True", "EnforcementDisabled").await;
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_profile_or_an_unlabelled_selector_grants_nothing() {
+    let server = common::api_server().await;
+    let clock = FakeClock::new();
+    let ctl = Running::start(&server, options(EnforceMode::On, &clock)).await;
+    create_run(&server, "job-5", json!({"profile": "nope"})).await;
+    wait_condition(&server, "job-5", NETWORK_POLICY_READY, "False", "ProfileNotFound").await;
+    wait_condition(&server, "job-5", READY, "False", "ProfileNotFound").await;
+    wait_condition(&server, "job-5", ENFORCED, "False", "NoPolicyApplied").await;
+    assert!(policy(&server, "job-5-egress").is_none());
+    assert!(audits(&server, "job-5").is_empty(), "nothing granted, nothing recorded");
+
+    // The CRD's CEL rule refuses this on a real API server; the controller checks again.
+    profile(&server, "web", json!({}));
+    create_run(&server, "job-6", json!({"profile": "web", "podSelector": {"matchLabels": {"app": "agent"}}})).await;
+    let msg = wait_condition(&server, "job-6", NETWORK_POLICY_READY, "False", "RunInvalid").await;
+    assert!(msg.contains("must require the flock.dev/run label"), "{msg}");
+    assert!(policy(&server, "job-6-egress").is_none());
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_retention_keeps_the_newest_per_run_and_drops_the_old() {
+    let server = common::api_server().await;
+    let now: Timestamp = "2026-11-26T12:00:00Z".parse().unwrap();
+    let event = |name: &str, run_uid: &str, seq: i64, days_ago: i64| {
+        let time = flock::controller::reconcile::format_time(now - SignedDuration::from_hours(24 * days_ago));
+        server
+            .apply(json!({"apiVersion": "flock.dev/v1alpha1", "kind": "AuditEvent",
+                          "metadata": {"name": name, "namespace": NS, "labels": {audit::RUN_UID_LABEL: run_uid}},
+                          "spec": {"run": {"name": "r", "uid": run_uid}, "profile": {"name": "p"}, "policy": {"kind": "NetworkPolicy", "name": "r-egress"},
+                                   "sequence": seq, "action": "Changed", "reason": "EgressChanged", "time": time}}))
+            .unwrap();
+    };
+    event("a-1", "ua", 1, 100);
+    for seq in 2..=6 {
+        event(&format!("a-{seq}"), "ua", seq, 10 - seq);
+    }
+    event("b-1", "ub", 1, 95);
+    event("b-2", "ub", 2, 1);
+    let retention = Retention { max_age: Duration::from_secs(90 * 24 * 3600), max_per_run: 3, interval: Duration::from_secs(60) };
+    let deleted = audit::collect(&server.client(), now, &retention).await.unwrap();
+    let mut left: Vec<String> =
+        server.list_resources::<AuditEvent>(Some(NS)).unwrap().iter().map(|e| e.metadata.name.clone().unwrap()).collect();
+    left.sort();
+    assert_eq!(left, ["a-4", "a-5", "a-6", "b-2"]);
+    assert_eq!(deleted, 4);
+    // Idempotent.
+    assert_eq!(audit::collect(&server.client(), now, &retention).await.unwrap(), 0);
+}
