@@ -226,6 +226,13 @@ async fn expiry_withdraws_egress_and_a_raised_deadline_grants_it_again() {
     assert_eq!(audits(&server, "job-1").len(), 5);
     let st = run_of(&server, "job-1").status.unwrap();
     assert_eq!(st.grant.as_ref().map(|g| (g.sequence, g.expired)), Some((5, true)));
+    // A withdrawal (the policy deleted behind the controller's back) is recorded too.
+    let uid = policy(&server, "job-1-egress").unwrap().metadata.uid.unwrap();
+    server.delete("networking.k8s.io/v1", "NetworkPolicy", Some(NS), "job-1-egress").unwrap();
+    let a = wait_audits(&server, "job-1", 6).await;
+    assert_eq!((a[5].spec.action, a[5].spec.reason.as_str()), (crd::AuditAction::Withdrawn, "NetworkPolicyWithdrawn"));
+    assert!(a[5].spec.message.contains(&uid), "{}", a[5].spec.message);
+    eventually(10, "the policy re-created", || policy(&server, "job-1-egress").filter(|p| p.metadata.uid.as_ref() != Some(&uid))).await;
     let text = ctl.metrics.encode();
     assert!(text.contains("flock_controller_audit_events_written_total{action=\"Expired\"} 2"), "{text}");
     ctl.stop().await;

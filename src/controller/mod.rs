@@ -6,10 +6,12 @@
 //!  Run (namespace, request) ───────┼─► reconcile ─► render (pure) ─► server-side apply ─► NetworkPolicy
 //!  ClusterConfig (flags, API       │    (chain of                       (field manager       or CiliumNetworkPolicy
 //!   server addresses) ─────────────┘     small steps)                   flock-controller)    owned by the Run
+//!  run pods, FlockNodes ──► Enforced condition        AuditEvents (durable, per change) ◄─┘
 //! ```
 //!
 //! Modules: [`crd`] (the API types, their CRDs and checks), [`render`] (pure: run, profile,
-//! cluster → policy), [`reconcile`] (one pass, as steps), [`probe`] (the enforcement decision
+//! cluster → policy), [`reconcile`] (one pass, as steps), [`audit`] (the AuditEvent trail and
+//! its retention), [`enforced`] (whether the run's nodes enforce its policy), [`probe`] (the enforcement decision
 //! and the policy kind, decided at start), [`apiserver`] (where the API server is),
 //! [`leader`] (Lease-based leader election), [`metrics`]. This file wires them: [`start`]
 //! makes the start-up decisions (and refuses to start without an API server address),

@@ -6,9 +6,10 @@
 //!    `Disabled`.
 //! 3. [`cached_profile`] — from the RunProfile cache, never a live read; missing →
 //!    condition `ProfileNotFound` (only once the cache holds a complete list: before that
-//!    the reconcile waits).
+//!    the reconcile waits). An expired run needs no profile.
 //! 4. [`render::plan`], [`desired`] — render (pure); an invalid run or profile →
-//!    `RunInvalid`/`ProfileInvalid`.
+//!    `RunInvalid`/`ProfileInvalid`. Past the run's deadline ([`expires_at`], read on the
+//!    context's clock) the plan is withdrawn: the policy allows nothing.
 //! 5. [`apply`] — server-side apply with the fixed field manager, forced: whatever else
 //!    changed in the fields the controller owns is reverted. An API error → `ApplyFailed`,
 //!    requeued with backoff.
@@ -18,11 +19,14 @@
 //!    or re-creation is [`confirm`]ed against the run read afresh (the cache may not show
 //!    the controller's own last status write yet).
 //! 7. [`remove_policies`] of the other kind (a CiliumNetworkPolicy run never also has a
-//!    NetworkPolicy).
-//! 8. [`conditions`] from the outcome, then one status write, only when something changed.
+//!    NetworkPolicy); then the audit trail ([`super::audit`]): a grant, change, withdrawal or
+//!    expiry against the last recorded grant is written as an AuditEvent.
+//! 8. `Enforced` from the nodes' FlockNodes ([`super::enforced`]), [`conditions`] from the
+//!    outcome, then one status write, only when something changed.
 //! 9. Withdrawn → exactly one Warning Event `NetworkPolicyWithdrawn`, after the status
 //!    write: the new uid is recorded first, so a failed event cannot cause a second one
-//!    (events fail open, like Paddock's audits), and a no-op pass never emits one.
+//!    (events fail open, like Paddock's audits), and a no-op pass never emits one. The
+//!    audited changes' Events, and `EnforcementDelayed` once nodes lag past the timeout.
 //!
 //! User errors (2, 3, 4) write their condition and wait for a change of the run or of its
 //! profile (the controller watches profiles): no requeue, no hot loop; an earlier policy
@@ -616,6 +620,16 @@ async fn steps(run: &Run, ctx: &Context, enforcement: &Enforcement, status: &mut
     }
 
     // The audit trail, after the policy is in place and before `status.grant` moves on.
+    // Judged against the grant the API server holds: the cache may not show the previous
+    // pass's status write yet, and a change judged against an older grant would take the
+    // sequence number of one already written (and be lost as a duplicate).
+    if result == ApplyResult::Recreated || audit::decide(status.grant.as_ref(), &destinations, expired, expires_text.as_deref()).is_some() {
+        status.grant = Api::<Run>::namespaced(ctx.client.clone(), &run.namespace().unwrap_or_default())
+            .get_opt(&run.name_any())
+            .await
+            .map_err(|error| ReconcileError::Run { name: key(run), error })?
+            .and_then(|r| r.status?.grant);
+    }
     let mut changes = Vec::new();
     if result == ApplyResult::Recreated {
         changes.push((
