@@ -258,7 +258,9 @@ fn run_pod(server: &ApiServer, name: &str, run: &str, node: &str) {
 async fn enforced_follows_what_every_node_of_the_run_reports() {
     let server = common::api_server().await;
     let clock = FakeClock::new();
-    let ctl = Running::start(&server, options(EnforceMode::On, &clock)).await;
+    // No periodic pass to paper over a missing trigger: pod and FlockNode events must do.
+    let opts = Options { resync: Duration::from_secs(600), ..options(EnforceMode::On, &clock) };
+    let ctl = Running::start(&server, opts).await;
     profile(&server, "web", json!({"internet": {"ports": [{"port": 443}]}}));
     run_pod(&server, "p1", "job-2", "node-a");
     run_pod(&server, "p2", "job-2", "node-b");

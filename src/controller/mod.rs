@@ -307,20 +307,11 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
             move |pod: Pod| runs_of_pod(&run_store, &pod)
         })
         .watches_stream(nodes.events, {
-            let (run_store, pod_store) = (run_store.clone(), pods.store.clone());
-            // A node's report changed: the runs with a pod there.
-            move |node: FlockNode| {
-                let name = node.name_any();
-                let mut out: Vec<ObjectRef<Run>> = Vec::new();
-                for pod in pod_store.state().iter().filter(|p| enforced::node_of(p) == Some(name.as_str())) {
-                    for r in runs_of_pod(&run_store, pod) {
-                        if !out.contains(&r) {
-                            out.push(r);
-                        }
-                    }
-                }
-                out
-            }
+            let run_store = run_store.clone();
+            // A node's report changed: the runs whose policies it lists (a run whose pods
+            // are there but whose policy it does not list yet stays pending until it does;
+            // pods leaving a node are pod events).
+            move |node: FlockNode| runs_of_report(&run_store, &node)
         })
         .reconcile_all_on(reconcile_all)
         .graceful_shutdown_on(stopped(stop.clone()))
@@ -420,6 +411,36 @@ fn runs_of_pod(runs: &Store<Run>, pod: &Pod) -> Vec<ObjectRef<Run>> {
         .filter(|r| render::run_selector(r).ok().as_ref().and_then(enforced::compile).is_some_and(|s| enforced::selects(&s, pod)))
         .map(|r| ObjectRef::from_obj(&*r))
         .collect()
+}
+
+/// The runs whose policies a FlockNode lists (`namespace/<run>-egress`).
+fn runs_of_report(runs: &Store<Run>, node: &FlockNode) -> Vec<ObjectRef<Run>> {
+    let listed = node.status.iter().flat_map(|s| &s.run_policies);
+    let mut out = Vec::new();
+    for entry in listed {
+        let Some((namespace, policy)) = entry.name.split_once('/') else { continue };
+        // The policy's name is the run's plus a suffix, except for very long names (hashed):
+        // those are found by a scan of the namespace's runs.
+        let direct = policy
+            .strip_suffix(render::POLICY_SUFFIX)
+            .and_then(|run| runs.get(&ObjectRef::new(run).within(namespace)))
+            .filter(|r| render::policy_name(&r.name_any()) == policy);
+        let found: Vec<Arc<Run>> = match direct {
+            Some(r) => vec![r],
+            None => runs
+                .state()
+                .into_iter()
+                .filter(|r| r.namespace().as_deref() == Some(namespace) && render::policy_name(&r.name_any()) == policy)
+                .collect(),
+        };
+        for r in found {
+            let r = ObjectRef::from_obj(&*r);
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
+    out
 }
 
 /// A watch that fills a cache and triggers the run controller, each change after the cache
