@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use flock::controller::crd::{self, Run, RunProfile};
+use flock::controller::enforced::Verify;
 use flock::controller::leader::{self, LeaseConfig};
 use flock::controller::metrics::{ApplyResult, Metrics};
 use flock::controller::probe::{AgentRef, EnforceMode};
@@ -482,6 +483,12 @@ async fn cilium_network_policies_where_served_and_never_both() {
         (run_of(&server, "job-6").status?.network_policy?.kind == "CiliumNetworkPolicy").then_some(())
     })
     .await;
+    // Cilium does not report what each node enforces: Enforced is Unknown, Ready as before.
+    eventually(10, "Enforced Unknown", || {
+        (condition(&server, "job-6", "Enforced")? == ("Unknown".into(), "NotEnforcedByFlock".into())).then_some(())
+    })
+    .await;
+    assert_eq!(condition(&server, "job-6", READY), Some(("True".into(), "Applied".into())));
     // Deleted → re-created (the owned watch is on CiliumNetworkPolicies).
     let uid = cnp["metadata"]["uid"].clone();
     server.delete("cilium.io/v2", "CiliumNetworkPolicy", Some(NS), "job-6-egress").unwrap();
@@ -554,6 +561,7 @@ async fn the_auto_probe() {
         .unwrap();
     let s = controller::start(&client, &options(EnforceMode::Auto)).await.unwrap();
     assert!(s.decision.enabled && s.decision.reason.contains("calico"), "{}", s.decision.reason);
+    assert!(matches!(&s.verify, Verify::Unknown { message, .. } if message.contains("not flock-agent")), "{:?}", s.verify);
     // flock-agent ready.
     server
         .apply(json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "flock-agent", "namespace": "flock-system"},
@@ -562,6 +570,9 @@ async fn the_auto_probe() {
         .unwrap();
     let s = controller::start(&client, &options(EnforceMode::Auto)).await.unwrap();
     assert!(s.decision.enabled && s.decision.reason.contains("2/2 pods ready"), "{}", s.decision.reason);
+    assert_eq!(s.verify, Verify::Flock, "flock-agent found and the FlockNode API served");
+    assert_eq!(controller::start(&client, &options(EnforceMode::On)).await.unwrap().verify, Verify::Flock);
+    assert!(matches!(controller::start(&client, &options(EnforceMode::Off)).await.unwrap().verify, Verify::Unknown { .. }));
     // --enforce=off wins.
     assert!(!controller::start(&client, &options(EnforceMode::Off)).await.unwrap().decision.enabled);
     // A probe error: off, and a Warning Event about the Deployment.
