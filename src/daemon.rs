@@ -1,7 +1,8 @@
 //! flock-agent, wired: the node agent core fed by the Kubernetes informer source, with the
-//! health and metrics endpoints, the API health monitor, the CNI config writer and the
-//! cluster-wide report of policies flock cannot enforce as written ([`crate::report`]). The binary only parses
-//! flags and builds the client; tests run this with a client to the in-repo test API server.
+//! health and metrics endpoints, the API health monitor, the CNI config writer, this node's
+//! FlockNode ([`crate::report::node`]) and the cluster-wide report of policies flock cannot
+//! enforce as written ([`crate::report`]). The binary only parses flags and builds the client;
+//! tests run this with a client to the in-repo test API server.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use crate::agent::http::{self, HttpState, ListenAddr};
 use crate::agent::metrics::Metrics;
 use crate::agent::{Agent, AgentConfig, cniconf};
 use crate::model::Snapshot;
+use crate::report::node::{NodeStatusOptions, NodeStatusWriter};
 use crate::report::{LeaseError, ReportOptions, Reporter};
 use crate::source::SourceWriter;
 use crate::source::kube::{ApiHealth, HealthState, SourceOptions};
@@ -40,6 +42,8 @@ pub struct DaemonOptions {
     pub report: ReportOptions,
     /// `/healthz` fails when the last committed sync is older than this.
     pub max_sync_age: Duration,
+    /// How this node's FlockNode is kept current (`None`: it is not written).
+    pub node_status: Option<NodeStatusOptions>,
 }
 
 /// Why the daemon stopped with an error.
@@ -154,6 +158,12 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
     // Policy problems: every agent counts the cluster's; the one holding the reporter Lease
     // publishes them as Events.
     tasks.push(tokio::spawn(reporter.run(source.clone(), metrics.clone(), stop.clone())));
+
+    // This node's FlockNode: what its last commits enforce.
+    if let Some(node_status) = opts.node_status.clone() {
+        let writer = NodeStatusWriter::new(client.clone(), &opts.agent.node, node_status, metrics.clone());
+        tasks.push(tokio::spawn(writer.run(agent.status(), health.clone(), stop.clone())));
+    }
 
     let mut stop_rx = stop.clone();
     let stopped = async {

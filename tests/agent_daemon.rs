@@ -78,6 +78,7 @@ impl Rig {
             instance: "flock-agent-test".into(),
             report: ReportOptions::default(),
             max_sync_age: Duration::from_secs(90),
+            node_status: None,
         };
         tweak(&mut o);
         o

@@ -145,6 +145,7 @@ impl NodeAgent {
             instance: format!("flock-agent-{node_name}"),
             report: fast_report(),
             max_sync_age: Duration::from_secs(90),
+            node_status: None,
         };
         let (stop, rx) = watch::channel(false);
         let client = server.client();

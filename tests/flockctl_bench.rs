@@ -30,6 +30,9 @@ fn prints_the_pipeline_numbers_as_json() {
     assert_eq!(v["peer_doubling"]["rules_unchanged"], true);
     assert_eq!(v["apply"]["skipped"], "--no-apply");
     assert_eq!(v["node"]["policy_problems"], 0);
+    assert_eq!(v["node_status"]["run_pods"], 20);
+    assert!(v["node_status"]["run_policies"].as_u64().unwrap() > 0);
+    assert!(v["node_status"]["ruleset_sha256_ms"]["median"].is_number());
 }
 
 #[test]

@@ -248,6 +248,31 @@ spec:
     }
 }
 
+/// `metadata.generation` is reported, not enforced: a policy whose generation alone changed
+/// (a spec edit and its revert) translates and renders exactly as before.
+#[test]
+fn a_policy_whose_generation_alone_changed_renders_the_same() {
+    let yaml = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web, namespace: x, generation: 1}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}], ports: [{port: 80}]}]
+";
+    for shape in SHAPES {
+        let mut h = harness(base_cluster(), shape);
+        let np = policies(yaml).remove(0);
+        assert_eq!(np.generation, Some(1));
+        step(&mut h, [Mutation::UpsertPolicy(np.clone())]);
+        let (policy, text) = (h.policy().clone(), h.rendered().to_string());
+        step(&mut h, [Mutation::UpsertPolicy(flock::model::NetworkPolicy { generation: Some(2), ..np })]);
+        assert_eq!(h.snapshot().policy(&ObjectRef::new("x", "web")).unwrap().generation, Some(2));
+        assert_eq!(*h.policy(), policy);
+        assert_eq!(h.rendered(), text);
+    }
+}
+
 #[test]
 fn a_local_endpoint_added_for_an_existing_pod_then_removed() {
     let yaml = "

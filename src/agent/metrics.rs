@@ -1,7 +1,7 @@
 //! The Prometheus metrics operators watch (`/metrics`): sync durations and failures, the
 //! last successful sync, event-to-enforced latency, what is tracked, the ruleset's size,
 //! the watches' state, reconnects and relists, API probes, CNI requests, coalesced events,
-//! drift repairs, denied packets, revoked connections.
+//! drift repairs, denied packets, revoked connections, this node's FlockNode writes.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -14,6 +14,10 @@ use crate::process::{MetricLabels as Labels, metric_label as label};
 /// The labels of the logged-packet counters (no pod label: its size does not grow with pods).
 fn namespace_direction(namespace: &str, direction: &str) -> Labels {
     vec![("namespace".to_string(), namespace.to_string()), ("direction".to_string(), direction.to_string())]
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
 }
 
 /// All of flock-agent's metrics.
@@ -56,6 +60,8 @@ pub struct Metrics {
     revocation_sweeps: Family<Labels, Counter>,
     revocation_sweep_duration: Histogram,
     connections_listed: Gauge,
+    node_status_writes: Family<Labels, Counter>,
+    node_status_last_write: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -116,6 +122,8 @@ impl Metrics {
             revocation_sweeps: Family::default(),
             revocation_sweep_duration: duration_histogram(),
             connections_listed: Gauge::default(),
+            node_status_writes: Family::default(),
+            node_status_last_write: Gauge::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -243,6 +251,16 @@ impl Metrics {
             "Connections the node's conntrack table held at the last revocation sweep",
             m.connections_listed.clone(),
         );
+        r.register(
+            "node_status_writes",
+            "Writes of this node's FlockNode status, by result (ok; failed: any request of the attempt failed, retried after a backoff)",
+            m.node_status_writes.clone(),
+        );
+        r.register(
+            "node_status_last_write_timestamp_seconds",
+            "Unix time of the last successful write of this node's FlockNode status",
+            m.node_status_last_write.clone(),
+        );
         // Every reason a sync can fail, at zero from the start: a dashboard's rate() sees
         // the first failure, and the series exist before anything went wrong.
         for reason in ["nft_rejected", "nft_spawn", "netns", "nft_list", "panic"] {
@@ -250,6 +268,7 @@ impl Metrics {
         }
         for result in ["ok", "failed"] {
             let _ = m.revocation_sweeps.get_or_create(&label("result", result));
+            let _ = m.node_status_writes.get_or_create(&label("result", result));
         }
         crate::process::register_build_info(&mut r);
         Self { registry: r, ..m }
@@ -262,8 +281,15 @@ impl Metrics {
 
     pub fn sync(&self, applied: bool, seconds: f64) {
         self.sync_duration.get_or_create(&label("outcome", if applied { "applied" } else { "unchanged" })).observe(seconds);
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default();
-        self.last_success.set(now);
+        self.last_success.set(unix_now());
+    }
+
+    /// One attempt to write this node's FlockNode status.
+    pub fn node_status_write(&self, ok: bool) {
+        self.node_status_writes.get_or_create(&label("result", if ok { "ok" } else { "failed" })).inc();
+        if ok {
+            self.node_status_last_write.set(unix_now());
+        }
     }
 
     pub fn sync_failed(&self, reason: &str) {
@@ -462,6 +488,7 @@ mod tests {
         m.resource_served("clusternetworkpolicies", false);
         m.cluster_policies_tracked(2);
         m.cluster_policies_enforced(1, 1);
+        m.node_status_write(true);
         let text = m.encode();
         for name in [
             "flock_sync_duration_seconds_bucket",
@@ -480,6 +507,9 @@ mod tests {
             "flock_cluster_policies_tracked 2",
             "flock_cluster_policies_enforced{enforced=\"false\"} 1",
             "flock_build_info{version=",
+            "flock_node_status_writes_total{result=\"ok\"} 1",
+            "flock_node_status_writes_total{result=\"failed\"} 0",
+            "flock_node_status_last_write_timestamp_seconds ",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }

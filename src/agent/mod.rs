@@ -18,11 +18,13 @@ mod backoff;
 pub mod cni;
 pub mod cniconf;
 pub mod denials;
+mod digest;
 pub mod http;
 pub mod metrics;
 mod registry;
 pub mod revocation;
 pub mod routes;
+pub mod run_policies;
 mod translation;
 
 use std::collections::BTreeMap;
@@ -43,6 +45,8 @@ use crate::netns::Netns;
 use crate::render::{self, Stats};
 use crate::source::Source;
 use crate::translate;
+
+pub use digest::RulesetDigest;
 
 /// How the agent runs.
 #[derive(Debug, Clone)]
@@ -174,6 +178,15 @@ pub struct SyncStatus {
     pub revoked: u64,
     /// The source version of the commit the last completed revocation sweep judged against.
     pub swept_source_version: u64,
+    /// The NetworkPolicies the last commit enforces for this node's run pods, with their
+    /// generations ([`run_policies`]).
+    pub run_policies: Arc<run_policies::RunPolicyMap>,
+    /// The input generation of the last commit that changed the table (or of the first
+    /// commit): the ruleset whose digest is owed.
+    pub last_applied: u64,
+    /// The digest of a committed ruleset, computed beside the loop: it trails
+    /// [`Self::last_applied`] for a moment after a commit.
+    pub ruleset_digest: Option<RulesetDigest>,
 }
 
 /// Why the agent could not start.
@@ -242,6 +255,8 @@ pub(crate) struct Shared {
     deniers: watch::Sender<Arc<crate::nflog::denial::Endpoints>>,
     /// Each denial read, for whoever listens (the simulated cluster collects them).
     denied: tokio::sync::broadcast::Sender<crate::nflog::denial::Denial>,
+    /// Committed rulesets waiting to be hashed ([`digest`]).
+    digests: digest::Slot,
 }
 
 impl Shared {
@@ -389,11 +404,13 @@ impl Agent {
             crashed: watch::channel(None).0,
             deniers: watch::channel(Arc::default()).0,
             denied: tokio::sync::broadcast::channel(1024).0,
+            digests: digest::Slot::default(),
         });
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = vec![
             supervise("sync loop", shared.clone(), stop_rx.clone(), sync_loop(shared.clone(), router, stop_rx.clone())),
             supervise("source watch", shared.clone(), stop_rx.clone(), watch_source(shared.clone(), stop_rx.clone())),
+            supervise("ruleset hasher", shared.clone(), stop_rx.clone(), digest::run(shared.clone(), stop_rx.clone())),
         ];
         if let Some(log) = config.deny_log {
             tasks.push(supervise(
@@ -568,6 +585,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     // Kept from one sync to the next: each translates only what changed since the last.
     let render_options = render::RenderOptions { log: cfg.deny_log, revoked: cfg.revoke, ..render::RenderOptions::DEFAULT };
     let mut translation = Some(translation::Translation::new(cfg.translate.clone(), render_options));
+    let mut run_policies = Some(run_policies::RunPolicies::new(&cfg.node));
+    // Whether a ruleset was left for hashing yet (the first commit's is, changed or not).
+    let mut digest_owed = true;
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -703,6 +723,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             state.changed_at.iter().filter(|(v, _)| *v > last_observed && *v <= source_version).map(|(_, t)| *t).collect()
         };
         let Some(mut tr) = translation.take() else { return };
+        let Some(mut rp) = run_policies.take() else { return };
         let journal = tr.version().and_then(|v| shared.source.changes(v, source_version));
         let node = cfg.node.clone();
         let hook = cfg.sync_hook.clone();
@@ -710,12 +731,16 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             if let Some(h) = &hook {
                 (h.0)(SyncStage::Render);
             }
+            // The journal holds the changes since the translation's version, which the run
+            // policies are kept in step with (else they look at every pod).
+            let rp_changes = journal.as_deref().filter(|_| rp.version() == tr.version());
             // The periodic tick also translates in full and compares (see `translation`).
             let out = tr.sync(&snapshot, source_version, &endpoints, journal.as_deref(), periodic);
+            let runs = rp.sync(&snapshot, source_version, rp_changes, periodic);
             let counts = (snapshot.pod_count(), snapshot.policy_count(), endpoints.len(), snapshot.cluster_policies().count());
-            (tr, out, routes::desired_routes(&snapshot, &node), counts)
+            (tr, rp, out, runs, routes::desired_routes(&snapshot, &node), counts)
         });
-        let (tr, translated, wanted_routes, counts) = match render_job.await {
+        let (tr, rp, translated, runs, wanted_routes, counts) = match render_job.await {
             Ok(r) => r,
             Err(e) => {
                 publish_failure(&shared, generation, "panic", format!("render panicked: {e}"));
@@ -724,6 +749,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             }
         };
         translation = Some(tr);
+        run_policies = Some(rp);
         shared.deniers.send_replace(Arc::new(translated.deniers));
         cfg.metrics.translated(translated.mode.as_str());
         if translated.checked {
@@ -782,9 +808,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             {
                 tracing::warn!(error = %e, "cannot read the table for the drift baseline");
             }
-            (ap, r, repaired, checked)
+            (ap, r, repaired, checked, ruleset)
         });
-        let (ap, result, repaired, checked) = match job.await {
+        let (ap, result, repaired, checked, ruleset) = match job.await {
             Ok(x) => x,
             Err(e) => {
                 publish_failure(&shared, generation, "panic", format!("apply panicked: {e}"));
@@ -826,6 +852,11 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     m.enforced("source", now.duration_since(*t).as_secs_f64());
                 }
                 last_observed = source_version;
+                // Hashed beside the loop; only a ruleset the table changed to is new.
+                let hash = std::mem::take(&mut digest_owed) || matches!(outcome, Outcome::Applied { .. });
+                if hash {
+                    shared.digests.submit(digest::Job { generation, ruleset, endpoints: counts.2 });
+                }
                 shared.status.send_modify(|s| {
                     s.attempted = generation;
                     s.committed = generation;
@@ -851,6 +882,10 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     s.problems = problems.clone();
                     s.consecutive_failures = 0;
                     s.retry_at = None;
+                    s.run_policies = runs;
+                    if hash {
+                        s.last_applied = generation;
+                    }
                 });
                 // Beside the loop (a large conntrack table takes a while to judge): the
                 // translation just committed, shared, not copied.

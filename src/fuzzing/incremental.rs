@@ -1018,7 +1018,8 @@ impl<'u, 'd> Gen<'u, 'd> {
             _ => vec!["Ingress".into(), "Egress".into()],
         };
         let audit = self.u.ratio(1, 4)?;
-        let mut p = NetworkPolicy { audit, namespace, name, pod_selector, policy_types, ingress: Vec::new(), egress: Vec::new() };
+        let mut p =
+            NetworkPolicy { audit, namespace, name, pod_selector, policy_types, ingress: Vec::new(), egress: Vec::new(), generation: None };
         for _ in 0..self.u.int_in_range(0..=2u8)? {
             p.ingress.push(self.np_rule()?);
         }

@@ -587,11 +587,11 @@ pub fn to_manifest(objects: &[Object], annotations: &BTreeMap<usize, Annotations
                 if ns.log_allowed {
                     ann.insert(crate::model::LOG_ALLOWED_ANNOTATION.into(), "true".into());
                 }
-                metadata(&mut out, &ns.name, None, None, Some(&ns.labels), Some(&ann));
+                metadata(&mut out, &ns.name, None, None, Some(&ns.labels), Some(&ann), None);
             }
             Object::Node(n) => {
                 out.push_str("{\"apiVersion\": \"v1\", \"kind\": \"Node\", ");
-                metadata(&mut out, &n.name, None, None, Some(&n.labels), ann);
+                metadata(&mut out, &n.name, None, None, Some(&n.labels), ann, None);
                 let cidrs: Vec<String> = n.pod_cidrs.iter().map(|c| yaml_str(&c.to_string())).collect();
                 let external = n.addresses.iter().filter(|a| !n.internal_ips.contains(a));
                 let addrs: Vec<String> = n
@@ -610,7 +610,7 @@ pub fn to_manifest(objects: &[Object], annotations: &BTreeMap<usize, Annotations
             }
             Object::Pod(p) => {
                 out.push_str("{\"apiVersion\": \"v1\", \"kind\": \"Pod\", ");
-                metadata(&mut out, &p.name, Some(&p.namespace), Some(&p.uid), Some(&p.labels), ann);
+                metadata(&mut out, &p.name, Some(&p.namespace), Some(&p.uid), Some(&p.labels), ann, None);
                 let ports: Vec<String> = p
                     .ports
                     .iter()
@@ -638,7 +638,7 @@ pub fn to_manifest(objects: &[Object], annotations: &BTreeMap<usize, Annotations
                 if np.audit {
                     ann.insert(crate::model::ENFORCEMENT_ANNOTATION.into(), "audit".into());
                 }
-                metadata(&mut out, &np.name, Some(&np.namespace), None, None, Some(&ann));
+                metadata(&mut out, &np.name, Some(&np.namespace), None, None, Some(&ann), np.generation);
                 out.push_str(", \"spec\": {\"podSelector\": ");
                 selector(&mut out, &np.pod_selector);
                 let types: Vec<String> = np.policy_types.iter().map(|t| yaml_str(t)).collect();
@@ -675,8 +675,19 @@ pub fn to_manifest(objects: &[Object], annotations: &BTreeMap<usize, Annotations
     out
 }
 
-fn metadata(out: &mut String, name: &str, namespace: Option<&str>, uid: Option<&str>, labels: Option<&Labels>, ann: Option<&Annotations>) {
+fn metadata(
+    out: &mut String,
+    name: &str,
+    namespace: Option<&str>,
+    uid: Option<&str>,
+    labels: Option<&Labels>,
+    ann: Option<&Annotations>,
+    generation: Option<i64>,
+) {
     let _ = write!(out, "\"metadata\": {{\"name\": {}", yaml_str(name));
+    if let Some(g) = generation {
+        let _ = write!(out, ", \"generation\": {g}");
+    }
     if let Some(ns) = namespace {
         let _ = write!(out, ", \"namespace\": {}", yaml_str(ns));
     }

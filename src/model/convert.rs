@@ -203,6 +203,7 @@ pub fn network_policy(np: &net::NetworkPolicy) -> Result<NetworkPolicy, ConvertE
         policy_types: spec.policy_types.unwrap_or_default(),
         ingress: spec.ingress.unwrap_or_default().iter().map(|r| rule(r.from.as_deref(), r.ports.as_deref())).collect(),
         egress: spec.egress.unwrap_or_default().iter().map(|r| rule(r.to.as_deref(), r.ports.as_deref())).collect(),
+        generation: np.metadata.generation,
     })
 }
 
@@ -316,6 +317,15 @@ mod tests {
         assert_eq!(p.ingress[0].peers[0].ip_block.as_ref().unwrap().cidr, "bogus");
         assert_eq!(p.ingress[0].ports[0].protocol.as_deref(), Some("QUIC"));
         assert_eq!(p.ingress[0].ports[0].port, Some(PortRef::Name("http".into())));
+    }
+
+    #[test]
+    fn policy_keeps_its_generation() {
+        let np: net::NetworkPolicy = serde_saphyr::from_str(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: x, generation: 4}\nspec: {}\n",
+        )
+        .unwrap();
+        assert_eq!(network_policy(&np).unwrap().generation, Some(4));
     }
 
     #[test]

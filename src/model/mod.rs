@@ -275,6 +275,9 @@ pub struct NetworkPolicy {
     pub policy_types: Vec<String>,
     pub ingress: Vec<PolicyRule>,
     pub egress: Vec<PolicyRule>,
+    /// `metadata.generation` (set by the API server; `None` in manifests). Not enforcement:
+    /// the translator ignores it; the agent reports which generation it enforces.
+    pub generation: Option<i64>,
 }
 
 impl NetworkPolicy {

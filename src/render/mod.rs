@@ -39,6 +39,7 @@
 //! then each chain after the chains it refers to (ingress chains, their map, `to-pods`,
 //! `egress-allowed`, egress chains, their map, `from-pods`, `forward`).
 
+pub mod digest;
 pub mod log;
 pub mod names;
 mod peers;
@@ -79,7 +80,7 @@ pub const POD_INTERFACES: &str = "flk*";
 const TABLE_COMMENT: &str = "flock: NetworkPolicy enforcement for the pods of this node; managed by flock-agent, edits are reverted";
 
 /// The base chain's hook; never changed once created (a changed hook would need a delete).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Hook {
     pub type_: &'static str,
     pub hook: &'static str,
@@ -88,7 +89,7 @@ pub struct Hook {
 }
 
 /// A chain and its rules (nft text, one statement each).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Chain {
     pub name: String,
     pub comment: String,
@@ -97,7 +98,7 @@ pub struct Chain {
 }
 
 /// An element of a set or map, as nft text.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Element {
     pub key: String,
     pub comment: String,
@@ -117,7 +118,7 @@ impl Element {
 }
 
 /// A named set, or a verdict map when `data` is set.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Set {
     pub name: String,
     pub comment: String,
@@ -132,7 +133,7 @@ pub struct Set {
 }
 
 /// An object of the table, in the order it is written.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Object {
     Set(Set),
     Chain(Chain),
@@ -190,7 +191,7 @@ impl Set {
 }
 
 /// The complete desired content of the table.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Ruleset {
     pub comment: String,
     /// In writing order (see the module doc).

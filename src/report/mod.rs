@@ -1,5 +1,6 @@
-//! Cluster-wide reports of policies (NetworkPolicies, ClusterNetworkPolicies) flock cannot
-//! enforce as written: one writer for the whole cluster.
+//! What flock-agent reports to the API server: each node's FlockNode, written by that node's
+//! agent ([`node`]), and, below, the cluster-wide reports of policies (NetworkPolicies,
+//! ClusterNetworkPolicies) flock cannot enforce as written: one writer for the whole cluster.
 //!
 //! Every agent watches every policy, so every agent knows every policy's problems
 //! (`translate::validate_all` over its snapshot) and exports their number,
@@ -38,6 +39,7 @@
 //! (`flock_cluster_policies_enforced`).
 
 pub mod lease;
+pub mod node;
 pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -13,6 +13,7 @@ use flock::agent::http::ListenAddr;
 use flock::daemon::{self, DaemonOptions};
 use flock::netns::Netns;
 use flock::process::{LogFormat, init_logging, stop_on_signals};
+use flock::report::node::NodeStatusOptions;
 use flock::report::{LeaseSettings, ReportOptions};
 use flock::source::kube::SourceOptions;
 
@@ -120,6 +121,15 @@ struct Args {
     /// the ct mark are left alone).
     #[arg(long, env = "FLOCK_REVOKE_CT_MARK", default_value = "0x01000000", value_parser = parse_mark_bit)]
     revoke_ct_mark: u32,
+    /// Keep this node's FlockNode (flock.dev/v1alpha1, named after the node) current: what
+    /// the agent enforces here (version, API state, ruleset hash and size, last sync error,
+    /// the NetworkPolicies of this node's run pods with their generations).
+    #[arg(long, env = "FLOCK_NODE_STATUS", default_value_t = true, action = clap::ArgAction::Set)]
+    node_status: bool,
+    /// At most one write of the FlockNode's status per this long (writes happen only when it
+    /// changes).
+    #[arg(long, env = "FLOCK_NODE_STATUS_INTERVAL", default_value = "10s", value_parser = parse_interval)]
+    node_status_interval: Duration,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
@@ -136,6 +146,15 @@ fn parse_mark_bit(s: &str) -> Result<u32, String> {
         return Err(format!("{s:?}: one bit of the ct mark (e.g. 0x01000000), not {v:#x}"));
     }
     Ok(v)
+}
+
+/// A duration of at least one second (a rate limit of the API server's writes).
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("{s:?}: at least 1s"));
+    }
+    Ok(d)
 }
 
 /// A duration as `humantime` reads it (`30s`, `500ms`, `1m 30s`).
@@ -198,6 +217,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                 ..ReportOptions::default()
             },
             max_sync_age: args.resync_period * 3,
+            node_status: args
+                .node_status
+                .then(|| NodeStatusOptions { interval: args.node_status_interval, ..NodeStatusOptions::default() }),
         };
         let stop = stop_on_signals("rules");
         tracing::info!(node = %args.node_name, "flock-agent starting");
@@ -218,6 +240,8 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         // A unit is required: "5" could mean seconds or milliseconds.
         assert!(parse_duration("5").is_err());
+        assert_eq!(parse_interval("10s").unwrap(), Duration::from_secs(10));
+        assert!(parse_interval("0s").is_err() && parse_interval("500ms").is_err());
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! stdout.
 //!
 //! For the node with `--pods-per-node` local pods: translate, render and text times (median,
-//! min and max of `--runs` runs), the ruleset's size, what doubling every peer does to it, and
-//! the snapshot's memory. As root, also the nft side in throwaway network namespaces
+//! min and max of `--runs` runs), the ruleset's size, what doubling every peer does to it, the
+//! snapshot's memory, and what FlockNode's status costs (the run policies, the ruleset's hash). As root, also the nft side in throwaway network namespaces
 //! (`flkt-*`, removed on exit): a first full apply, a full resync of an existing table and a
 //! one-pod change through the [`Applier`], each next to a raw `nft -f` of the same rendered
 //! text in a fresh namespace, measured in the same loop.
@@ -169,6 +169,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         },
         "peer_doubling": peer_doubling(&cluster, &endpoints, &options, &rs),
         "one_pod_change": one_pod_change(&cluster, &rs, args.runs).context("one-pod change")?,
+        "node_status": node_status(&cluster, &rs, args.runs).context("node status")?,
     });
     out["apply"] = if args.no_apply {
         json!({"skipped": "--no-apply"})
@@ -384,6 +385,65 @@ fn one_pod_change(cluster: &Cluster, rs: &Ruleset, runs: usize) -> anyhow::Resul
         "translate_render_ms": stats(&incremental),
         "full_translate_render_ms": stats(&full),
         "vs_full": median(&incremental).as_secs_f64() / median(&full).as_secs_f64(),
+    }))
+}
+
+/// What FlockNode's status costs the agent: the run policies (every local pod made a run's
+/// pod) kept by the sync loop — from scratch (a full translation's sync, and the periodic
+/// check), after one run pod's change and after one of their policies' change — and the
+/// ruleset's SHA-256 (beside the loop).
+fn node_status(cluster: &Cluster, rs: &Ruleset, runs: usize) -> anyhow::Result<Value> {
+    use flock::agent::run_policies::{self, RunPolicies};
+    let mut s = cluster.snapshot.clone();
+    let local: Vec<Pod> = s.pods().filter(|p| p.node.as_deref() == Some(cluster.node.as_str()) && p.is_peer()).cloned().collect();
+    for p in &local {
+        let mut run = p.clone();
+        run.labels.insert(translate::RUN_LABEL, format!("run-{}", p.name));
+        s.upsert_pod(run);
+    }
+    s.record_changes();
+    let Some(pod) = local.first() else { bail!("no local pod") };
+    let Some(policy) = s.policies_in(&pod.namespace).next().cloned() else { bail!("no policy in {}", pod.namespace) };
+    let (mut full, mut one_pod, mut one_policy, mut hash) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut version = 1;
+    let mut map = Default::default();
+    for i in 0..runs {
+        let t = Instant::now();
+        let mut kept = RunPolicies::new(&cluster.node);
+        kept.sync(&s, version, None, false);
+        full.push(t.elapsed());
+        // A run pod relabelled.
+        let mut changed = s.pod(&pod.uid).cloned().context("the run pod")?;
+        changed.labels.insert("bench", i.to_string());
+        s.take_changes();
+        s.upsert_pod(changed);
+        let changes = s.take_changes();
+        version += 1;
+        let t = Instant::now();
+        kept.sync(&s, version, Some(&changes), false);
+        one_pod.push(t.elapsed());
+        // Its namespace's policy at a new generation.
+        s.upsert_policy(flock::model::NetworkPolicy { generation: Some(i64::try_from(i).unwrap_or(0) + 2), ..policy.clone() });
+        let changes = s.take_changes();
+        version += 1;
+        let t = Instant::now();
+        map = kept.sync(&s, version, Some(&changes), false);
+        one_policy.push(t.elapsed());
+        let t = Instant::now();
+        let digest = render::digest::sha256(rs);
+        hash.push(t.elapsed());
+        std::hint::black_box(digest);
+    }
+    if *map != run_policies::of(&s, &cluster.node) {
+        bail!("the run policies kept differ from a fresh computation");
+    }
+    Ok(json!({
+        "run_pods": local.len(),
+        "run_policies": map.len(),
+        "run_policies_full_ms": stats(&full),
+        "run_policies_one_pod_change_ms": stats(&one_pod),
+        "run_policies_one_policy_change_ms": stats(&one_policy),
+        "ruleset_sha256_ms": stats(&hash),
     }))
 }
 

@@ -345,6 +345,7 @@ fn server_policy(name: String, peers: Vec<PolicyPeer>) -> NetworkPolicy {
             ports: vec![PolicyPort { protocol: Some("TCP".into()), port: Some(PortRef::Number(i32::from(PORT))), end_port: None }],
         }],
         egress: vec![],
+        generation: None,
     }
 }
 

@@ -1,0 +1,359 @@
+//! FlockNode: a whole flock-agent (`daemon::run`, real nft in a node namespace: root) against
+//! the in-repo test API server keeps its node's FlockNode current — created once the Node
+//! exists, owned by it; the status after a commit (version, API state, ruleset hash and size,
+//! the NetworkPolicies of the node's run pods with their generations, a failed sync's error);
+//! written only on change and never twice within the interval; created again when deleted;
+//! every request granted by deploy/agent/rbac.yaml. And the opt-in admission policy that
+//! restricts each agent to its own node's FlockNode, read for what can be checked without a
+//! CEL evaluator.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "common/controller.rs"]
+mod common;
+
+use std::io::{Read, Write};
+use std::net::IpAddr;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use flock::agent::AgentConfig;
+use flock::agent::http::ListenAddr;
+use flock::daemon::{self, DaemonOptions};
+use flock::report::ReportOptions;
+use flock::report::node::NodeStatusOptions;
+use flock::source::kube::SourceOptions;
+use flock::testkit::kernel::{Node, Pod, TempDir, require_root};
+use flock_cni::protocol::{self, AddRequest, PodIdentity, Request};
+use flock_test_apiserver::ApiServer;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+const NODE: &str = "fn1";
+const NS: &str = "runs";
+const API: &str = "flock.dev/v1alpha1";
+/// The test's write interval (the default is 10 s).
+const INTERVAL: Duration = Duration::from_secs(1);
+
+fn node_json() -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+           "spec": {"podCIDR": "198.18.84.0/24", "podCIDRs": ["198.18.84.0/24"]},
+           "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.84"}]}})
+}
+
+fn pod_json(name: &str, node: &str, ip: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": NS, "labels": labels},
+           "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+           "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})
+}
+
+/// An egress policy for the pods `selector` selects: TCP `port` anywhere.
+fn policy(name: &str, selector: Value, port: u16) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": name, "namespace": NS},
+           "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Egress"],
+                    "egress": [{"ports": [{"port": port, "protocol": "TCP"}]}]}})
+}
+
+fn r1_egress(port: u16) -> Value {
+    policy("r1-egress", json!({"flock.dev/run": "r1"}), port)
+}
+
+fn flocknode(server: &ApiServer) -> Option<Value> {
+    server.get(API, "FlockNode", None, NODE).unwrap()
+}
+
+/// `runPolicies` as (name, generation).
+fn run_policies(fnode: &Value) -> Vec<(String, i64)> {
+    fnode["status"]["runPolicies"]
+        .as_array()
+        .map(|a| a.iter().map(|p| (p["name"].as_str().unwrap().to_string(), p["generation"].as_i64().unwrap())).collect())
+        .unwrap_or_default()
+}
+
+/// When each status write arrived.
+fn status_writes(server: &ApiServer) -> Vec<SystemTime> {
+    let path = format!("/apis/flock.dev/v1alpha1/flocknodes/{NODE}/status");
+    server.requests().into_iter().filter(|r| r.method.as_str() == "PATCH" && r.path == path).map(|r| r.at).collect()
+}
+
+async fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn http_get(socket: &Path, path: &str) -> (u16, String) {
+    let Ok(mut s) = UnixStream::connect(socket) else { return (0, String::new()) };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: flock\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (code, body)
+}
+
+fn metric(dir: &TempDir, name: &str) -> Option<f64> {
+    let (code, body) = http_get(&dir.join("metrics.sock"), "/metrics");
+    if code != 200 {
+        return None;
+    }
+    body.lines().find(|l| l.split_once(' ').is_some_and(|(n, _)| n == name)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// An `nft` that fails every transaction while `fail` exists (the agent's start check, `-c`,
+/// goes through).
+fn failing_nft(dir: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (script, fail) = (dir.join("nft"), dir.join("fail"));
+    let text = format!(
+        "#!/bin/sh\ncase \" $* \" in *' -f '*) case \" $* \" in *' -c '*) ;; *) [ -e {fail} ] && {{ echo injected failure >&2; exit 1; }};; esac;; esac\nexec nft \"$@\"\n",
+        fail = fail.display()
+    );
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    (script, fail)
+}
+
+/// Registers `name`'s endpoint over the CNI socket, as flock-cni would after wiring it.
+async fn cni_add(node: &Node, dir: &TempDir, name: &str, ip: &str) -> Pod {
+    let cid = format!("cid-{name}");
+    let iface = flock_cni::host_interface_name(&cid, "eth0");
+    let addr: IpAddr = ip.parse().unwrap();
+    let pod = node.add_pod(name, &iface, &[addr]);
+    let req = Request::Add(AddRequest {
+        container_id: cid,
+        ifname: "eth0".into(),
+        netns: String::new(),
+        host_interface: iface,
+        pod: PodIdentity { namespace: NS.into(), name: name.into(), uid: None },
+        ips: vec![addr],
+    });
+    let socket = dir.join("cni.sock");
+    tokio::task::spawn_blocking(move || protocol::call(&socket, req, Duration::from_secs(20))).await.unwrap().unwrap();
+    pod
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_keeps_its_flocknode_current() {
+    if !require_root("the_agent_keeps_its_flocknode_current") {
+        return;
+    }
+    if let Ok(filter) = std::env::var("FLOCK_TEST_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+    }
+    let node = Node::new("fnode");
+    let dir = TempDir::new("fnode");
+    let server = common::api_server().await;
+    server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})).unwrap();
+    // A run pod here (its policy is reported), a pod here that is not a run's and a run pod on
+    // another node (their policies are not).
+    server.apply(pod_json("job", NODE, "198.18.84.10", json!({"flock.dev/run": "r1"}))).unwrap();
+    server.apply(pod_json("plain", NODE, "198.18.84.11", json!({"app": "plain"}))).unwrap();
+    server.apply(pod_json("far", "fn2", "198.18.85.10", json!({"flock.dev/run": "r2"}))).unwrap();
+    server.apply(r1_egress(443)).unwrap();
+    server.apply(policy("plain-only", json!({"app": "plain"}), 80)).unwrap();
+    server.apply(policy("r2-egress", json!({"flock.dev/run": "r2"}), 443)).unwrap();
+
+    let (nft, fail) = failing_nft(&dir);
+    let mut agent = AgentConfig::new(NODE, node.ns.netns(), dir.join("cni.sock"), dir.join("pending-del"));
+    agent.state_dir = Some(dir.join("state"));
+    agent.routes = false;
+    agent.nft = nft;
+    // Through the failing nft (netlink batches would not fail).
+    agent.nft_transactions = true;
+    let opts = DaemonOptions {
+        agent,
+        listen: ListenAddr::Unix(dir.join("metrics.sock")),
+        cni_conf: None,
+        cni_mtu: None,
+        degraded_after: Duration::from_secs(5),
+        disconnected_after: Duration::from_secs(60),
+        source: SourceOptions::for_node(NODE),
+        events: false,
+        instance: "flock-agent-fn1".into(),
+        report: ReportOptions::default(),
+        max_sync_age: Duration::from_secs(90),
+        node_status: Some(NodeStatusOptions { interval: INTERVAL, retry: Duration::from_millis(200), max_retry: Duration::from_secs(1) }),
+    };
+    let (stop, rx) = watch::channel(false);
+    let client = server.client();
+    let task = tokio::spawn(async move { daemon::run(opts, client, rx).await.unwrap() });
+    eventually("the agent ready", Duration::from_secs(30), || (http_get(&dir.join("metrics.sock"), "/readyz").0 == 200).then_some(()))
+        .await;
+    let _job = cni_add(&node, &dir, "job", "198.18.84.10").await;
+
+    // No Node yet: nothing is created (an owner-less FlockNode would outlive its node), the
+    // attempts fail and are retried.
+    eventually("a failed attempt", Duration::from_secs(10), || {
+        metric(&dir, "flock_node_status_writes_total{result=\"failed\"}").filter(|n| *n >= 2.0)
+    })
+    .await;
+    assert!(flocknode(&server).is_none());
+    assert!(!server.requests().iter().any(|r| r.method.as_str() == "POST" && r.path.contains("/flocknodes")));
+
+    // The Node appears: the FlockNode is created, owned by it, with the status of the commit.
+    let node_obj = server.apply(node_json()).unwrap();
+    let fnode = eventually("the FlockNode with its status", Duration::from_secs(10), || {
+        flocknode(&server).filter(|f| f["status"]["ruleset"]["localEndpoints"] == 1)
+    })
+    .await;
+    let owners = fnode["metadata"]["ownerReferences"].as_array().unwrap();
+    assert_eq!(owners.len(), 1, "{fnode}");
+    assert_eq!(owners[0]["apiVersion"], "v1");
+    assert_eq!(owners[0]["kind"], "Node");
+    assert_eq!(owners[0]["name"], NODE);
+    assert_eq!(owners[0]["uid"], node_obj["metadata"]["uid"]);
+    assert!(owners[0]["uid"].as_str().is_some_and(|u| !u.is_empty()));
+    let status = &fnode["status"];
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(status["api"], "Connected");
+    let hash = status["ruleset"]["hash"].as_str().unwrap().to_string();
+    assert!(hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{hash}");
+    assert!(status["ruleset"]["rules"].as_i64().unwrap() > 10, "{status}");
+    assert!(status["ruleset"]["setElements"].as_i64().unwrap() >= 1, "{status}");
+    assert!(status["lastError"].is_null(), "{status}");
+    assert_eq!(run_policies(&fnode), [("runs/r1-egress".to_string(), 1)]);
+    assert_eq!(metric(&dir, "flock_node_status_writes_total{result=\"ok\"}"), Some(1.0));
+    assert!(metric(&dir, "flock_node_status_last_write_timestamp_seconds").is_some_and(|t| t > 1.6e9));
+
+    // The run's policy changes (generation 2): the status follows, with another ruleset.
+    server.apply(r1_egress(8443)).unwrap();
+    let fnode = eventually("generation 2", Duration::from_secs(10), || {
+        flocknode(&server).filter(|f| run_policies(f) == [("runs/r1-egress".to_string(), 2)])
+    })
+    .await;
+    assert_ne!(fnode["status"]["ruleset"]["hash"].as_str().unwrap(), hash);
+
+    // A label-only edit keeps the generation: nothing is written.
+    let writes = status_writes(&server).len();
+    let mut labelled = r1_egress(8443);
+    labelled["metadata"]["labels"] = json!({"team": "a"});
+    let stored = server.apply(labelled).unwrap();
+    assert_eq!(stored["metadata"]["generation"], 2);
+    tokio::time::sleep(INTERVAL * 5 / 2).await;
+    assert_eq!(status_writes(&server).len(), writes, "a status without a change was written");
+
+    // A burst of changes: the last one is shown, with writes at least the interval apart.
+    for port in 9001..=9005 {
+        server.apply(r1_egress(port)).unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    eventually("generation 7", Duration::from_secs(10), || {
+        flocknode(&server).filter(|f| run_policies(f) == [("runs/r1-egress".to_string(), 7)])
+    })
+    .await;
+
+    // A failed sync shows its error; the last commit's policies stay. Fixed, it clears.
+    std::fs::write(&fail, b"").unwrap();
+    server.apply(r1_egress(9100)).unwrap();
+    let fnode = eventually("the error", Duration::from_secs(10), || {
+        flocknode(&server).filter(|f| f["status"]["lastError"].as_str().is_some_and(|e| e.contains("injected failure")))
+    })
+    .await;
+    assert_eq!(run_policies(&fnode), [("runs/r1-egress".to_string(), 7)]);
+    std::fs::remove_file(&fail).unwrap();
+    eventually("the error cleared and generation 8", Duration::from_secs(15), || {
+        flocknode(&server).filter(|f| f["status"]["lastError"].is_null() && run_policies(f) == [("runs/r1-egress".to_string(), 8)])
+    })
+    .await;
+
+    // Deleted by someone: created again (owned by the Node) with the current status.
+    server.delete(API, "FlockNode", None, NODE).unwrap().unwrap();
+    server.apply(r1_egress(9200)).unwrap();
+    let fnode = eventually("the FlockNode again", Duration::from_secs(10), || {
+        flocknode(&server).filter(|f| run_policies(f) == [("runs/r1-egress".to_string(), 9)])
+    })
+    .await;
+    assert_eq!(fnode["metadata"]["ownerReferences"][0]["uid"], node_obj["metadata"]["uid"]);
+
+    stop.send(true).unwrap();
+    task.await.unwrap();
+
+    // Never two status writes within the interval.
+    let writes = status_writes(&server);
+    assert!(writes.len() >= 6, "{} writes", writes.len());
+    for pair in writes.windows(2) {
+        let gap = pair[1].duration_since(pair[0]).unwrap();
+        assert!(gap >= INTERVAL, "two status writes {gap:?} apart");
+    }
+
+    // Every request about FlockNodes, and the Node read, is granted to the agent; every
+    // FlockNode grant is used.
+    let granted = common::grants("deploy/agent/rbac.yaml", &["ClusterRole", "Role"]);
+    let mut used = std::collections::BTreeSet::new();
+    for r in server.requests().iter().filter(|r| !r.watch) {
+        let grant = match (r.method.as_str(), r.path.as_str()) {
+            ("GET", p) if p == format!("/api/v1/nodes/{NODE}") => "cluster /nodes:get",
+            ("GET", p) if p == format!("/apis/flock.dev/v1alpha1/flocknodes/{NODE}") => "cluster flock.dev/flocknodes:get",
+            ("POST", "/apis/flock.dev/v1alpha1/flocknodes") => "cluster flock.dev/flocknodes:create",
+            ("PATCH", p) if p == format!("/apis/flock.dev/v1alpha1/flocknodes/{NODE}/status") => {
+                "cluster flock.dev/flocknodes/status:patch"
+            }
+            (m, p) if p.contains("/flocknodes") => panic!("unexpected request {m} {p}"),
+            _ => continue,
+        };
+        assert!(granted.contains(&grant.to_string()), "{grant} not granted");
+        used.insert(grant);
+    }
+    for g in granted.iter().filter(|g| g.contains("flocknodes")) {
+        assert!(used.contains(g.as_str()), "{g} granted but never used");
+    }
+    server.shutdown().await;
+}
+
+/// The admission example: what can be checked without evaluating its CEL. Its expressions'
+/// meaning (the agent's own node only, no node in the credentials denied) is not checked here.
+#[test]
+fn the_admission_example_binds_a_deny_policy_on_flocknodes_for_the_agent() {
+    let path = common::root().join("deploy/agent/flocknode-admission.yaml");
+    let docs = common::yaml_docs(&path);
+    assert_eq!(docs.len(), 2);
+    let policy = docs.iter().find(|d| d["kind"] == "ValidatingAdmissionPolicy").expect("the policy");
+    let binding = docs.iter().find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding").expect("the binding");
+    for d in [policy, binding] {
+        assert_eq!(d["apiVersion"], "admissionregistration.k8s.io/v1");
+    }
+    let spec = &policy["spec"];
+    assert_eq!(spec["failurePolicy"], "Fail");
+    // Creates and updates (a status patch is an update of the subresource) of FlockNodes.
+    let rules = spec["matchConstraints"]["resourceRules"].as_array().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["apiGroups"], json!(["flock.dev"]));
+    assert_eq!(rules[0]["operations"], json!(["CREATE", "UPDATE"]));
+    assert_eq!(rules[0]["resources"], json!(["flocknodes", "flocknodes/status"]));
+    // Only the agent's ServiceAccount, the one rbac.yaml binds.
+    let sa = common::yaml_docs(&common::root().join("deploy/agent/rbac.yaml")).into_iter().find(|d| d["kind"] == "ServiceAccount").unwrap();
+    let username =
+        format!("system:serviceaccount:{}:{}", sa["metadata"]["namespace"].as_str().unwrap(), sa["metadata"]["name"].as_str().unwrap());
+    let conditions = spec["matchConditions"].as_array().unwrap();
+    assert_eq!(conditions.len(), 1);
+    assert_eq!(conditions[0]["expression"], format!("request.userInfo.username == '{username}'"));
+    // The node comes from the credentials, and is compared with the object's name.
+    let all_cel: String = spec["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(spec["validations"].as_array().unwrap())
+        .map(|v| v["expression"].as_str().unwrap().to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(all_cel.contains("request.userInfo.extra['authentication.kubernetes.io/node-name']"), "{all_cel}");
+    assert!(all_cel.contains("object.metadata.name == variables.nodeName"), "{all_cel}");
+    assert!(!all_cel.contains("request.object") && !all_cel.contains("oldObject"), "{all_cel}");
+    assert_eq!(spec["validations"].as_array().unwrap().len(), 1);
+    assert_eq!(spec["validations"][0]["reason"], "Forbidden");
+    // The binding enforces it (Deny, not only Warn or Audit), everywhere.
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert!(binding["spec"]["matchResources"].is_null());
+    // Opt-in: not installed by the kustomization.
+    let k = &common::yaml_docs(&common::root().join("deploy/agent/kustomization.yaml"))[0];
+    assert!(!k["resources"].as_array().unwrap().iter().any(|r| r == "flocknode-admission.yaml"));
+}
