@@ -357,3 +357,111 @@ fn the_admission_example_binds_a_deny_policy_on_flocknodes_for_the_agent() {
     let k = &common::yaml_docs(&common::root().join("deploy/agent/kustomization.yaml"))[0];
     assert!(!k["resources"].as_array().unwrap().iter().any(|r| r == "flocknode-admission.yaml"));
 }
+
+/// The whole loop: flock-controller applies a run's policy, the node's flock-agent enforces
+/// it and reports the generation in its FlockNode, and the Run turns `Enforced` and `Ready`;
+/// when the run expires (the controller's fake clock) the withdrawing policy is a new
+/// generation, pending until the agent reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_enforced_condition_follows_its_nodes_agent() {
+    use flock::controller::crd::{self, Run};
+    use flock::controller::probe::EnforceMode;
+    use flock::controller::render::{ClusterConfig, DnsConfig};
+    use flock::controller::{self, Options};
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    use std::sync::{Arc, Mutex};
+
+    if !require_root("a_runs_enforced_condition_follows_its_nodes_agent") {
+        return;
+    }
+    let node = Node::new("fnode2");
+    let dir = TempDir::new("fnode2");
+    let server = common::api_server().await;
+    server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})).unwrap();
+    server.apply(node_json()).unwrap();
+    server.apply(pod_json("job", NODE, "198.18.84.20", json!({"flock.dev/run": "r3"}))).unwrap();
+    server.apply(json!({"apiVersion": API, "kind": "RunProfile", "metadata": {"name": "web"}, "spec": {"cidrs": [{"cidr": "198.19.0.0/16", "ports": [{"port": 443}]}]}})).unwrap();
+
+    let mut agent = AgentConfig::new(NODE, node.ns.netns(), dir.join("cni.sock"), dir.join("pending-del"));
+    agent.routes = false;
+    let opts = DaemonOptions {
+        agent,
+        listen: ListenAddr::Unix(dir.join("metrics.sock")),
+        cni_conf: None,
+        cni_mtu: None,
+        degraded_after: Duration::from_secs(5),
+        disconnected_after: Duration::from_secs(60),
+        source: SourceOptions::for_node(NODE),
+        events: false,
+        instance: "flock-agent-fn1".into(),
+        report: ReportOptions::default(),
+        max_sync_age: Duration::from_secs(90),
+        node_status: Some(NodeStatusOptions { interval: INTERVAL, retry: Duration::from_millis(200), max_retry: Duration::from_secs(1) }),
+    };
+    let (stop, rx) = watch::channel(false);
+    let client = server.client();
+    let agent_task = tokio::spawn(async move { daemon::run(opts, client, rx.clone()).await.unwrap() });
+    eventually("the agent ready", Duration::from_secs(30), || (http_get(&dir.join("metrics.sock"), "/readyz").0 == 200).then_some(()))
+        .await;
+    let _job = cni_add(&node, &dir, "job", "198.18.84.20").await;
+
+    let now = Arc::new(Mutex::new(Timestamp::now()));
+    let clock = now.clone();
+    let cluster = ClusterConfig {
+        pod_cidrs: vec!["198.18.0.0/16".parse().unwrap()],
+        service_cidrs: vec!["198.19.240.0/20".parse().unwrap()],
+        dns: DnsConfig::default(),
+        api_server: Default::default(),
+    };
+    let ctl_opts = Options {
+        api_server_url: Some("https://198.19.240.1:443".into()),
+        resync: Duration::from_millis(300),
+        clock: Arc::new(move || *clock.lock().unwrap()),
+        ..Options::new(EnforceMode::On, cluster)
+    };
+    let client = server.client();
+    let startup = controller::start(&client, &ctl_opts).await.unwrap();
+    assert_eq!(startup.verify, flock::controller::enforced::Verify::Flock);
+    let (ctl_stop, ctl_rx) = watch::channel(false);
+    let ctl_task = tokio::spawn(async move {
+        controller::run(client, startup, &ctl_opts, Arc::new(flock::controller::metrics::Metrics::new()), ctl_rx).await
+    });
+
+    server
+        .apply(json!({"apiVersion": API, "kind": "Run", "metadata": {"name": "r3", "namespace": NS}, "spec": {"profile": "web", "activeDeadlineSeconds": 600}}))
+        .unwrap();
+    let condition = |type_: &str| -> Option<(String, String)> {
+        let run: Run = server.get_resource(Some(NS), "r3").unwrap()?;
+        crd::condition(&run.status?.conditions, type_).map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    let t0 = Instant::now();
+    eventually("Enforced by the node's agent", Duration::from_secs(20), || {
+        (condition("Enforced")? == ("True".into(), "AllNodesEnforce".into())).then_some(())
+    })
+    .await;
+    eprintln!("Run created → Enforced (real agent, status interval {INTERVAL:?}): {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
+    assert_eq!(condition("Ready"), Some(("True".into(), "Applied".into())));
+    assert!(run_policies(&flocknode(&server).unwrap()).contains(&("runs/r3-egress".to_string(), 1)));
+
+    // Expired: generation 2 (allows nothing), enforced once the agent reports it.
+    *now.lock().unwrap() += SignedDuration::from_secs(601);
+    eventually("expired", Duration::from_secs(20), || (condition("Expired")?.0 == "True").then_some(())).await;
+    eventually("generation 2 reported", Duration::from_secs(20), || {
+        run_policies(&flocknode(&server)?).contains(&("runs/r3-egress".to_string(), 2)).then_some(())
+    })
+    .await;
+    eventually("generation 2 enforced", Duration::from_secs(20), || {
+        let run: Run = server.get_resource(Some(NS), "r3").unwrap()?;
+        let st = run.status?;
+        let enforced = crd::condition(&st.conditions, "Enforced")?;
+        (enforced.status == "True" && st.network_policy?.generation == Some(2)).then_some(())
+    })
+    .await;
+    assert_eq!(condition("Ready"), Some(("False".into(), "DeadlineExceeded".into())));
+
+    ctl_stop.send(true).unwrap();
+    ctl_task.await.unwrap();
+    stop.send(true).unwrap();
+    agent_task.await.unwrap();
+    server.shutdown().await;
+}
