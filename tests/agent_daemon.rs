@@ -162,8 +162,11 @@ async fn policies_from_the_api_are_enforced_and_reported() {
     let (stop, task) = rig.start(rig.options(|_| {}));
     wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
     assert_eq!(rig.http("/healthz").0, 200);
-    // Once ready, the CNI config is written with the node's pod CIDR.
-    let conf = std::fs::read_to_string(rig.dir.join("net.d/10-flock.conflist")).unwrap();
+    // Once ready, the CNI config is written with the node's pod CIDR (by its own task, just
+    // after readiness: waited for, not assumed).
+    let conf_path = rig.dir.join("net.d/10-flock.conflist");
+    wait_until("the CNI config", Duration::from_secs(10), || conf_path.exists()).await;
+    let conf = std::fs::read_to_string(&conf_path).unwrap();
     assert!(conf.contains("198.18.80.0/24"), "{conf}");
     // …and the agent's DEL spool directory (--pending-del-dir), where the plugin must spool.
     assert!(conf.contains(&format!("\"pendingDelDir\": \"{}\"", rig.dir.join("pending-del").display())), "{conf}");
