@@ -28,6 +28,7 @@ pub mod conformance;
 pub mod conntrack;
 pub mod controller;
 pub mod daemon;
+pub mod dns;
 pub mod explain;
 #[cfg(feature = "arbitrary")]
 #[doc(hidden)]

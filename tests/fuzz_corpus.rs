@@ -15,13 +15,14 @@ use flock::testkit::kernel::{NetnsGuard, require_root};
 
 type Target = fn(&[u8]) -> Vec<String>;
 
-const TARGETS: [(&str, Target); 6] = [
+const TARGETS: [(&str, Target); 7] = [
     ("pipeline", fuzzing::pipeline),
     ("manifest", fuzzing::manifest),
     ("hostile_strings", fuzzing::hostile_strings),
     ("fail_closed", fuzzing::fail_closed),
     ("differential", fuzzing::differential),
     ("incremental_steps", fuzzing::incremental),
+    ("dns_answer", fuzzing::dns_answer),
 ];
 
 fn fuzz_dir() -> PathBuf {
@@ -137,6 +138,10 @@ fn write_seeds() {
             })
             .unwrap();
         write("pipeline", &format!("seed-base-{i}"), &bytes);
+    }
+    // dns_answer: a valid answer to each query.
+    for (name, data) in fuzzing::dns::seeds() {
+        write("dns_answer", &name, &data);
     }
     // hostile_strings: both clusters, no string.
     write("hostile_strings", "seed-conformance", &[0]);

@@ -21,6 +21,8 @@
 //! - [`differential`]: random clusters with NetworkPolicies and ClusterNetworkPolicies: the
 //!   enforced rulesets (through the packet tracer) agree with the reference evaluator
 //!   ([`crate::reference`]) on every flow ([`differential`](mod@differential) module).
+//! - [`dns_answer`]: any bytes as a resolver's response: [`crate::dns::learn`] never panics
+//!   and teaches only what the response holds ([`dns`](mod@dns) module).
 //! - [`incremental`]: a cluster and the node's endpoints changed step by step: after each
 //!   step the incremental translator and render cache agree with the full translation and
 //!   render ([`incremental`](mod@incremental) module).
@@ -32,10 +34,12 @@
 //! near 80. Everything longer or rarer stays as arbitrary as the fuzzer made it.
 
 pub mod differential;
+pub mod dns;
 pub mod fail_closed;
 pub mod incremental;
 
 pub use differential::differential;
+pub use dns::dns_answer;
 pub use fail_closed::fail_closed;
 pub use incremental::incremental;
 

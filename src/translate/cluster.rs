@@ -323,10 +323,19 @@ fn compile_matches(dir: Direction, rule: &CnpRule, action: Action) -> Result<Rul
                 addresses_only = true;
             }
             CnpPeer::Nodes(_) => return Err((at(".nodes"), "ingress rules have no nodes peer".into())),
+            CnpPeer::DomainNames(_) if dir == Direction::Ingress => {
+                return Err((at(".domainNames"), "ingress rules have no domainNames peer".into()));
+            }
             CnpPeer::DomainNames(_) if action != Action::Accept => {
                 return Err((at(".domainNames"), "domainNames peers are only supported in Accept rules".into()));
             }
-            CnpPeer::DomainNames(_) => {
+            CnpPeer::DomainNames(names) => {
+                if names.is_empty() {
+                    return Err((at(".domainNames"), "at least one domain name is required".into()));
+                }
+                for (k, n) in names.iter().enumerate() {
+                    crate::dns::DomainPattern::parse(n).map_err(|m| (at(&format!(".domainNames[{k}]")), format!("{n:?}: {m}")))?;
+                }
                 return Err((at(".domainNames"), "domainNames peers are not supported by flock yet".into()));
             }
             CnpPeer::Invalid(why) => return Err((at(""), why.clone())),
@@ -443,6 +452,29 @@ mod tests {
             peers.contains(&CnpPeerDef::Network(PeerDef::Block(IpBlockDef { cidr: "198.18.1.0/24".parse().unwrap(), except: vec![] })))
         );
         assert_eq!(ports.as_deref().unwrap(), [CnpPortSpec::Range(Protocol::Tcp, 443, 443), CnpPortSpec::Range(Protocol::Udp, 80, 81)]);
+    }
+
+    #[test]
+    fn domain_names_are_checked_before_they_are_refused() {
+        // Until flock enforces domainNames, every such Accept rule is a problem (fail closed):
+        // the problem names the bad name when there is one.
+        for (names, field, says) in [
+            (vec!["example.com", "*.*.example.com"], "spec.egress[0].to[1].domainNames[1]", "'*' may only"),
+            (vec![], "spec.egress[0].to[1].domainNames", "at least one"),
+            (vec!["*.pypi.org", "GitHub.com."], "spec.egress[0].to[1].domainNames", "not supported"),
+        ] {
+            let mut p = policy("Admin", Some(1));
+            let peer = CnpPeer::DomainNames(names.iter().map(|n| n.to_string()).collect());
+            p.egress = vec![rule("Accept", vec![all_ns(), peer], None)];
+            let (_, problems) = compiled(&p);
+            assert_eq!(problems.len(), 1, "{names:?}: {problems:?}");
+            assert_eq!(problems[0].field, field, "{names:?}");
+            assert!(problems[0].message.contains(says), "{names:?}: {}", problems[0].message);
+        }
+        let mut p = policy("Admin", Some(1));
+        p.ingress = vec![rule("Accept", vec![CnpPeer::DomainNames(vec!["example.com".into()])], None)];
+        let (_, problems) = compiled(&p);
+        assert!(problems[0].message.contains("ingress rules have no domainNames peer"), "{problems:?}");
     }
 
     #[test]
