@@ -140,6 +140,24 @@ async fn cni_add(node: &Node, dir: &TempDir, name: &str, ip: &str) -> Pod {
     pod
 }
 
+/// The daemon of `agent`, its endpoints under `dir`, writing its FlockNode every [`INTERVAL`].
+fn daemon_options(agent: AgentConfig, dir: &TempDir) -> DaemonOptions {
+    DaemonOptions {
+        agent,
+        listen: ListenAddr::Unix(dir.join("metrics.sock")),
+        cni_conf: None,
+        cni_mtu: None,
+        degraded_after: Duration::from_secs(5),
+        disconnected_after: Duration::from_secs(60),
+        source: SourceOptions::for_node(NODE),
+        events: false,
+        instance: "flock-agent-fn1".into(),
+        report: ReportOptions::default(),
+        max_sync_age: Duration::from_secs(90),
+        node_status: Some(NodeStatusOptions { interval: INTERVAL, retry: Duration::from_millis(200), max_retry: Duration::from_secs(1) }),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_keeps_its_flocknode_current() {
     if !require_root("the_agent_keeps_its_flocknode_current") {
@@ -168,20 +186,7 @@ async fn the_agent_keeps_its_flocknode_current() {
     agent.nft = nft;
     // Through the failing nft (netlink batches would not fail).
     agent.nft_transactions = true;
-    let opts = DaemonOptions {
-        agent,
-        listen: ListenAddr::Unix(dir.join("metrics.sock")),
-        cni_conf: None,
-        cni_mtu: None,
-        degraded_after: Duration::from_secs(5),
-        disconnected_after: Duration::from_secs(60),
-        source: SourceOptions::for_node(NODE),
-        events: false,
-        instance: "flock-agent-fn1".into(),
-        report: ReportOptions::default(),
-        max_sync_age: Duration::from_secs(90),
-        node_status: Some(NodeStatusOptions { interval: INTERVAL, retry: Duration::from_millis(200), max_retry: Duration::from_secs(1) }),
-    };
+    let opts = daemon_options(agent, &dir);
     let (stop, rx) = watch::channel(false);
     let client = server.client();
     let task = tokio::spawn(async move { daemon::run(opts, client, rx).await.unwrap() });
@@ -384,20 +389,7 @@ async fn a_runs_enforced_condition_follows_its_nodes_agent() {
 
     let mut agent = AgentConfig::new(NODE, node.ns.netns(), dir.join("cni.sock"), dir.join("pending-del"));
     agent.routes = false;
-    let opts = DaemonOptions {
-        agent,
-        listen: ListenAddr::Unix(dir.join("metrics.sock")),
-        cni_conf: None,
-        cni_mtu: None,
-        degraded_after: Duration::from_secs(5),
-        disconnected_after: Duration::from_secs(60),
-        source: SourceOptions::for_node(NODE),
-        events: false,
-        instance: "flock-agent-fn1".into(),
-        report: ReportOptions::default(),
-        max_sync_age: Duration::from_secs(90),
-        node_status: Some(NodeStatusOptions { interval: INTERVAL, retry: Duration::from_millis(200), max_retry: Duration::from_secs(1) }),
-    };
+    let opts = daemon_options(agent, &dir);
     let (stop, rx) = watch::channel(false);
     let client = server.client();
     let agent_task = tokio::spawn(async move { daemon::run(opts, client, rx.clone()).await.unwrap() });

@@ -30,11 +30,10 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 #[path = "common/controller.rs"]
 mod common;
-use common::{endpoint_slice, eventually};
+use common::{Running, endpoint_slice, eventually};
 
 const NS: &str = "agents";
 
@@ -61,30 +60,6 @@ fn options(enforce: EnforceMode) -> Options {
 
 async fn server() -> ApiServer {
     common::api_server().await
-}
-
-/// A running controller.
-struct Running {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-    metrics: Arc<Metrics>,
-}
-
-impl Running {
-    async fn start(server: &ApiServer, opts: Options) -> Self {
-        let client = server.client();
-        let startup = controller::start(&client, &opts).await.unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let (stop, rx) = watch::channel(false);
-        let m = metrics.clone();
-        let task = tokio::spawn(async move { controller::run(client, startup, &opts, m, rx).await });
-        Self { stop, task, metrics }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("the controller stops").unwrap();
-    }
 }
 
 async fn create_profile(server: &ApiServer, name: &str, spec: Value) {

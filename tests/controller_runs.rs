@@ -10,25 +10,22 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flock::controller::Options;
 use flock::controller::audit::{self, Retention};
 use flock::controller::crd::{self, AuditEvent, Run};
-use flock::controller::metrics::Metrics;
 use flock::controller::probe::EnforceMode;
 use flock::controller::reconcile::{ENFORCED, EXPIRED, NETWORK_POLICY_READY, READY};
 use flock::controller::render::{ClusterConfig, DnsConfig};
-use flock::controller::{self, Options};
 use flock_test_apiserver::ApiServer;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 #[path = "common/controller.rs"]
 mod common;
-use common::eventually;
+use common::{Running, eventually};
 
 const NS: &str = "jobs";
 
@@ -64,29 +61,6 @@ fn options(enforce: EnforceMode, clock: &FakeClock) -> Options {
         enforced_timeout: Duration::from_secs(1),
         clock: clock.clock(),
         ..Options::new(enforce, cluster)
-    }
-}
-
-struct Running {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-    metrics: Arc<Metrics>,
-}
-
-impl Running {
-    async fn start(server: &ApiServer, opts: Options) -> Self {
-        let client = server.client();
-        let startup = controller::start(&client, &opts).await.unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let (stop, rx) = watch::channel(false);
-        let m = metrics.clone();
-        let task = tokio::spawn(async move { controller::run(client, startup, &opts, m, rx).await });
-        Self { stop, task, metrics }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("the controller stops").unwrap();
     }
 }
 

@@ -86,3 +86,28 @@ pub fn grants(path: &str, kinds: &[&str]) -> Vec<String> {
     out.sort();
     out
 }
+
+/// A running flock-controller (`controller::start` then `controller::run`), stopped by
+/// [`Running::stop`].
+pub struct Running {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    pub metrics: std::sync::Arc<flock::controller::metrics::Metrics>,
+}
+
+impl Running {
+    pub async fn start(server: &ApiServer, opts: flock::controller::Options) -> Self {
+        let client = server.client();
+        let startup = flock::controller::start(&client, &opts).await.unwrap();
+        let metrics = std::sync::Arc::new(flock::controller::metrics::Metrics::new());
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let m = metrics.clone();
+        let task = tokio::spawn(async move { flock::controller::run(client, startup, &opts, m, rx).await });
+        Self { stop, task, metrics }
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("the controller stops").unwrap();
+    }
+}
