@@ -110,12 +110,6 @@ impl Options {
     }
 }
 
-impl std::fmt::Debug for reconcile::Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Context")
-    }
-}
-
 /// Why the controller cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -236,13 +230,15 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
     });
 
     metrics.enforcement(startup.decision.enabled);
-    let profile_feed = ProfileFeed::new(Api::<RunProfile>::all(client.clone()));
+    let (profile_feed, [profiles_for_runs, profiles_for_profiles]) =
+        Feed::<RunProfile>::new(Api::all(client.clone()), watcher::Config::default(), true);
     let (run_store, run_writer) = reflector::store::<Run>();
     // Run pods and FlockNodes: whether each run's nodes enforce its policy. Only pods
     // labelled flock.dev/run (every run's pods carry it), and only while flock reports.
     let verifying = startup.verify == Verify::Flock;
-    let pods = Reflected::<Pod>::new(Api::all(client.clone()), watcher::Config::default().labels(crate::translate::RUN_LABEL), verifying);
-    let nodes = Reflected::<FlockNode>::new(Api::all(client.clone()), watcher::Config::default(), verifying);
+    let (pods, [pod_events]) =
+        Feed::<Pod>::new(Api::all(client.clone()), watcher::Config::default().labels(crate::translate::RUN_LABEL), verifying);
+    let (nodes, [node_events]) = Feed::<FlockNode>::new(Api::all(client.clone()), watcher::Config::default(), verifying);
     let (complete_tx, enforcement_complete) = watch::channel(!verifying);
     let caches = reconcile::Caches {
         profiles: profile_feed.store.clone(),
@@ -293,7 +289,7 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
         PolicyKind::Cilium(ar) => runs.owns_with(Api::<DynamicObject>::all_with(client.clone(), ar), ar.clone(), owned),
     };
     let runs = runs
-        .watches_stream(profile_feed.for_runs, {
+        .watches_stream(profiles_for_runs, {
             let run_store = run_store.clone();
             move |profile: RunProfile| {
                 // A profile change (creation, deletion) re-renders the runs that use it.
@@ -301,12 +297,12 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
                 run_store.state().into_iter().filter(|r| r.spec.profile == name).map(|r| ObjectRef::from_obj(&*r)).collect::<Vec<_>>()
             }
         })
-        .watches_stream(pods.events, {
+        .watches_stream(pod_events, {
             let run_store = run_store.clone();
             // A run pod scheduled, finished or gone: its runs' nodes changed.
             move |pod: Pod| runs_of_pod(&run_store, &pod)
         })
-        .watches_stream(nodes.events, {
+        .watches_stream(node_events, {
             let run_store = run_store.clone();
             // A node's report changed: the runs whose policies it lists (a run whose pods
             // are there but whose policy it does not list yet stays pending until it does;
@@ -321,7 +317,7 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
                 tracing::debug!(error = %e, "run controller");
             }
         });
-    let profiles = Controller::for_stream(profile_feed.for_profiles, profile_feed.store)
+    let profiles = Controller::for_stream(profiles_for_profiles, profile_feed.store)
         .graceful_shutdown_on(stopped(stop.clone()))
         .run(reconcile::reconcile_profile, reconcile::profile_error_policy, ctx)
         .for_each(|r| async move {
@@ -348,59 +344,9 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
     collector.abort();
 }
 
-/// How many RunProfile changes may wait for each controller (the feed waits when one is
+/// How many changes may wait for each consumer of a [`Feed`] (the feed waits when one is
 /// behind; nothing is dropped).
-const PROFILE_FEED_BUFFER: usize = 64;
-
-/// The one watch of RunProfiles: it fills the cache the run reconciles read their profile
-/// from, and triggers both controllers — the profile controller (`Ready` conditions) and
-/// the run controller (the runs using a changed profile) — each change only after the cache
-/// has it. Two watches, one for the cache and one for the triggers, could wake a run before
-/// its cache showed the change, and the run would then wait for a change that had come.
-struct ProfileFeed {
-    store: Store<RunProfile>,
-    /// True once `store` holds a complete list.
-    complete: watch::Receiver<bool>,
-    /// Drives the watch; runs for as long as the controllers do.
-    feed: futures::future::BoxFuture<'static, ()>,
-    for_profiles: futures::stream::BoxStream<'static, Result<RunProfile, watcher::Error>>,
-    for_runs: futures::stream::BoxStream<'static, Result<RunProfile, watcher::Error>>,
-}
-
-impl ProfileFeed {
-    fn new(api: Api<RunProfile>) -> Self {
-        let (store, writer) = reflector::store::<RunProfile>();
-        let (complete_tx, complete) = watch::channel(false);
-        let (to_profiles, for_profiles) = mpsc::channel(PROFILE_FEED_BUFFER);
-        let (to_runs, for_runs) = mpsc::channel(PROFILE_FEED_BUFFER);
-        let feed = async move {
-            // Each event after the store has applied it.
-            let events = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
-            let mut events = std::pin::pin!(events);
-            while let Some(event) = events.next().await {
-                let profile = match event {
-                    // Deletions included: the runs of a deleted profile learn it is gone.
-                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p)) => p,
-                    Ok(watcher::Event::InitDone) => {
-                        complete_tx.send_replace(true);
-                        continue;
-                    }
-                    Ok(watcher::Event::Init) => continue,
-                    // The watcher retries (with backoff); until its first list completes,
-                    // run reconciles that need a profile wait.
-                    Err(e) => {
-                        tracing::warn!(error = %e, "watching RunProfiles");
-                        continue;
-                    }
-                };
-                // A send fails only once that controller has stopped.
-                let _ = to_runs.send(profile.clone()).await;
-                let _ = to_profiles.send(profile).await;
-            }
-        };
-        Self { store, complete, feed: Box::pin(feed), for_profiles: receiver_stream(for_profiles), for_runs: receiver_stream(for_runs) }
-    }
-}
+const FEED_BUFFER: usize = 64;
 
 /// The runs (in the pod's namespace) whose selector selects `pod`.
 fn runs_of_pod(runs: &Store<Run>, pod: &Pod) -> Vec<ObjectRef<Run>> {
@@ -443,27 +389,42 @@ fn runs_of_report(runs: &Store<Run>, node: &FlockNode) -> Vec<ObjectRef<Run>> {
     out
 }
 
-/// A watch that fills a cache and triggers the run controller, each change after the cache
-/// has it (deletions included). `enabled` false: an empty cache, no watch.
-struct Reflected<K: kube::Resource + Clone + 'static>
+/// One watch that fills a cache and triggers its consumers, each change only after the cache
+/// has it (deletions included: the runs of a deleted profile learn it is gone). Two watches,
+/// one for the cache and one for the triggers, could wake a reconcile before its cache showed
+/// the change, and it would then wait for a change that had come. RunProfiles feed both
+/// controllers — the profile controller (`Ready` conditions) and the run controller (the runs
+/// using a changed profile); run pods and FlockNodes feed the run controller (`Enforced`).
+/// `enabled` false: an empty cache, no watch, never complete.
+struct Feed<K: kube::Resource + Clone + 'static>
 where
     K::DynamicType: std::hash::Hash + Eq + Clone + Default,
 {
     store: Store<K>,
+    /// True once `store` holds a complete list (until then, reconciles that need it wait).
     complete: watch::Receiver<bool>,
+    /// Drives the watch; runs for as long as the controllers do.
     feed: futures::future::BoxFuture<'static, ()>,
-    events: futures::stream::BoxStream<'static, Result<K, watcher::Error>>,
 }
 
-impl<K> Reflected<K>
+/// The changes a [`Feed`] sends one consumer.
+type Changes<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
+
+impl<K> Feed<K>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone + Default + Send + Sync,
 {
-    fn new(api: Api<K>, config: watcher::Config, enabled: bool) -> Self {
+    /// The feed and the changes for each of its `N` consumers.
+    fn new<const N: usize>(api: Api<K>, config: watcher::Config, enabled: bool) -> (Self, [Changes<K>; N]) {
         let (store, writer) = reflector::store::<K>();
         let (complete_tx, complete) = watch::channel(false);
-        let (tx, rx) = mpsc::channel(PROFILE_FEED_BUFFER);
+        let mut senders = Vec::with_capacity(N);
+        let events = std::array::from_fn(|_| {
+            let (tx, rx) = mpsc::channel(FEED_BUFFER);
+            senders.push(tx);
+            receiver_stream(rx)
+        });
         let kind = K::kind(&K::DynamicType::default()).to_string();
         let feed = async move {
             if !enabled {
@@ -479,15 +440,19 @@ where
                         continue;
                     }
                     Ok(watcher::Event::Init) => continue,
+                    // The watcher retries (with backoff).
                     Err(e) => {
                         tracing::warn!(error = %e, "watching {kind}s");
                         continue;
                     }
                 };
-                let _ = tx.send(object).await;
+                // A send fails only once that consumer has stopped.
+                for tx in &senders {
+                    let _ = tx.send(object.clone()).await;
+                }
             }
         };
-        Self { store, complete, feed: Box::pin(feed), events: receiver_stream(rx) }
+        (Self { store, complete, feed: Box::pin(feed) }, events)
     }
 }
 

@@ -554,7 +554,15 @@ pub async fn withdrawn_event(recorder: &Recorder, run: &Run, previous: Option<&A
 /// Steps 2–7 of a run whose decision is `enforcement`; `status.networkPolicy` and
 /// `status.grant` are updated. An expired run gets a policy that allows nothing, whatever
 /// its profile says (also when the profile is gone or invalid).
-async fn steps(run: &Run, ctx: &Context, enforcement: &Enforcement, status: &mut RunStatus) -> Result<Outcome, ReconcileError> {
+/// `now` is the pass's one reading of the clock; `expires` the run's deadline.
+async fn steps(
+    run: &Run,
+    ctx: &Context,
+    enforcement: &Enforcement,
+    status: &mut RunStatus,
+    now: Timestamp,
+    expires: Option<Timestamp>,
+) -> Result<Outcome, ReconcileError> {
     let others: Vec<PolicyKind> = match &ctx.kind {
         PolicyKind::NetworkPolicy => Vec::new(),
         PolicyKind::Cilium(_) => vec![PolicyKind::NetworkPolicy],
@@ -569,8 +577,7 @@ async fn steps(run: &Run, ctx: &Context, enforcement: &Enforcement, status: &mut
         status.network_policy = None;
         return Ok(Outcome::Disabled);
     }
-    let expires = expires_at(run);
-    let expired = expires.is_some_and(|t| (ctx.clock)() >= t);
+    let expired = expires.is_some_and(|t| now >= t);
     let expires_text = expires.map(format_time);
     let cached = cached_profile(&ctx.caches, &run.spec.profile).await?;
     let profile = match (&cached, expired) {
@@ -666,7 +673,7 @@ async fn steps(run: &Run, ctx: &Context, enforcement: &Enforcement, status: &mut
             sequence,
             message,
             expires_at: expires_text.clone(),
-            time: format_time((ctx.clock)()),
+            time: format_time(now),
         };
         audit::write(&ctx.client, &audit::event(&record, &change)).await?;
         ctx.metrics.audited(change.action.as_str());
@@ -752,10 +759,14 @@ pub async fn reconcile_run(run: Arc<Run>, ctx: Arc<Context>) -> Result<Action, R
     let enforcement = pin(&current, &ctx.decision);
     status.enforcement = Some(enforcement.clone());
     status.observed_generation = run.meta().generation;
-    status.expires_at = expires_at(&run).map(format_time);
+    // One reading of the clock per pass: whether the run expired and when to come back
+    // agree (read twice, a deadline passing in between would wait for the resync).
+    let clock_now = (ctx.clock)();
+    let expires = expires_at(&run);
+    status.expires_at = expires.map(format_time);
     let generation = run.meta().generation;
-    let now = format_time((ctx.clock)());
-    let outcome = match steps(&run, &ctx, &enforcement, &mut status).await {
+    let now = format_time(clock_now);
+    let outcome = match steps(&run, &ctx, &enforcement, &mut status, clock_now, expires).await {
         Ok(o) => o,
         Err(e) => {
             if e.is_apply() {
@@ -791,8 +802,8 @@ pub async fn reconcile_run(run: Arc<Run>, ctx: Arc<Context>) -> Result<Action, R
     ctx.change_backoffs(|b| b.forget(&run));
     ctx.metrics.reconciled("Run", started.elapsed().as_secs_f64());
     tracing::debug!(run = %key(&run), outcome = ?outcome, seconds = started.elapsed().as_secs_f64(), "reconciled");
-    let until_expiry = expires_at(&run)
-        .map(|t| t.duration_since((ctx.clock)()))
+    let until_expiry = expires
+        .map(|t| t.duration_since(clock_now))
         .filter(|d| d.is_positive())
         .and_then(|d| Duration::try_from(d).ok())
         // Past the deadline by the clock's second: at most one more pass.
