@@ -11,11 +11,9 @@
 
 #[path = "common/controller.rs"]
 mod common;
+use common::{eventually, http_get};
 
-use std::io::{Read, Write};
 use std::net::IpAddr;
-use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use flock::agent::AgentConfig;
@@ -76,28 +74,6 @@ fn run_policies(fnode: &Value) -> Vec<(String, i64)> {
 fn status_writes(server: &ApiServer) -> Vec<SystemTime> {
     let path = format!("/apis/flock.dev/v1alpha1/flocknodes/{NODE}/status");
     server.requests().into_iter().filter(|r| r.method.as_str() == "PATCH" && r.path == path).map(|r| r.at).collect()
-}
-
-async fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn http_get(socket: &Path, path: &str) -> (u16, String) {
-    let Ok(mut s) = UnixStream::connect(socket) else { return (0, String::new()) };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: flock\r\n\r\n").unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (code, body)
 }
 
 fn metric(dir: &TempDir, name: &str) -> Option<f64> {
@@ -190,25 +166,20 @@ async fn the_agent_keeps_its_flocknode_current() {
     let (stop, rx) = watch::channel(false);
     let client = server.client();
     let task = tokio::spawn(async move { daemon::run(opts, client, rx).await.unwrap() });
-    eventually("the agent ready", Duration::from_secs(30), || (http_get(&dir.join("metrics.sock"), "/readyz").0 == 200).then_some(()))
-        .await;
+    eventually(30, "the agent ready", || (http_get(&dir.join("metrics.sock"), "/readyz").0 == 200).then_some(())).await;
     let _job = cni_add(&node, &dir, "job", "198.18.84.10").await;
 
     // No Node yet: nothing is created (an owner-less FlockNode would outlive its node), the
     // attempts fail and are retried.
-    eventually("a failed attempt", Duration::from_secs(10), || {
-        metric(&dir, "flock_node_status_writes_total{result=\"failed\"}").filter(|n| *n >= 2.0)
-    })
-    .await;
+    eventually(10, "a failed attempt", || metric(&dir, "flock_node_status_writes_total{result=\"failed\"}").filter(|n| *n >= 2.0)).await;
     assert!(flocknode(&server).is_none());
     assert!(!server.requests().iter().any(|r| r.method.as_str() == "POST" && r.path.contains("/flocknodes")));
 
     // The Node appears: the FlockNode is created, owned by it, with the status of the commit.
     let node_obj = server.apply(node_json()).unwrap();
-    let fnode = eventually("the FlockNode with its status", Duration::from_secs(10), || {
-        flocknode(&server).filter(|f| f["status"]["ruleset"]["localEndpoints"] == 1)
-    })
-    .await;
+    let fnode =
+        eventually(10, "the FlockNode with its status", || flocknode(&server).filter(|f| f["status"]["ruleset"]["localEndpoints"] == 1))
+            .await;
     let owners = fnode["metadata"]["ownerReferences"].as_array().unwrap();
     assert_eq!(owners.len(), 1, "{fnode}");
     assert_eq!(owners[0]["apiVersion"], "v1");
@@ -230,10 +201,8 @@ async fn the_agent_keeps_its_flocknode_current() {
 
     // The run's policy changes (generation 2): the status follows, with another ruleset.
     server.apply(r1_egress(8443)).unwrap();
-    let fnode = eventually("generation 2", Duration::from_secs(10), || {
-        flocknode(&server).filter(|f| run_policies(f) == [("runs/r1-egress".to_string(), 2)])
-    })
-    .await;
+    let fnode =
+        eventually(10, "generation 2", || flocknode(&server).filter(|f| run_policies(f) == [("runs/r1-egress".to_string(), 2)])).await;
     assert_ne!(fnode["status"]["ruleset"]["hash"].as_str().unwrap(), hash);
 
     // A label-only edit keeps the generation: nothing is written.
@@ -250,21 +219,18 @@ async fn the_agent_keeps_its_flocknode_current() {
         server.apply(r1_egress(port)).unwrap();
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    eventually("generation 7", Duration::from_secs(10), || {
-        flocknode(&server).filter(|f| run_policies(f) == [("runs/r1-egress".to_string(), 7)])
-    })
-    .await;
+    eventually(10, "generation 7", || flocknode(&server).filter(|f| run_policies(f) == [("runs/r1-egress".to_string(), 7)])).await;
 
     // A failed sync shows its error; the last commit's policies stay. Fixed, it clears.
     std::fs::write(&fail, b"").unwrap();
     server.apply(r1_egress(9100)).unwrap();
-    let fnode = eventually("the error", Duration::from_secs(10), || {
+    let fnode = eventually(10, "the error", || {
         flocknode(&server).filter(|f| f["status"]["lastError"].as_str().is_some_and(|e| e.contains("injected failure")))
     })
     .await;
     assert_eq!(run_policies(&fnode), [("runs/r1-egress".to_string(), 7)]);
     std::fs::remove_file(&fail).unwrap();
-    eventually("the error cleared and generation 8", Duration::from_secs(15), || {
+    eventually(15, "the error cleared and generation 8", || {
         flocknode(&server).filter(|f| f["status"]["lastError"].is_null() && run_policies(f) == [("runs/r1-egress".to_string(), 8)])
     })
     .await;
@@ -272,10 +238,9 @@ async fn the_agent_keeps_its_flocknode_current() {
     // Deleted by someone: created again (owned by the Node) with the current status.
     server.delete(API, "FlockNode", None, NODE).unwrap().unwrap();
     server.apply(r1_egress(9200)).unwrap();
-    let fnode = eventually("the FlockNode again", Duration::from_secs(10), || {
-        flocknode(&server).filter(|f| run_policies(f) == [("runs/r1-egress".to_string(), 9)])
-    })
-    .await;
+    let fnode =
+        eventually(10, "the FlockNode again", || flocknode(&server).filter(|f| run_policies(f) == [("runs/r1-egress".to_string(), 9)]))
+            .await;
     assert_eq!(fnode["metadata"]["ownerReferences"][0]["uid"], node_obj["metadata"]["uid"]);
 
     stop.send(true).unwrap();
@@ -393,8 +358,7 @@ async fn a_runs_enforced_condition_follows_its_nodes_agent() {
     let (stop, rx) = watch::channel(false);
     let client = server.client();
     let agent_task = tokio::spawn(async move { daemon::run(opts, client, rx.clone()).await.unwrap() });
-    eventually("the agent ready", Duration::from_secs(30), || (http_get(&dir.join("metrics.sock"), "/readyz").0 == 200).then_some(()))
-        .await;
+    eventually(30, "the agent ready", || (http_get(&dir.join("metrics.sock"), "/readyz").0 == 200).then_some(())).await;
     let _job = cni_add(&node, &dir, "job", "198.18.84.20").await;
 
     let now = Arc::new(Mutex::new(Timestamp::now()));
@@ -427,22 +391,20 @@ async fn a_runs_enforced_condition_follows_its_nodes_agent() {
         crd::condition(&run.status?.conditions, type_).map(|c| (c.status.clone(), c.reason.clone()))
     };
     let t0 = Instant::now();
-    eventually("Enforced by the node's agent", Duration::from_secs(20), || {
-        (condition("Enforced")? == ("True".into(), "AllNodesEnforce".into())).then_some(())
-    })
-    .await;
+    eventually(20, "Enforced by the node's agent", || (condition("Enforced")? == ("True".into(), "AllNodesEnforce".into())).then_some(()))
+        .await;
     eprintln!("Run created → Enforced (real agent, status interval {INTERVAL:?}): {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
     assert_eq!(condition("Ready"), Some(("True".into(), "Applied".into())));
     assert!(run_policies(&flocknode(&server).unwrap()).contains(&("runs/r3-egress".to_string(), 1)));
 
     // Expired: generation 2 (allows nothing), enforced once the agent reports it.
     *now.lock().unwrap() += SignedDuration::from_secs(601);
-    eventually("expired", Duration::from_secs(20), || (condition("Expired")?.0 == "True").then_some(())).await;
-    eventually("generation 2 reported", Duration::from_secs(20), || {
+    eventually(20, "expired", || (condition("Expired")?.0 == "True").then_some(())).await;
+    eventually(20, "generation 2 reported", || {
         run_policies(&flocknode(&server)?).contains(&("runs/r3-egress".to_string(), 2)).then_some(())
     })
     .await;
-    eventually("generation 2 enforced", Duration::from_secs(20), || {
+    eventually(20, "generation 2 enforced", || {
         let run: Run = server.get_resource(Some(NS), "r3").unwrap()?;
         let st = run.status?;
         let enforced = crd::condition(&st.conditions, "Enforced")?;

@@ -11,10 +11,8 @@
 
 #[path = "common/controller.rs"]
 mod common;
+use common::http_get;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -97,17 +95,6 @@ async fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Opt
         assert!(start.elapsed() < timeout, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn http_get(socket: &Path, path: &str) -> (u16, String) {
-    let Ok(mut s) = UnixStream::connect(socket) else { return (0, String::new()) };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: flock\r\n\r\n").unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (code, body)
 }
 
 /// One whole flock-agent on its own node namespace.

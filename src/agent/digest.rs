@@ -6,7 +6,7 @@
 //! [`super::SyncStatus::ruleset_digest`]. Rulesets replaced before their turn are never
 //! hashed, so the digest may trail the last commit by up to [`INTERVAL`].
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
@@ -45,18 +45,12 @@ pub(crate) struct Slot {
 
 impl Slot {
     pub fn submit(&self, job: Job) {
-        match self.job.lock() {
-            Ok(mut g) => *g = Some(job),
-            Err(p) => *p.into_inner() = Some(job),
-        }
+        *self.job.lock().unwrap_or_else(PoisonError::into_inner) = Some(job);
         self.wake.notify_one();
     }
 
     fn take(&self) -> Option<Job> {
-        match self.job.lock() {
-            Ok(mut g) => g.take(),
-            Err(p) => p.into_inner().take(),
-        }
+        self.job.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 }
 

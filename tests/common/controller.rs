@@ -111,3 +111,17 @@ impl Running {
         tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("the controller stops").unwrap();
     }
 }
+
+/// A GET over a unix socket (an agent's health and metrics server): status code and body;
+/// code 0 when nothing answers.
+pub fn http_get(socket: &Path, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) else { return (0, String::new()) };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: flock\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (code, body)
+}
