@@ -9,7 +9,10 @@
 //! - [`pipeline`]: an arbitrary snapshot and endpoints → translate → render: no panic,
 //!   rendering again with the endpoints in reverse order gives the same bytes, the
 //!   text parses back to exactly the rendered objects ([`check_structure`]), and the in-memory
-//!   nft applies it and reads back what was applied (no drift).
+//!   nft applies it and reads back what was applied (no drift). The last three, the
+//!   cross-checks, run on one input in [`CROSS_CHECK_EVERY`] (chosen by the input's hash);
+//!   [`pipeline_full`], a target of its own over the same corpus, and the corpus replay run
+//!   them on every input.
 //! - [`manifest`]: manifest bytes → parse → snapshot → translate and render for every node:
 //!   no panic, and the same structure check.
 //! - [`hostile_strings`]: arbitrary strings put into the names, labels, annotations, port
@@ -131,10 +134,60 @@ pub struct PipelineInput {
     pub peer_classes: bool,
 }
 
-/// Target `pipeline`: see the module doc.
-#[allow(clippy::panic)]
+/// One input in this many gets the cross-checks in target `pipeline`.
+pub const CROSS_CHECK_EVERY: u64 = 8;
+
+/// Whether `pipeline` cross-checks this input (a second render, the in-memory nft): decided by
+/// the input's bytes alone (FNV-1a), so a crash reproduces from its file. The cross-checks
+/// are most of an execution; running them on one input in [`CROSS_CHECK_EVERY`] lets the
+/// fuzzer try several times as many inputs, while [`pipeline_full`] and the corpus replay
+/// run them on every one.
+pub fn cross_check_sampled(data: &[u8]) -> bool {
+    fnv1a(data).is_multiple_of(CROSS_CHECK_EVERY)
+}
+
+/// One input in this many may add as many objects as its bytes describe; the others add at
+/// most [`SMALL`] of each kind on top of their base cluster.
+pub const BIG_EVERY: u64 = 16;
+
+/// How many objects of each kind a small `pipeline` input adds: (namespaces, pods, policies,
+/// nodes, endpoints). An execution's cost grows with the objects, and libFuzzer lets inputs
+/// grow as it runs; capping most of them keeps the fuzzer fast while big clusters still come
+/// from the base clusters and the big inputs.
+pub const SMALL: (usize, usize, usize, usize, usize) = (4, 8, 4, 2, 4);
+
+/// Whether this input is big (see [`BIG_EVERY`]): other bits of the same hash as the sample.
+pub fn big_input(data: &[u8]) -> bool {
+    (fnv1a(data) >> 32).is_multiple_of(BIG_EVERY)
+}
+
+fn fnv1a(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Target `pipeline`: see the module doc. Translation, render and text run on every input,
+/// the cross-checks on a sample ([`cross_check_sampled`]).
 pub fn pipeline(data: &[u8]) -> Vec<String> {
-    let Ok(input) = PipelineInput::arbitrary_take_rest(Unstructured::new(data)) else { return Vec::new() };
+    run_pipeline(data, cross_check_sampled(data))
+}
+
+/// Target `pipeline_full`: [`pipeline`] with every check on every input (the corpus replay
+/// uses it for the `pipeline` corpus).
+pub fn pipeline_full(data: &[u8]) -> Vec<String> {
+    run_pipeline(data, true)
+}
+
+#[allow(clippy::panic)]
+fn run_pipeline(data: &[u8], cross_check: bool) -> Vec<String> {
+    let Ok(mut input) = PipelineInput::arbitrary_take_rest(Unstructured::new(data)) else { return Vec::new() };
+    if !big_input(data) {
+        let (namespaces, pods, policies, nodes, endpoints) = SMALL;
+        input.namespaces.truncate(namespaces);
+        input.pods.truncate(pods);
+        input.policies.truncate(policies);
+        input.nodes.truncate(nodes);
+        input.endpoints.truncate(endpoints);
+    }
     let mut snapshot = base_snapshot(input.base);
     for ns in input.namespaces {
         snapshot.upsert_namespace(tame_namespace(ns));
@@ -176,6 +229,9 @@ pub fn pipeline(data: &[u8]) -> Vec<String> {
     // A second render with the endpoints in reverse order: equal bytes show the render is
     // deterministic and independent of the order in which the runtime reports endpoints.
     // (Without endpoints the render is the base table alone, checked by the goldens.)
+    if !cross_check {
+        return vec![text];
+    }
     if !endpoints.is_empty() {
         endpoints.reverse();
         let reversed = render(&endpoints).to_text();
@@ -956,6 +1012,21 @@ fn tame_endpoint(e: EndpointInput) -> LocalEndpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_input_in_eight_is_cross_checked_and_one_in_sixteen_is_big() {
+        let inputs: Vec<Vec<u8>> = (0..4000u32).map(|i| differential::seeded_bytes(u64::from(i), 64)).collect();
+        let sampled = inputs.iter().filter(|d| cross_check_sampled(d)).count();
+        // 500 expected; a hash that ignored its input would give 0 or 4000.
+        assert!((380..=620).contains(&sampled), "{sampled} of 4000 sampled");
+        let big = inputs.iter().filter(|d| big_input(d)).count();
+        assert!((170..=330).contains(&big), "{big} of 4000 big");
+        // Independent bits: about one in 128 is both.
+        assert!(inputs.iter().filter(|d| big_input(d) && cross_check_sampled(d)).count() < 80);
+        // The sampled and unsampled runs render the same.
+        let d = inputs.iter().find(|d| !cross_check_sampled(d) && !pipeline(d).is_empty()).unwrap();
+        assert_eq!(pipeline(d), pipeline_full(d));
+    }
 
     #[test]
     fn manifest_writer_round_trips_hostile_strings() {
