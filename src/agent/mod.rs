@@ -19,6 +19,7 @@ pub mod cni;
 pub mod cniconf;
 pub mod denials;
 mod digest;
+pub mod dns_proxy;
 pub mod http;
 pub mod metrics;
 mod registry;

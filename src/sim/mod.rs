@@ -16,6 +16,7 @@
 //! uid or addresses change gets a new sandbox; a pod that disappears or terminates is torn
 //! down with CNI DEL. Labels and policies change under running pods.
 
+pub mod dns;
 pub mod fabric;
 pub mod probe;
 pub mod runner;

@@ -1,0 +1,482 @@
+//! The agent's transparent DNS proxy (issue "Egress by domain name"): DNS queries of local
+//! pods whose egress has a domain rule reach it through nft `tproxy` (UDP and TCP), it
+//! forwards each to the resolver the pod addressed, and before the pod sees an answer from a
+//! trusted resolver it hands what the answer teaches ([`crate::dns::learn`]) to a [`Learner`]
+//! (the agent's: addresses into the domain rules' timed nft sets). The pod receives the
+//! answer only after the learner has admitted the addresses, so it can never connect to an
+//! address before flock admits it — no race by construction.
+//!
+//! What it owns: the listening sockets (transparent, one per family and protocol: the
+//! original destination of a UDP query comes from `IP_ORIGDSTADDR`, of a TCP connection from
+//! its local address), the exchange with the resolver, and answering from the resolver's
+//! own address and port (a transparent socket bound to it), so the pod's stub resolver
+//! accepts the answer as its resolver's. What it does not own: the nft redirect and policy
+//! routing (the renderer and the agent), which pods' queries come here, and what a name
+//! admits (the learner's).
+//!
+//! Answers pass on unchanged. One that teaches nothing (malformed, truncated, another
+//! question, an error code, or from a resolver not in the trusted list) is counted and passed
+//! on; when the learner fails, the pod gets `SERVFAIL` instead of an answer it could not use
+//! (its connections to those addresses would be dropped: fail closed, and said so).
+
+use std::io::{self, IoSliceMut};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Message, MessageType, ResponseCode};
+use nix::sys::socket::{
+    self, AddressFamily, Backlog, ControlMessageOwned, MsgFlags, SockFlag, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage, sockopt,
+};
+use tokio::io::Interest;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::watch;
+
+use crate::dns::{Learned, Limits, Unusable, learn};
+
+/// The proxy's settings.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// The port the proxy listens on (UDP and TCP, every address: tproxy delivers to it).
+    pub port: u16,
+    /// Resolvers whose answers teach addresses; answers of others pass through untouched.
+    pub trusted: Vec<IpAddr>,
+    /// Bounds on what an answer teaches.
+    pub limits: Limits,
+    /// How long to wait for the resolver's answer.
+    pub upstream_timeout: Duration,
+    /// Listen on IPv6 too.
+    pub ipv6: bool,
+}
+
+impl ProxyConfig {
+    pub fn new(port: u16, trusted: Vec<IpAddr>) -> Self {
+        Self { port, trusted, limits: Limits::default(), upstream_timeout: Duration::from_secs(5), ipv6: true }
+    }
+}
+
+/// Takes what an answer teaches before the pod sees the answer.
+pub trait Learner: Send + Sync + 'static {
+    /// Admits `learned` for the pod at `client`, which asked `resolver`. Returns once the
+    /// addresses are admitted (or with why they could not be).
+    fn learn(&self, client: IpAddr, resolver: SocketAddr, learned: &Learned) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("DNS proxy: cannot listen on {protocol} {addr}: {source}")]
+    Listen { protocol: &'static str, addr: SocketAddr, source: io::Error },
+}
+
+/// What the proxy did, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct ProxyStats {
+    /// Queries received (UDP datagrams and TCP messages).
+    pub queries: AtomicU64,
+    /// Answers passed on to the pod (SERVFAILs included).
+    pub answers: AtomicU64,
+    /// Answers from trusted resolvers that taught addresses to the learner.
+    pub learned: AtomicU64,
+    /// Answers from trusted resolvers that taught nothing ([`Unusable`]), passed on unchanged.
+    pub unusable: AtomicU64,
+    /// Answers from resolvers not trusted, passed on untouched.
+    pub untrusted: AtomicU64,
+    /// Learner failures (the pod got SERVFAIL).
+    pub learn_failures: AtomicU64,
+    /// Queries the resolver did not answer in time, or that could not be forwarded.
+    pub upstream_failures: AtomicU64,
+    /// Total time answers were held for the learner, microseconds (with `learned`: the mean).
+    pub held_micros: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The proxy's sockets, bound in the network namespace that was current when
+/// [`Listeners::bind`] ran (the agent's: the node's).
+pub struct Listeners {
+    udp: Vec<UdpSocket>,
+    tcp: Vec<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the transparent listeners on every address at `config.port`. Needs a tokio
+    /// runtime (the sockets register with it) and CAP_NET_ADMIN (transparent sockets).
+    pub fn bind(config: &ProxyConfig) -> Result<Self, ProxyError> {
+        let mut addrs = vec![SocketAddr::from((Ipv4Addr::UNSPECIFIED, config.port))];
+        if config.ipv6 {
+            addrs.push(SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.port)));
+        }
+        let mut udp = Vec::new();
+        let mut tcp = Vec::new();
+        for addr in addrs {
+            let listen = |protocol, source| ProxyError::Listen { protocol, addr, source };
+            let fd = transparent_socket(addr, SockType::Datagram, true).map_err(|e| listen("UDP", e))?;
+            udp.push(UdpSocket::from_std(std::net::UdpSocket::from(fd)).map_err(|e| listen("UDP", e))?);
+            let fd = transparent_socket(addr, SockType::Stream, false).map_err(|e| listen("TCP", e))?;
+            socket::listen(&fd, Backlog::new(1024).unwrap_or(Backlog::MAXCONN)).map_err(|e| listen("TCP", e.into()))?;
+            tcp.push(TcpListener::from_std(std::net::TcpListener::from(fd)).map_err(|e| listen("TCP", e))?);
+        }
+        Ok(Self { udp, tcp })
+    }
+}
+
+/// A non-blocking socket with `IP_TRANSPARENT` bound to `addr` (IPv6 sockets IPv6 only):
+/// transparent so that it may take tproxied traffic for addresses not its own, and bind one.
+/// `orig_dst` asks for each datagram's original destination.
+fn transparent_socket(addr: SocketAddr, kind: SockType, orig_dst: bool) -> io::Result<OwnedFd> {
+    let family = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let fd = socket::socket(family, kind, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)?;
+    // IP_TRANSPARENT also sets the flag IPV6_TRANSPARENT sets on an IPv6 socket (one bit in
+    // the kernel's inet socket), which nix has no option for.
+    socket::setsockopt(&fd, sockopt::IpTransparent, &true)?;
+    socket::setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    if addr.is_ipv6() {
+        socket::setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
+        if orig_dst {
+            socket::setsockopt(&fd, sockopt::Ipv6OrigDstAddr, &true)?;
+        }
+    } else if orig_dst {
+        socket::setsockopt(&fd, sockopt::Ipv4OrigDstAddr, &true)?;
+    }
+    socket::bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))?;
+    Ok(fd)
+}
+
+/// One datagram and where it came from and was going.
+fn recv_with_orig_dst(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<SocketAddr>)> {
+    let mut iov = [IoSliceMut::new(buf)];
+    let mut control = nix::cmsg_space!(nix::libc::sockaddr_in6);
+    let msg = socket::recvmsg::<SockaddrStorage>(fd, &mut iov, Some(&mut control), MsgFlags::MSG_DONTWAIT)?;
+    let from = msg.address.as_ref().and_then(std_addr).ok_or_else(|| io::Error::other("a datagram without a source address"))?;
+    let mut orig = None;
+    for c in msg.cmsgs()? {
+        match c {
+            ControlMessageOwned::Ipv4OrigDstAddr(a) => orig = Some(SocketAddr::from(SockaddrIn::from(a))),
+            ControlMessageOwned::Ipv6OrigDstAddr(a) => orig = Some(SocketAddr::from(SockaddrIn6::from(a))),
+            _ => {}
+        }
+    }
+    Ok((msg.bytes, from, orig))
+}
+
+fn std_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v4) = a.as_sockaddr_in() {
+        return Some(SocketAddr::from(*v4));
+    }
+    a.as_sockaddr_in6().map(|v6| SocketAddr::from(*v6))
+}
+
+/// The proxy: serves [`Listeners`] until told to stop.
+pub struct DnsProxy<L> {
+    config: Arc<ProxyConfig>,
+    learner: Arc<L>,
+    stats: Arc<ProxyStats>,
+}
+
+impl<L> Clone for DnsProxy<L> {
+    fn clone(&self) -> Self {
+        Self { config: self.config.clone(), learner: self.learner.clone(), stats: self.stats.clone() }
+    }
+}
+
+impl<L: Learner> DnsProxy<L> {
+    pub fn new(config: ProxyConfig, learner: Arc<L>) -> Self {
+        Self { config: Arc::new(config), learner, stats: Arc::new(ProxyStats::default()) }
+    }
+
+    pub fn stats(&self) -> Arc<ProxyStats> {
+        self.stats.clone()
+    }
+
+    /// Serves until `stop` turns true (or its sender is gone). Each query is served on a
+    /// task of its own.
+    pub async fn serve(self, listeners: Listeners, stop: watch::Receiver<bool>) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for sock in listeners.udp {
+            tasks.spawn(self.clone().serve_udp(sock, stop.clone()));
+        }
+        for listener in listeners.tcp {
+            tasks.spawn(self.clone().serve_tcp(listener, stop.clone()));
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    async fn serve_udp(self, sock: UdpSocket, mut stop: watch::Receiver<bool>) {
+        let sock = Arc::new(sock);
+        let mut buf = vec![0u8; crate::dns::answer::MAX_MESSAGE];
+        loop {
+            let received = tokio::select! {
+                r = sock.async_io(Interest::READABLE, || recv_with_orig_dst(sock.as_raw_fd(), &mut buf)) => r,
+                _ = stopped(&mut stop) => return,
+            };
+            let (n, client, orig) = match received {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "DNS proxy: receiving a UDP query");
+                    continue;
+                }
+            };
+            bump(&self.stats.queries);
+            let Some(resolver) = orig else {
+                tracing::warn!(%client, "DNS proxy: a UDP query without its original destination, dropped");
+                continue;
+            };
+            let query = buf[..n].to_vec();
+            let proxy = self.clone();
+            tokio::spawn(async move { proxy.udp_exchange(query, client, resolver).await });
+        }
+    }
+
+    async fn udp_exchange(self, query: Vec<u8>, client: SocketAddr, resolver: SocketAddr) {
+        let answer = match self.ask_udp(&query, resolver).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                bump(&self.stats.upstream_failures);
+                tracing::debug!(%client, %resolver, error = %e, "DNS proxy: no answer from the resolver");
+                return;
+            }
+        };
+        let answer = self.vet(&query, answer, client, resolver).await;
+        // From the resolver's own address and port: the pod's stub resolver takes only that.
+        let sent = async {
+            let fd = transparent_socket(resolver, SockType::Datagram, false)?;
+            let sock = UdpSocket::from_std(std::net::UdpSocket::from(fd))?;
+            sock.send_to(&answer, client).await
+        };
+        match sent.await {
+            Ok(_) => bump(&self.stats.answers),
+            Err(e) => tracing::warn!(%client, %resolver, error = %e, "DNS proxy: answering the pod"),
+        }
+    }
+
+    async fn ask_udp(&self, query: &[u8], resolver: SocketAddr) -> io::Result<Vec<u8>> {
+        let local: SocketAddr = if resolver.is_ipv4() { (Ipv4Addr::UNSPECIFIED, 0).into() } else { (Ipv6Addr::UNSPECIFIED, 0).into() };
+        let sock = UdpSocket::bind(local).await?;
+        sock.connect(resolver).await?;
+        sock.send(query).await?;
+        let mut buf = vec![0u8; crate::dns::answer::MAX_MESSAGE];
+        let n = tokio::time::timeout(self.config.upstream_timeout, sock.recv(&mut buf))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the resolver did not answer"))??;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    async fn serve_tcp(self, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+        loop {
+            let accepted = tokio::select! {
+                r = listener.accept() => r,
+                _ = stopped(&mut stop) => return,
+            };
+            let (stream, client) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "DNS proxy: accepting a TCP connection");
+                    continue;
+                }
+            };
+            // A tproxied connection's local address is the one the pod connected to.
+            let resolver = match stream.local_addr() {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(%client, error = %e, "DNS proxy: a TCP connection's original destination");
+                    continue;
+                }
+            };
+            let proxy = self.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                if let Err(e) = proxy.tcp_connection(stream, client, resolver, stop).await {
+                    tracing::debug!(%client, %resolver, error = %e, "DNS proxy: TCP connection ended");
+                }
+            });
+        }
+    }
+
+    /// Queries one by one over one connection to the resolver, each answer vetted before it
+    /// is written back.
+    async fn tcp_connection(
+        &self,
+        mut pod: TcpStream,
+        client: SocketAddr,
+        resolver: SocketAddr,
+        mut stop: watch::Receiver<bool>,
+    ) -> io::Result<()> {
+        let mut upstream: Option<TcpStream> = None;
+        loop {
+            let query = tokio::select! {
+                q = read_message(&mut pod) => q?,
+                _ = stopped(&mut stop) => return Ok(()),
+            };
+            let Some(query) = query else { return Ok(()) };
+            bump(&self.stats.queries);
+            let up = match upstream.as_mut() {
+                Some(up) => up,
+                None => {
+                    let connected = tokio::time::timeout(self.config.upstream_timeout, TcpStream::connect(resolver)).await;
+                    match connected {
+                        Ok(Ok(s)) => upstream.insert(s),
+                        Ok(Err(e)) => {
+                            bump(&self.stats.upstream_failures);
+                            return Err(e);
+                        }
+                        Err(_) => {
+                            bump(&self.stats.upstream_failures);
+                            return Err(io::Error::new(io::ErrorKind::TimedOut, "connecting to the resolver"));
+                        }
+                    }
+                }
+            };
+            let exchange = async {
+                write_message(up, &query).await?;
+                read_message(up).await
+            };
+            let answer = match tokio::time::timeout(self.config.upstream_timeout, exchange).await {
+                Ok(Ok(Some(answer))) => answer,
+                Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+                    bump(&self.stats.upstream_failures);
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "the resolver did not answer over TCP"));
+                }
+            };
+            let answer = self.vet(&query, answer, client, resolver).await;
+            write_message(&mut pod, &answer).await?;
+            bump(&self.stats.answers);
+        }
+    }
+
+    /// What the pod gets for `answer`: the answer itself once its addresses are admitted (or
+    /// when it teaches nothing), SERVFAIL when the learner failed.
+    async fn vet(&self, query: &[u8], answer: Vec<u8>, client: SocketAddr, resolver: SocketAddr) -> Vec<u8> {
+        if !self.config.trusted.contains(&resolver.ip()) {
+            bump(&self.stats.untrusted);
+            return answer;
+        }
+        let learned = match learn(query, &answer, &self.config.limits) {
+            Ok(learned) => learned,
+            Err(why) => {
+                bump(&self.stats.unusable);
+                log_unusable(&why, client, resolver);
+                return answer;
+            }
+        };
+        let held = Instant::now();
+        let admitted = self.learner.learn(client.ip(), resolver, &learned).await;
+        let micros = u64::try_from(held.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.stats.held_micros.fetch_add(micros, Ordering::Relaxed);
+        match admitted {
+            Ok(()) => {
+                bump(&self.stats.learned);
+                answer
+            }
+            Err(e) => {
+                bump(&self.stats.learn_failures);
+                tracing::warn!(%client, name = %learned.name, error = %e, "DNS proxy: the learned addresses could not be admitted; the pod gets SERVFAIL");
+                servfail(query).unwrap_or(answer)
+            }
+        }
+    }
+}
+
+fn log_unusable(why: &Unusable, client: SocketAddr, resolver: SocketAddr) {
+    tracing::debug!(%client, %resolver, reason = %why, "DNS proxy: an answer that teaches nothing, passed on unchanged");
+}
+
+/// A SERVFAIL answer to `query` (None when the query is not a DNS message).
+fn servfail(query: &[u8]) -> Option<Vec<u8>> {
+    let q = Message::from_vec(query).ok()?;
+    let mut r = Message::new();
+    r.set_id(q.id());
+    r.set_message_type(MessageType::Response);
+    r.set_op_code(q.op_code());
+    r.set_recursion_desired(q.recursion_desired());
+    r.set_recursion_available(true);
+    r.set_response_code(ResponseCode::ServFail);
+    r.add_queries(q.queries().iter().cloned());
+    r.to_vec().ok()
+}
+
+/// One length-prefixed DNS message from a TCP stream (None at a clean end of stream).
+async fn read_message(s: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 2];
+    match s.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut msg).await?;
+    Ok(Some(msg))
+}
+
+async fn write_message(s: &mut TcpStream, msg: &[u8]) -> io::Result<()> {
+    let len = u16::try_from(msg.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a DNS message over 65,535 bytes"))?;
+    let mut framed = Vec::with_capacity(msg.len() + 2);
+    framed.extend_from_slice(&len.to_be_bytes());
+    framed.extend_from_slice(msg);
+    s.write_all(&framed).await
+}
+
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // A dropped sender stops the proxy as well.
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Query;
+    use hickory_proto::rr::{Name, RecordType};
+
+    struct Refuse;
+
+    impl Learner for Refuse {
+        async fn learn(&self, _: IpAddr, _: SocketAddr, _: &Learned) -> Result<(), String> {
+            Err("refused".into())
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_that_teach_nothing_pass_on_unchanged() {
+        let resolver: SocketAddr = "198.18.0.53:53".parse().unwrap();
+        let client: SocketAddr = "198.18.0.7:40000".parse().unwrap();
+        let proxy = DnsProxy::new(ProxyConfig::new(15353, vec![resolver.ip()]), Arc::new(Refuse));
+        let mut q = Message::new();
+        q.set_id(9);
+        q.add_query(Query::query(Name::from_ascii("example.com.").unwrap(), RecordType::A));
+        let query = q.to_vec().unwrap();
+        // Malformed, truncated mid-header, and another id: unchanged, counted, no learner.
+        for answer in [b"\xff\xff garbage".to_vec(), query[..5].to_vec(), {
+            let mut a = query.clone();
+            a[0] ^= 1;
+            a
+        }] {
+            assert_eq!(proxy.vet(&query, answer.clone(), client, resolver).await, answer);
+        }
+        assert_eq!(proxy.stats.unusable.load(Ordering::Relaxed), 3);
+        assert_eq!(proxy.stats.learn_failures.load(Ordering::Relaxed), 0);
+        // The same bytes from a resolver not trusted: untouched, not even parsed.
+        let other: SocketAddr = "198.18.0.54:53".parse().unwrap();
+        assert_eq!(proxy.vet(&query, b"x".to_vec(), client, other).await, b"x".to_vec());
+        assert_eq!(proxy.stats.untrusted.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn servfail_answers_the_query() {
+        let mut q = Message::new();
+        q.set_id(4242);
+        q.set_recursion_desired(true);
+        q.add_query(Query::query(Name::from_ascii("example.com.").unwrap(), RecordType::A));
+        let r = Message::from_vec(&servfail(&q.to_vec().unwrap()).unwrap()).unwrap();
+        assert_eq!(r.id(), 4242);
+        assert_eq!(r.message_type(), MessageType::Response);
+        assert_eq!(r.response_code(), ResponseCode::ServFail);
+        assert_eq!(r.queries(), q.queries());
+        assert!(servfail(b"not dns").is_none());
+    }
+}

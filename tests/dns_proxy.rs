@@ -1,0 +1,307 @@
+//! The agent's DNS proxy against the real kernel (root only): a node namespace tproxies its
+//! client pod's DNS (UDP and TCP, IPv4 and IPv6) to the proxy, which asks the resolver pod
+//! (flock's own DNS server) and answers the client from the resolver's address — after the
+//! learner has taken what the answer teaches.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flock::agent::dns_proxy::{DnsProxy, Learner, Listeners, ProxyConfig, ProxyStats};
+use flock::dns::Learned;
+use flock::netns::{self, Netns};
+use flock::sim::dns::{Record, RecordData, Zone};
+use flock::testkit::kernel::{Node, require_root};
+use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
+use tokio::sync::watch;
+
+const PORT: u16 = 15353;
+const HOLD: Duration = Duration::from_millis(200);
+
+/// Records what it learned and when it finished; holds every answer for [`HOLD`]; fails for
+/// names starting with `fail.`.
+#[derive(Default)]
+struct Recorder {
+    seen: Mutex<Vec<(IpAddr, SocketAddr, Learned, Instant)>>,
+}
+
+impl Learner for Recorder {
+    async fn learn(&self, client: IpAddr, resolver: SocketAddr, learned: &Learned) -> Result<(), String> {
+        tokio::time::sleep(HOLD).await;
+        if learned.name.starts_with("fail.") {
+            return Err("the set is full".into());
+        }
+        self.seen.lock().unwrap().push((client, resolver, learned.clone(), Instant::now()));
+        Ok(())
+    }
+}
+
+/// A thread serving in `ns` on a current-thread runtime until the returned sender says stop.
+fn serve_in(
+    ns: Netns,
+    serve: impl FnOnce(watch::Receiver<bool>, std::sync::mpsc::Sender<()>) -> std::pin::Pin<Box<dyn Future<Output = ()>>> + Send + 'static,
+) -> (watch::Sender<bool>, std::thread::JoinHandle<()>) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        netns::run_in(&ns, move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(serve(stop_rx, ready_tx));
+        })
+        .unwrap();
+    });
+    ready_rx.recv_timeout(Duration::from_secs(10)).expect("the server did not start");
+    (stop_tx, thread)
+}
+
+fn query(name: &str, kind: RecordType, id: u16) -> Vec<u8> {
+    let mut q = Message::new();
+    q.set_id(id);
+    q.set_recursion_desired(true);
+    q.add_query(Query::query(Name::from_ascii(format!("{name}.")).unwrap(), kind));
+    q.to_vec().unwrap()
+}
+
+fn addresses(answer: &[u8]) -> Vec<IpAddr> {
+    Message::from_vec(answer)
+        .unwrap()
+        .answers()
+        .iter()
+        .filter_map(|r| match r.data() {
+            RData::A(a) => Some(IpAddr::V4(a.0)),
+            RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ask_udp(client: &Netns, resolver: SocketAddr, q: Vec<u8>) -> (Vec<u8>, Instant) {
+    netns::run_in(client, move || {
+        let local: SocketAddr = if resolver.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+        let s = UdpSocket::bind(local).unwrap();
+        // Connected: the kernel delivers only datagrams from the resolver's address and port.
+        s.connect(resolver).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.send(&q).unwrap();
+        let mut buf = vec![0u8; 65_535];
+        let n = s.recv(&mut buf).unwrap_or_else(|e| panic!("no answer from {resolver}: {e}"));
+        buf.truncate(n);
+        (buf, Instant::now())
+    })
+    .unwrap()
+}
+
+fn ask_tcp(client: &Netns, resolver: SocketAddr, queries: Vec<Vec<u8>>) -> Vec<(Vec<u8>, Instant)> {
+    netns::run_in(client, move || {
+        let mut s = TcpStream::connect_timeout(&resolver, Duration::from_secs(5)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut out = Vec::new();
+        for q in queries {
+            let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+            framed.extend_from_slice(&q);
+            s.write_all(&framed).unwrap();
+            let mut len = [0u8; 2];
+            s.read_exact(&mut len).unwrap();
+            let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
+            s.read_exact(&mut answer).unwrap();
+            out.push((answer, Instant::now()));
+        }
+        out
+    })
+    .unwrap()
+}
+
+fn stat(stats: &ProxyStats, f: impl Fn(&ProxyStats) -> &std::sync::atomic::AtomicU64) -> u64 {
+    f(stats).load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn pods_get_answers_from_their_resolver_only_after_the_learner_admitted_them() {
+    if !require_root("pods_get_answers_from_their_resolver_only_after_the_learner_admitted_them") {
+        return;
+    }
+    let node = Node::new("dnsp");
+    let client_ips: [IpAddr; 2] = ["198.18.210.2".parse().unwrap(), "2001:db8:210::2".parse().unwrap()];
+    let client = node.add_pod("dnsc", "vc-dns", &client_ips);
+    let resolver_ips: [IpAddr; 3] =
+        ["198.18.211.53".parse().unwrap(), "2001:db8:211::53".parse().unwrap(), "198.18.211.54".parse().unwrap()];
+    let resolver = node.add_pod("dnsr", "vr-dns", &resolver_ips);
+    // The node's own addresses, which the proxy's queries to the resolver leave from.
+    node.ns.ip(&["addr", "add", "198.18.212.1/32", "dev", "uplink"]);
+    node.ns.ip(&["-6", "addr", "add", "2001:db8:212::1/128", "dev", "uplink", "nodad"]);
+    // The redirect as the agent will program it: the client's DNS to the proxy (what tproxy
+    // cannot deliver, dropped), and policy routing that delivers tproxied packets locally.
+    let rules = format!(
+        "table inet flkt-dnsproxy {{\n  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    \
+         iifname \"vc-dns\" meta l4proto {{ tcp, udp }} th dport 53 tproxy to :{PORT} meta mark set 0x40 accept\n    \
+         iifname \"vc-dns\" meta l4proto {{ tcp, udp }} th dport 53 drop\n  }}\n}}\n"
+    );
+    let path = std::env::temp_dir().join(format!("flkt-dnsproxy-{}.nft", std::process::id()));
+    std::fs::write(&path, rules).unwrap();
+    node.ns.exec(&["nft", "-f", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    for family in ["-4", "-6"] {
+        node.ns.ip(&[family, "rule", "add", "fwmark", "0x40", "lookup", "140"]);
+    }
+    node.ns.ip(&["-4", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "140"]);
+    node.ns.ip(&["-6", "route", "add", "local", "::/0", "dev", "lo", "table", "140"]);
+
+    let zone = Arc::new(Zone::new(vec![
+        Record { name: "api.example.test".into(), ttl: 300, data: RecordData::Address("198.18.1.10".parse().unwrap()) },
+        Record { name: "api.example.test".into(), ttl: 300, data: RecordData::Address("2001:db8:1::10".parse().unwrap()) },
+        Record { name: "www.example.test".into(), ttl: 300, data: RecordData::Cname("api.example.test".into()) },
+        Record { name: "fail.example.test".into(), ttl: 300, data: RecordData::Address("198.18.1.11".parse().unwrap()) },
+    ]));
+    let (stop_dns, dns_thread) = serve_in(resolver.ns.netns(), move |stop, ready| {
+        Box::pin(async move {
+            // One server per address: a UDP socket bound to every address would answer from
+            // the route's preferred one, which a connected client does not take.
+            let mut servers = tokio::task::JoinSet::new();
+            for ip in resolver_ips {
+                let udp = tokio::net::UdpSocket::bind((ip, 53)).await.unwrap();
+                let tcp = tokio::net::TcpListener::bind((ip, 53)).await.unwrap();
+                servers.spawn(flock::sim::dns::serve(zone.clone(), udp, tcp, stop.clone()));
+            }
+            ready.send(()).unwrap();
+            while servers.join_next().await.is_some() {}
+        })
+    });
+
+    let learner = Arc::new(Recorder::default());
+    // 198.18.211.54 is not a trusted resolver: its answers teach nothing.
+    let config = ProxyConfig::new(PORT, vec![resolver_ips[0], resolver_ips[1]]);
+    let proxy = DnsProxy::new(config.clone(), learner.clone());
+    let stats = proxy.stats();
+    let (stop_proxy, proxy_thread) = serve_in(node.ns.netns(), move |stop, ready| {
+        Box::pin(async move {
+            let listeners = Listeners::bind(&config).unwrap();
+            ready.send(()).unwrap();
+            proxy.serve(listeners, stop).await;
+        })
+    });
+
+    let v4: SocketAddr = (resolver_ips[0], 53).into();
+    let v6: SocketAddr = (resolver_ips[1], 53).into();
+    let asked_at = Instant::now();
+    let (answer, received) = ask_udp(&client.ns.netns(), v4, query("www.example.test", RecordType::A, 1));
+    assert_eq!(addresses(&answer), vec!["198.18.1.10".parse::<IpAddr>().unwrap()]);
+    {
+        let seen = learner.seen.lock().unwrap();
+        let (who, from, learned, admitted) = seen.last().expect("the learner saw nothing");
+        assert_eq!((*who, *from), (client_ips[0], v4));
+        assert_eq!(learned.name, "www.example.test");
+        assert_eq!(learned.chain, vec!["api.example.test".to_string()]);
+        assert_eq!(learned.addresses, vec![("198.18.1.10".parse().unwrap(), 300)]);
+        // The answer reached the pod after the learner was done, and was held for it.
+        assert!(*admitted <= received && received - asked_at >= HOLD);
+    }
+
+    let (answer, received) = ask_udp(&client.ns.netns(), v6, query("api.example.test", RecordType::AAAA, 2));
+    assert_eq!(addresses(&answer), vec!["2001:db8:1::10".parse::<IpAddr>().unwrap()]);
+    {
+        let seen = learner.seen.lock().unwrap();
+        let (who, from, learned, admitted) = seen.last().unwrap();
+        assert_eq!((*who, *from, learned.name.as_str()), (client_ips[1], v6, "api.example.test"));
+        assert!(*admitted <= received);
+    }
+
+    // TCP: two queries over one connection, each answered after its learning.
+    let answers =
+        ask_tcp(&client.ns.netns(), v4, vec![query("api.example.test", RecordType::A, 3), query("www.example.test", RecordType::A, 4)]);
+    assert_eq!(answers.len(), 2);
+    for (answer, received) in &answers {
+        assert_eq!(addresses(answer), vec!["198.18.1.10".parse::<IpAddr>().unwrap()]);
+        let seen = learner.seen.lock().unwrap();
+        let name = Message::from_vec(answer).unwrap().queries()[0].name().to_ascii();
+        let learned_at = seen.iter().filter(|s| format!("{}.", s.2.name) == name).map(|s| s.3).max().unwrap();
+        assert!(learned_at <= *received);
+    }
+    assert_eq!(learner.seen.lock().unwrap().len(), 4);
+
+    // The learner failed: SERVFAIL, not an answer the pod could not use.
+    let (answer, _) = ask_udp(&client.ns.netns(), v4, query("fail.example.test", RecordType::A, 5));
+    let m = Message::from_vec(&answer).unwrap();
+    assert_eq!((m.id(), m.response_code()), (5, ResponseCode::ServFail));
+    assert!(addresses(&answer).is_empty());
+
+    // An untrusted resolver's answer passes on untouched and teaches nothing.
+    let (answer, _) = ask_udp(&client.ns.netns(), (resolver_ips[2], 53).into(), query("api.example.test", RecordType::A, 6));
+    assert_eq!(addresses(&answer), vec!["198.18.1.10".parse::<IpAddr>().unwrap()]);
+    // A name the resolver does not know: NXDOMAIN teaches nothing, passed on as it came.
+    let (answer, _) = ask_udp(&client.ns.netns(), v4, query("nope.example.test", RecordType::A, 7));
+    assert_eq!(Message::from_vec(&answer).unwrap().response_code(), ResponseCode::NXDomain);
+    assert_eq!(learner.seen.lock().unwrap().len(), 4);
+
+    assert_eq!(stat(&stats, |s| &s.queries), 7);
+    assert_eq!(stat(&stats, |s| &s.answers), 7);
+    assert_eq!(stat(&stats, |s| &s.learned), 4);
+    assert_eq!(stat(&stats, |s| &s.learn_failures), 1);
+    assert_eq!(stat(&stats, |s| &s.untrusted), 1);
+    assert_eq!(stat(&stats, |s| &s.unusable), 1);
+    assert_eq!(stat(&stats, |s| &s.upstream_failures), 0);
+
+    stop_proxy.send(true).unwrap();
+    stop_dns.send(true).unwrap();
+    proxy_thread.join().unwrap();
+    dns_thread.join().unwrap();
+}
+
+#[test]
+fn without_the_proxy_redirected_dns_fails() {
+    if !require_root("without_the_proxy_redirected_dns_fails") {
+        return;
+    }
+    // Fail closed: tproxy finds no listener and its rule does not match, so the rule after it
+    // drops the query (the agent renders both): without the drop, the query would be routed
+    // to the resolver past the proxy.
+    let node = Node::new("dnsn");
+    let client = node.add_pod("dnsnc", "vc-dnsn", &["198.18.213.2".parse().unwrap()]);
+    let resolver = node.add_pod("dnsnr", "vr-dnsn", &["198.18.214.53".parse().unwrap()]);
+    let zone = Arc::new(Zone::new(vec![Record {
+        name: "api.example.test".into(),
+        ttl: 300,
+        data: RecordData::Address("198.18.1.10".parse().unwrap()),
+    }]));
+    let (stop_dns, dns_thread) = serve_in(resolver.ns.netns(), move |stop, ready| {
+        Box::pin(async move {
+            let udp = tokio::net::UdpSocket::bind("0.0.0.0:53").await.unwrap();
+            let tcp = tokio::net::TcpListener::bind("0.0.0.0:53").await.unwrap();
+            ready.send(()).unwrap();
+            flock::sim::dns::serve(zone, udp, tcp, stop).await;
+        })
+    });
+    let resolver_addr: SocketAddr = "198.18.214.53:53".parse().unwrap();
+    let probe = || {
+        let q = query("api.example.test", RecordType::A, 9);
+        netns::run_in(&client.ns.netns(), move || {
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.connect(resolver_addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+            s.send(&q).unwrap();
+            let mut buf = [0u8; 512];
+            (s.recv(&mut buf).is_ok(), TcpStream::connect_timeout(&resolver_addr, Duration::from_secs(2)).is_ok())
+        })
+        .unwrap()
+    };
+    // Without the redirect the pod reaches its resolver (the control).
+    assert_eq!(probe(), (true, true));
+    let rules = format!(
+        "table inet flkt-dnsproxy {{\n  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    \
+         iifname \"vc-dnsn\" meta l4proto {{ tcp, udp }} th dport 53 tproxy to :{PORT} meta mark set 0x40 accept\n    \
+         iifname \"vc-dnsn\" meta l4proto {{ tcp, udp }} th dport 53 drop\n  }}\n}}\n"
+    );
+    let path = std::env::temp_dir().join(format!("flkt-dnsproxy-n-{}.nft", std::process::id()));
+    std::fs::write(&path, rules).unwrap();
+    node.ns.exec(&["nft", "-f", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    node.ns.ip(&["-4", "rule", "add", "fwmark", "0x40", "lookup", "140"]);
+    node.ns.ip(&["-4", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "140"]);
+    let (udp, tcp) = probe();
+    assert!(!udp && !tcp, "DNS got through without the proxy: udp {udp}, tcp {tcp}");
+    stop_dns.send(true).unwrap();
+    dns_thread.join().unwrap();
+}
