@@ -20,6 +20,7 @@ pub mod cniconf;
 pub mod denials;
 mod digest;
 pub mod dns_proxy;
+pub mod domains;
 pub mod http;
 pub mod metrics;
 mod registry;

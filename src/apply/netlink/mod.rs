@@ -19,6 +19,7 @@
 //! interval set rewrites the whole set (an incremental transaction).
 
 mod rule;
+pub mod timed;
 pub mod transaction;
 
 use std::io;

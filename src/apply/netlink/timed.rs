@@ -1,0 +1,236 @@
+//! Learned elements: addresses a domain rule admits until the TTL of the DNS answer that
+//! taught them passes. They live in the kernel, in timed sets (`flags timeout`) of flock's
+//! table, written here one batch per answer and expired by nf_tables itself; a dump reads them
+//! back (an agent that restarts rebuilds its view from the kernel, and `explain` says when an
+//! address expires).
+//!
+//! Writing an element that is already there refreshes its timeout on kernels since 6.10
+//! (element timeout updates); older kernels keep the earlier expiry, so the address is
+//! admitted for less than the new TTL — fewer packets allowed, never more.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::{
+    Batch, NFNL_SUBSYS_NFTABLES, NFPROTO_INET, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY,
+    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NLM_F_CREATE, NLM_F_REQUEST,
+    NLMSG_DONE, NLMSG_ERROR, NetlinkError, NfSocket, attr, attributes, message, messages, nested, nul_terminated, push_elements,
+};
+use crate::render::names::TABLE;
+
+const NFT_MSG_GETSETELEM: u16 = 13;
+const NLM_F_DUMP: u16 = 0x300;
+const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
+const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
+/// libnftnl's user-data type of an element's comment.
+const NFTNL_UDATA_SET_ELEM_COMMENT: u8 = 0;
+
+/// An address to admit for `timeout`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedElement {
+    pub addr: IpAddr,
+    pub timeout: Duration,
+    /// Shown by `nft list` (at most 127 bytes; longer ones are cut).
+    pub comment: String,
+}
+
+/// An element read back from a timed set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LearnedEntry {
+    pub addr: IpAddr,
+    /// The timeout it was written with.
+    pub timeout: Duration,
+    /// What is left of it.
+    pub expires_in: Duration,
+    pub comment: String,
+}
+
+fn key(addr: IpAddr) -> Vec<u8> {
+    match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The batch that adds each set's elements to that timed set of flock's table (refreshing the
+/// timeouts of those already there, where the kernel can): one transaction for all of them.
+pub fn encode_timed(sets: &[(&str, Vec<TimedElement>)]) -> Batch {
+    let mut batch = Batch::new();
+    for (set, elements) in sets {
+        if !elements.is_empty() {
+            push_timed(&mut batch, set, elements);
+        }
+    }
+    batch
+}
+
+fn push_timed(batch: &mut Batch, set: &str, elements: &[TimedElement]) {
+    let encoded: Vec<Vec<u8>> = elements
+        .iter()
+        .map(|e| {
+            let mut out = Vec::new();
+            let k = key(e.addr);
+            nested(&mut out, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &k));
+            attr(&mut out, NFTA_SET_ELEM_TIMEOUT, &millis(e.timeout).to_be_bytes());
+            let comment = cut(&e.comment, 127);
+            if !comment.is_empty() {
+                let mut udata = vec![NFTNL_UDATA_SET_ELEM_COMMENT, (comment.len() + 1) as u8];
+                udata.extend_from_slice(comment.as_bytes());
+                udata.push(0);
+                attr(&mut out, NFTA_SET_ELEM_USERDATA, &udata);
+            }
+            out
+        })
+        .collect();
+    push_elements(batch, set, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &encoded, "adding learned addresses to set");
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl NfSocket {
+    /// Adds each set's elements to that timed set, in one batch.
+    pub fn write_timed(&mut self, sets: &[(&str, Vec<TimedElement>)]) -> Result<(), NetlinkError> {
+        self.send(encode_timed(sets))
+    }
+
+    /// Every element of the timed set `set`, with what is left of its timeout, by address.
+    pub fn dump_timed(&mut self, set: &str) -> Result<Vec<LearnedEntry>, NetlinkError> {
+        let mut body = Vec::new();
+        attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &nul_terminated(TABLE));
+        attr(&mut body, NFTA_SET_ELEM_LIST_SET, &nul_terminated(set));
+        let seq = self.seq;
+        self.seq = self.seq.wrapping_add(1);
+        let mut request = Vec::new();
+        message(&mut request, (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM, NLM_F_REQUEST | NLM_F_DUMP, seq, NFPROTO_INET, 0, &body);
+        let n = self.socket.send(&request, 0).map_err(NetlinkError::Socket)?;
+        if n != request.len() {
+            return Err(NetlinkError::Protocol(format!("sent {n} of {} bytes", request.len())));
+        }
+        let mut out = Vec::new();
+        let mut recv: Vec<u8> = Vec::with_capacity(64 * 1024);
+        loop {
+            recv.clear();
+            self.socket.recv(&mut recv, 0).map_err(NetlinkError::Reply)?;
+            for m in messages(&recv) {
+                let (ty, _, got, body) = m.map_err(NetlinkError::Protocol)?;
+                if got != seq {
+                    continue;
+                }
+                match ty {
+                    NLMSG_DONE => {
+                        // A hash set lists in no stable order.
+                        out.sort_by_key(|e: &LearnedEntry| e.addr);
+                        return Ok(out);
+                    }
+                    NLMSG_ERROR if body.len() >= 4 => {
+                        let code = i32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
+                        if code != 0 {
+                            return Err(NetlinkError::Refused {
+                                what: "listing set",
+                                object: set.to_string(),
+                                error: std::io::Error::from_raw_os_error(-code),
+                            });
+                        }
+                    }
+                    t if t == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM && body.len() >= 4 => {
+                        out.extend(decode_elements(&body[4..]).map_err(NetlinkError::Protocol)?);
+                    }
+                    other => return Err(NetlinkError::Protocol(format!("message type {other:#x} in a set listing"))),
+                }
+            }
+        }
+    }
+}
+
+/// The elements of one `NEWSETELEM` message body (after nfgenmsg).
+fn decode_elements(body: &[u8]) -> Result<Vec<LearnedEntry>, String> {
+    let mut out = Vec::new();
+    for (ty, list) in attributes(body) {
+        if ty != NFTA_SET_ELEM_LIST_ELEMENTS {
+            continue;
+        }
+        for (ty, element) in attributes(list) {
+            if ty != NFTA_LIST_ELEM {
+                continue;
+            }
+            let mut entry =
+                LearnedEntry { addr: IpAddr::from([0u8; 4]), timeout: Duration::ZERO, expires_in: Duration::ZERO, comment: String::new() };
+            let mut has_key = false;
+            for (ty, value) in attributes(element) {
+                match ty {
+                    NFTA_SET_ELEM_KEY => {
+                        let data = attributes(value).find(|(t, _)| *t == NFTA_DATA_VALUE).map(|(_, v)| v).unwrap_or_default();
+                        entry.addr = match data.len() {
+                            4 => IpAddr::from(<[u8; 4]>::try_from(data).map_err(|e| e.to_string())?),
+                            16 => IpAddr::from(<[u8; 16]>::try_from(data).map_err(|e| e.to_string())?),
+                            n => return Err(format!("a key of {n} bytes in a set of addresses")),
+                        };
+                        has_key = true;
+                    }
+                    NFTA_SET_ELEM_TIMEOUT => entry.timeout = Duration::from_millis(be_u64(value)?),
+                    NFTA_SET_ELEM_EXPIRATION => entry.expires_in = Duration::from_millis(be_u64(value)?),
+                    NFTA_SET_ELEM_USERDATA if value.len() >= 2 && value[0] == NFTNL_UDATA_SET_ELEM_COMMENT => {
+                        let len = usize::from(value[1]).min(value.len() - 2);
+                        entry.comment = String::from_utf8_lossy(&value[2..2 + len]).trim_end_matches('\0').to_string();
+                    }
+                    _ => {}
+                }
+            }
+            if !has_key {
+                return Err("an element without a key".into());
+            }
+            out.push(entry);
+        }
+    }
+    Ok(out)
+}
+
+fn be_u64(v: &[u8]) -> Result<u64, String> {
+    <[u8; 8]>::try_from(v).map(u64::from_be_bytes).map_err(|_| format!("a {}-byte time", v.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comments_are_cut_at_a_character_boundary() {
+        assert_eq!(cut("abc", 127), "abc");
+        let long = "é".repeat(100);
+        let c = cut(&long, 127);
+        assert_eq!(c.len(), 126);
+        assert!(c.chars().all(|ch| ch == 'é'));
+    }
+
+    #[test]
+    fn an_encoded_batch_decodes_back() {
+        let elements = vec![
+            TimedElement { addr: "198.18.1.10".parse().unwrap(), timeout: Duration::from_secs(30), comment: "api.example.test".into() },
+            TimedElement { addr: "2001:db8:1::10".parse().unwrap(), timeout: Duration::from_millis(1500), comment: String::new() },
+        ];
+        let batch = encode_timed(&[("dom-x", elements.clone()), ("dom-y", Vec::new())]);
+        assert!(!batch.is_empty());
+        let (buf, _) = batch.finish();
+        // BATCH_BEGIN, the element message, BATCH_END: decode the middle one's elements.
+        let msgs: Vec<_> = messages(&buf).map(Result::unwrap).collect();
+        assert_eq!(msgs.len(), 3);
+        let decoded = decode_elements(&msgs[1].3[4..]).unwrap();
+        assert_eq!(decoded.len(), 2);
+        assert_eq!(
+            (decoded[0].addr, decoded[0].timeout, decoded[0].comment.as_str()),
+            (elements[0].addr, elements[0].timeout, "api.example.test")
+        );
+        assert_eq!((decoded[1].addr, decoded[1].timeout), (elements[1].addr, elements[1].timeout));
+    }
+}
