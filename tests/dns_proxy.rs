@@ -305,3 +305,114 @@ fn without_the_proxy_redirected_dns_fails() {
     stop_dns.send(true).unwrap();
     dns_thread.join().unwrap();
 }
+
+/// Whether a TCP connection from `client` to `dst` is established within a second.
+fn connects(client: &Netns, dst: SocketAddr) -> bool {
+    netns::run_in(client, move || TcpStream::connect_timeout(&dst, Duration::from_secs(1)).is_ok()).unwrap()
+}
+
+#[test]
+fn a_pod_reaches_a_domain_from_its_answer_on_until_the_ttl_passes() {
+    if !require_root("a_pod_reaches_a_domain_from_its_answer_on_until_the_ttl_passes") {
+        return;
+    }
+    use flock::agent::domains::{DomainLearner, DomainRule, KernelWriter};
+    use flock::dns::DomainPattern;
+
+    let node = Node::new("dnse");
+    let client_ips: [IpAddr; 2] = ["198.18.216.2".parse().unwrap(), "2001:db8:216::2".parse().unwrap()];
+    let client = node.add_pod("dnsec", "vc-dnse", &client_ips);
+    let resolver_ips: [IpAddr; 1] = ["198.18.217.53".parse().unwrap()];
+    let resolver = node.add_pod("dnser", "vr-dnse", &resolver_ips);
+    let server_ips: [IpAddr; 2] = ["198.18.215.80".parse().unwrap(), "2001:db8:215::80".parse().unwrap()];
+    let server = node.add_pod("dnses", "vs-dnse", &server_ips);
+    node.ns.ip(&["addr", "add", "198.18.218.1/32", "dev", "uplink"]);
+    // The client may reach the domain rule's timed sets on port 80 and nothing else but DNS,
+    // which goes to the proxy (as the agent will render it, in flock's own table).
+    let table = flock::render::names::TABLE;
+    let rules = format!(
+        "table inet {table} {{\n\
+         set dom-e-v4 {{ type ipv4_addr; flags timeout; }}\n\
+         set dom-e-v6 {{ type ipv6_addr; flags timeout; }}\n\
+         chain prerouting {{\n type filter hook prerouting priority mangle; policy accept;\n\
+         iifname \"vc-dnse\" meta l4proto {{ tcp, udp }} th dport 53 tproxy to :{PORT} meta mark set 0x40 accept\n\
+         iifname \"vc-dnse\" meta l4proto {{ tcp, udp }} th dport 53 drop\n}}\n\
+         chain forward {{\n type filter hook forward priority filter; policy accept;\n\
+         ct state established,related accept\n\
+         iifname \"vc-dnse\" ip daddr @dom-e-v4 tcp dport 80 accept\n\
+         iifname \"vc-dnse\" ip6 daddr @dom-e-v6 tcp dport 80 accept\n\
+         iifname \"vc-dnse\" drop\n}}\n}}\n"
+    );
+    let path = std::env::temp_dir().join(format!("flkt-dnse-{}.nft", std::process::id()));
+    std::fs::write(&path, rules).unwrap();
+    node.ns.exec(&["nft", "-f", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    for family in ["-4", "-6"] {
+        node.ns.ip(&[family, "rule", "add", "fwmark", "0x40", "lookup", "140"]);
+    }
+    node.ns.ip(&["-4", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "140"]);
+    node.ns.ip(&["-6", "route", "add", "local", "::/0", "dev", "lo", "table", "140"]);
+
+    // The server accepts on port 80 (both families).
+    let (stop_server, server_thread) = serve_in(server.ns.netns(), |mut stop, ready| {
+        Box::pin(async move {
+            let listener = tokio::net::TcpListener::bind("[::]:80").await.unwrap();
+            ready.send(()).unwrap();
+            loop {
+                tokio::select! {
+                    _ = listener.accept() => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        })
+    });
+    let zone = Arc::new(Zone::new(vec![
+        Record { name: "api.example.test".into(), ttl: 2, data: RecordData::Address(server_ips[0]) },
+        Record { name: "api.example.test".into(), ttl: 2, data: RecordData::Address(server_ips[1]) },
+    ]));
+    let (stop_dns, dns_thread) = serve_in(resolver.ns.netns(), move |stop, ready| {
+        Box::pin(async move {
+            let udp = tokio::net::UdpSocket::bind((resolver_ips[0], 53)).await.unwrap();
+            let tcp = tokio::net::TcpListener::bind((resolver_ips[0], 53)).await.unwrap();
+            ready.send(()).unwrap();
+            flock::sim::dns::serve(zone, udp, tcp, stop).await;
+        })
+    });
+    let learner = Arc::new(DomainLearner::new(KernelWriter::default()));
+    learner.set_rules(vec![DomainRule {
+        source: "policy x/api egress[0]".into(),
+        pods: client_ips.into_iter().collect(),
+        patterns: vec![DomainPattern::parse("*.example.test").unwrap()],
+        set_v4: "dom-e-v4".into(),
+        set_v6: "dom-e-v6".into(),
+    }]);
+    let mut config = ProxyConfig::new(PORT, vec![resolver_ips[0]]);
+    config.limits.min_ttl = 1;
+    let proxy = DnsProxy::new(config.clone(), learner);
+    let (stop_proxy, proxy_thread) = serve_in(node.ns.netns(), move |stop, ready| {
+        Box::pin(async move {
+            let listeners = Listeners::bind(&config).unwrap();
+            ready.send(()).unwrap();
+            proxy.serve(listeners, stop).await;
+        })
+    });
+
+    let resolver_addr: SocketAddr = (resolver_ips[0], 53).into();
+    for (kind, server_ip) in [(RecordType::A, server_ips[0]), (RecordType::AAAA, server_ips[1])] {
+        let dst: SocketAddr = (server_ip, 80).into();
+        assert!(!connects(&client.ns.netns(), dst), "{dst} reachable before any answer");
+        let (answer, _) = ask_udp(&client.ns.netns(), resolver_addr, query("api.example.test", kind, 11));
+        assert_eq!(addresses(&answer), vec![server_ip]);
+        // Right after the answer: admitted (the proxy answered only once the set had it).
+        assert!(connects(&client.ns.netns(), dst), "{dst} not reachable right after the answer");
+        std::thread::sleep(Duration::from_millis(2500));
+        assert!(!connects(&client.ns.netns(), dst), "{dst} still reachable after its TTL");
+    }
+
+    for stop in [stop_proxy, stop_dns, stop_server] {
+        stop.send(true).unwrap();
+    }
+    for t in [proxy_thread, dns_thread, server_thread] {
+        t.join().unwrap();
+    }
+}
