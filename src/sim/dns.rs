@@ -6,7 +6,7 @@
 //! the answer section), then the A or AAAA records of the chain's last name; a name with no
 //! record at all is NXDOMAIN, a name with records of other types only is NOERROR and empty.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -33,10 +33,10 @@ pub struct Record {
     pub data: RecordData,
 }
 
-/// The records a server answers from.
+/// The records a server answers from, by name (lowercase, no trailing dot).
 #[derive(Debug, Clone, Default)]
 pub struct Zone {
-    pub records: Vec<Record>,
+    by_name: BTreeMap<String, Vec<Record>>,
 }
 
 fn key(name: &str) -> String {
@@ -51,7 +51,11 @@ fn fqdn(name: &str) -> Result<Name, String> {
 
 impl Zone {
     pub fn new(records: Vec<Record>) -> Self {
-        Self { records }
+        let mut by_name: BTreeMap<String, Vec<Record>> = BTreeMap::new();
+        for r in records {
+            by_name.entry(key(&r.name)).or_default().push(r);
+        }
+        Self { by_name }
     }
 
     /// The answer to `query`, or None when it is not a DNS query at all (dropped, as a
@@ -94,7 +98,7 @@ impl Zone {
         let mut out = Vec::new();
         let mut known = false;
         loop {
-            let owned: Vec<&Record> = self.records.iter().filter(|r| key(&r.name) == current).collect();
+            let owned: &[Record] = self.by_name.get(&current).map_or(&[], Vec::as_slice);
             known |= !owned.is_empty();
             let cname = owned.iter().find_map(|r| match &r.data {
                 RecordData::Cname(target) => Some((r.ttl, target.clone())),
