@@ -19,13 +19,12 @@ use std::time::{Duration, Instant};
 use flock::agent::dns_proxy::{DnsProxy, Learner, Listeners, ProxyConfig};
 use flock::agent::domains::{DomainLearner, DomainRule, KernelWriter};
 use flock::dns::{DomainPattern, Learned};
-use flock::netns::{self, Netns};
+use flock::netns;
 use flock::sim::dns::{Record, RecordData, Zone};
-use flock::testkit::kernel::{Node, require_root};
+use flock::testkit::kernel::{Node, redirect_dns, require_root, serve_in};
 use hickory_proto::op::{Message, Query};
 use hickory_proto::rr::{Name, RecordType};
 use serde_json::json;
-use tokio::sync::watch;
 
 const PORT: u16 = 15353;
 const NAMES: usize = 1000;
@@ -63,23 +62,6 @@ fn summary(mut v: Vec<Duration>) -> serde_json::Value {
     })
 }
 
-fn serve_in<F>(ns: Netns, serve: F) -> (watch::Sender<bool>, std::thread::JoinHandle<()>)
-where
-    F: FnOnce(watch::Receiver<bool>, std::sync::mpsc::Sender<()>) -> std::pin::Pin<Box<dyn Future<Output = ()>>> + Send + 'static,
-{
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        netns::run_in(&ns, move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(serve(stop_rx, ready_tx));
-        })
-        .unwrap();
-    });
-    ready_rx.recv_timeout(Duration::from_secs(10)).expect("a server did not start");
-    (stop_tx, thread)
-}
-
 fn name(i: usize) -> String {
     format!("h{i}.example.test")
 }
@@ -99,21 +81,12 @@ fn main() {
     let resolver_ip: IpAddr = "198.18.221.53".parse().unwrap();
     let resolver = node.add_pod("dnsbr", "vr-dnsb", &[resolver_ip]);
     node.ns.ip(&["addr", "add", "198.18.222.1/32", "dev", "uplink"]);
-    let table = flock::render::names::TABLE;
-    let rules = format!(
-        "table inet {table} {{\n\
-         set dom-b-v4 {{ type ipv4_addr; flags timeout; }}\n\
-         set dom-b-v6 {{ type ipv6_addr; flags timeout; }}\n\
-         chain prerouting {{\n type filter hook prerouting priority mangle; policy accept;\n\
-         iifname \"vc-dnsb\" meta l4proto {{ tcp, udp }} th dport 53 tproxy to :{PORT} meta mark set 0x40 accept\n\
-         iifname \"vc-dnsb\" meta l4proto {{ tcp, udp }} th dport 53 drop\n}}\n}}\n"
+    redirect_dns(
+        &node,
+        "vc-dnsb",
+        PORT,
+        "set dom-b-v4 { type ipv4_addr; flags timeout; }\nset dom-b-v6 { type ipv6_addr; flags timeout; }",
     );
-    let path = std::env::temp_dir().join(format!("flkt-dnsb-{}.nft", std::process::id()));
-    std::fs::write(&path, rules).unwrap();
-    node.ns.exec(&["nft", "-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&path);
-    node.ns.ip(&["-4", "rule", "add", "fwmark", "0x40", "lookup", "140"]);
-    node.ns.ip(&["-4", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "140"]);
 
     // One address per name, as data only (nothing connects to them).
     let records = (0..NAMES)

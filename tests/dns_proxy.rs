@@ -14,10 +14,9 @@ use flock::agent::dns_proxy::{DnsProxy, Learner, Listeners, ProxyConfig, ProxySt
 use flock::dns::Learned;
 use flock::netns::{self, Netns};
 use flock::sim::dns::{Record, RecordData, Zone};
-use flock::testkit::kernel::{Node, require_root};
+use flock::testkit::kernel::{Node, redirect_dns, require_root, serve_in};
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
-use tokio::sync::watch;
 
 const PORT: u16 = 15353;
 const HOLD: Duration = Duration::from_millis(200);
@@ -38,24 +37,6 @@ impl Learner for Recorder {
         self.seen.lock().unwrap().push((client, resolver, learned.clone(), Instant::now()));
         Ok(())
     }
-}
-
-/// A thread serving in `ns` on a current-thread runtime until the returned sender says stop.
-fn serve_in(
-    ns: Netns,
-    serve: impl FnOnce(watch::Receiver<bool>, std::sync::mpsc::Sender<()>) -> std::pin::Pin<Box<dyn Future<Output = ()>>> + Send + 'static,
-) -> (watch::Sender<bool>, std::thread::JoinHandle<()>) {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        netns::run_in(&ns, move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(serve(stop_rx, ready_tx));
-        })
-        .unwrap();
-    });
-    ready_rx.recv_timeout(Duration::from_secs(10)).expect("the server did not start");
-    (stop_tx, thread)
 }
 
 fn query(name: &str, kind: RecordType, id: u16) -> Vec<u8> {
@@ -133,22 +114,8 @@ fn pods_get_answers_from_their_resolver_only_after_the_learner_admitted_them() {
     // The node's own addresses, which the proxy's queries to the resolver leave from.
     node.ns.ip(&["addr", "add", "198.18.212.1/32", "dev", "uplink"]);
     node.ns.ip(&["-6", "addr", "add", "2001:db8:212::1/128", "dev", "uplink", "nodad"]);
-    // The redirect as the agent will program it: the client's DNS to the proxy (what tproxy
-    // cannot deliver, dropped), and policy routing that delivers tproxied packets locally.
-    let rules = format!(
-        "table inet flkt-dnsproxy {{\n  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    \
-         iifname \"vc-dns\" meta l4proto {{ tcp, udp }} th dport 53 tproxy to :{PORT} meta mark set 0x40 accept\n    \
-         iifname \"vc-dns\" meta l4proto {{ tcp, udp }} th dport 53 drop\n  }}\n}}\n"
-    );
-    let path = std::env::temp_dir().join(format!("flkt-dnsproxy-{}.nft", std::process::id()));
-    std::fs::write(&path, rules).unwrap();
-    node.ns.exec(&["nft", "-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&path);
-    for family in ["-4", "-6"] {
-        node.ns.ip(&[family, "rule", "add", "fwmark", "0x40", "lookup", "140"]);
-    }
-    node.ns.ip(&["-4", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "140"]);
-    node.ns.ip(&["-6", "route", "add", "local", "::/0", "dev", "lo", "table", "140"]);
+    // The redirect as the agent will program it.
+    redirect_dns(&node, "vc-dns", PORT, "");
 
     let zone = Arc::new(Zone::new(vec![
         Record { name: "api.example.test".into(), ttl: 300, data: RecordData::Address("198.18.1.10".parse().unwrap()) },
@@ -289,17 +256,7 @@ fn without_the_proxy_redirected_dns_fails() {
     };
     // Without the redirect the pod reaches its resolver (the control).
     assert_eq!(probe(), (true, true));
-    let rules = format!(
-        "table inet flkt-dnsproxy {{\n  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    \
-         iifname \"vc-dnsn\" meta l4proto {{ tcp, udp }} th dport 53 tproxy to :{PORT} meta mark set 0x40 accept\n    \
-         iifname \"vc-dnsn\" meta l4proto {{ tcp, udp }} th dport 53 drop\n  }}\n}}\n"
-    );
-    let path = std::env::temp_dir().join(format!("flkt-dnsproxy-n-{}.nft", std::process::id()));
-    std::fs::write(&path, rules).unwrap();
-    node.ns.exec(&["nft", "-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&path);
-    node.ns.ip(&["-4", "rule", "add", "fwmark", "0x40", "lookup", "140"]);
-    node.ns.ip(&["-4", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "140"]);
+    redirect_dns(&node, "vc-dnsn", PORT, "");
     let (udp, tcp) = probe();
     assert!(!udp && !tcp, "DNS got through without the proxy: udp {udp}, tcp {tcp}");
     stop_dns.send(true).unwrap();
@@ -329,29 +286,18 @@ fn a_pod_reaches_a_domain_from_its_answer_on_until_the_ttl_passes() {
     node.ns.ip(&["addr", "add", "198.18.218.1/32", "dev", "uplink"]);
     // The client may reach the domain rule's timed sets on port 80 and nothing else but DNS,
     // which goes to the proxy (as the agent will render it, in flock's own table).
-    let table = flock::render::names::TABLE;
-    let rules = format!(
-        "table inet {table} {{\n\
-         set dom-e-v4 {{ type ipv4_addr; flags timeout; }}\n\
-         set dom-e-v6 {{ type ipv6_addr; flags timeout; }}\n\
-         chain prerouting {{\n type filter hook prerouting priority mangle; policy accept;\n\
-         iifname \"vc-dnse\" meta l4proto {{ tcp, udp }} th dport 53 tproxy to :{PORT} meta mark set 0x40 accept\n\
-         iifname \"vc-dnse\" meta l4proto {{ tcp, udp }} th dport 53 drop\n}}\n\
-         chain forward {{\n type filter hook forward priority filter; policy accept;\n\
+    redirect_dns(
+        &node,
+        "vc-dnse",
+        PORT,
+        "set dom-e-v4 { type ipv4_addr; flags timeout; }\n\
+         set dom-e-v6 { type ipv6_addr; flags timeout; }\n\
+         chain forward {\n type filter hook forward priority filter; policy accept;\n\
          ct state established,related accept\n\
          iifname \"vc-dnse\" ip daddr @dom-e-v4 tcp dport 80 accept\n\
          iifname \"vc-dnse\" ip6 daddr @dom-e-v6 tcp dport 80 accept\n\
-         iifname \"vc-dnse\" drop\n}}\n}}\n"
+         iifname \"vc-dnse\" drop\n}",
     );
-    let path = std::env::temp_dir().join(format!("flkt-dnse-{}.nft", std::process::id()));
-    std::fs::write(&path, rules).unwrap();
-    node.ns.exec(&["nft", "-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&path);
-    for family in ["-4", "-6"] {
-        node.ns.ip(&[family, "rule", "add", "fwmark", "0x40", "lookup", "140"]);
-    }
-    node.ns.ip(&["-4", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "140"]);
-    node.ns.ip(&["-6", "route", "add", "local", "::/0", "dev", "lo", "table", "140"]);
 
     // The server accepts on port 80 (both families).
     let (stop_server, server_thread) = serve_in(server.ns.netns(), |mut stop, ready| {

@@ -21,6 +21,14 @@ fn element(addr: &str, millis: u64, comment: &str) -> TimedElement {
     TimedElement { addr: addr.parse().unwrap(), timeout: Duration::from_millis(millis), comment: comment.into() }
 }
 
+/// Loads an nft script into `ns`.
+fn load(ns: &NetnsGuard, tag: &str, script: &str) {
+    let path = std::env::temp_dir().join(format!("flkt-{tag}-{}.nft", std::process::id()));
+    std::fs::write(&path, script).unwrap();
+    ns.exec(&["nft", "-f", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn learned_addresses_live_in_timed_sets_until_their_ttl_passes() {
     if !require_root("learned_addresses_live_in_timed_sets_until_their_ttl_passes") {
@@ -31,10 +39,7 @@ fn learned_addresses_live_in_timed_sets_until_their_ttl_passes() {
         "table inet {TABLE} {{\n  set dom-t-v4 {{ type ipv4_addr; flags timeout; comment \"test\"; }}\n  \
          set dom-t-v6 {{ type ipv6_addr; flags timeout; comment \"test\"; }}\n}}\n"
     );
-    let path = std::env::temp_dir().join(format!("flkt-timed-{}.nft", std::process::id()));
-    std::fs::write(&path, script).unwrap();
-    ns.exec(&["nft", "-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&path);
+    load(&ns, "timed", &script);
 
     let (first, refreshed, after) = netns::run_in(&ns.netns(), || {
         let mut s = NfSocket::open().unwrap();
@@ -87,10 +92,7 @@ fn the_learner_writes_a_pods_answer_into_its_rules_sets() {
     let script = format!(
         "table inet {TABLE} {{\n  set dom-r-v4 {{ type ipv4_addr; flags timeout; }}\n  set dom-r-v6 {{ type ipv6_addr; flags timeout; }}\n}}\n"
     );
-    let path = std::env::temp_dir().join(format!("flkt-learn-{}.nft", std::process::id()));
-    std::fs::write(&path, script).unwrap();
-    ns.exec(&["nft", "-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&path);
+    load(&ns, "learn", &script);
     let client: IpAddr = "198.18.0.7".parse().unwrap();
     let entries = netns::run_in(&ns.netns(), move || {
         let learner = DomainLearner::new(KernelWriter::default());

@@ -88,3 +88,55 @@ pub fn flock_cni_binary() -> std::path::PathBuf {
     }
     bin
 }
+
+/// Serves on a thread of its own inside `ns`, on a current-thread tokio runtime, until the
+/// returned sender says stop (or is dropped); returns once `serve` has sent on its ready
+/// channel (its sockets bound).
+#[allow(clippy::panic)]
+pub fn serve_in<F>(ns: crate::netns::Netns, serve: F) -> (tokio::sync::watch::Sender<bool>, std::thread::JoinHandle<()>)
+where
+    F: FnOnce(tokio::sync::watch::Receiver<bool>, std::sync::mpsc::Sender<()>) -> std::pin::Pin<Box<dyn Future<Output = ()>>>
+        + Send
+        + 'static,
+{
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let served = crate::netns::run_in(&ns, move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt.block_on(serve(stop_rx, ready_tx)),
+            Err(e) => panic!("a tokio runtime: {e}"),
+        });
+        if let Err(e) = served {
+            panic!("serving in a namespace: {e}");
+        }
+    });
+    if ready_rx.recv_timeout(std::time::Duration::from_secs(10)).is_err() {
+        panic!("a server in a test namespace did not start");
+    }
+    (stop_tx, thread)
+}
+
+/// The DNS redirect as flock-agent is to program it, in `node`'s own `inet flock` table: UDP
+/// and TCP port 53 arriving on `iface` go to the proxy's `port` by tproxy (mark 0x40), what
+/// tproxy cannot deliver (no proxy listening) is dropped, and policy routing (table 140)
+/// delivers marked packets locally. `extra` is added to the table as written (sets, chains).
+#[allow(clippy::panic)]
+pub fn redirect_dns(node: &Node, iface: &str, port: u16, extra: &str) {
+    let table = crate::render::names::TABLE;
+    let script = format!(
+        "table inet {table} {{\n{extra}\nchain dns-redirect {{\n type filter hook prerouting priority mangle; policy accept;\n\
+         iifname \"{iface}\" meta l4proto {{ tcp, udp }} th dport 53 tproxy to :{port} meta mark set 0x40 accept\n\
+         iifname \"{iface}\" meta l4proto {{ tcp, udp }} th dport 53 drop\n}}\n}}\n"
+    );
+    let path = std::env::temp_dir().join(format!("flkt-dns-{}-{iface}.nft", std::process::id()));
+    if let Err(e) = std::fs::write(&path, script) {
+        panic!("writing {}: {e}", path.display());
+    }
+    node.ns.exec(&["nft", "-f", &path.to_string_lossy()]);
+    let _ = std::fs::remove_file(&path);
+    for family in ["-4", "-6"] {
+        node.ns.ip(&[family, "rule", "add", "fwmark", "0x40", "lookup", "140"]);
+    }
+    node.ns.ip(&["-4", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "140"]);
+    node.ns.ip(&["-6", "route", "add", "local", "::/0", "dev", "lo", "table", "140"]);
+}
