@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::{Message, MessageType, ResponseCode};
+use hickory_proto::op::{Message, ResponseCode};
 use nix::sys::socket::{
     self, AddressFamily, Backlog, ControlMessageOwned, MsgFlags, SockFlag, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage, sockopt,
 };
@@ -35,7 +35,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::watch;
 
-use crate::dns::{Learned, Limits, Unusable, learn};
+use crate::dns::{Learned, Limits, learn, response_to};
 
 /// The proxy's settings.
 #[derive(Debug, Clone)]
@@ -188,6 +188,10 @@ impl<L> Clone for DnsProxy<L> {
 impl<L: Learner> DnsProxy<L> {
     pub fn new(config: ProxyConfig, learner: Arc<L>) -> Self {
         Self { config: Arc::new(config), learner, stats: Arc::new(ProxyStats::default()) }
+    }
+
+    pub fn config(&self) -> &ProxyConfig {
+        &self.config
     }
 
     pub fn stats(&self) -> Arc<ProxyStats> {
@@ -361,7 +365,7 @@ impl<L: Learner> DnsProxy<L> {
             Ok(learned) => learned,
             Err(why) => {
                 bump(&self.stats.unusable);
-                log_unusable(&why, client, resolver);
+                tracing::debug!(%client, %resolver, reason = %why, "DNS proxy: an answer that teaches nothing, passed on unchanged");
                 return answer;
             }
         };
@@ -383,26 +387,16 @@ impl<L: Learner> DnsProxy<L> {
     }
 }
 
-fn log_unusable(why: &Unusable, client: SocketAddr, resolver: SocketAddr) {
-    tracing::debug!(%client, %resolver, reason = %why, "DNS proxy: an answer that teaches nothing, passed on unchanged");
-}
-
 /// A SERVFAIL answer to `query` (None when the query is not a DNS message).
 fn servfail(query: &[u8]) -> Option<Vec<u8>> {
-    let q = Message::from_vec(query).ok()?;
-    let mut r = Message::new();
-    r.set_id(q.id());
-    r.set_message_type(MessageType::Response);
-    r.set_op_code(q.op_code());
-    r.set_recursion_desired(q.recursion_desired());
+    let mut r = response_to(&Message::from_vec(query).ok()?);
     r.set_recursion_available(true);
     r.set_response_code(ResponseCode::ServFail);
-    r.add_queries(q.queries().iter().cloned());
     r.to_vec().ok()
 }
 
 /// One length-prefixed DNS message from a TCP stream (None at a clean end of stream).
-async fn read_message(s: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
+pub(crate) async fn read_message(s: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 2];
     match s.read_exact(&mut len).await {
         Ok(_) => {}
@@ -414,7 +408,8 @@ async fn read_message(s: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(msg))
 }
 
-async fn write_message(s: &mut TcpStream, msg: &[u8]) -> io::Result<()> {
+/// Writes `msg` to a TCP stream with its two-byte length.
+pub(crate) async fn write_message(s: &mut TcpStream, msg: &[u8]) -> io::Result<()> {
     let len = u16::try_from(msg.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a DNS message over 65,535 bytes"))?;
     let mut framed = Vec::with_capacity(msg.len() + 2);
     framed.extend_from_slice(&len.to_be_bytes());
@@ -430,7 +425,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hickory_proto::op::Query;
+    use hickory_proto::op::{MessageType, Query};
     use hickory_proto::rr::{Name, RecordType};
 
     struct Refuse;

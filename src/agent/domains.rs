@@ -34,7 +34,7 @@ pub struct DomainRule {
 
 /// Writes learned elements into timed sets (the kernel's: [`NfSocket`]; a fake in tests).
 pub trait TimedWriter: Send + 'static {
-    fn write_timed(&mut self, sets: &[(&str, Vec<TimedElement>)]) -> Result<(), String>;
+    fn write_timed(&mut self, sets: &[(String, Vec<TimedElement>)]) -> Result<(), String>;
 }
 
 /// Opens its socket on first use, in the namespace of the thread that writes first (the
@@ -45,7 +45,7 @@ pub struct KernelWriter {
 }
 
 impl TimedWriter for KernelWriter {
-    fn write_timed(&mut self, sets: &[(&str, Vec<TimedElement>)]) -> Result<(), String> {
+    fn write_timed(&mut self, sets: &[(String, Vec<TimedElement>)]) -> Result<(), String> {
         let socket = match self.socket.as_mut() {
             Some(s) => s,
             None => self.socket.insert(NfSocket::open().map_err(|e| e.to_string())?),
@@ -119,9 +119,8 @@ impl<W: TimedWriter> Learner for DomainLearner<W> {
         if elements.is_empty() {
             return Ok(());
         }
-        let sets: Vec<(&str, Vec<TimedElement>)> = elements.iter().map(|(s, e)| (s.as_str(), e.clone())).collect();
         let mut writer = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        writer.write_timed(&sets)
+        writer.write_timed(&elements)
     }
 }
 
@@ -135,8 +134,8 @@ mod tests {
     }
 
     impl TimedWriter for Fake {
-        fn write_timed(&mut self, sets: &[(&str, Vec<TimedElement>)]) -> Result<(), String> {
-            self.written.push(sets.iter().map(|(s, e)| (s.to_string(), e.clone())).collect());
+        fn write_timed(&mut self, sets: &[(String, Vec<TimedElement>)]) -> Result<(), String> {
+            self.written.push(sets.to_vec());
             Ok(())
         }
     }

@@ -88,6 +88,18 @@ pub fn text(name: &Name) -> String {
     s
 }
 
+/// The start of a response to `query`: its id, opcode, recursion-desired flag and question;
+/// the caller sets the code, flags and records.
+pub fn response_to(query: &Message) -> Message {
+    let mut r = Message::new();
+    r.set_id(query.id());
+    r.set_message_type(MessageType::Response);
+    r.set_op_code(query.op_code());
+    r.set_recursion_desired(query.recursion_desired());
+    r.add_queries(query.queries().iter().cloned());
+    r
+}
+
 /// What `response` teaches as the answer to `query`.
 pub fn learn(query: &[u8], response: &[u8], limits: &Limits) -> Result<Learned, Unusable> {
     if response.len() > MAX_MESSAGE {

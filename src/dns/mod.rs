@@ -5,5 +5,5 @@
 pub mod answer;
 pub mod name;
 
-pub use answer::{Learned, Limits, Unusable, learn};
+pub use answer::{Learned, Limits, Unusable, learn, response_to};
 pub use name::DomainPattern;

@@ -14,9 +14,12 @@ use std::sync::Arc;
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, CNAME};
 use hickory_proto::rr::{Name, RData, Record as HRecord, RecordType};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::watch;
+
+use crate::agent::dns_proxy::{read_message, write_message};
+use crate::dns::answer::MAX_MESSAGE;
+use crate::dns::response_to;
 
 /// What a name resolves to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,13 +68,8 @@ impl Zone {
         if q.message_type() != MessageType::Query {
             return None;
         }
-        let mut r = Message::new();
-        r.set_id(q.id());
-        r.set_message_type(MessageType::Response);
-        r.set_op_code(q.op_code());
+        let mut r = response_to(&q);
         r.set_authoritative(true);
-        r.set_recursion_desired(q.recursion_desired());
-        r.add_queries(q.queries().iter().cloned());
         match q.queries() {
             [question] => match self.records_for(question.name(), question.query_type()) {
                 Ok(Some(records)) => {
@@ -132,7 +130,7 @@ pub async fn serve(zone: Arc<Zone>, udp: UdpSocket, tcp: TcpListener, stop: watc
     let udp_zone = zone.clone();
     let mut udp_stop = stop.clone();
     let udp_task = async move {
-        let mut buf = vec![0u8; 65_535];
+        let mut buf = vec![0u8; MAX_MESSAGE];
         loop {
             let received = tokio::select! {
                 r = udp.recv_from(&mut buf) => r,
@@ -159,18 +157,11 @@ pub async fn serve(zone: Arc<Zone>, udp: UdpSocket, tcp: TcpListener, stop: watc
 }
 
 async fn serve_connection(zone: Arc<Zone>, mut s: TcpStream) -> io::Result<()> {
-    loop {
-        let mut len = [0u8; 2];
-        if s.read_exact(&mut len).await.is_err() {
-            return Ok(());
-        }
-        let mut query = vec![0u8; usize::from(u16::from_be_bytes(len))];
-        s.read_exact(&mut query).await?;
-        let Some(answer) = zone.answer(&query) else { return Ok(()) };
-        let len = u16::try_from(answer.len()).map_err(|_| io::Error::other("answer over 65,535 bytes"))?;
-        s.write_all(&len.to_be_bytes()).await?;
-        s.write_all(&answer).await?;
+    while let Some(query) = read_message(&mut s).await? {
+        let Some(answer) = zone.answer(&query) else { break };
+        write_message(&mut s, &answer).await?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

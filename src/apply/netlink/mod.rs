@@ -113,12 +113,7 @@ fn encode_element(set: &Set, e: &Element, with_data: bool) -> Result<Vec<u8>, Ne
         nested(&mut out, NFTA_SET_ELEM_DATA, |b| b.extend_from_slice(&data));
     }
     if with_data && !e.comment.is_empty() {
-        // Type, length (with the NUL), the comment: libnftnl's TLV, whose length is a byte.
-        let len = u8::try_from(e.comment.len() + 1).map_err(|_| err(format!("comment of {} bytes", e.comment.len())))?;
-        let mut udata = vec![NFTNL_UDATA_SET_ELEM_COMMENT, len];
-        udata.extend_from_slice(e.comment.as_bytes());
-        udata.push(0);
-        attr(&mut out, NFTA_SET_ELEM_USERDATA, &udata);
+        attr(&mut out, NFTA_SET_ELEM_USERDATA, &transaction::comment_udata(NFTNL_UDATA_SET_ELEM_COMMENT, &e.comment).map_err(err)?);
     }
     Ok(out)
 }

@@ -11,26 +11,27 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use super::transaction::comment_udata;
 use super::{
     Batch, NFNL_SUBSYS_NFTABLES, NFPROTO_INET, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY,
-    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NLM_F_CREATE, NLM_F_REQUEST,
-    NLMSG_DONE, NLMSG_ERROR, NetlinkError, NfSocket, attr, attributes, message, messages, nested, nul_terminated, push_elements,
+    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTNL_UDATA_SET_ELEM_COMMENT,
+    NLM_F_CREATE, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkError, NfSocket, attr, attributes, message, messages, nested,
+    nul_terminated, push_elements,
 };
-use crate::render::names::TABLE;
+use crate::render::names::{self, TABLE};
 
 const NFT_MSG_GETSETELEM: u16 = 13;
 const NLM_F_DUMP: u16 = 0x300;
 const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
-/// libnftnl's user-data type of an element's comment.
-const NFTNL_UDATA_SET_ELEM_COMMENT: u8 = 0;
 
 /// An address to admit for `timeout`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimedElement {
     pub addr: IpAddr,
     pub timeout: Duration,
-    /// Shown by `nft list` (at most 127 bytes; longer ones are cut).
+    /// Shown by `nft list`; made safe for nft as every comment flock writes
+    /// ([`crate::render::names::comment`]: printable, no quotes, at most 128 bytes).
     pub comment: String,
 }
 
@@ -58,50 +59,34 @@ fn millis(d: Duration) -> u64 {
 
 /// The batch that adds each set's elements to that timed set of flock's table (refreshing the
 /// timeouts of those already there, where the kernel can): one transaction for all of them.
-pub fn encode_timed(sets: &[(&str, Vec<TimedElement>)]) -> Batch {
+pub fn encode_timed<S: AsRef<str>>(sets: &[(S, Vec<TimedElement>)]) -> Result<Batch, NetlinkError> {
     let mut batch = Batch::new();
     for (set, elements) in sets {
-        if !elements.is_empty() {
-            push_timed(&mut batch, set, elements);
-        }
+        let set = set.as_ref();
+        let encoded = elements
+            .iter()
+            .map(|e| {
+                let mut out = Vec::new();
+                let k = key(e.addr);
+                nested(&mut out, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &k));
+                attr(&mut out, NFTA_SET_ELEM_TIMEOUT, &millis(e.timeout).to_be_bytes());
+                if !e.comment.is_empty() {
+                    let udata = comment_udata(NFTNL_UDATA_SET_ELEM_COMMENT, &names::comment(&e.comment))
+                        .map_err(|why| NetlinkError::Encode { set: set.to_string(), key: e.addr.to_string(), why })?;
+                    attr(&mut out, NFTA_SET_ELEM_USERDATA, &udata);
+                }
+                Ok(out)
+            })
+            .collect::<Result<Vec<_>, NetlinkError>>()?;
+        push_elements(&mut batch, set, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &encoded, "adding learned addresses to set");
     }
-    batch
-}
-
-fn push_timed(batch: &mut Batch, set: &str, elements: &[TimedElement]) {
-    let encoded: Vec<Vec<u8>> = elements
-        .iter()
-        .map(|e| {
-            let mut out = Vec::new();
-            let k = key(e.addr);
-            nested(&mut out, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &k));
-            attr(&mut out, NFTA_SET_ELEM_TIMEOUT, &millis(e.timeout).to_be_bytes());
-            let comment = cut(&e.comment, 127);
-            if !comment.is_empty() {
-                let mut udata = vec![NFTNL_UDATA_SET_ELEM_COMMENT, (comment.len() + 1) as u8];
-                udata.extend_from_slice(comment.as_bytes());
-                udata.push(0);
-                attr(&mut out, NFTA_SET_ELEM_USERDATA, &udata);
-            }
-            out
-        })
-        .collect();
-    push_elements(batch, set, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &encoded, "adding learned addresses to set");
-}
-
-/// `s` cut to at most `max` bytes at a character boundary.
-fn cut(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    Ok(batch)
 }
 
 impl NfSocket {
     /// Adds each set's elements to that timed set, in one batch.
-    pub fn write_timed(&mut self, sets: &[(&str, Vec<TimedElement>)]) -> Result<(), NetlinkError> {
-        self.send(encode_timed(sets))
+    pub fn write_timed<S: AsRef<str>>(&mut self, sets: &[(S, Vec<TimedElement>)]) -> Result<(), NetlinkError> {
+        self.send(encode_timed(sets)?)
     }
 
     /// Every element of the timed set `set`, with what is left of its timeout, by address.
@@ -205,12 +190,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn comments_are_cut_at_a_character_boundary() {
-        assert_eq!(cut("abc", 127), "abc");
-        let long = "é".repeat(100);
-        let c = cut(&long, 127);
-        assert_eq!(c.len(), 126);
-        assert!(c.chars().all(|ch| ch == 'é'));
+    fn comments_are_made_safe_for_nft() {
+        let long = format!("\"{}", "é".repeat(100));
+        let batch = encode_timed(&[(
+            "dom-x",
+            vec![TimedElement { addr: "198.18.1.10".parse().unwrap(), timeout: Duration::from_secs(1), comment: long }],
+        )]);
+        let (buf, _) = batch.unwrap().finish();
+        let msgs: Vec<_> = messages(&buf).map(Result::unwrap).collect();
+        let comment = &decode_elements(&msgs[1].3[4..]).unwrap()[0].comment;
+        assert!(comment.len() <= names::MAX_COMMENT && comment.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"'), "{comment:?}");
     }
 
     #[test]
@@ -219,7 +208,7 @@ mod tests {
             TimedElement { addr: "198.18.1.10".parse().unwrap(), timeout: Duration::from_secs(30), comment: "api.example.test".into() },
             TimedElement { addr: "2001:db8:1::10".parse().unwrap(), timeout: Duration::from_millis(1500), comment: String::new() },
         ];
-        let batch = encode_timed(&[("dom-x", elements.clone()), ("dom-y", Vec::new())]);
+        let batch = encode_timed(&[("dom-x", elements.clone()), ("dom-y", Vec::new())]).unwrap();
         assert!(!batch.is_empty());
         let (buf, _) = batch.finish();
         // BATCH_BEGIN, the element message, BATCH_END: decode the middle one's elements.
