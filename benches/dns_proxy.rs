@@ -16,12 +16,12 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flock::agent::dns_proxy::{DnsProxy, Learner, Listeners, ProxyConfig};
+use flock::agent::dns_proxy::{DnsProxy, Learner, ProxyConfig};
 use flock::agent::domains::{DomainLearner, DomainRule, KernelWriter};
 use flock::dns::{DomainPattern, Learned};
 use flock::netns;
 use flock::sim::dns::{Record, RecordData, Zone};
-use flock::testkit::kernel::{Node, redirect_dns, require_root, serve_in};
+use flock::testkit::kernel::{Node, redirect_dns, require_root, serve_dns, serve_dns_proxy};
 use hickory_proto::op::{Message, Query};
 use hickory_proto::rr::{Name, RecordType};
 use serde_json::json;
@@ -96,15 +96,8 @@ fn main() {
             data: RecordData::Address(IpAddr::V4(Ipv4Addr::new(198, 19, (i / 256) as u8, (i % 256) as u8))),
         })
         .collect();
-    let zone = Arc::new(Zone::new(records));
-    let (stop_dns, dns_thread) = serve_in(resolver.ns.netns(), move |stop, ready| {
-        Box::pin(async move {
-            let udp = tokio::net::UdpSocket::bind((resolver_ip, 53)).await.unwrap();
-            let tcp = tokio::net::TcpListener::bind((resolver_ip, 53)).await.unwrap();
-            ready.send(()).unwrap();
-            flock::sim::dns::serve(zone, udp, tcp, stop).await;
-        })
-    });
+    let zone = Zone::new(records);
+    let (stop_dns, dns_thread) = serve_dns(resolver.ns.netns(), vec![resolver_ip], zone);
     let inner = DomainLearner::new(KernelWriter::default());
     inner.set_rules(vec![DomainRule {
         source: "bench".into(),
@@ -116,15 +109,9 @@ fn main() {
     let learner = Arc::new(Timed { inner, held: Mutex::new(Vec::new()) });
     let mut config = ProxyConfig::new(PORT, vec![resolver_ip]);
     config.ipv6 = false;
-    let proxy = DnsProxy::new(config.clone(), learner.clone());
+    let proxy = DnsProxy::new(config, learner.clone());
     let stats = proxy.stats();
-    let (stop_proxy, proxy_thread) = serve_in(node.ns.netns(), move |stop, ready| {
-        Box::pin(async move {
-            let listeners = Listeners::bind(&config).unwrap();
-            ready.send(()).unwrap();
-            proxy.serve(listeners, stop).await;
-        })
-    });
+    let (stop_proxy, proxy_thread) = serve_dns_proxy(node.ns.netns(), proxy);
 
     // The client: one sender pacing queries, one receiver matching answers by id.
     let total = usize::try_from(rate * seconds).unwrap();

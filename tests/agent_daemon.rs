@@ -4,21 +4,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{Read, Write};
+#[path = "common/controller.rs"]
+mod common;
+use common::http_get;
+
 use std::net::IpAddr;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use flock::agent::AgentConfig;
-use flock::agent::http::ListenAddr;
 use flock::apply::Backend;
 use flock::apply::kernel::NftCli;
 use flock::daemon::{self, DaemonOptions};
-use flock::report::ReportOptions;
-use flock::source::kube::SourceOptions;
 use flock::testkit::kernel::{NetnsGuard, Node, Pod, TempDir, require_root};
 use flock_cni::protocol::{self, AddRequest, PodIdentity, Request};
 use flock_test_apiserver::{ApiServer, FailRule};
@@ -67,18 +66,12 @@ impl Rig {
         agent.state_dir = Some(self.dir.join("state"));
         agent.resync = Duration::from_secs(30);
         let mut o = DaemonOptions {
-            agent,
-            listen: ListenAddr::Unix(self.dir.join("metrics.sock")),
             cni_conf: Some((self.dir.join("net.d"), "10-flock.conflist".into())),
-            cni_mtu: None,
             degraded_after: Duration::from_millis(300),
             disconnected_after: Duration::from_millis(1500),
-            source: SourceOptions::for_node(NODE),
             events: true,
             instance: "flock-agent-test".into(),
-            report: ReportOptions::default(),
-            max_sync_age: Duration::from_secs(90),
-            node_status: None,
+            ..common::daemon_options(agent, &self.dir.path)
         };
         tweak(&mut o);
         o
@@ -127,17 +120,6 @@ impl Rig {
     fn table(&self) -> String {
         NftCli::new(self.node.ns.netns()).list_table().unwrap().unwrap_or_default()
     }
-}
-
-fn http_get(socket: &Path, path: &str) -> (u16, String) {
-    let Ok(mut s) = UnixStream::connect(socket) else { return (0, String::new()) };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: flock\r\n\r\n").unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (code, body)
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {

@@ -17,11 +17,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use flock::agent::AgentConfig;
-use flock::agent::http::ListenAddr;
 use flock::daemon::{self, DaemonOptions};
-use flock::report::ReportOptions;
 use flock::report::node::NodeStatusOptions;
-use flock::source::kube::SourceOptions;
 use flock::testkit::kernel::{Node, Pod, TempDir, require_root};
 use flock_cni::protocol::{self, AddRequest, PodIdentity, Request};
 use flock_test_apiserver::ApiServer;
@@ -119,18 +116,8 @@ async fn cni_add(node: &Node, dir: &TempDir, name: &str, ip: &str) -> Pod {
 /// The daemon of `agent`, its endpoints under `dir`, writing its FlockNode every [`INTERVAL`].
 fn daemon_options(agent: AgentConfig, dir: &TempDir) -> DaemonOptions {
     DaemonOptions {
-        agent,
-        listen: ListenAddr::Unix(dir.join("metrics.sock")),
-        cni_conf: None,
-        cni_mtu: None,
-        degraded_after: Duration::from_secs(5),
-        disconnected_after: Duration::from_secs(60),
-        source: SourceOptions::for_node(NODE),
-        events: false,
-        instance: "flock-agent-fn1".into(),
-        report: ReportOptions::default(),
-        max_sync_age: Duration::from_secs(90),
         node_status: Some(NodeStatusOptions { interval: INTERVAL, retry: Duration::from_millis(200), max_retry: Duration::from_secs(1) }),
+        ..common::daemon_options(agent, &dir.path)
     }
 }
 

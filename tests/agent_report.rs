@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flock::agent::AgentConfig;
-use flock::agent::http::ListenAddr;
 use flock::agent::metrics::Metrics;
 use flock::daemon::{self, DaemonOptions};
 use flock::model::Snapshot;
@@ -120,20 +119,7 @@ impl NodeAgent {
         let mut agent = AgentConfig::new(&node_name, node.ns.netns(), dir.join("cni.sock"), dir.join("pending-del"));
         agent.state_dir = Some(dir.join("state"));
         agent.routes = false;
-        let opts = DaemonOptions {
-            agent,
-            listen: ListenAddr::Unix(dir.join("metrics.sock")),
-            cni_conf: None,
-            cni_mtu: None,
-            degraded_after: Duration::from_secs(5),
-            disconnected_after: Duration::from_secs(60),
-            source: SourceOptions::for_node(&node_name),
-            events: true,
-            instance: format!("flock-agent-{node_name}"),
-            report: fast_report(),
-            max_sync_age: Duration::from_secs(90),
-            node_status: None,
-        };
+        let opts = DaemonOptions { events: true, report: fast_report(), ..common::daemon_options(agent, &dir.path) };
         let (stop, rx) = watch::channel(false);
         let client = server.client();
         let task = tokio::spawn(async move { daemon::run(opts, client, rx).await.unwrap() });

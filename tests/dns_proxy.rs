@@ -10,11 +10,11 @@ use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flock::agent::dns_proxy::{DnsProxy, Learner, Listeners, ProxyConfig, ProxyStats};
+use flock::agent::dns_proxy::{DnsProxy, Learner, ProxyConfig, ProxyStats};
 use flock::dns::Learned;
 use flock::netns::{self, Netns};
 use flock::sim::dns::{Record, RecordData, Zone};
-use flock::testkit::kernel::{Node, redirect_dns, require_root, serve_in};
+use flock::testkit::kernel::{Node, redirect_dns, require_root, serve_dns, serve_dns_proxy, serve_in};
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
 
@@ -117,39 +117,20 @@ fn pods_get_answers_from_their_resolver_only_after_the_learner_admitted_them() {
     // The redirect as the agent will program it.
     redirect_dns(&node, "vc-dns", PORT, "");
 
-    let zone = Arc::new(Zone::new(vec![
+    let zone = Zone::new(vec![
         Record { name: "api.example.test".into(), ttl: 300, data: RecordData::Address("198.18.1.10".parse().unwrap()) },
         Record { name: "api.example.test".into(), ttl: 300, data: RecordData::Address("2001:db8:1::10".parse().unwrap()) },
         Record { name: "www.example.test".into(), ttl: 300, data: RecordData::Cname("api.example.test".into()) },
         Record { name: "fail.example.test".into(), ttl: 300, data: RecordData::Address("198.18.1.11".parse().unwrap()) },
-    ]));
-    let (stop_dns, dns_thread) = serve_in(resolver.ns.netns(), move |stop, ready| {
-        Box::pin(async move {
-            // One server per address: a UDP socket bound to every address would answer from
-            // the route's preferred one, which a connected client does not take.
-            let mut servers = tokio::task::JoinSet::new();
-            for ip in resolver_ips {
-                let udp = tokio::net::UdpSocket::bind((ip, 53)).await.unwrap();
-                let tcp = tokio::net::TcpListener::bind((ip, 53)).await.unwrap();
-                servers.spawn(flock::sim::dns::serve(zone.clone(), udp, tcp, stop.clone()));
-            }
-            ready.send(()).unwrap();
-            while servers.join_next().await.is_some() {}
-        })
-    });
+    ]);
+    let (stop_dns, dns_thread) = serve_dns(resolver.ns.netns(), resolver_ips.to_vec(), zone);
 
     let learner = Arc::new(Recorder::default());
     // 198.18.211.54 is not a trusted resolver: its answers teach nothing.
     let config = ProxyConfig::new(PORT, vec![resolver_ips[0], resolver_ips[1]]);
-    let proxy = DnsProxy::new(config.clone(), learner.clone());
+    let proxy = DnsProxy::new(config, learner.clone());
     let stats = proxy.stats();
-    let (stop_proxy, proxy_thread) = serve_in(node.ns.netns(), move |stop, ready| {
-        Box::pin(async move {
-            let listeners = Listeners::bind(&config).unwrap();
-            ready.send(()).unwrap();
-            proxy.serve(listeners, stop).await;
-        })
-    });
+    let (stop_proxy, proxy_thread) = serve_dns_proxy(node.ns.netns(), proxy);
 
     let v4: SocketAddr = (resolver_ips[0], 53).into();
     let v6: SocketAddr = (resolver_ips[1], 53).into();
@@ -228,20 +209,10 @@ fn without_the_proxy_redirected_dns_fails() {
     let node = Node::new("dnsn");
     let client = node.add_pod("dnsnc", "vc-dnsn", &["198.18.213.2".parse().unwrap()]);
     let resolver = node.add_pod("dnsnr", "vr-dnsn", &["198.18.214.53".parse().unwrap()]);
-    let zone = Arc::new(Zone::new(vec![Record {
-        name: "api.example.test".into(),
-        ttl: 300,
-        data: RecordData::Address("198.18.1.10".parse().unwrap()),
-    }]));
-    let (stop_dns, dns_thread) = serve_in(resolver.ns.netns(), move |stop, ready| {
-        Box::pin(async move {
-            let udp = tokio::net::UdpSocket::bind("0.0.0.0:53").await.unwrap();
-            let tcp = tokio::net::TcpListener::bind("0.0.0.0:53").await.unwrap();
-            ready.send(()).unwrap();
-            flock::sim::dns::serve(zone, udp, tcp, stop).await;
-        })
-    });
+    let zone =
+        Zone::new(vec![Record { name: "api.example.test".into(), ttl: 300, data: RecordData::Address("198.18.1.10".parse().unwrap()) }]);
     let resolver_addr: SocketAddr = "198.18.214.53:53".parse().unwrap();
+    let (stop_dns, dns_thread) = serve_dns(resolver.ns.netns(), vec![resolver_addr.ip()], zone);
     let probe = || {
         let q = query("api.example.test", RecordType::A, 9);
         netns::run_in(&client.ns.netns(), move || {
@@ -312,18 +283,11 @@ fn a_pod_reaches_a_domain_from_its_answer_on_until_the_ttl_passes() {
             }
         })
     });
-    let zone = Arc::new(Zone::new(vec![
+    let zone = Zone::new(vec![
         Record { name: "api.example.test".into(), ttl: 2, data: RecordData::Address(server_ips[0]) },
         Record { name: "api.example.test".into(), ttl: 2, data: RecordData::Address(server_ips[1]) },
-    ]));
-    let (stop_dns, dns_thread) = serve_in(resolver.ns.netns(), move |stop, ready| {
-        Box::pin(async move {
-            let udp = tokio::net::UdpSocket::bind((resolver_ips[0], 53)).await.unwrap();
-            let tcp = tokio::net::TcpListener::bind((resolver_ips[0], 53)).await.unwrap();
-            ready.send(()).unwrap();
-            flock::sim::dns::serve(zone, udp, tcp, stop).await;
-        })
-    });
+    ]);
+    let (stop_dns, dns_thread) = serve_dns(resolver.ns.netns(), resolver_ips.to_vec(), zone);
     let learner = Arc::new(DomainLearner::new(KernelWriter::default()));
     learner.set_rules(vec![DomainRule {
         source: "policy x/api egress[0]".into(),
@@ -334,14 +298,8 @@ fn a_pod_reaches_a_domain_from_its_answer_on_until_the_ttl_passes() {
     }]);
     let mut config = ProxyConfig::new(PORT, vec![resolver_ips[0]]);
     config.limits.min_ttl = 1;
-    let proxy = DnsProxy::new(config.clone(), learner);
-    let (stop_proxy, proxy_thread) = serve_in(node.ns.netns(), move |stop, ready| {
-        Box::pin(async move {
-            let listeners = Listeners::bind(&config).unwrap();
-            ready.send(()).unwrap();
-            proxy.serve(listeners, stop).await;
-        })
-    });
+    let proxy = DnsProxy::new(config, learner);
+    let (stop_proxy, proxy_thread) = serve_dns_proxy(node.ns.netns(), proxy);
 
     let resolver_addr: SocketAddr = (resolver_ips[0], 53).into();
     for (kind, server_ip) in [(RecordType::A, server_ips[0]), (RecordType::AAAA, server_ips[1])] {

@@ -140,3 +140,47 @@ pub fn redirect_dns(node: &Node, iface: &str, port: u16, extra: &str) {
     node.ns.ip(&["-4", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "140"]);
     node.ns.ip(&["-6", "route", "add", "local", "::/0", "dev", "lo", "table", "140"]);
 }
+
+/// flock's DNS server for `zone` in `ns` (a resolver pod), on port 53 of each of `ips`: one
+/// server per address, since a UDP socket bound to every address would answer from the
+/// route's preferred one, which a connected client does not take.
+#[allow(clippy::panic)]
+pub fn serve_dns(
+    ns: crate::netns::Netns,
+    ips: Vec<IpAddr>,
+    zone: crate::sim::dns::Zone,
+) -> (tokio::sync::watch::Sender<bool>, std::thread::JoinHandle<()>) {
+    serve_in(ns, move |stop, ready| {
+        Box::pin(async move {
+            let zone = std::sync::Arc::new(zone);
+            let mut servers = tokio::task::JoinSet::new();
+            for ip in ips {
+                let (udp, tcp) = match (tokio::net::UdpSocket::bind((ip, 53)).await, tokio::net::TcpListener::bind((ip, 53)).await) {
+                    (Ok(u), Ok(t)) => (u, t),
+                    (u, t) => panic!("binding DNS on {ip}: {:?} {:?}", u.err(), t.err()),
+                };
+                servers.spawn(crate::sim::dns::serve(zone.clone(), udp, tcp, stop.clone()));
+            }
+            let _ = ready.send(());
+            while servers.join_next().await.is_some() {}
+        })
+    })
+}
+
+/// `proxy` serving in `ns` (the node's), its listeners bound before this returns.
+#[allow(clippy::panic)]
+pub fn serve_dns_proxy<L: crate::agent::dns_proxy::Learner>(
+    ns: crate::netns::Netns,
+    proxy: crate::agent::dns_proxy::DnsProxy<L>,
+) -> (tokio::sync::watch::Sender<bool>, std::thread::JoinHandle<()>) {
+    serve_in(ns, move |stop, ready| {
+        Box::pin(async move {
+            let listeners = match crate::agent::dns_proxy::Listeners::bind(proxy.config()) {
+                Ok(l) => l,
+                Err(e) => panic!("{e}"),
+            };
+            let _ = ready.send(());
+            proxy.serve(listeners, stop).await;
+        })
+    })
+}

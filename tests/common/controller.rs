@@ -125,3 +125,23 @@ pub fn http_get(socket: &Path, path: &str) -> (u16, String) {
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     (code, body)
 }
+
+/// A flock-agent daemon's options for tests: `agent`'s node, its health and metrics on a unix
+/// socket under `dir`, no CNI config file, no Events, no FlockNode; tests change what they need.
+pub fn daemon_options(agent: flock::agent::AgentConfig, dir: &Path) -> flock::daemon::DaemonOptions {
+    let node = agent.node.clone();
+    flock::daemon::DaemonOptions {
+        agent,
+        listen: flock::agent::http::ListenAddr::Unix(dir.join("metrics.sock")),
+        cni_conf: None,
+        cni_mtu: None,
+        degraded_after: Duration::from_secs(5),
+        disconnected_after: Duration::from_secs(60),
+        source: flock::source::kube::SourceOptions::for_node(&node),
+        events: false,
+        instance: format!("flock-agent-{node}"),
+        report: flock::report::ReportOptions::default(),
+        max_sync_age: Duration::from_secs(90),
+        node_status: None,
+    }
+}
