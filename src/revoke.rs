@@ -24,7 +24,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::conntrack::{Entry, Tuple};
-use crate::explain::{Decider, PolicyRef, Transport, Verdict, decide_transport, denies};
+use crate::explain::{Decider, PolicyRef, Transport, Verdict, decide_flow, denies_flow};
 use crate::model::Protocol;
 use crate::translate::{Direction, EndpointPolicy, NodePolicy};
 
@@ -77,7 +77,7 @@ impl<'a> Judge<'a> {
 
     /// `None`: the policy admits the connection, or does not police it.
     pub fn judge(&self, flow: &Tuple) -> Option<Revocation> {
-        self.why(flow).map(|why| Revocation { flow: *flow, why: Arc::new(why) })
+        self.why(flow, false).map(|why| Revocation { flow: *flow, why: Arc::new(why) })
     }
 
     /// The ends this node polices: (the local pod's policy, its direction, the peer), egress
@@ -88,16 +88,18 @@ impl<'a> Judge<'a> {
         ends.into_iter().filter(move |_| policed).filter_map(|(at, dir, peer)| self.local.get(&at).map(|ep| (*ep, dir, peer)))
     }
 
-    /// Whether the policy denies the connection (nothing allocated).
-    pub fn denied(&self, flow: &Tuple) -> bool {
+    /// Whether the policy denies the connection (nothing allocated). `domain_admitted`: a
+    /// domain rule admitted it (its ct mark has `render::DOMAIN_MARK`): the domain rules that
+    /// still exist keep it, whatever the TTL of the address it went to (NPEP-133).
+    pub fn denied(&self, flow: &Tuple, domain_admitted: bool) -> bool {
         let transport = transport(flow);
-        self.ends(flow).any(|(ep, dir, peer)| denies(self.np, ep, dir, peer, transport))
+        self.ends(flow).any(|(ep, dir, peer)| denies_flow(self.np, ep, dir, peer, transport, domain_admitted && dir == Direction::Egress))
     }
 
-    fn why(&self, flow: &Tuple) -> Option<Why> {
+    fn why(&self, flow: &Tuple, domain_admitted: bool) -> Option<Why> {
         let transport = transport(flow);
         for (ep, direction, peer) in self.ends(flow) {
-            let d = decide_transport(self.np, ep, direction, peer, transport);
+            let d = decide_flow(self.np, ep, direction, peer, transport, domain_admitted && direction == Direction::Egress);
             if d.verdict == Verdict::Deny {
                 return Some(Why {
                     pod: ep.pod.to_string(),
@@ -120,16 +122,17 @@ impl<'a> Judge<'a> {
         let mut out = Sweep::default();
         // Connections differing only in the source port are judged alike: judged once, and
         // explained (for the log) only when they are revoked.
-        let mut whys: BTreeMap<(IpAddr, IpAddr, u8, u16), Arc<Why>> = BTreeMap::new();
+        let mut whys: BTreeMap<(IpAddr, IpAddr, u8, u16, bool), Arc<Why>> = BTreeMap::new();
         for e in entries.iter().filter(|e| !e.is_closed()) {
             let flow = e.policed();
             let marked = e.mark & bit != 0;
-            match (self.denied(&flow), marked) {
+            let domain = e.mark & crate::render::DOMAIN_MARK != 0;
+            match (self.denied(&flow, domain), marked) {
                 (true, false) => {
-                    let key = (flow.src, flow.dst, flow.protocol, flow.dport);
+                    let key = (flow.src, flow.dst, flow.protocol, flow.dport, domain);
                     let why = match whys.get(&key) {
                         Some(w) => Arc::clone(w),
-                        None => match self.why(&flow) {
+                        None => match self.why(&flow, domain) {
                             Some(w) => Arc::clone(whys.entry(key).or_insert(Arc::new(w))),
                             None => continue,
                         },
@@ -262,6 +265,48 @@ spec:
         let revoked: Vec<Tuple> = sw.revoke.iter().map(|(e, _)| e.orig).collect();
         assert_eq!(revoked, vec![entries[0].orig, entries[5].orig]);
         assert_eq!(sw.restore.iter().map(|e| e.orig).collect::<Vec<_>>(), vec![entries[2].orig]);
+    }
+
+    /// A connection a domain rule admitted (its ct mark says so) is kept while the rule
+    /// exists, whatever its address's TTL; the same connection without the mark, or to a
+    /// port the rule does not name, is revoked.
+    #[test]
+    fn domain_admitted_connections_live_while_their_rule_does() {
+        let mut s = testkit::base_cluster();
+        for o in testkit::parse_manifests(
+            "
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: by-name}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {ns: x}}}
+  egress:
+    - {action: Accept, to: [{domainNames: ['*.example.test']}], protocols: [{tcp: {destinationPort: {number: 443}}}]}
+    - {action: Deny, to: [{networks: [0.0.0.0/0]}]}",
+        )
+        .objects
+        {
+            o.apply_to(&mut s);
+        }
+        let node = s.pod_by_name(&testkit::pod_ref("x/a")).and_then(|p| p.node.clone()).unwrap();
+        let np = translate(&s, &s.derived_endpoints(&node), &Options::default());
+        let none = BTreeSet::new();
+        let judge = Judge::new(&np, &none);
+        let (xa, out) = (ip(&s, "x/a"), "198.18.250.80".parse().unwrap());
+        let entry = |f: Tuple, mark: u32| {
+            let reply = Tuple { src: f.dst, dst: f.src, protocol: f.protocol, sport: f.dport, dport: f.sport };
+            let mut e = Entry::new(f, reply);
+            (e.mark, e.tcp_state) = (mark, Some(3));
+            e
+        };
+        const BIT: u32 = 0x0100_0000;
+        let domain = crate::render::DOMAIN_MARK;
+        let entries = [entry(flow(xa, out, 6, 443), domain), entry(flow(xa, out, 6, 443), 0), entry(flow(xa, out, 6, 22), domain)];
+        let sw = judge.sweep(&entries, BIT);
+        let revoked: Vec<Tuple> = sw.revoke.iter().map(|(e, _)| e.orig).collect();
+        assert_eq!(revoked, vec![entries[1].orig, entries[2].orig]);
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub enum ProxyError {
 }
 
 /// What the proxy did, for metrics and tests.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ProxyStats {
     /// Queries received (UDP datagrams and TCP messages).
     pub queries: AtomicU64,
@@ -91,6 +91,27 @@ pub struct ProxyStats {
     pub upstream_failures: AtomicU64,
     /// Total time answers were held for the learner, microseconds (with `learned`: the mean).
     pub held_micros: AtomicU64,
+    /// The same, per answer (seconds; the agent exports it as a histogram).
+    pub held: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Default for ProxyStats {
+    fn default() -> Self {
+        Self {
+            queries: AtomicU64::new(0),
+            answers: AtomicU64::new(0),
+            learned: AtomicU64::new(0),
+            unusable: AtomicU64::new(0),
+            untrusted: AtomicU64::new(0),
+            learn_failures: AtomicU64::new(0),
+            upstream_failures: AtomicU64::new(0),
+            held_micros: AtomicU64::new(0),
+            // 25 µs to ~0.4 s.
+            held: prometheus_client::metrics::histogram::Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.000_025, 2.0, 15,
+            )),
+        }
+    }
 }
 
 fn bump(counter: &AtomicU64) {
@@ -187,7 +208,12 @@ impl<L> Clone for DnsProxy<L> {
 
 impl<L: Learner> DnsProxy<L> {
     pub fn new(config: ProxyConfig, learner: Arc<L>) -> Self {
-        Self { config: Arc::new(config), learner, stats: Arc::new(ProxyStats::default()) }
+        Self::with_stats(config, learner, Arc::new(ProxyStats::default()))
+    }
+
+    /// A proxy counting into `stats` (the agent's metrics hold them).
+    pub fn with_stats(config: ProxyConfig, learner: Arc<L>, stats: Arc<ProxyStats>) -> Self {
+        Self { config: Arc::new(config), learner, stats }
     }
 
     pub fn config(&self) -> &ProxyConfig {
@@ -373,6 +399,7 @@ impl<L: Learner> DnsProxy<L> {
         let admitted = self.learner.learn(client.ip(), resolver, &learned).await;
         let micros = u64::try_from(held.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.stats.held_micros.fetch_add(micros, Ordering::Relaxed);
+        self.stats.held.observe(held.elapsed().as_secs_f64());
         match admitted {
             Ok(()) => {
                 bump(&self.stats.learned);

@@ -61,6 +61,8 @@ impl TimedWriter for KernelWriter {
 /// The learner: the current domain rules and the writer.
 pub struct DomainLearner<W> {
     rules: RwLock<Arc<Vec<DomainRule>>>,
+    /// Counts the addresses each rule learned.
+    metrics: Option<Arc<super::metrics::Metrics>>,
     // A std mutex held across one netlink batch: the kernel answers at once (no network), and
     // the answer waits for it anyway.
     writer: Mutex<W>,
@@ -68,7 +70,13 @@ pub struct DomainLearner<W> {
 
 impl<W: TimedWriter> DomainLearner<W> {
     pub fn new(writer: W) -> Self {
-        Self { rules: RwLock::new(Arc::new(Vec::new())), writer: Mutex::new(writer) }
+        Self { rules: RwLock::new(Arc::new(Vec::new())), metrics: None, writer: Mutex::new(writer) }
+    }
+
+    /// Counting what each rule learns in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<super::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Replaces the domain rules (after each committed sync).
@@ -119,8 +127,16 @@ impl<W: TimedWriter> Learner for DomainLearner<W> {
         if elements.is_empty() {
             return Ok(());
         }
-        let mut writer = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        writer.write_timed(&elements)
+        let written = {
+            let mut writer = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            writer.write_timed(&elements)
+        };
+        if let (Ok(()), Some(m)) = (&written, &self.metrics) {
+            for rule in self.rules().iter().filter(|r| r.pods.contains(&client) && r.patterns.iter().any(|p| p.matches(&learned.name))) {
+                m.dns_learned(&rule.source, learned.addresses.len() as u64);
+            }
+        }
+        written
     }
 }
 

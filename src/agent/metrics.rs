@@ -62,6 +62,11 @@ pub struct Metrics {
     connections_listed: Gauge,
     node_status_writes: Family<Labels, Counter>,
     node_status_last_write: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// The DNS proxy's counters (read into the families below when scraped).
+    dns: std::sync::Arc<super::dns_proxy::ProxyStats>,
+    dns_queries: Counter,
+    dns_answers: Family<Labels, Counter>,
+    dns_learned_addresses: Family<Labels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -124,6 +129,10 @@ impl Metrics {
             connections_listed: Gauge::default(),
             node_status_writes: Family::default(),
             node_status_last_write: Gauge::default(),
+            dns: std::sync::Arc::default(),
+            dns_queries: Counter::default(),
+            dns_answers: Family::default(),
+            dns_learned_addresses: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -270,13 +279,47 @@ impl Metrics {
             let _ = m.revocation_sweeps.get_or_create(&label("result", result));
             let _ = m.node_status_writes.get_or_create(&label("result", result));
         }
+        r.register("dns_queries", "DNS queries the DNS proxy received from pods with domain rules", m.dns_queries.clone());
+        r.register(
+            "dns_answers",
+            "DNS answers by what the proxy did: learned (addresses admitted first), unusable (malformed, truncated, teaching nothing: passed on unchanged), untrusted (passed on), learn_failed (SERVFAIL), upstream_failed",
+            m.dns_answers.clone(),
+        );
+        r.register("dns_answer_held_seconds", "How long answers were held while their addresses were admitted", m.dns.held.clone());
+        r.register(
+            "dns_learned_addresses",
+            "Addresses written into domain rules' sets, by rule (policy and rule index)",
+            m.dns_learned_addresses.clone(),
+        );
         crate::process::register_build_info(&mut r);
         Self { registry: r, ..m }
     }
 
     /// The text exposition.
     pub fn encode(&self) -> String {
+        let d = &self.dns;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        self.dns_queries.inner().store(load(&d.queries), std::sync::atomic::Ordering::Relaxed);
+        for (result, n) in [
+            ("learned", &d.learned),
+            ("unusable", &d.unusable),
+            ("untrusted", &d.untrusted),
+            ("learn_failed", &d.learn_failures),
+            ("upstream_failed", &d.upstream_failures),
+        ] {
+            self.dns_answers.get_or_create(&label("result", result)).inner().store(load(n), std::sync::atomic::Ordering::Relaxed);
+        }
         crate::process::encode(&self.registry)
+    }
+
+    /// The DNS proxy's counters, for the proxy.
+    pub fn dns_stats(&self) -> std::sync::Arc<super::dns_proxy::ProxyStats> {
+        self.dns.clone()
+    }
+
+    /// Addresses a domain rule learned.
+    pub fn dns_learned(&self, rule: &str, addresses: u64) {
+        self.dns_learned_addresses.get_or_create(&label("rule", rule)).inc_by(addresses);
     }
 
     pub fn sync(&self, applied: bool, seconds: f64) {

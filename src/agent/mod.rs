@@ -19,6 +19,7 @@ pub mod cni;
 pub mod cniconf;
 pub mod denials;
 mod digest;
+pub mod dns;
 pub mod dns_proxy;
 pub mod domains;
 pub mod http;
@@ -89,6 +90,9 @@ pub struct AgentConfig {
     /// in force denies by setting this bit of their ct mark ([`revocation`]); `None`: they
     /// live on until they end.
     pub revoke: Option<u32>,
+    /// Egress by domain name: the DNS proxy and what it trusts (`None`: no proxy; domain
+    /// rules then admit nothing).
+    pub dns: Option<dns::DnsConfig>,
     /// Where to count what happens.
     pub metrics: Arc<metrics::Metrics>,
     /// Each change of this counter forces a full sync (the API came back after failing).
@@ -137,6 +141,7 @@ impl AgentConfig {
             nft_transactions: false,
             deny_log: Some(render::log::DenyLog::DEFAULT),
             revoke: Some(render::REVOKED_MARK),
+            dns: None,
             metrics: Arc::new(metrics::Metrics::new()),
             full_resync: None,
             sync_hook: None,
@@ -206,6 +211,8 @@ pub enum StartError {
     Nft { program: PathBuf, error: crate::apply::ApplyError },
     #[error("preparing the node agent panicked: {0}")]
     Panicked(String),
+    #[error(transparent)]
+    Dns(#[from] dns::DnsError),
 }
 
 /// A ruleset with one endpoint of every kind flock renders (isolated both ways, both
@@ -259,6 +266,8 @@ pub(crate) struct Shared {
     denied: tokio::sync::broadcast::Sender<crate::nflog::denial::Denial>,
     /// Committed rulesets waiting to be hashed ([`digest`]).
     digests: digest::Slot,
+    /// The DNS proxy, when domain rules are enforced: it learns for the committed rules.
+    dns: Option<dns::DnsService>,
 }
 
 impl Shared {
@@ -391,6 +400,15 @@ impl Agent {
         let (endpoints, version) = prepared.await.map_err(|e| StartError::Panicked(e.to_string()))??;
         tracing::info!(nft = %version, "nft works here");
         let router = if config.routes { Some(routes::Router::start(config.netns.clone())?) } else { None };
+        // Listening before the first sync renders a redirect to it.
+        let dns = match &config.dns {
+            Some(d) => {
+                let service = dns::DnsService::start(d, &config.netns, config.metrics.clone())?;
+                tracing::info!(port = d.port, resolvers = ?d.resolvers, "DNS proxy listening");
+                Some(service)
+            }
+            None => None,
+        };
         let listener = cni::bind(&config.socket).map_err(|error| StartError::Socket { socket: config.socket.clone(), error })?;
         let persister = registry::Persister::start(config.state_dir.clone()).map_err(StartError::Persister)?;
         // The spool's DELs are in the registry only once it is written again.
@@ -407,6 +425,7 @@ impl Agent {
             deniers: watch::channel(Arc::default()).0,
             denied: tokio::sync::broadcast::channel(1024).0,
             digests: digest::Slot::default(),
+            dns,
         });
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = vec![
@@ -585,7 +604,12 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     let mut last_generation = 0u64;
     let mut reported: Vec<translate::PolicyProblem> = Vec::new();
     // Kept from one sync to the next: each translates only what changed since the last.
-    let render_options = render::RenderOptions { log: cfg.deny_log, revoked: cfg.revoke, ..render::RenderOptions::DEFAULT };
+    let render_options = render::RenderOptions {
+        log: cfg.deny_log,
+        revoked: cfg.revoke,
+        dns: cfg.dns.as_ref().map(dns::DnsConfig::steer),
+        ..render::RenderOptions::DEFAULT
+    };
     let mut translation = Some(translation::Translation::new(cfg.translate.clone(), render_options));
     let mut run_policies = Some(run_policies::RunPolicies::new(&cfg.node));
     // Whether a ruleset was left for hashing yet (the first commit's is, changed or not).
@@ -854,6 +878,10 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     m.enforced("source", now.duration_since(*t).as_secs_f64());
                 }
                 last_observed = source_version;
+                // The learner feeds the sets of what is committed now (a set it names exists).
+                if let (Some(d), Some(np)) = (&shared.dns, translation.as_ref().and_then(translation::Translation::shared_policy)) {
+                    d.set_rules(&np);
+                }
                 // Hashed beside the loop; only a ruleset the table changed to is new.
                 let hash = std::mem::take(&mut digest_owed) || matches!(outcome, Outcome::Applied { .. });
                 if hash {

@@ -113,7 +113,7 @@ impl Translation {
 
     fn fresh(&self, snapshot: &Snapshot, version: u64, endpoints: &[LocalEndpoint]) -> State {
         let translation = Incremental::new(snapshot, endpoints, &self.options);
-        let mut cache = RenderCache::new(self.render);
+        let mut cache = RenderCache::new(self.render.clone());
         // Rendered once so the cache holds this translation's pieces.
         cache.render(translation.policy(), translation.changed());
         State { translation, cache, version }

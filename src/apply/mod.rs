@@ -601,13 +601,19 @@ pub type Objects<'a> = Vec<&'a (Kind, String)>;
 /// as rendered — the kernel does not update the comment of an object that exists. Sets cost
 /// the same deleted as flushed (measured at 150k pods). The base chain is only flushed: it
 /// keeps its hook (see the module doc).
+///
+/// The render's timed sets (domain rules' learned addresses, [`Set::timeout`]) are kept as
+/// they are, elements and all: they hold what the DNS proxy learned, which no render has. The
+/// render declares them again, which changes nothing in a set that exists.
 pub fn full_sync_removals<'a>(rs: &Ruleset, existing: &'a BTreeSet<(Kind, String)>) -> (Objects<'a>, Objects<'a>) {
     let base: BTreeSet<&str> = rs.objects.iter().filter(|o| matches!(o, Object::Chain(c) if c.hook.is_some())).map(Object::name).collect();
+    let timed: BTreeSet<&str> = rs.objects.iter().filter(|o| matches!(o, Object::Set(s) if s.timeout)).map(Object::name).collect();
     let flush = existing.iter().filter(|(k, _)| *k != Kind::Set).collect();
     let delete = [Kind::Set, Kind::Map, Kind::Chain]
         .into_iter()
         .flat_map(|kind| existing.iter().filter(move |(k, _)| *k == kind))
         .filter(|(k, name)| !(*k == Kind::Chain && base.contains(name.as_str())))
+        .filter(|(k, name)| !(*k == Kind::Set && timed.contains(name.as_str())))
         .collect();
     (flush, delete)
 }

@@ -10,7 +10,8 @@
 //! the crate cannot decode.
 //!
 //! The JSON listing omits table and chain comments (nft 1.0.6): edits of those are not
-//! drift, which is harmless (they carry no policy).
+//! drift, which is harmless (they carry no policy). Timed sets' elements are left out: the
+//! DNS proxy writes them between flock's transactions (`render::Set::timeout`).
 
 use std::collections::BTreeMap;
 
@@ -91,6 +92,11 @@ impl TableState {
                         let state = match serde_json::from_value::<Set<'static>>(body.clone()) {
                             Ok(mut s) => {
                                 s.handle = None;
+                                // A timed set's elements are what the DNS proxy learned (and
+                                // their countdowns): not flock's transactions, not drift.
+                                if s.flags.as_ref().is_some_and(|f| f.contains(&nftables::schema::SetFlag::Timeout)) {
+                                    s.elem = None;
+                                }
                                 if let Some(elems) = s.elem.take() {
                                     let mut v = elems.into_owned();
                                     v.sort_by_cached_key(|e| serde_json::to_string(e).unwrap_or_default());

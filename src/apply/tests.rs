@@ -295,6 +295,7 @@ fn stale_maps_and_the_chains_they_jump_to_go_together() {
         key: vec!["ifname"],
         data: Some("verdict"),
         interval: false,
+        timeout: false,
         elements: vec![Element { key: "\"flk0\"".into(), comment: "e".into(), verdict: Some("jump extra-target".into()) }].into(),
     }));
     let mut a = Applier::new(FakeNft::new());

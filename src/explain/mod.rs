@@ -394,20 +394,48 @@ pub fn decide(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr
     decide_transport(np, ep, dir, peer, Transport::Port(protocol, port))
 }
 
-/// [`decide`] for a flow of any transport.
+/// [`decide`] for a flow of any transport. Domain rules match nothing: which addresses they
+/// admit is learned at run time ([`decide_flow`] for a flow known to be admitted by one).
 pub fn decide_transport(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr, transport: Transport) -> DirectionExplanation {
+    decide_flow(np, ep, dir, peer, transport, false)
+}
+
+/// [`decide_transport`], where `domain_admitted` says whether the peer's address is one the
+/// domain rules admit (a connection a domain rule admitted: its ct mark says so,
+/// `render::DOMAIN_MARK`): then a domain rule matches on its ports alone.
+pub fn decide_flow(
+    np: &NodePolicy,
+    ep: &EndpointPolicy,
+    dir: Direction,
+    peer: IpAddr,
+    transport: Transport,
+    domain_admitted: bool,
+) -> DirectionExplanation {
     let d = ep.direction(dir);
     let pod = ep.pod.to_string();
-    let mut out = decide_view(np, &pod, dir, d, peer, transport);
-    out.audit = d.audit.as_deref().map(|a| Box::new(decide_view(np, &pod, dir, a, peer, transport)));
+    let m = Matcher { np, peer, transport, domain_admitted };
+    let mut out = decide_view(&m, &pod, dir, d);
+    out.audit = d.audit.as_deref().map(|a| Box::new(decide_view(&m, &pod, dir, a)));
     out
 }
 
 /// Whether `ep`'s enforced policy in `dir` denies the flow: [`decide_transport`]'s verdict
 /// without its explanation (nothing allocated: for judging many flows).
 pub fn denies(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr, transport: Transport) -> bool {
+    denies_flow(np, ep, dir, peer, transport, false)
+}
+
+/// [`denies`], with `domain_admitted` as [`decide_flow`] takes it.
+pub fn denies_flow(
+    np: &NodePolicy,
+    ep: &EndpointPolicy,
+    dir: Direction,
+    peer: IpAddr,
+    transport: Transport,
+    domain_admitted: bool,
+) -> bool {
     let d = ep.direction(dir);
-    let m = Matcher { np, peer, transport };
+    let m = Matcher { np, peer, transport, domain_admitted };
     for g in &d.admin {
         match m.group_action(g, Tier::Admin) {
             Some(Action::Deny) => return true,
@@ -423,14 +451,7 @@ pub fn denies(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr
 }
 
 /// [`decide`] for one view of a direction (enforced, or audited).
-fn decide_view(
-    np: &NodePolicy,
-    pod: &str,
-    dir: Direction,
-    d: &DirectionPolicy,
-    peer: IpAddr,
-    transport: Transport,
-) -> DirectionExplanation {
+fn decide_view(m: &Matcher<'_>, pod: &str, dir: Direction, d: &DirectionPolicy) -> DirectionExplanation {
     let isolated_by: Vec<String> = d.isolated_by.iter().map(ToString::to_string).collect();
     let out = |verdict, decided_by, deciding, passed, reason| DirectionExplanation {
         verdict,
@@ -441,7 +462,6 @@ fn decide_view(
         reason,
         audit: None,
     };
-    let m = Matcher { np, peer, transport };
 
     let mut passed = Vec::new();
     for g in &d.admin {
@@ -532,6 +552,8 @@ struct Matcher<'a> {
     np: &'a NodePolicy,
     peer: IpAddr,
     transport: Transport,
+    /// The peer is an address domain rules admit (see [`decide_flow`]).
+    domain_admitted: bool,
 }
 
 impl Matcher<'_> {
@@ -539,6 +561,7 @@ impl Matcher<'_> {
         match peer {
             PeerMatch::Any => self.ports(ports),
             PeerMatch::Addresses(def) => self.np.peer_sets.get(def).is_some_and(|s| s.contains(self.peer)) && self.ports(ports),
+            PeerMatch::Domains(_) => self.domain_admitted && self.ports(ports),
             // The set holds (address, protocol, port): the rule's ports are in it.
             PeerMatch::NamedPort(def) => {
                 let Transport::Port(protocol, port) = self.transport else { return false };

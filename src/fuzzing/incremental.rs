@@ -200,7 +200,7 @@ impl Harness {
     pub fn new(snapshot: Snapshot, endpoints: Vec<LocalEndpoint>, options: Options, render_options: RenderOptions) -> Result<Self, String> {
         let inc = Incremental::new(&snapshot, &endpoints, &options);
         let mut h = Self {
-            cache: RenderCache::new(render_options),
+            cache: RenderCache::new(render_options.clone()),
             inc,
             snapshot,
             endpoints,

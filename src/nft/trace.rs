@@ -257,6 +257,15 @@ fn eval_rule(table: &Table, rule: &str, pkt: &Packet, notes: &mut Vec<String>) -
                 c.end()?;
                 return Ok(matched.then(|| Action::Verdict(format!("{w} {target}"))));
             }
+            "ct" if c.toks.get(c.pos + 1) == Some(&Tok::Word("mark")) && c.toks.get(c.pos + 2) == Some(&Tok::Word("set")) => {
+                // ct mark set ct mark | BIT: a domain rule marks the connections it admits;
+                // the verdict does not depend on it.
+                c.pos += 3;
+                for kw in ["ct", "mark", "|"] {
+                    c.keyword(kw)?;
+                }
+                c.word()?;
+            }
             "ct" if c.toks.get(c.pos + 1) == Some(&Tok::Word("mark")) => {
                 // ct mark & BIT == BIT: a mark flock sets on connections it revoked. The
                 // traced packet opens a connection, whose mark is 0.

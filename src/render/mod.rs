@@ -49,8 +49,8 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use crate::translate::{
-    Action, AllowRule, Changed, Direction, DirectionPolicy, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef, PeerMatch,
-    PortMatch, PortRanges, PriorityGroup, Tier, TierRule,
+    Action, AllowRule, Changed, Direction, DirectionPolicy, DomainDef, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef,
+    PeerMatch, PortMatch, PortRanges, PriorityGroup, Tier, TierRule,
 };
 use names::{comment, quoted};
 use peers::PeerPlan;
@@ -74,6 +74,19 @@ pub const AUDIT_TO_PODS: &str = "audit-to-pods";
 pub const AUDIT_EGRESS_ALLOWED: &str = "audit-egress-allowed";
 pub const AUDIT_INGRESS_MAP: &str = "audit-ingress-chains";
 pub const AUDIT_EGRESS_MAP: &str = "audit-egress-chains";
+/// DNS steering (see [`DnsSteer`]): the base chains, the set of pod interfaces whose DNS goes
+/// to the proxy, the trusted resolvers.
+pub const DNS_STEER_CHAIN: &str = "dns-steer";
+pub const DNS_PROXY_CHAIN: &str = "dns-proxy";
+pub const DNS_PROXIED: &str = "dns-proxied";
+pub const DNS_RESOLVERS_V4: &str = "dns-resolvers-v4";
+pub const DNS_RESOLVERS_V6: &str = "dns-resolvers-v6";
+/// The ct mark bit of connections a domain rule admitted: the revocation judge keeps them
+/// while the rule exists, whatever the address's TTL (established connections continue,
+/// NPEP-133).
+pub const DOMAIN_MARK: u32 = 0x0200_0000;
+/// The packet mark bit of admitted DNS on its way to the proxy, by default.
+pub const DNS_MARK: u32 = 0x0000_0080;
 /// Host-side pod interfaces flock owns (see `flock_cni::HOST_INTERFACE_PREFIX`).
 pub const POD_INTERFACES: &str = "flk*";
 
@@ -127,6 +140,10 @@ pub struct Set {
     /// `Some("verdict")` for verdict maps.
     pub data: Option<&'static str>,
     pub interval: bool,
+    /// Elements carry a timeout (`flags timeout`): a domain rule's set, whose elements the
+    /// agent's DNS proxy writes as it learns them. Never rendered with elements; kept, with
+    /// what it learned, across full syncs, and left out of drift checks.
+    pub timeout: bool,
     /// Shared: a set whose content did not change is the same allocation in the next render
     /// ([`RenderCache`]), so comparing it with the last applied one is a pointer comparison.
     pub elements: Arc<Vec<Element>>,
@@ -171,6 +188,9 @@ impl Object {
                 let _ = write!(s, "type {}; ", set.type_text());
                 if set.interval {
                     s.push_str("flags interval; ");
+                }
+                if set.timeout {
+                    s.push_str("flags timeout; ");
                 }
                 let _ = write!(s, "comment \"{}\"; ", set.comment);
             }
@@ -254,6 +274,9 @@ fn write_set(out: &mut String, keyword: &str, s: &Set) {
     if s.interval {
         out.push_str("\t\tflags interval\n");
     }
+    if s.timeout {
+        out.push_str("\t\tflags timeout\n");
+    }
     let _ = writeln!(out, "\t\tcomment \"{}\"", s.comment);
     for (i, e) in s.elements.iter().enumerate() {
         out.push_str(if i == 0 { "\t\telements = { " } else { ",\n\t\t\t     " });
@@ -332,8 +355,29 @@ struct Rendered {
     chains: Vec<Chain>,
 }
 
+/// How the DNS of pods with domain rules reaches the agent's DNS proxy
+/// (`crate::agent::dns_proxy`), and which resolvers it trusts.
+///
+/// A query of such a pod to a trusted resolver is judged by the pod's own egress policy
+/// first (chain `dns-steer`, in prerouting after the Service DNAT, jumps `from-pods` — the
+/// very chains `forward` uses): what the policy denies is dropped there, exactly as without
+/// the proxy; what it admits is marked and handed to the proxy by `tproxy` (chain
+/// `dns-proxy`), and a marked packet no proxy takes is dropped (fail closed). The agent
+/// routes marked packets to the node itself (an `ip rule` on the mark).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsSteer {
+    /// The proxy's port (it listens transparently, on every address).
+    pub port: u16,
+    /// The packet mark bit of admitted DNS on its way to the proxy.
+    pub mark: u32,
+    /// Trusted resolvers' addresses as pods address them after the Service's DNAT (the DNS
+    /// Service's endpoints): only their answers teach domain rules, and only DNS to them is
+    /// proxied.
+    pub resolvers: Vec<ipnet::IpNet>,
+}
+
 /// Choices of shape that do not change what is enforced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderOptions {
     /// An endpoint direction whose NetworkPolicy allow rules would take at least this many
     /// lookups one rule each goes through the peer classes instead ([`peers`]): a constant
@@ -346,10 +390,14 @@ pub struct RenderOptions {
     /// Connections whose ct mark has this bit (the agent revoked them: `crate::revoke`) are
     /// stopped first thing; `None`: no revocation.
     pub revoked: Option<u32>,
+    /// Domain rules' DNS through the agent's proxy; `None`: no proxy (domain rules' sets stay
+    /// empty: they admit nothing).
+    pub dns: Option<DnsSteer>,
 }
 
 impl RenderOptions {
-    pub const DEFAULT: Self = Self { peer_classes_from: PEER_CLASSES_FROM, log: Some(log::DenyLog::DEFAULT), revoked: Some(REVOKED_MARK) };
+    pub const DEFAULT: Self =
+        Self { peer_classes_from: PEER_CLASSES_FROM, log: Some(log::DenyLog::DEFAULT), revoked: Some(REVOKED_MARK), dns: None };
 }
 
 /// Lookups from which a pod's allow rules go through peer classes, by default.
@@ -368,7 +416,7 @@ pub fn render(np: &NodePolicy) -> Ruleset {
 
 /// [`render`] with a choice of shape.
 pub fn render_with(np: &NodePolicy, options: &RenderOptions) -> Ruleset {
-    RenderCache::new(*options).render(np, &Changed { all: true, ..Changed::default() })
+    RenderCache::new(options.clone()).render(np, &Changed { all: true, ..Changed::default() })
 }
 
 /// A rendered peer or named-port set, by definition and family.
@@ -516,7 +564,8 @@ impl RenderCache {
                 ]
             }
         };
-        let mut r = Renderer { np, plans: &plans, cache: &mut self.sets, used: Vec::new(), log: self.options.log };
+        let mut r =
+            Renderer { np, plans: &plans, cache: &mut self.sets, used: Vec::new(), log: self.options.log, revoked: self.options.revoked };
         // Per endpoint, its chains in reference order, keyed by the entry's name.
         let (mut ingress_chains, mut egress_chains): (Vec<EndpointChains>, Vec<EndpointChains>) = (Vec::new(), Vec::new());
         let mut addrs = [Vec::new(), Vec::new()];
@@ -635,8 +684,14 @@ impl RenderCache {
                 key: vec!["ifname", fam.addr_type()],
                 data: None,
                 interval: false,
+                timeout: false,
                 elements: Arc::clone(&dispatch.addrs[fam.index()]),
             });
+        }
+        let domains = domain_uses(np);
+        sets.extend(domain_sets(&domains));
+        if let Some(dns) = &self.options.dns {
+            sets.extend(dns_sets(dns, &domains));
         }
         sets.sort_by(|a, b| a.name.cmp(&b.name));
         objects.extend(sets.into_iter().map(Object::Set));
@@ -657,6 +712,7 @@ impl RenderCache {
             key: vec!["ifname"],
             data: Some("verdict"),
             interval: false,
+            timeout: false,
             elements: Arc::clone(&dispatch.ingress),
         }));
         // Audit mode: its dispatch, where some endpoint has an audited view.
@@ -668,6 +724,7 @@ impl RenderCache {
                 key: vec!["ifname"],
                 data: Some("verdict"),
                 interval: false,
+                timeout: false,
                 elements: Arc::clone(elements),
             })
         };
@@ -705,6 +762,7 @@ impl RenderCache {
             key: vec!["ifname"],
             data: Some("verdict"),
             interval: false,
+            timeout: false,
             elements: Arc::clone(&dispatch.egress),
         }));
         if auditing {
@@ -740,10 +798,159 @@ impl RenderCache {
                 ],
             }));
         }
+        if let Some(dns) = &self.options.dns {
+            objects.extend(dns_chains(dns).into_iter().map(Object::Chain));
+        }
         self.plans = Some(plans);
         self.dispatch = Some(dispatch);
         Ruleset { comment: TABLE_COMMENT.into(), objects }
     }
+}
+
+/// Where a domain definition is used on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DomainUse {
+    /// The addresses of the local pods whose egress has a rule with it.
+    pub pods: BTreeSet<std::net::IpAddr>,
+    /// Their host-side interfaces.
+    pub interfaces: BTreeSet<String>,
+    /// The rules it comes from (`policy egress[i]`), for logs and comments.
+    pub sources: BTreeSet<String>,
+}
+
+/// Every domain definition the egress of this node's pods refers to (enforced or audited).
+pub fn domain_uses(np: &NodePolicy) -> BTreeMap<&DomainDef, DomainUse> {
+    fn visit<'a>(d: &'a DirectionPolicy, ep: &EndpointPolicy, out: &mut BTreeMap<&'a DomainDef, DomainUse>) {
+        let mut note = |def: &'a DomainDef, source: String| {
+            let u = out.entry(def).or_default();
+            u.pods.extend(ep.addrs.iter().copied());
+            u.interfaces.insert(ep.interface.clone());
+            u.sources.insert(source);
+        };
+        for r in &d.rules {
+            if let PeerMatch::Domains(def) = &r.peer {
+                for o in &r.origins {
+                    note(def, o.to_string());
+                }
+            }
+        }
+        for r in d.admin.iter().chain(&d.baseline).flat_map(|g| &g.policies).flat_map(|p| &p.rules) {
+            if let PeerMatch::Domains(def) = &r.peer {
+                note(def, r.origin.to_string());
+            }
+        }
+        if let Some(a) = &d.audit {
+            visit(a, ep, out);
+        }
+    }
+    let mut out = BTreeMap::new();
+    for ep in &np.endpoints {
+        visit(&ep.egress, ep, &mut out);
+    }
+    out
+}
+
+/// The timed set of a domain definition in one family (IPv6 when `v6`): named after its
+/// patterns, so the proxy's learner and every render agree on it.
+pub fn domain_set_name(def: &DomainDef, v6: bool) -> String {
+    let fam = if v6 { Family::V6 } else { Family::V4 };
+    names::dynamic(&format!("domains-{}", fam.tag()), &[&def.short()], &def.short())
+}
+
+/// The timed sets of the domain definitions in use, both families, always empty here (their
+/// elements are the proxy's).
+fn domain_sets(domains: &BTreeMap<&DomainDef, DomainUse>) -> Vec<Set> {
+    let mut out = Vec::new();
+    for def in domains.keys() {
+        for fam in [Family::V4, Family::V6] {
+            out.push(Set {
+                name: domain_set_name(def, fam == Family::V6),
+                comment: comment(&format!("{} addresses learned for {def}, each until its TTL; written by the DNS proxy", fam.name())),
+                key: vec![fam.addr_type()],
+                data: None,
+                interval: false,
+                timeout: true,
+                elements: Arc::new(Vec::new()),
+            });
+        }
+    }
+    out
+}
+
+/// The pod interfaces whose DNS goes through the proxy, and the trusted resolvers.
+fn dns_sets(dns: &DnsSteer, domains: &BTreeMap<&DomainDef, DomainUse>) -> Vec<Set> {
+    let interfaces: BTreeSet<&str> = domains.values().flat_map(|u| &u.interfaces).map(String::as_str).collect();
+    let proxied: Vec<Element> = interfaces.into_iter().map(|i| element_of(quoted(i), "egress by domain name")).collect();
+    let mut out = vec![Set {
+        name: DNS_PROXIED.into(),
+        comment: "pod interfaces with domain rules: their DNS to trusted resolvers goes through the DNS proxy".into(),
+        key: vec!["ifname"],
+        data: None,
+        interval: false,
+        timeout: false,
+        elements: Arc::new(sorted(proxied)),
+    }];
+    for fam in [Family::V4, Family::V6] {
+        let nets: BTreeSet<ipnet::IpNet> =
+            dns.resolvers.iter().filter(|n| n.addr().is_ipv6() == (fam == Family::V6)).map(ipnet::IpNet::trunc).collect();
+        out.push(Set {
+            name: if fam == Family::V6 { DNS_RESOLVERS_V6 } else { DNS_RESOLVERS_V4 }.into(),
+            comment: format!("trusted DNS resolvers ({}): their answers teach domain rules", fam.name()),
+            key: vec![fam.addr_type()],
+            data: None,
+            interval: true,
+            timeout: false,
+            elements: Arc::new(interval_elements(&nets, "trusted resolver")),
+        });
+    }
+    out
+}
+
+/// CIDRs as an interval set's elements, overlaps merged away (a prefix inside another is
+/// dropped), in address order.
+fn interval_elements(nets: &BTreeSet<ipnet::IpNet>, what: &str) -> Vec<Element> {
+    let mut kept: Vec<ipnet::IpNet> = Vec::new();
+    for n in nets {
+        if !kept.iter().any(|k| k.contains(n)) {
+            kept.retain(|k| !n.contains(k));
+            kept.push(*n);
+        }
+    }
+    kept.sort();
+    kept.iter().map(|n| element_of(host_or_net(n), what)).collect()
+}
+
+/// The DNS steering base chains (see [`DnsSteer`]), after `from-pods`, which they jump to.
+fn dns_chains(dns: &DnsSteer) -> [Chain; 2] {
+    let bit = format!("{:#010x}", dns.mark);
+    let steer = |fam: Family, set: &str| {
+        format!(
+            "iifname @{DNS_PROXIED} {} daddr @{set} meta l4proto {{ tcp, udp }} th dport 53 meta mark set meta mark | {bit} jump {FROM_PODS} comment \"DNS of a pod with domain rules: its egress policy decides, then the proxy\"",
+            fam.proto()
+        )
+    };
+    [
+        Chain {
+            name: DNS_STEER_CHAIN.into(),
+            comment:
+                "DNS of pods with domain rules, after DNAT: judged by the pod's egress policy (from-pods), marked for the proxy if allowed"
+                    .into(),
+            hook: Some(Hook { type_: "filter", hook: "prerouting", priority: "dstnat + 10", policy: "accept" }),
+            rules: vec![steer(Family::V4, DNS_RESOLVERS_V4), steer(Family::V6, DNS_RESOLVERS_V6)],
+        },
+        Chain {
+            name: DNS_PROXY_CHAIN.into(),
+            comment: "allowed DNS of pods with domain rules goes to flock-agent's DNS proxy; without the proxy it is dropped".into(),
+            hook: Some(Hook { type_: "filter", hook: "prerouting", priority: "-80", policy: "accept" }),
+            rules: vec![
+                format!(
+                    "meta mark & {bit} == {bit} meta l4proto {{ tcp, udp }} tproxy to :{} accept comment \"to the DNS proxy\"",
+                    dns.port
+                ),
+                format!("meta mark & {bit} == {bit} counter drop comment \"the DNS proxy is not listening: dropped (fail closed)\""),
+            ],
+        },
+    ]
 }
 
 /// One endpoint chain's sets no longer referred to by it.
@@ -765,7 +972,7 @@ fn refers_to_changed(ep: &EndpointPolicy, dir: Direction, changed: &Changed) -> 
         return false;
     }
     let hit = |m: &PeerMatch| match m {
-        PeerMatch::Any => false,
+        PeerMatch::Any | PeerMatch::Domains(_) => false,
         PeerMatch::Addresses(d) => changed.peer_sets.contains(d),
         PeerMatch::NamedPort(d) => changed.port_sets.contains(d),
     };
@@ -904,6 +1111,8 @@ struct Renderer<'a> {
     /// The sets the chains rendered since it was cleared refer to.
     used: Vec<SetKey>,
     log: Option<log::DenyLog>,
+    /// Revocation's ct mark bit (domain rules mark what they admit only with revocation).
+    revoked: Option<u32>,
 }
 
 impl Renderer<'_> {
@@ -991,7 +1200,11 @@ impl Renderer<'_> {
             match d.rules.iter().find(|r| r.peer == PeerMatch::Any && r.ports == PortMatch::Any) {
                 Some(rule) => self.allow_rule(rule, dir, &families, &allow, &mut tail_rules),
                 None if audit.is_none() && !ep.log_allowed && plan.covers(&ep.interface) => {
-                    tail_rules.extend(plan.rules(&ep.interface, &allow))
+                    tail_rules.extend(plan.rules(&ep.interface, &allow));
+                    // Domain rules are not in the classes (their addresses are learned later).
+                    for rule in d.rules.iter().filter(|r| matches!(r.peer, PeerMatch::Domains(_))) {
+                        self.allow_rule(rule, dir, &families, &allow, &mut tail_rules);
+                    }
                 }
                 None => {
                     for rule in &d.rules {
@@ -1132,6 +1345,18 @@ impl Renderer<'_> {
                     }
                 }
             }
+            // Learned addresses, in sets the proxy fills. A connection one admits is marked so
+            // revocation keeps it after the address's TTL (only an accepting rule has them).
+            PeerMatch::Domains(def) => {
+                let mark = match self.revoked {
+                    Some(_) if dir == Direction::Egress => format!("ct mark set ct mark | {DOMAIN_MARK:#010x}"),
+                    _ => String::new(),
+                };
+                for fam in families {
+                    let m = format!("{} {addr} @{}", fam.proto(), domain_set_name(def, *fam == Family::V6));
+                    out.push(join(&[&m, &ports, &mark, verdict, &format!("comment \"{note}\"")]));
+                }
+            }
         }
     }
 
@@ -1164,7 +1389,15 @@ impl Renderer<'_> {
         let set_comment = comment(&def.to_string());
         let name = names::dynamic(&purpose, &[&format!("{def:?}"), &set_comment], &def.short());
         // Elements stay in address order (the IR's), which is how nft lists intervals.
-        Some(Set { name, comment: set_comment, key: vec![fam.addr_type()], data: None, interval, elements: elements.into() })
+        Some(Set {
+            name,
+            comment: set_comment,
+            key: vec![fam.addr_type()],
+            data: None,
+            interval,
+            timeout: false,
+            elements: elements.into(),
+        })
     }
 
     fn port_set(&mut self, def: &NamedPortDef, fam: Family) -> Option<String> {
@@ -1197,6 +1430,7 @@ impl Renderer<'_> {
             key: vec![fam.addr_type(), "inet_proto", "inet_service"],
             data: None,
             interval: false,
+            timeout: false,
             elements: elements.into(),
         })
     }

@@ -91,6 +91,8 @@ impl PeerPlan {
                 match &r.peer {
                     PeerMatch::Addresses(def) => by_def.entry(def).or_default().push((e, r)),
                     PeerMatch::NamedPort(def) => by_named.entry(def).or_default().push((e, r)),
+                    // Learned at run time: a rule of its own in the pod's chain.
+                    PeerMatch::Domains(_) => {}
                     PeerMatch::Any => {
                         if let PortMatch::Protocol(p, ranges) = &r.ports {
                             any_peer.entry((e, *p)).or_default().add(ranges, r);
@@ -223,6 +225,7 @@ impl PeerPlan {
                     key,
                     data: None,
                     interval: suffix == "ports",
+                    timeout: false,
                     elements: elements.into(),
                 });
             }
@@ -274,6 +277,7 @@ impl PeerPlan {
                     key: vec![fam.addr_type()],
                     data: Some("verdict"),
                     interval,
+                    timeout: false,
                     elements: elements.into(),
                 });
             }
@@ -309,6 +313,7 @@ impl PeerPlan {
                 key: vec!["ifname", "inet_proto", "inet_service"],
                 data: None,
                 interval: true,
+                timeout: false,
                 elements: elements.into(),
             });
         }
@@ -338,7 +343,7 @@ impl PeerPlan {
         }
         self.covered.iter().filter_map(|iface| by_iface(iface)).any(|ep| {
             ep.direction(self.dir).rules.iter().any(|r| match &r.peer {
-                PeerMatch::Any => false,
+                PeerMatch::Any | PeerMatch::Domains(_) => false,
                 PeerMatch::Addresses(d) => changed.peer_sets.contains(d),
                 PeerMatch::NamedPort(d) => changed.port_sets.contains(d),
             })

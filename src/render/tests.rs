@@ -263,3 +263,62 @@ fn traced_matrix_for_deny_and_allow() {
     assert!(!c.connected("x/c", "x/b", Tcp, 80, None).unwrap());
     assert!(c.connected("x/a", "z/b", Tcp, 80, None).unwrap());
 }
+
+/// A ClusterNetworkPolicy with a domain rule: its timed sets (empty, `flags timeout`) and
+/// rules marking what they admit; with the proxy, the steering of the pod's DNS to trusted
+/// resolvers through its own egress chains. The golden shows it; the fake applies it; the
+/// tracer sees the domain rule match nothing until something is learned.
+#[test]
+fn domain_rules_render_timed_sets_and_dns_steering() {
+    let mut s = testkit::base_cluster();
+    for o in testkit::parse_manifests(
+        "
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: by-name}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {ns: y}}}
+  egress:
+    - action: Accept
+      to: [{domainNames: ['*.example.test', 'api.example.test']}]
+      protocols: [{tcp: {destinationPort: {number: 443}}}]
+    - action: Deny
+      to: [{networks: [0.0.0.0/0]}]
+",
+    )
+    .objects
+    {
+        o.apply_to(&mut s);
+    }
+    let np = translate(&s, &s.derived_endpoints("node-1"), &Options::default());
+    let uses = domain_uses(&np);
+    assert_eq!(uses.len(), 1, "{uses:?}");
+    let (def, used) = uses.iter().next().unwrap();
+    assert_eq!(def.short(), "api.example.test,*.example.test");
+    assert!(!used.interfaces.is_empty() && !used.pods.is_empty());
+    let v4 = domain_set_name(def, false);
+
+    let plain = render(&np);
+    let Some(Object::Set(set)) = plain.object(&v4) else { panic!("no set {v4}") };
+    assert!(set.timeout && set.elements.is_empty());
+    assert!(plain.object(DNS_STEER_CHAIN).is_none(), "no steering without the proxy");
+    let text = plain.to_text();
+    assert!(text.contains(&format!("ip daddr @{v4} tcp dport 443 ct mark set ct mark | 0x02000000 goto egress-allowed")), "{text}");
+
+    let options = RenderOptions {
+        dns: Some(DnsSteer { port: 15053, mark: DNS_MARK, resolvers: vec!["198.18.250.53/32".parse().unwrap()] }),
+        ..RenderOptions::DEFAULT
+    };
+    let steered = render_with(&np, &options);
+    golden("domain-rules", &steered.to_text());
+    let Some(Object::Set(proxied)) = steered.object(DNS_PROXIED) else { panic!() };
+    assert_eq!(proxied.elements.len(), used.interfaces.len());
+    // nft's own checks (the fake applies what the kernel would).
+    let mut applier = Applier::new(FakeNft::new());
+    applier.apply(&steered).unwrap();
+    // Nothing learned: the domain rule admits nothing, the Deny decides.
+    let traced = TracedCluster::build_with(&s, &options);
+    assert_eq!(traced.reaches_address("y/a", "198.18.250.80".parse().unwrap(), crate::model::Protocol::Tcp, 443), Ok(false));
+}

@@ -99,6 +99,8 @@ pub struct SimOptions {
     pub sync_timeout: Duration,
     /// The agents cut connections a change denies (`--revoke-denied-flows`).
     pub revoke: bool,
+    /// The agents run their DNS proxy (`--dns-resolvers`): domain rules are enforced.
+    pub dns: Option<crate::agent::dns::DnsConfig>,
 }
 
 impl SimOptions {
@@ -113,6 +115,7 @@ impl SimOptions {
             translate: translate::Options::default(),
             sync_timeout: Duration::from_secs(30),
             revoke: true,
+            dns: None,
         }
     }
 }
@@ -259,6 +262,7 @@ impl Sim {
             cfg.translate = sim.opts.translate.clone();
             cfg.revoke = sim.opts.revoke.then_some(crate::render::REVOKED_MARK);
             cfg.coalesce = Duration::from_millis(10);
+            cfg.dns = sim.opts.dns.clone();
             let agent = Agent::start(cfg, sim.source.subscribe())
                 .await
                 .map_err(|e| SimError::Node { node: name.clone(), message: e.to_string() })?;
@@ -301,6 +305,11 @@ impl Sim {
     /// The node namespace of `node`.
     pub fn node_netns(&self, node: &str) -> Option<String> {
         self.nodes.get(node).map(|n| n.ns.clone())
+    }
+
+    /// The namespace of host `name`.
+    pub fn host_netns(&self, name: &str) -> Option<String> {
+        self.hosts.get(name).map(|h| h.ns.clone())
     }
 
     /// The pod namespace of `namespace/name`.

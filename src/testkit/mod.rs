@@ -87,6 +87,7 @@ pub fn summary(np: &NodePolicy, pod: &str, dir: Direction) -> String {
                     names.dedup();
                     format!("[{}]", names.join(","))
                 }
+                PeerMatch::Domains(def) => format!("[{def}]"),
                 PeerMatch::NamedPort(def) => {
                     let set = &np.port_sets[def];
                     let mut names: Vec<String> = set

@@ -16,9 +16,9 @@
 //! Fail closed, as the API asks for peers it cannot understand ("For Accept rules, treat the
 //! rule as matching no traffic. For Deny and Pass rules, treat the rule as a Deny all rule"),
 //! and extended by flock to every part of a rule it cannot read or does not support yet (an
-//! unknown action, protocol or port shape, an invalid selector or CIDR, a
-//! `domainNames` peer, a named port next to a `networks` or `nodes` peer, a peer ingress cannot
-//! have):
+//! unknown action, protocol or port shape, an invalid selector or CIDR or domain name, a
+//! `domainNames` peer in a Deny or Pass rule, a named port next to a `networks`, `nodes` or
+//! `domainNames` peer, a peer ingress cannot have):
 //! such a rule matches nothing if it accepts, and denies all traffic of its direction, in its
 //! place, if it denies or passes. For what concerns the whole policy:
 //! - an unknown `tier` or a `priority` outside 0–1000 cannot be placed: the policy is
@@ -28,7 +28,7 @@
 //!
 //! Every such case is reported with the policy's name, the field and the reason.
 
-use super::ir::{Action, Direction, IpBlockDef, NsScope, PeerDef, PolicyKind, PolicyProblem, Tier};
+use super::ir::{Action, Direction, DomainDef, IpBlockDef, NsScope, PeerDef, PolicyKind, PolicyProblem, Tier};
 use super::selector::Selector;
 use crate::model::cnp::{ClusterNetworkPolicy, CnpPeer, CnpPods, CnpPort, CnpProtocol, CnpRule, CnpSubject};
 use crate::model::{Labels, ObjectRef, Protocol};
@@ -63,12 +63,17 @@ pub enum CnpPeerDef {
     /// Addresses that are not pods' (a CIDR — pod addresses inside it match too — or the
     /// addresses of some Nodes): no named port goes with them.
     Network(PeerDef),
+    /// Addresses learned for domain names (an Accept rule's `domainNames`): no named port
+    /// goes with them either.
+    Domains(DomainDef),
 }
 
 impl CnpPeerDef {
-    pub fn def(&self) -> &PeerDef {
+    /// The address set definition, for pods and networks (`None`: domains).
+    pub fn def(&self) -> Option<&PeerDef> {
         match self {
-            Self::Pods(d) | Self::Network(d) => d,
+            Self::Pods(d) | Self::Network(d) => Some(d),
+            Self::Domains(_) => None,
         }
     }
 }
@@ -182,7 +187,7 @@ pub fn compile(p: &ClusterNetworkPolicy, problems: &mut Vec<PolicyProblem>) -> C
             .iter()
             .enumerate()
             .filter_map(|(i, rule)| {
-                let c = compile_rule(dir, i, rule, &mut r)?;
+                let c = compile_rule(dir, tier, i, rule, &mut r)?;
                 degrade(c, degraded)
             })
             .collect()
@@ -238,7 +243,7 @@ fn compile_subject(s: &CnpSubject) -> Result<Subject, FieldError> {
     }
 }
 
-fn compile_rule(dir: Direction, index: usize, rule: &CnpRule, r: &mut Reporter<'_>) -> Option<CompiledCnpRule> {
+fn compile_rule(dir: Direction, tier: Tier, index: usize, rule: &CnpRule, r: &mut Reporter<'_>) -> Option<CompiledCnpRule> {
     let base = format!("spec.{}[{index}]", dir.as_field());
     let label = rule.name.as_deref().map(|n| format!(" ({n})")).unwrap_or_default();
     let action = match rule.action.as_str() {
@@ -263,7 +268,7 @@ fn compile_rule(dir: Direction, index: usize, rule: &CnpRule, r: &mut Reporter<'
             fail_closed: Some(format!("unknown action {:?}", rule.action)),
         });
     };
-    let matches = compile_matches(dir, rule, action).map_err(|(field, message)| (format!("{base}{field}"), message));
+    let matches = compile_matches(dir, tier, rule, action).map_err(|(field, message)| (format!("{base}{field}"), message));
     match matches {
         Ok(matches) => Some(CompiledCnpRule { index, name: rule.name.clone(), action, matches, fail_closed: None }),
         Err((field, message)) => match action {
@@ -285,7 +290,7 @@ fn compile_rule(dir: Direction, index: usize, rule: &CnpRule, r: &mut Reporter<'
     }
 }
 
-fn compile_matches(dir: Direction, rule: &CnpRule, action: Action) -> Result<RuleMatch, FieldError> {
+fn compile_matches(dir: Direction, tier: Tier, rule: &CnpRule, action: Action) -> Result<RuleMatch, FieldError> {
     let peers_field = match dir {
         Direction::Ingress => "from",
         Direction::Egress => "to",
@@ -326,17 +331,20 @@ fn compile_matches(dir: Direction, rule: &CnpRule, action: Action) -> Result<Rul
             CnpPeer::DomainNames(_) if dir == Direction::Ingress => {
                 return Err((at(".domainNames"), "ingress rules have no domainNames peer".into()));
             }
-            CnpPeer::DomainNames(_) if action != Action::Accept => {
-                return Err((at(".domainNames"), "domainNames peers are only supported in Accept rules".into()));
+            CnpPeer::DomainNames(_) if action != Action::Accept || tier != Tier::Admin => {
+                return Err((at(".domainNames"), "domainNames peers are only supported in Accept rules of the Admin tier".into()));
             }
             CnpPeer::DomainNames(names) => {
                 if names.is_empty() {
                     return Err((at(".domainNames"), "at least one domain name is required".into()));
                 }
+                let mut patterns = Vec::with_capacity(names.len());
                 for (k, n) in names.iter().enumerate() {
-                    crate::dns::DomainPattern::parse(n).map_err(|m| (at(&format!(".domainNames[{k}]")), format!("{n:?}: {m}")))?;
+                    patterns
+                        .push(crate::dns::DomainPattern::parse(n).map_err(|m| (at(&format!(".domainNames[{k}]")), format!("{n:?}: {m}")))?);
                 }
-                return Err((at(".domainNames"), "domainNames peers are not supported by flock yet".into()));
+                peers.push(CnpPeerDef::Domains(DomainDef::new(patterns)));
+                addresses_only = true;
             }
             CnpPeer::Invalid(why) => return Err((at(""), why.clone())),
         }
@@ -455,22 +463,39 @@ mod tests {
     }
 
     #[test]
-    fn domain_names_are_checked_before_they_are_refused() {
-        // Until flock enforces domainNames, every such Accept rule is a problem (fail closed):
-        // the problem names the bad name when there is one.
-        for (names, field, says) in [
-            (vec!["example.com", "*.*.example.com"], "spec.egress[0].to[1].domainNames[1]", "'*' may only"),
-            (vec![], "spec.egress[0].to[1].domainNames", "at least one"),
-            (vec!["*.pypi.org", "GitHub.com."], "spec.egress[0].to[1].domainNames", "not supported"),
+    fn domain_names_compile_in_admin_accept_rules_and_fail_closed_elsewhere() {
+        // Valid names: one peer, patterns canonical (lowercase, no trailing dot, sorted).
+        let mut p = policy("Admin", Some(1));
+        p.egress =
+            vec![rule("Accept", vec![CnpPeer::DomainNames(vec!["GitHub.com.".into(), "*.pypi.org".into(), "github.com".into()])], None)];
+        let (c, problems) = compiled(&p);
+        assert!(problems.is_empty(), "{problems:?}");
+        let RuleMatch::Peers { peers, .. } = &c.egress[0].matches else { panic!() };
+        let [CnpPeerDef::Domains(d)] = peers.as_slice() else { panic!("{peers:?}") };
+        assert_eq!(d.short(), "github.com,*.pypi.org");
+        // Bad names, Deny/Pass, Baseline, ingress: the problem names the field; the rule fails
+        // closed like any rule flock cannot read.
+        for (tier, action, names, field, says) in [
+            ("Admin", "Accept", vec!["example.com", "*.*.example.com"], "spec.egress[0].to[1].domainNames[1]", "'*' may only"),
+            ("Admin", "Accept", vec![], "spec.egress[0].to[1].domainNames", "at least one"),
+            ("Admin", "Deny", vec!["example.com"], "spec.egress[0].to[1].domainNames", "only supported in Accept rules"),
+            ("Baseline", "Accept", vec!["example.com"], "spec.egress[0].to[1].domainNames", "of the Admin tier"),
         ] {
-            let mut p = policy("Admin", Some(1));
+            let mut p = policy(tier, Some(1));
             let peer = CnpPeer::DomainNames(names.iter().map(|n| n.to_string()).collect());
-            p.egress = vec![rule("Accept", vec![all_ns(), peer], None)];
+            p.egress = vec![rule(action, vec![all_ns(), peer], None)];
             let (_, problems) = compiled(&p);
             assert_eq!(problems.len(), 1, "{names:?}: {problems:?}");
             assert_eq!(problems[0].field, field, "{names:?}");
             assert!(problems[0].message.contains(says), "{names:?}: {}", problems[0].message);
         }
+        // No named port with a domainNames peer.
+        let mut p = policy("Admin", Some(1));
+        p.egress =
+            vec![rule("Accept", vec![CnpPeer::DomainNames(vec!["example.com".into()])], Some(vec![CnpProtocol::NamedPort("http".into())]))];
+        let (c, problems) = compiled(&p);
+        assert_eq!(problems[0].field, "spec.egress[0].protocols[0].destinationNamedPort");
+        assert!(c.egress.is_empty());
         let mut p = policy("Admin", Some(1));
         p.ingress = vec![rule("Accept", vec![CnpPeer::DomainNames(vec!["example.com".into()])], None)];
         let (_, problems) = compiled(&p);
@@ -481,7 +506,6 @@ mod tests {
     fn a_rule_flock_cannot_read_matches_nothing_if_it_accepts_and_denies_all_otherwise() {
         let bad_peers: Vec<(CnpPeer, &str)> = vec![
             (CnpPeer::Invalid("unknown field \"services\"".into()), "spec.egress[0].to[1]"),
-            (CnpPeer::DomainNames(vec!["example.com".into()]), "spec.egress[0].to[1].domainNames"),
             (CnpPeer::Networks(vec!["198.18.0.0".into()]), "spec.egress[0].to[1].networks[0]"),
             (CnpPeer::Networks(vec!["::ffff:198.18.0.0/112".into()]), "spec.egress[0].to[1].networks[0]"),
             (

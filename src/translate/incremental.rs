@@ -339,7 +339,7 @@ impl Incremental {
                 PeerMatch::NamedPort(d) => {
                     changed.port_sets.insert(d);
                 }
-                PeerMatch::Any => {}
+                PeerMatch::Any | PeerMatch::Domains(_) => {}
             }
         }
         if !touched_ips.is_empty() || !touched_pods.is_empty() {
@@ -386,7 +386,7 @@ impl Incremental {
 fn references<'a>(np: &'a NodePolicy) -> (BTreeSet<&'a PeerDef>, BTreeSet<&'a NamedPortDef>) {
     let (mut peers, mut ports): (BTreeSet<&'a PeerDef>, BTreeSet<&'a NamedPortDef>) = (BTreeSet::new(), BTreeSet::new());
     let mut note = |m: &'a PeerMatch| match m {
-        PeerMatch::Any => {}
+        PeerMatch::Any | PeerMatch::Domains(_) => {}
         PeerMatch::Addresses(d) => {
             peers.insert(d);
         }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::selector::Selector;
+use crate::dns::DomainPattern;
 use crate::model::{ObjectRef, Protocol};
 
 /// Traffic direction, from the point of view of the local pod.
@@ -247,6 +248,42 @@ impl PortAddressSet {
     }
 }
 
+/// Destinations named by domain (a ClusterNetworkPolicy `domainNames` peer, NPEP-133): the
+/// addresses trusted resolvers recently gave for names these patterns match. What they are is
+/// learned at run time (the agent's DNS proxy writes them, each with its TTL, into the
+/// definition's timed sets); the translation only names the patterns. Two rules with equal
+/// patterns share the sets: an address learned for one admits the other too, which is what
+/// both rules say.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DomainDef {
+    /// Sorted, without duplicates.
+    pub patterns: Vec<DomainPattern>,
+}
+
+impl DomainDef {
+    pub fn new(mut patterns: Vec<DomainPattern>) -> Self {
+        patterns.sort();
+        patterns.dedup();
+        Self { patterns }
+    }
+
+    /// Whether a name (as a DNS answer carries it) is one of these.
+    pub fn matches(&self, name: &str) -> bool {
+        self.patterns.iter().any(|p| p.matches(name))
+    }
+
+    /// `github.com,*.pypi.org`, for object names.
+    pub fn short(&self) -> String {
+        self.patterns.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+    }
+}
+
+impl fmt::Display for DomainDef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "domains {}", self.short())
+    }
+}
+
 /// Which peers a rule admits.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PeerMatch {
@@ -256,6 +293,8 @@ pub enum PeerMatch {
     Addresses(PeerDef),
     /// (address, protocol, port) of a shared named-port set; the rule's ports are in the set.
     NamedPort(NamedPortDef),
+    /// The addresses learned for some domain names (egress only), until their TTL expires.
+    Domains(DomainDef),
 }
 
 /// Ports of one protocol.

@@ -380,7 +380,13 @@ impl<'a> Translator<'a, '_> {
                 cluster::RuleMatch::Peers { peers, ports } => (peers, ports),
             };
             for peer in peers {
-                let def = peer.def();
+                let def = match peer {
+                    cluster::CnpPeerDef::Domains(domains) => {
+                        Self::domain_rules(rule.action, domains, specs.as_deref(), &origin, &mut out);
+                        continue;
+                    }
+                    cluster::CnpPeerDef::Pods(def) | cluster::CnpPeerDef::Network(def) => def,
+                };
                 let Some(specs) = specs else {
                     let m = self.peer_match(Some(def));
                     out.push(TierRule { action: rule.action, peer: m, ports: PortMatch::Any, origin: origin.clone() });
@@ -425,6 +431,36 @@ impl<'a> Translator<'a, '_> {
             }
         }
         out
+    }
+
+    /// The matchers of a `domainNames` peer: one per protocol of the rule's ports (named
+    /// ports never go with one: `cluster::compile` refuses them).
+    fn domain_rules(
+        action: Action,
+        domains: &DomainDef,
+        specs: Option<&[cluster::CnpPortSpec]>,
+        origin: &CnpOrigin,
+        out: &mut Vec<TierRule>,
+    ) {
+        let peer = PeerMatch::Domains(domains.clone());
+        let Some(specs) = specs else {
+            out.push(TierRule { action, peer, ports: PortMatch::Any, origin: origin.clone() });
+            return;
+        };
+        let mut by_protocol: BTreeMap<crate::model::Protocol, Vec<(u16, u16)>> = BTreeMap::new();
+        for spec in specs {
+            if let cluster::CnpPortSpec::Range(p, s, e) = spec {
+                by_protocol.entry(*p).or_default().push((*s, *e));
+            }
+        }
+        for (p, ranges) in by_protocol {
+            out.push(TierRule {
+                action,
+                peer: peer.clone(),
+                ports: PortMatch::Protocol(p, PortRanges::from_ranges(ranges)),
+                origin: origin.clone(),
+            });
+        }
     }
 
     /// Expands one policy rule into allow rules for `pod` (the local pod).

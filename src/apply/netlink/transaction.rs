@@ -81,6 +81,7 @@ const NFT_SET_CONSTANT: u32 = 0x2;
 const NFT_SET_INTERVAL: u32 = 0x4;
 const NFT_SET_MAP: u32 = 0x8;
 const NFT_SET_CONCAT: u32 = 0x80;
+const NFT_SET_TIMEOUT: u32 = 0x10;
 /// nft's data type of verdicts.
 const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
 /// libnftnl's user data: a table's, chain's and rule's comment is type 0.
@@ -445,6 +446,9 @@ fn encode_set(s: &Set, id: u32) -> Result<Vec<u8>, NetlinkError> {
     }
     if map {
         flags |= NFT_SET_MAP;
+    }
+    if s.timeout {
+        flags |= NFT_SET_TIMEOUT;
     }
     let mut body = chain_ref(NFTA_SET_TABLE, NFTA_SET_NAME, &s.name);
     attr(&mut body, NFTA_SET_FLAGS, &flags.to_be_bytes());

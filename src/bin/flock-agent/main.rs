@@ -130,6 +130,33 @@ struct Args {
     /// changes).
     #[arg(long, env = "FLOCK_NODE_STATUS_INTERVAL", default_value = "10s", value_parser = parse_interval)]
     node_status_interval: Duration,
+    /// Trusted DNS resolvers, comma-separated addresses as pods reach them after the DNS
+    /// Service's DNAT (its endpoints' pod addresses). With any, the agent runs its DNS proxy
+    /// and enforces domain rules (ClusterNetworkPolicy domainNames): a pod with one has its
+    /// DNS to these resolvers judged by its egress policy, then answered through the proxy,
+    /// which admits each answer's addresses (until their TTL) before the pod sees it. None:
+    /// no proxy, and domain rules admit nothing (fail closed).
+    #[arg(long, env = "FLOCK_DNS_RESOLVERS", value_delimiter = ',')]
+    dns_resolvers: Vec<std::net::IpAddr>,
+    /// The DNS proxy's port on the node (transparent: packets keep their addresses).
+    #[arg(long, env = "FLOCK_DNS_PROXY_PORT", default_value_t = 15053)]
+    dns_proxy_port: u16,
+    /// The packet mark bit of DNS on its way to the proxy (one bit; routed to the node by an
+    /// ip rule on it).
+    #[arg(long, env = "FLOCK_DNS_PROXY_MARK", default_value = "0x00000080", value_parser = parse_mark_bit)]
+    dns_proxy_mark: u32,
+    /// The routing table (and the priority of its ip rule) that delivers marked DNS to the
+    /// node itself.
+    #[arg(long, env = "FLOCK_DNS_ROUTE_TABLE", default_value_t = 180)]
+    dns_route_table: u32,
+    #[arg(long, env = "FLOCK_DNS_RULE_PRIORITY", default_value_t = 90)]
+    dns_rule_priority: u32,
+    /// A learned address is admitted for at least this long (a shorter TTL is raised to it).
+    #[arg(long, env = "FLOCK_DNS_MIN_TTL", default_value = "30s", value_parser = parse_duration)]
+    dns_min_ttl: Duration,
+    /// A learned address is admitted for at most this long (a longer TTL is cut to it).
+    #[arg(long, env = "FLOCK_DNS_MAX_TTL", default_value = "1h", value_parser = parse_duration)]
+    dns_max_ttl: Duration,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
@@ -143,7 +170,7 @@ fn parse_mark_bit(s: &str) -> Result<u32, String> {
     }
     .map_err(|e| format!("{s:?}: {e}"))?;
     if v.count_ones() != 1 {
-        return Err(format!("{s:?}: one bit of the ct mark (e.g. 0x01000000), not {v:#x}"));
+        return Err(format!("{s:?}: one bit of the mark (e.g. 0x01000000), not {v:#x}"));
     }
     Ok(v)
 }
@@ -180,6 +207,12 @@ fn run(args: Args) -> anyhow::Result<()> {
             "--allow-audit-mode needs the denial log (--deny-log-group is 0): audited policies would be neither enforced nor logged"
         );
     }
+    if args.revoke_ct_mark == flock::render::DOMAIN_MARK {
+        anyhow::bail!("--revoke-ct-mark {:#x} is the ct mark bit domain rules use", args.revoke_ct_mark);
+    }
+    if args.dns_min_ttl > args.dns_max_ttl {
+        anyhow::bail!("--dns-min-ttl is above --dns-max-ttl");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     rt.block_on(async move {
         let client = kube::Client::try_default().await.context("building the Kubernetes client (in-cluster config or KUBECONFIG)")?;
@@ -193,6 +226,22 @@ fn run(args: Args) -> anyhow::Result<()> {
         agent.nft = args.nft.clone();
         agent.nft_transactions = args.nft_transactions;
         agent.revoke = args.revoke_denied_flows.then_some(args.revoke_ct_mark);
+        if !args.dns_resolvers.is_empty() {
+            let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+            agent.dns = Some(flock::agent::dns::DnsConfig {
+                port: args.dns_proxy_port,
+                mark: args.dns_proxy_mark,
+                route_table: args.dns_route_table,
+                rule_priority: args.dns_rule_priority,
+                resolvers: args.dns_resolvers.clone(),
+                limits: flock::dns::Limits {
+                    min_ttl: secs(args.dns_min_ttl),
+                    max_ttl: secs(args.dns_max_ttl),
+                    ..flock::dns::Limits::default()
+                },
+                upstream_timeout: Duration::from_secs(5),
+            });
+        }
         agent.deny_log = (args.deny_log_group != 0).then_some(flock::render::log::DenyLog {
             group: args.deny_log_group,
             rate: args.deny_log_rate,

@@ -1,0 +1,230 @@
+//! Egress by domain name on the node: the DNS proxy serving in the node's namespace, the
+//! policy routing that delivers steered DNS to it, and the domain rules its learner gets
+//! after every committed sync.
+//!
+//! Order (the listener is ready before any redirect exists): [`DnsService::start`] binds the
+//! proxy's transparent sockets and adds the routing rule before the agent's first sync; the
+//! sync loop renders the steering chains ([`crate::render::DnsSteer`]) and, once a sync is
+//! committed, hands the domain rules of what it committed to the learner
+//! ([`DnsService::set_rules`]). If the proxy stops, steered DNS is dropped by the rendered
+//! table (fail closed).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use rtnetlink::packet_route::route::{RouteScope, RouteType};
+use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute};
+use rtnetlink::{Handle, RouteMessageBuilder};
+use tokio::sync::watch;
+
+use super::dns_proxy::{DnsProxy, Listeners, ProxyConfig, ProxyError, ProxyStats};
+use super::domains::{DomainLearner, DomainRule, KernelWriter};
+use crate::netns::{self, Netns};
+use crate::render::{self, DnsSteer};
+use crate::translate::NodePolicy;
+
+/// What the agent's DNS proxy is configured with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// The proxy's port (transparent: any address of the node).
+    pub port: u16,
+    /// The packet mark bit of steered DNS (one bit).
+    pub mark: u32,
+    /// The routing table that delivers marked packets to the node itself, and the priority
+    /// of the rule that chooses it.
+    pub route_table: u32,
+    pub rule_priority: u32,
+    /// Trusted resolvers, as pods reach them after the Service's DNAT.
+    pub resolvers: Vec<IpAddr>,
+    /// TTL floor and cap, addresses per answer, CNAME steps.
+    pub limits: crate::dns::Limits,
+    pub upstream_timeout: Duration,
+}
+
+impl DnsConfig {
+    /// The steering the renderer writes for this proxy.
+    pub fn steer(&self) -> DnsSteer {
+        DnsSteer { port: self.port, mark: self.mark, resolvers: self.resolvers.iter().map(|a| ipnet::IpNet::from(*a)).collect() }
+    }
+}
+
+/// Why the DNS proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DnsError {
+    #[error("DNS proxy in {netns}: {error}")]
+    Proxy { netns: String, error: ProxyError },
+    #[error("DNS proxy in {netns}: policy routing for mark {mark:#x} (table {table}): {message}")]
+    Routing { netns: String, mark: u32, table: u32, message: String },
+    #[error("DNS proxy in {netns}: {message}")]
+    Thread { netns: String, message: String },
+}
+
+/// The running proxy.
+pub struct DnsService {
+    learner: Arc<DomainLearner<KernelWriter>>,
+    stats: Arc<ProxyStats>,
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DnsService {
+    /// Binds the proxy in `ns`, adds its policy routing there, and serves until dropped.
+    pub fn start(config: &DnsConfig, ns: &Netns, metrics: Arc<super::metrics::Metrics>) -> Result<Self, DnsError> {
+        let learner = Arc::new(DomainLearner::new(KernelWriter::default()).with_metrics(metrics.clone()));
+        let mut proxy_config = ProxyConfig::new(config.port, config.resolvers.clone());
+        proxy_config.limits = config.limits;
+        proxy_config.upstream_timeout = config.upstream_timeout;
+        let proxy = DnsProxy::with_stats(proxy_config, learner.clone(), metrics.dns_stats());
+        let stats = proxy.stats();
+        let (stop, stop_rx) = watch::channel(false);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), DnsError>>();
+        let (thread_ns, routing) = (ns.clone(), config.clone());
+        let desc = ns.describe();
+        let thread = std::thread::Builder::new()
+            .name("flock-dns-proxy".into())
+            .spawn(move || {
+                let fail = ready_tx.clone();
+                let entered = netns::run_in(&thread_ns, move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(DnsError::Thread { netns: desc.clone(), message: e.to_string() }));
+                            return;
+                        }
+                    };
+                    rt.block_on(async move {
+                        let listeners = match Listeners::bind(proxy.config()) {
+                            Ok(l) => l,
+                            Err(error) => {
+                                let _ = ready_tx.send(Err(DnsError::Proxy { netns: desc.clone(), error }));
+                                return;
+                            }
+                        };
+                        if let Err(message) = policy_routing(&routing).await {
+                            let _ = ready_tx.send(Err(DnsError::Routing {
+                                netns: desc.clone(),
+                                mark: routing.mark,
+                                table: routing.route_table,
+                                message,
+                            }));
+                            return;
+                        }
+                        let _ = ready_tx.send(Ok(()));
+                        proxy.serve(listeners, stop_rx).await;
+                    });
+                });
+                if let Err(e) = entered {
+                    let _ = fail.send(Err(DnsError::Thread { netns: thread_ns.describe(), message: e.to_string() }));
+                }
+            })
+            .map_err(|e| DnsError::Thread { netns: ns.describe(), message: e.to_string() })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self { learner, stats, stop, thread: Some(thread) }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(DnsError::Thread { netns: ns.describe(), message: "the proxy thread ended before it was ready".into() }),
+        }
+    }
+
+    /// The proxy's counters.
+    pub fn stats(&self) -> Arc<ProxyStats> {
+        self.stats.clone()
+    }
+
+    /// The domain rules of a committed translation, for the learner.
+    pub fn set_rules(&self, np: &NodePolicy) {
+        self.learner.set_rules(domain_rules(np));
+    }
+}
+
+impl Drop for DnsService {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One learner rule per domain definition in use, for the local pods whose egress has it.
+pub fn domain_rules(np: &NodePolicy) -> Vec<DomainRule> {
+    render::domain_uses(np)
+        .into_iter()
+        .map(|(def, u)| DomainRule {
+            source: u.sources.into_iter().collect::<Vec<_>>().join(", "),
+            pods: u.pods,
+            patterns: def.patterns.clone(),
+            set_v4: render::domain_set_name(def, false),
+            set_v6: render::domain_set_name(def, true),
+        })
+        .collect()
+}
+
+/// `ip rule add fwmark MARK/MARK lookup TABLE` and `ip route add local default dev lo table
+/// TABLE`, both families, idempotent (what an earlier run left is kept).
+async fn policy_routing(config: &DnsConfig) -> Result<(), String> {
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let have = existing_rules(&handle).await?;
+    for v6 in [false, true] {
+        if !have.get(&v6).is_some_and(|rules| rules.contains(&(config.mark, config.route_table))) {
+            let add = handle.rule().add().table_id(config.route_table).priority(config.rule_priority).action(RuleAction::ToTable);
+            let added = if v6 {
+                let mut add = add.v6().fw_mark(config.mark);
+                add.message_mut().attributes.push(RuleAttribute::FwMask(config.mark));
+                add.execute().await
+            } else {
+                let mut add = add.v4().fw_mark(config.mark);
+                add.message_mut().attributes.push(RuleAttribute::FwMask(config.mark));
+                add.execute().await
+            };
+            added.map_err(|e| format!("adding the rule: {e}"))?;
+        }
+        let route = if v6 {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .destination_prefix(std::net::Ipv6Addr::UNSPECIFIED, 0)
+                .kind(RouteType::Local)
+                .scope(RouteScope::Host)
+                .table_id(config.route_table)
+                .output_interface(LOOPBACK)
+                .build()
+        } else {
+            RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                .destination_prefix(std::net::Ipv4Addr::UNSPECIFIED, 0)
+                .kind(RouteType::Local)
+                .scope(RouteScope::Host)
+                .table_id(config.route_table)
+                .output_interface(LOOPBACK)
+                .build()
+        };
+        handle.route().add(route).replace().execute().await.map_err(|e| format!("adding the local route: {e}"))?;
+    }
+    Ok(())
+}
+
+/// The loopback interface's index (always 1).
+const LOOPBACK: u32 = 1;
+
+/// (fwmark, table) of the rules there, per family (`true`: IPv6).
+async fn existing_rules(handle: &Handle) -> Result<BTreeMap<bool, Vec<(u32, u32)>>, String> {
+    let mut out: BTreeMap<bool, Vec<(u32, u32)>> = BTreeMap::new();
+    for (v6, version) in [(false, rtnetlink::IpVersion::V4), (true, rtnetlink::IpVersion::V6)] {
+        let mut rules = handle.rule().get(version).execute();
+        while let Some(m) = rules.try_next().await.map_err(|e| format!("listing rules: {e}"))? {
+            let (mut mark, mut table) = (None, Some(u32::from(m.header.table)));
+            for a in &m.attributes {
+                match a {
+                    RuleAttribute::FwMark(v) => mark = Some(*v),
+                    RuleAttribute::Table(t) => table = Some(*t),
+                    _ => {}
+                }
+            }
+            if let (Some(mark), Some(table)) = (mark, table) {
+                out.entry(v6).or_default().push((mark, table));
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,166 @@
+//! Egress by domain name through flock-agent (root): a simulated cluster whose agents run
+//! their DNS proxy, a ClusterNetworkPolicy whose Accept rule names domains, flock's DNS
+//! server on a host as the trusted resolver. The agent renders the domain rule's timed sets
+//! and the DNS steering; a pod reaches a domain's address only after resolving it, until
+//! the TTL passes; a pod whose policy does not admit DNS to the resolver gets no answer
+//! (the proxy does not widen policy); a full resync keeps what was learned.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use flock::agent::dns::DnsConfig;
+use flock::model::Protocol;
+use flock::netns::{self, Netns};
+use flock::sim::dns::{Record, RecordData, Zone};
+use flock::sim::{HostSpec, Sim, SimOptions};
+use flock::testkit::kernel::{flock_cni_binary, require_root, serve_dns};
+use flock::testkit::{self, parse_manifests};
+use hickory_proto::op::{Message, Query};
+use hickory_proto::rr::{Name, RData, RecordType};
+
+const RESOLVER: &str = "198.18.250.53";
+const WEB: &str = "198.18.250.80";
+const OTHER: &str = "198.18.250.81";
+
+/// y's pods may use DNS at the resolver and reach `*.example.test` on TCP 80; x/a may reach
+/// the domains but not DNS; nothing else for either.
+const POLICY: &str = "
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: by-name}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {ns: y}}}
+  egress:
+    - name: dns
+      action: Accept
+      to: [{networks: [198.18.250.53/32]}]
+      protocols: [{udp: {destinationPort: {number: 53}}}, {tcp: {destinationPort: {number: 53}}}]
+    - name: example
+      action: Accept
+      to: [{domainNames: ['*.example.test']}]
+      protocols: [{tcp: {destinationPort: {number: 80}}}]
+    - name: rest
+      action: Deny
+      to: [{networks: [0.0.0.0/0]}]
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: no-dns}
+spec:
+  tier: Admin
+  priority: 11
+  subject: {pods: {namespaceSelector: {matchLabels: {ns: x}}, podSelector: {matchLabels: {pod: a}}}}
+  egress:
+    - name: example
+      action: Accept
+      to: [{domainNames: ['*.example.test']}]
+      protocols: [{tcp: {destinationPort: {number: 80}}}]
+    - name: rest
+      action: Deny
+      to: [{networks: [0.0.0.0/0]}]
+";
+
+fn query(name: &str, id: u16) -> Vec<u8> {
+    let mut q = Message::new();
+    q.set_id(id);
+    q.set_recursion_desired(true);
+    q.add_query(Query::query(Name::from_ascii(format!("{name}.")).unwrap(), RecordType::A));
+    q.to_vec().unwrap()
+}
+
+/// The A records of the answer to `name` from `pod`, or `None` without an answer.
+fn resolve(pod: &Netns, name: &str) -> Option<Vec<IpAddr>> {
+    let q = query(name, 7);
+    netns::run_in(pod, move || {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.connect((RESOLVER.parse::<IpAddr>().unwrap(), 53)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+        s.send(&q).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = s.recv(&mut buf).ok()?;
+        let m = Message::from_vec(&buf[..n]).unwrap();
+        Some(m.answers().iter().filter_map(|r| if let RData::A(a) = r.data() { Some(IpAddr::V4(a.0)) } else { None }).collect())
+    })
+    .unwrap()
+}
+
+fn connects(pod: &Netns, ip: &str) -> bool {
+    let dst = SocketAddr::new(ip.parse().unwrap(), 80);
+    netns::run_in(pod, move || TcpStream::connect_timeout(&dst, Duration::from_millis(700)).is_ok()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_reaches_a_domain_after_resolving_it_until_its_ttl() {
+    if !require_root("a_pod_reaches_a_domain_after_resolving_it_until_its_ttl") {
+        return;
+    }
+    let mut snapshot = testkit::base_cluster();
+    for o in parse_manifests(POLICY).objects {
+        o.apply_to(&mut snapshot);
+    }
+    let mut opts = SimOptions::new(flock_cni_binary().parent().unwrap().to_path_buf());
+    let host = |name: &str, addrs: &str| -> HostSpec { format!("{name}={addrs}").parse().unwrap() };
+    opts.hosts = vec![host("dns", RESOLVER), host("web", WEB), host("other", OTHER)];
+    opts.host_ports = vec![(80, Protocol::Tcp)];
+    opts.dns = Some(DnsConfig {
+        port: 15053,
+        mark: flock::render::DNS_MARK,
+        route_table: 180,
+        rule_priority: 90,
+        resolvers: vec![RESOLVER.parse().unwrap()],
+        limits: flock::dns::Limits { min_ttl: 1, ..flock::dns::Limits::default() },
+        upstream_timeout: Duration::from_secs(2),
+    });
+    let mut sim = Sim::build(snapshot, opts).await.unwrap();
+    let zone = Zone::new(vec![
+        Record { name: "api.example.test".into(), ttl: 3, data: RecordData::Address(WEB.parse().unwrap()) },
+        Record { name: "www.example.test".into(), ttl: 300, data: RecordData::Cname("api.example.test".into()) },
+        Record { name: "other.test".into(), ttl: 300, data: RecordData::Address(OTHER.parse().unwrap()) },
+    ]);
+    let dns_ns = Netns::named(&sim.host_netns("dns").unwrap());
+    let (stop_dns, dns_thread) = serve_dns(dns_ns, vec![RESOLVER.parse().unwrap()], zone);
+
+    let ya = Netns::named(&sim.pod_netns("y/a").unwrap());
+    let xa = Netns::named(&sim.pod_netns("x/a").unwrap());
+    // The node renders the steering and the domain rule's timed sets.
+    let node_name = sim.snapshot().pod_by_name(&testkit::pod_ref("y/a")).and_then(|p| p.node.clone()).unwrap();
+    let node = Netns::named(&sim.node_netns(&node_name).unwrap());
+    let table =
+        netns::run_in(&node, || std::process::Command::new("nft").args(["list", "table", "inet", "flock"]).output().unwrap()).unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(table.contains("chain dns-steer") && table.contains("tproxy to :15053"), "{table}");
+    assert!(table.contains("flags timeout"), "{table}");
+
+    // Not reachable before the name is resolved; other names teach nothing.
+    assert!(!connects(&ya, WEB), "reachable before resolving");
+    assert_eq!(resolve(&ya, "other.test"), Some(vec![OTHER.parse().unwrap()]));
+    assert!(!connects(&ya, OTHER), "a name no rule names admits nothing");
+    // Resolved (through a CNAME): reachable right away.
+    assert_eq!(resolve(&ya, "www.example.test"), Some(vec![WEB.parse().unwrap()]));
+    assert!(connects(&ya, WEB), "not reachable right after the answer");
+    // A full resync keeps what was learned.
+    sim.apply(|s| {
+        let mut p = s.pod_by_name(&testkit::pod_ref("y/b")).cloned().unwrap();
+        p.labels.insert("touched", "1");
+        s.upsert_pod(p);
+    })
+    .await
+    .unwrap();
+    assert!(connects(&ya, WEB), "learned address lost by a sync");
+    // After the TTL: closed again.
+    std::thread::sleep(Duration::from_millis(3500));
+    assert!(!connects(&ya, WEB), "reachable after the TTL");
+
+    // x/a's policy does not admit DNS: its query is dropped as without the proxy, and it
+    // learns nothing.
+    assert_eq!(resolve(&xa, "api.example.test"), None, "a pod whose policy denies DNS got an answer");
+    assert!(!connects(&xa, WEB));
+
+    stop_dns.send(true).unwrap();
+    dns_thread.join().unwrap();
+    sim.teardown().await.unwrap();
+}
