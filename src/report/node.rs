@@ -356,6 +356,12 @@ mod tests {
     }
 
     #[test]
+    fn written_at_most_every_10_seconds_by_default() {
+        let d = NodeStatusOptions::default();
+        assert_eq!((d.interval, d.retry, d.max_retry), (Duration::from_secs(10), Duration::from_secs(5), Duration::from_secs(60)));
+    }
+
+    #[test]
     fn nothing_before_the_first_commit() {
         assert_eq!(desired(&SyncStatus::default(), HealthState::Connected), None);
         assert!(!digest_pending(&SyncStatus::default()));
