@@ -3,7 +3,8 @@
 //! exists, owned by it; the status after a commit (version, API state, ruleset hash and size,
 //! the NetworkPolicies of the node's run pods with their generations, a failed sync's error);
 //! written only on change and never twice within the interval; created again when deleted;
-//! every request granted by deploy/agent/rbac.yaml. And the opt-in admission policy that
+//! an existing one without its Node as owner (or with a stale Node uid) adopted; every request
+//! granted by deploy/agent/rbac.yaml. And the opt-in admission policy that
 //! restricts each agent to its own node's FlockNode, read for what can be checked without a
 //! CEL evaluator.
 
@@ -242,7 +243,19 @@ async fn the_agent_keeps_its_flocknode_current() {
     }
 
     // Every request about FlockNodes, and the Node read, is granted to the agent; every
-    // FlockNode grant is used.
+    // FlockNode grant is used (patch, the owner fix-up, by
+    // an_existing_flocknode_gets_its_node_as_owner: this one never needs it).
+    let used = flocknode_grants_used(&server);
+    assert!(!used.contains("cluster flock.dev/flocknodes:patch"));
+    for g in common::grants("deploy/agent/rbac.yaml", &["ClusterRole", "Role"]).iter().filter(|g| g.contains("flocknodes")) {
+        assert!(used.contains(g.as_str()) || g.ends_with("flocknodes:patch"), "{g} granted but never used");
+    }
+    server.shutdown().await;
+}
+
+/// The grants of deploy/agent/rbac.yaml used by the requests about this node's FlockNode
+/// and its Node read; each is asserted granted, and any other request on FlockNodes fails.
+fn flocknode_grants_used(server: &ApiServer) -> std::collections::BTreeSet<&'static str> {
     let granted = common::grants("deploy/agent/rbac.yaml", &["ClusterRole", "Role"]);
     let mut used = std::collections::BTreeSet::new();
     for r in server.requests().iter().filter(|r| !r.watch) {
@@ -250,6 +263,7 @@ async fn the_agent_keeps_its_flocknode_current() {
             ("GET", p) if p == format!("/api/v1/nodes/{NODE}") => "cluster /nodes:get",
             ("GET", p) if p == format!("/apis/flock.dev/v1alpha1/flocknodes/{NODE}") => "cluster flock.dev/flocknodes:get",
             ("POST", "/apis/flock.dev/v1alpha1/flocknodes") => "cluster flock.dev/flocknodes:create",
+            ("PATCH", p) if p == format!("/apis/flock.dev/v1alpha1/flocknodes/{NODE}") => "cluster flock.dev/flocknodes:patch",
             ("PATCH", p) if p == format!("/apis/flock.dev/v1alpha1/flocknodes/{NODE}/status") => {
                 "cluster flock.dev/flocknodes/status:patch"
             }
@@ -259,9 +273,80 @@ async fn the_agent_keeps_its_flocknode_current() {
         assert!(granted.contains(&grant.to_string()), "{grant} not granted");
         used.insert(grant);
     }
-    for g in granted.iter().filter(|g| g.contains("flocknodes")) {
-        assert!(used.contains(g.as_str()), "{g} granted but never used");
-    }
+    used
+}
+
+/// The status writer alone (no daemon, no root) for `NODE`, with one committed sync to
+/// report: its stop, the sync channel's sender (the writer stops when it goes) and its task.
+fn start_status_writer(server: &ApiServer) -> (watch::Sender<bool>, watch::Sender<flock::agent::SyncStatus>, tokio::task::JoinHandle<()>) {
+    use flock::agent::{RulesetDigest, SyncStatus};
+    use flock::report::node::NodeStatusWriter;
+    use std::sync::Arc;
+    let digest = RulesetDigest {
+        generation: 1,
+        sha256: "ab".repeat(32),
+        stats: flock::render::Stats { chains: 3, rules: 12, sets: 2, elements: 7 },
+        endpoints: 1,
+    };
+    let sync = SyncStatus { ready: true, committed: 1, last_applied: 1, ruleset_digest: Some(digest), ..SyncStatus::default() };
+    let (sync_tx, sync_rx) = watch::channel(sync);
+    let (stop, stop_rx) = watch::channel(false);
+    let opts = NodeStatusOptions { interval: INTERVAL, retry: Duration::from_millis(200), max_retry: Duration::from_secs(1) };
+    let writer = NodeStatusWriter::new(server.client(), NODE, opts, Arc::new(flock::agent::metrics::Metrics::new()));
+    let health = Arc::new(flock::source::kube::ApiHealth::new(Duration::from_secs(5), Duration::from_secs(60)));
+    (stop, sync_tx, tokio::spawn(writer.run(sync_rx, health, stop_rx)))
+}
+
+/// A FlockNode that exists without its Node as owner (made by hand, or by an agent before the
+/// fix-up) is adopted before its status is written: no Node, no writes; once the Node exists
+/// the agent sets the ownerReference (a merge patch of the object), then the status. One with
+/// a stale Node uid (the Node created again) gets the current uid; other owners stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_flocknode_gets_its_node_as_owner() {
+    let server = common::api_server().await;
+    server.apply(json!({"apiVersion": API, "kind": "FlockNode", "metadata": {"name": NODE}, "spec": {}})).unwrap();
+    let (stop, sync, task) = start_status_writer(&server);
+
+    // No Node: neither the owner nor the status is written (retried every 200 ms).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!server.requests().iter().any(|r| r.method.as_str() == "PATCH"), "a write without a Node");
+    assert!(flocknode(&server).unwrap()["metadata"]["ownerReferences"].is_null());
+
+    // The Node appears: owned by it, then the status.
+    let uid = server.apply(node_json()).unwrap()["metadata"]["uid"].as_str().unwrap().to_string();
+    let fnode = eventually(10, "the status", || flocknode(&server).filter(|f| f["status"]["ruleset"]["rules"] == 12)).await;
+    assert_eq!(fnode["metadata"]["ownerReferences"], json!([{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": uid}]));
+    let patches: Vec<String> = server.requests().into_iter().filter(|r| r.method.as_str() == "PATCH").map(|r| r.path).collect();
+    assert_eq!(
+        patches,
+        [format!("/apis/flock.dev/v1alpha1/flocknodes/{NODE}"), format!("/apis/flock.dev/v1alpha1/flocknodes/{NODE}/status")],
+        "the owner first, then the status"
+    );
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    drop(sync);
+
+    // A stale Node uid beside another owner, found by a restarted agent: the Node reference
+    // is replaced, the other owner kept, and the status (already current) left alone.
+    let fleet = json!({"apiVersion": "example.dev/v1", "kind": "Fleet", "name": "f", "uid": "fleet-uid"});
+    let mut stale = flocknode(&server).unwrap();
+    stale["metadata"]["ownerReferences"] = json!([fleet, {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "stale-uid"}]);
+    server.apply(stale).unwrap();
+    let writes = status_writes(&server).len();
+    let (stop, sync, task) = start_status_writer(&server);
+    let fnode = eventually(10, "the current uid", || {
+        flocknode(&server).filter(|f| f["metadata"]["ownerReferences"].as_array().is_some_and(|o| o.iter().any(|o| o["uid"] == uid)))
+    })
+    .await;
+    assert_eq!(fnode["metadata"]["ownerReferences"], json!([fleet, {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": uid}]));
+    tokio::time::sleep(INTERVAL).await;
+    assert_eq!(status_writes(&server).len(), writes, "the status was current");
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    drop(sync);
+
+    let used = flocknode_grants_used(&server);
+    assert!(used.contains("cluster flock.dev/flocknodes:patch"), "{used:?}");
     server.shutdown().await;
 }
 

@@ -3,7 +3,9 @@
 //! raised, also without a profile), the durable audit trail (one AuditEvent per grant,
 //! change, withdrawal and expiry, never duplicated, retention by age and count), `Enforced`
 //! from two simulated nodes' FlockNodes (one lagging; `EnforcementDelayed` once), `Unknown`
-//! where flock does not report, and custom pod selectors without `flock.dev/run` refused.
+//! where flock does not report, custom pod selectors without `flock.dev/run` refused, an
+//! invalid run's egress withdrawn at its deadline all the same (fail closed), and deadlines of
+//! zero or less refused without granting anything.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -338,6 +340,84 @@ async fn a_missing_profile_or_an_unlabelled_selector_grants_nothing() {
     let msg = wait_condition(&server, "job-6", NETWORK_POLICY_READY, "False", "RunInvalid").await;
     assert!(msg.contains("must require the flock.dev/run label"), "{msg}");
     assert!(policy(&server, "job-6-egress").is_none());
+    ctl.stop().await;
+}
+
+fn pod_selector(np: &NetworkPolicy) -> Value {
+    serde_json::to_value(&np.spec.as_ref().unwrap().pod_selector).unwrap()
+}
+
+/// A run granted egress, then made invalid (a real API server's CEL rule would refuse the
+/// edit; the controller checks again): the earlier policy stays until the deadline, and then
+/// is withdrawn all the same — allowing nothing, still selecting the pods that had the
+/// egress — with `Expired` True, `RunInvalid` kept, and the expiry recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_run_loses_its_egress_at_its_deadline() {
+    let server = common::api_server().await;
+    let clock = FakeClock::new();
+    let ctl = Running::start(&server, options(EnforceMode::On, &clock)).await;
+    profile(&server, "web", json!({"internet": {"ports": [{"port": 443}]}}));
+    let selector = json!({"matchLabels": {"flock.dev/run": "job-7", "app": "agent"}});
+    create_run(&server, "job-7", json!({"profile": "web", "activeDeadlineSeconds": 3600, "podSelector": selector})).await;
+    let np = eventually(10, "the policy", || policy(&server, "job-7-egress")).await;
+    assert_eq!(egress_rules(&np), 2);
+    assert_eq!(pod_selector(&np), selector);
+    let granted = wait_audits(&server, "job-7", 1).await.remove(0).spec;
+
+    // Invalid: the earlier policy stays in place until the deadline.
+    let runs = Api::<Run>::namespaced(server.client(), NS);
+    let unlabelled = json!({"spec": {"podSelector": {"matchLabels": {"flock.dev/run": null, "app": "agent"}}}});
+    runs.patch("job-7", &PatchParams::default(), &Patch::Merge(unlabelled)).await.unwrap();
+    let msg = wait_condition(&server, "job-7", NETWORK_POLICY_READY, "False", "RunInvalid").await;
+    assert!(msg.contains("must require the flock.dev/run label") && msg.contains("stays in place"), "{msg}");
+    wait_condition(&server, "job-7", EXPIRED, "False", "Active").await;
+    assert_eq!(egress_rules(&policy(&server, "job-7-egress").unwrap()), 2);
+
+    // Past the deadline: withdrawn, for the pods it selected.
+    clock.advance(3601);
+    let np = eventually(10, "the policy withdrawn", || policy(&server, "job-7-egress").filter(|p| egress_rules(p) == 0)).await;
+    let spec = np.spec.clone().unwrap();
+    assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_string(), "Egress".to_string()][..]));
+    assert!(spec.ingress.is_none_or(|i| i.is_empty()));
+    assert_eq!(pod_selector(&np), selector, "the pods that had the egress");
+    assert!(np.metadata.annotations.as_ref().unwrap().contains_key("flock.dev/expired"));
+    wait_condition(&server, "job-7", EXPIRED, "True", "DeadlineExceeded").await;
+    let msg = wait_condition(&server, "job-7", NETWORK_POLICY_READY, "False", "RunInvalid").await;
+    assert!(msg.contains("allows nothing"), "{msg}");
+    wait_condition(&server, "job-7", READY, "False", "RunInvalid").await;
+    let a = wait_audits(&server, "job-7", 2).await;
+    assert_eq!((a[1].spec.action, a[1].spec.sequence), (crd::AuditAction::Expired, 2));
+    assert_eq!(a[1].spec.removed, granted.added, "everything granted is taken away");
+    let st = run_of(&server, "job-7").status.unwrap();
+    assert_eq!(st.grant.as_ref().map(|g| (g.sequence, g.expired, g.destinations.is_empty())), Some((2, true, true)));
+    assert_eq!(st.network_policy.unwrap().generation, np.metadata.generation);
+    ctl.stop().await;
+}
+
+/// `activeDeadlineSeconds` of 0 or less: the CRD's `minimum: 1` refuses it on a real API
+/// server; the controller's own check says `RunInvalid`, and nothing is granted — the run is
+/// past its deadline from its creation, so its policy allows nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_of_zero_or_less_is_invalid_and_grants_nothing() {
+    let server = common::api_server().await;
+    let clock = FakeClock::new();
+    let ctl = Running::start(&server, options(EnforceMode::On, &clock)).await;
+    profile(&server, "web", json!({"internet": {"ports": [{"port": 443}]}}));
+    for (name, secs) in [("job-z", 0), ("job-n", -5)] {
+        create_run(&server, name, json!({"profile": "web", "activeDeadlineSeconds": secs})).await;
+        let msg = wait_condition(&server, name, NETWORK_POLICY_READY, "False", "RunInvalid").await;
+        assert!(msg.contains(&format!("spec.activeDeadlineSeconds: {secs} is not a positive number of seconds")), "{msg}");
+        wait_condition(&server, name, READY, "False", "RunInvalid").await;
+        wait_condition(&server, name, EXPIRED, "True", "DeadlineExceeded").await;
+        let np = policy(&server, &format!("{name}-egress")).unwrap();
+        assert_eq!(egress_rules(&np), 0, "{name}: no egress");
+        assert!(np.spec.unwrap().ingress.is_none_or(|i| i.is_empty()));
+        // Nothing was ever granted: the trail says so.
+        let a = wait_audits(&server, name, 1).await;
+        assert_eq!(a[0].spec.action, crd::AuditAction::Expired);
+        assert!(a[0].spec.added.is_empty() && a[0].spec.removed.is_empty(), "{:?}", a[0].spec);
+        assert!(run_of(&server, name).status.unwrap().grant.unwrap().destinations.is_empty());
+    }
     ctl.stop().await;
 }
 

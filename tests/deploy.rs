@@ -68,6 +68,7 @@ fn cluster_role_grants_only_what_the_agent_uses() {
                     "cluster policy.networking.k8s.io/clusternetworkpolicies/status:patch",
                     "cluster flock.dev/flocknodes:create",
                     "cluster flock.dev/flocknodes:get",
+                    "cluster flock.dev/flocknodes:patch",
                     "cluster flock.dev/flocknodes/status:patch",
                     "flock-system coordination.k8s.io/leases:create",
                     "flock-system coordination.k8s.io/leases:get/flock-agent-reporter",

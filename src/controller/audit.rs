@@ -238,6 +238,12 @@ pub async fn collect(client: &Client, now: Timestamp, retention: &Retention) -> 
 mod tests {
     use super::*;
 
+    #[test]
+    fn retention_defaults_to_90_days_and_100_per_run() {
+        let r = Retention::default();
+        assert_eq!((r.max_age, r.max_per_run, r.interval), (Duration::from_secs(90 * 24 * 3600), 100, Duration::from_secs(600)));
+    }
+
     fn grant(destinations: &[&str], expired: bool, expires_at: Option<&str>) -> Grant {
         Grant {
             sequence: 1,

@@ -5,7 +5,9 @@
 //!
 //! [`judge`] is pure. The run's pods come from a cache of the pods labelled `flock.dev/run`
 //! (a run's custom selector must require that label, so this holds every run pod); a pod
-//! counts on its node once scheduled and until it finished. A node whose agent reports a
+//! counts on its node once scheduled and until it finished, unless it uses the host's network
+//! (flock enforces nothing for those, and its agent leaves them out of `runPolicies`: waiting
+//! for their node would never end). A node whose agent reports a
 //! generation at least the applied one enforces it; a node with no FlockNode, or an older
 //! generation, is pending. Only flock-agent reports: on other enforcers (`--enforce off`, the
 //! Cilium variant, an enforcer the probe found that is not flock) `Enforced` is `Unknown`.
@@ -61,14 +63,19 @@ impl Judgement {
     }
 }
 
-/// Whether `pod` runs (or will run) on a node: scheduled, not finished, not being deleted
-/// past its grace (a terminating pod still has its endpoint until its DEL).
+/// The node whose agent enforces the run's policy for `pod`: scheduled, not finished, not
+/// being deleted past its grace (a terminating pod still has its endpoint until its DEL), not
+/// host-networked (as [`crate::agent::run_policies::is_local_run_pod`] decides).
 pub fn node_of(pod: &Pod) -> Option<&str> {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return None;
     }
-    pod.spec.as_ref()?.node_name.as_deref().filter(|n| !n.is_empty())
+    let spec = pod.spec.as_ref()?;
+    if spec.host_network == Some(true) {
+        return None;
+    }
+    spec.node_name.as_deref().filter(|n| !n.is_empty())
 }
 
 /// `sel` compiled for matching (a selector the run's checks accepted compiles; one that does
@@ -199,5 +206,32 @@ mod tests {
         ];
         let got: Vec<String> = nodes(&sel, &pods).into_iter().collect();
         assert_eq!(got, ["n1", "n4"]);
+    }
+
+    #[test]
+    fn host_network_pods_are_left_out_as_the_agent_does() {
+        let pod = |host_network: Option<bool>| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "a", "labels": {"flock.dev/run": "r"}},
+                "spec": {"containers": [], "nodeName": "n1", "hostNetwork": host_network},
+                "status": {"phase": "Running"}
+            }))
+            .unwrap()
+        };
+        assert_eq!(node_of(&pod(Some(true))), None);
+        assert_eq!(node_of(&pod(Some(false))), Some("n1"));
+        assert_eq!(node_of(&pod(None)), Some("n1"));
+        // The agent's side of the same rule: such a pod is not one of its run pods.
+        let model = |host_network: Option<bool>| crate::model::convert::pod(&pod(host_network)).unwrap();
+        assert!(!crate::agent::run_policies::is_local_run_pod(&model(Some(true)), "n1"));
+        assert!(crate::agent::run_policies::is_local_run_pod(&model(None), "n1"));
+        // A host-network pod beside a normal one: only the normal one's node is waited for.
+        let sel =
+            compile(&Selector { match_labels: BTreeMap::from([("flock.dev/run".to_string(), "r".to_string())]), ..Selector::default() })
+                .unwrap();
+        let mut other = pod(None);
+        other.spec.as_mut().unwrap().node_name = Some("n2".into());
+        let got: Vec<String> = nodes(&sel, &[pod(Some(true)), other]).into_iter().collect();
+        assert_eq!(got, ["n2"]);
     }
 }

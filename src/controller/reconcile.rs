@@ -9,7 +9,9 @@
 //!    the reconcile waits). An expired run needs no profile.
 //! 4. [`render::plan`], [`desired`] — render (pure); an invalid run or profile →
 //!    `RunInvalid`/`ProfileInvalid`. Past the run's deadline ([`expires_at`], read on the
-//!    context's clock) the plan is withdrawn: the policy allows nothing.
+//!    context's clock) the plan is withdrawn: the policy allows nothing — also when the
+//!    profile is missing or invalid, and when the run itself is invalid (fail closed: it keeps
+//!    `RunInvalid`, and the policy keeps selecting the pods it selected, [`live_selector`]).
 //! 5. [`apply`] — server-side apply with the fixed field manager, forced: whatever else
 //!    changed in the fields the controller owns is reverted. An API error → `ApplyFailed`,
 //!    requeued with backoff.
@@ -29,9 +31,10 @@
 //!    audited changes' Events, and `EnforcementDelayed` once nodes lag past the timeout.
 //!
 //! User errors (2, 3, 4) write their condition and wait for a change of the run or of its
-//! profile (the controller watches profiles): no requeue, no hot loop; an earlier policy
-//! stays in place. API errors requeue with a per-run exponential backoff ([`Backoffs`]:
-//! forgotten on success, on the run's deletion, and when a relist no longer has the run).
+//! profile (the controller watches profiles) or for the run's deadline: no hot loop; an
+//! earlier policy stays in place until the deadline. API errors requeue with a per-run
+//! exponential backoff ([`Backoffs`]: forgotten on success, on the run's deletion, and when a
+//! relist no longer has the run).
 //! A RunProfile's reconcile only checks it and writes its `Ready` condition.
 
 use std::collections::HashMap;
@@ -54,7 +57,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::SignedDuration;
 
 use super::audit::{self, AuditError, Change};
-use super::crd::{self, AppliedPolicy, AuditAction, AuditPolicy, AuditProfile, Enforcement, FlockNode, Run, RunProfile, RunStatus};
+use super::crd::{
+    self, AppliedPolicy, AuditAction, AuditPolicy, AuditProfile, Enforcement, FlockNode, Run, RunProfile, RunStatus, Selector,
+};
 use super::enforced::{self, Judgement, Verify};
 use super::metrics::{ApplyResult, Metrics};
 use super::probe::{Decision, PolicyKind};
@@ -288,6 +293,8 @@ pub enum ReconcileError {
     NoUid { kind: String, namespace: String, name: String },
     #[error("deleting stale {kind} {namespace}/{name}: {error}")]
     Delete { kind: String, namespace: String, name: String, error: kube::Error },
+    #[error("reading {kind} {namespace}/{name}: {error}")]
+    Read { kind: String, namespace: String, name: String, error: kube::Error },
     #[error("reading Run {name}: {error}")]
     Run { name: String, error: kube::Error },
     #[error("writing the status of {kind} {name}: {error}")]
@@ -319,6 +326,11 @@ pub enum Outcome {
         expired: bool,
         /// The AuditEvents written by this pass.
         recorded: Vec<Change>,
+        /// The pods the policy selects.
+        selector: Selector,
+        /// The run is invalid (condition reason and message): only an expired run's policy
+        /// is applied then, allowing nothing.
+        invalid: Option<(&'static str, String)>,
     },
     Disabled,
     /// The user's to fix: a condition says what, and nothing happens until a change.
@@ -430,6 +442,25 @@ fn owned_by(obj: &DynamicObject, owner: &str) -> bool {
     obj.owner_references().iter().any(|o| o.uid == owner && o.controller == Some(true))
 }
 
+/// Step 4, for an invalid run past its deadline: the pod selector of the run's policy of
+/// `kind` as it is, when the run controls one (not empty: that would select the whole
+/// namespace). Those pods had its egress, so its withdrawal keeps selecting them, whatever
+/// the run's selector says now.
+pub async fn live_selector(client: &Client, run: &Run, kind: &PolicyKind) -> Result<Option<Selector>, ReconcileError> {
+    let (Some(namespace), Some(run_uid)) = (run.namespace(), run.uid()) else { return Ok(None) };
+    let name = render::policy_name(&run.name_any());
+    let api = policy_api(client, &namespace, kind);
+    let live = api.get_opt(&name).await.map_err(|error| ReconcileError::Read { kind: kind.kind().to_string(), namespace, name, error })?;
+    let field = match kind {
+        PolicyKind::NetworkPolicy => "podSelector",
+        PolicyKind::Cilium(_) => "endpointSelector",
+    };
+    Ok(live
+        .filter(|o| owned_by(o, &run_uid))
+        .and_then(|o| serde_json::from_value::<Selector>(o.data["spec"][field].clone()).ok())
+        .filter(|s| !s.is_empty()))
+}
+
 /// Steps 2 and 7: deletes the run's policy of each of `kinds` when it exists and the run
 /// controls it (a same-named object someone else made is left alone). Returns how many
 /// were deleted.
@@ -459,6 +490,17 @@ pub async fn remove_policies(client: &Client, run: &Run, kinds: &[PolicyKind]) -
 /// judgement.
 pub fn conditions(status: &mut RunStatus, outcome: &Outcome, enforced: &Judgement, generation: Option<i64>, now: &str) {
     let (np_ok, np_reason, np_message) = match outcome {
+        Outcome::Applied { policy, invalid: Some((reason, message)), .. } => (
+            false,
+            *reason,
+            format!(
+                "{message}; past the run's deadline {} {} allows nothing (uid {}, generation {})",
+                policy.kind,
+                policy.name,
+                policy.uid,
+                policy.generation.unwrap_or(0)
+            ),
+        ),
         Outcome::Applied { policy, .. } => (
             true,
             reason::APPLIED,
@@ -488,7 +530,7 @@ pub fn conditions(status: &mut RunStatus, outcome: &Outcome, enforced: &Judgemen
     crd::set_condition_status(&mut status.conditions, ENFORCED, enforced.status, enforced.reason, &enforced.message, generation, now);
     let (ready, ready_reason, ready_message) = match outcome {
         Outcome::Disabled => (true, reason::ENFORCEMENT_DISABLED, String::new()),
-        Outcome::UserError { .. } => (false, np_reason, np_message),
+        Outcome::UserError { .. } | Outcome::Applied { invalid: Some(_), .. } => (false, np_reason, np_message),
         Outcome::Applied { .. } if expired => (false, reason::DEADLINE_EXCEEDED, expired_message),
         // Unknown: an enforcer that does not report (Ready keeps its meaning: applied).
         Outcome::Applied { .. } if enforced.status == crd::FALSE => (false, reason::NOT_ENFORCED, enforced.message.clone()),
@@ -553,7 +595,7 @@ pub async fn withdrawn_event(recorder: &Recorder, run: &Run, previous: Option<&A
 
 /// Steps 2–7 of a run whose decision is `enforcement`; `status.networkPolicy` and
 /// `status.grant` are updated. An expired run gets a policy that allows nothing, whatever
-/// its profile says (also when the profile is gone or invalid).
+/// its profile says (also when the profile is gone or invalid, or the run is).
 /// `now` is the pass's one reading of the clock; `expires` the run's deadline.
 async fn steps(
     run: &Run,
@@ -592,9 +634,20 @@ async fn steps(
         }
     };
     let cluster = ctx.cluster.borrow().clone();
+    let withdrawn = || RunProfile::new(&run.spec.profile, crd::RunProfileSpec::withdrawn());
+    let mut invalid = None;
     let planned = match render::plan(run, &profile, &cluster) {
-        Err(RenderError::Profile { .. }) if expired => {
-            render::plan(run, &RunProfile::new(&run.spec.profile, crd::RunProfileSpec::withdrawn()), &cluster)
+        Err(RenderError::Profile { .. }) if expired => render::plan(run, &withdrawn(), &cluster),
+        // Fail closed: an invalid run must not keep the egress it was granted past its
+        // deadline. The pods its policy selects keep being selected; without a policy, the
+        // run's own selector when that part is valid, else its default one.
+        Err(e @ RenderError::Run { .. }) if expired => {
+            invalid = Some(user_error(&e));
+            let selector = match live_selector(&ctx.client, run, &ctx.kind).await? {
+                Some(s) => s,
+                None => render::own_selector(run).unwrap_or_else(|| render::default_selector(run)),
+            };
+            render::plan_with_selector(run, selector, &withdrawn(), &cluster)
         }
         other => other,
     };
@@ -682,7 +735,7 @@ async fn steps(
     if !recorded.is_empty() {
         status.grant = Some(audit::next_grant(sequence, &destinations, expired, expires_text.as_deref()));
     }
-    Ok(Outcome::Applied { policy: applied, result, previous: previous.map(Box::new), expired, recorded })
+    Ok(Outcome::Applied { policy: applied, result, previous: previous.map(Box::new), expired, recorded, selector: plan.selector, invalid })
 }
 
 /// Step 8: the `Enforced` judgement of an outcome.
@@ -704,7 +757,11 @@ async fn judge_enforced(run: &Run, ctx: &Context, outcome: &Outcome, status: &Ru
     let mut complete = ctx.caches.enforcement_complete.clone();
     complete.wait_for(|c| *c).await.map_err(|_| ReconcileError::EnforcementCache { run: key(run) })?;
     let namespace = run.namespace().unwrap_or_default();
-    let Some(selector) = render::run_selector(run).ok().as_ref().and_then(enforced::compile) else {
+    let selector = match outcome {
+        Outcome::Applied { selector, .. } => Some(selector.clone()),
+        _ => render::run_selector(run).ok(),
+    };
+    let Some(selector) = selector.as_ref().and_then(enforced::compile) else {
         return Ok(Judgement::unknown(enforced::reason::NO_POLICY, "the run's pod selector is invalid".into()));
     };
     let pods = ctx.caches.pods.state();
@@ -935,7 +992,15 @@ mod tests {
     }
 
     fn applied_outcome(expired: bool) -> Outcome {
-        Outcome::Applied { policy: applied("u1"), result: ApplyResult::Created, previous: None, expired, recorded: Vec::new() }
+        Outcome::Applied {
+            policy: applied("u1"),
+            result: ApplyResult::Created,
+            previous: None,
+            expired,
+            recorded: Vec::new(),
+            selector: Selector::default(),
+            invalid: None,
+        }
     }
 
     fn judged(status: &'static str) -> Judgement {
@@ -986,6 +1051,70 @@ mod tests {
         assert_eq!((expired.status.as_str(), expired.reason.as_str()), ("True", reason::DEADLINE_EXCEEDED));
         let ready = crd::condition(&s.conditions, READY).unwrap();
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reason::DEADLINE_EXCEEDED));
+    }
+
+    #[test]
+    fn an_invalid_expired_run_is_withdrawn_and_stays_invalid() {
+        let mut s = RunStatus { expires_at: Some("2026-11-26T10:00:00Z".into()), ..RunStatus::default() };
+        let outcome = Outcome::Applied {
+            policy: applied("u1"),
+            result: ApplyResult::Applied,
+            previous: None,
+            expired: true,
+            recorded: Vec::new(),
+            selector: Selector::default(),
+            invalid: Some((
+                reason::RUN_INVALID,
+                "run a/r is invalid: spec.activeDeadlineSeconds: 0 is not a positive number of seconds".into(),
+            )),
+        };
+        conditions(&mut s, &outcome, &judged("True"), Some(2), "t1");
+        let np = crd::condition(&s.conditions, NETWORK_POLICY_READY).unwrap();
+        assert_eq!((np.status.as_str(), np.reason.as_str()), ("False", reason::RUN_INVALID));
+        assert!(np.message.contains("activeDeadlineSeconds") && np.message.contains("r-egress allows nothing"), "{}", np.message);
+        let expired = crd::condition(&s.conditions, EXPIRED).unwrap();
+        assert_eq!((expired.status.as_str(), expired.reason.as_str()), ("True", reason::DEADLINE_EXCEEDED));
+        let ready = crd::condition(&s.conditions, READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reason::RUN_INVALID));
+        // Requeued like any applied run (a raised deadline or a fix is a change of the run).
+        let resync = Duration::from_secs(600);
+        assert_eq!(format!("{:?}", action(&outcome, resync, None, None)), format!("{:?}", Action::requeue(resync)));
+    }
+
+    #[test]
+    fn a_deadline_of_zero_or_less_is_run_invalid_and_already_past() {
+        let cluster = ClusterConfig {
+            pod_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
+            dns: render::DnsConfig::default(),
+            api_server: Default::default(),
+        };
+        let created: Timestamp = "2026-11-26T10:00:00Z".parse().unwrap();
+        for secs in [0, -5] {
+            let mut run = run_with_uid("u1");
+            run.spec.active_deadline_seconds = Some(secs);
+            run.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created));
+            let problems = run.spec.problems();
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert_eq!(problems[0].field, "spec.activeDeadlineSeconds");
+            let profile = RunProfile::new("p", serde_json::from_value(json!({"internet": {"ports": [{"port": 443}]}})).unwrap());
+            let e = render::plan(&run, &profile, &cluster).unwrap_err();
+            assert_eq!(user_error(&e).0, reason::RUN_INVALID, "{e}");
+            // Past its deadline at creation: the controller withdraws (steps), and the
+            // withdrawal can select the run's pods (the selector is not what is wrong).
+            assert!(expires_at(&run).is_some_and(|t| t <= created));
+            let selector = render::own_selector(&run).unwrap();
+            assert_eq!(selector, render::default_selector(&run));
+            let mut plan =
+                render::plan_with_selector(&run, selector, &RunProfile::new("p", crd::RunProfileSpec::withdrawn()), &cluster).unwrap();
+            plan.withdraw("2026-11-26T10:00:00Z");
+            assert!(plan.egress.is_empty() && plan.destinations().is_empty());
+            assert_eq!(plan.ingress, Some(Vec::new()));
+        }
+        // A selector that is itself invalid is not used for the withdrawal.
+        let mut run = run_with_uid("u1");
+        run.spec.pod_selector = Some(serde_json::from_value(json!({"matchLabels": {"app": "agent"}})).unwrap());
+        assert_eq!(render::own_selector(&run), None);
     }
 
     #[test]

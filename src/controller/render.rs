@@ -192,13 +192,22 @@ pub fn run_selector(run: &Run) -> Result<Selector, RenderError> {
     if !problems.is_empty() {
         return Err(RenderError::Run { run: run_key(run), problems });
     }
-    Ok(match &run.spec.pod_selector {
-        Some(s) => s.clone(),
-        None => Selector {
-            match_labels: BTreeMap::from([(RUN_LABEL.to_string(), run_label_value(run.meta().name.as_deref().unwrap_or_default()))]),
-            ..Selector::default()
-        },
-    })
+    Ok(run.spec.pod_selector.clone().unwrap_or_else(|| default_selector(run)))
+}
+
+/// The selector of a run without its own: `flock.dev/run: <label value>`.
+pub fn default_selector(run: &Run) -> Selector {
+    Selector {
+        match_labels: BTreeMap::from([(RUN_LABEL.to_string(), run_label_value(run.meta().name.as_deref().unwrap_or_default()))]),
+        ..Selector::default()
+    }
+}
+
+/// The run's pod selector when that part of the run is valid, whatever else is wrong with
+/// it (an invalid run past its deadline still gets a policy that allows nothing).
+pub fn own_selector(run: &Run) -> Option<Selector> {
+    let bad = run.spec.problems().iter().any(|p| p.field.starts_with("spec.podSelector"));
+    (!bad).then(|| run.spec.pod_selector.clone().unwrap_or_else(|| default_selector(run)))
 }
 
 fn run_key(run: &Run) -> String {
@@ -207,12 +216,27 @@ fn run_key(run: &Run) -> String {
 
 /// Decides what `run` may reach under `profile` (see the module doc for the order).
 pub fn plan(run: &Run, profile: &RunProfile, cluster: &ClusterConfig) -> Result<Plan, RenderError> {
+    plan_for(run, run_selector, profile, cluster)
+}
+
+/// [`plan`] for the pods `selector` selects rather than the run's own, which is not checked:
+/// the withdrawal of an invalid run past its deadline (with a profile that grants nothing).
+pub fn plan_with_selector(run: &Run, selector: Selector, profile: &RunProfile, cluster: &ClusterConfig) -> Result<Plan, RenderError> {
+    plan_for(run, |_| Ok(selector), profile, cluster)
+}
+
+fn plan_for(
+    run: &Run,
+    selector: impl FnOnce(&Run) -> Result<Selector, RenderError>,
+    profile: &RunProfile,
+    cluster: &ClusterConfig,
+) -> Result<Plan, RenderError> {
     let key = run_key(run);
     let meta = run.meta();
     let name = meta.name.clone().ok_or(RenderError::Incomplete { run: key.clone(), field: "metadata.name" })?;
     let namespace = meta.namespace.clone().ok_or(RenderError::Incomplete { run: key.clone(), field: "metadata.namespace" })?;
     let uid = meta.uid.clone().ok_or(RenderError::Incomplete { run: key.clone(), field: "metadata.uid" })?;
-    let selector = run_selector(run)?;
+    let selector = selector(run)?;
     let profile_name = profile.meta().name.clone().unwrap_or_default();
     let spec = &profile.spec;
     let problems = spec.problems();

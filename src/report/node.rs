@@ -15,7 +15,11 @@
 //! The object is created when missing, owned by the Node (garbage-collected with it); the
 //! Node's uid is read first, and without a Node nothing is created (retried later: an
 //! owner-less FlockNode would outlive its node). A restarted agent reads the object first and
-//! writes nothing if its status already says the same. The status is written with a JSON
+//! writes nothing if its status already says the same. An existing object that is not owned
+//! by the Node as it is now (no ownerReference to it, or one with a stale uid: made by hand,
+//! or before the Node was re-created) gets the reference first, by a merge patch of
+//! `metadata.ownerReferences` conditional on the resourceVersion read (other owners stay);
+//! until that succeeds its status is not written either. The status is written with a JSON
 //! merge patch of the whole status on the `status` subresource, fields that went away set to
 //! null: the agent is the status's only writer, so server-side apply's field ownership would
 //! buy nothing but a managedFields entry to keep. An object deleted meanwhile (404) is created
@@ -71,6 +75,8 @@ pub enum NodeStatusError {
     NoNode { name: String },
     #[error("cannot create FlockNode {name}: {source}")]
     Create { name: String, source: kube::Error },
+    #[error("cannot make Node {name} the owner of FlockNode {name}: {source}")]
+    Adopt { name: String, source: kube::Error },
     #[error("cannot write the status of FlockNode {name}: {source}")]
     Patch { name: String, source: kube::Error },
     #[error("FlockNode {name} was deleted; it is created again")]
@@ -219,6 +225,8 @@ impl NodeStatusWriter {
         if !self.exists {
             match api.get_opt(&name).await {
                 Ok(Some(found)) => {
+                    let uid = self.node_uid().await.map_err(|e| (e, false))?;
+                    self.adopt(&api, &found, &uid).await.map_err(|e| (e, false))?;
                     self.exists = true;
                     self.written = found.status;
                     if self.written.as_ref() == Some(want) {
@@ -248,8 +256,8 @@ impl NodeStatusWriter {
         }
     }
 
-    /// Creates the FlockNode, owned by the Node.
-    async fn create(&mut self, api: &Api<FlockNode>) -> Result<(), NodeStatusError> {
+    /// The uid of this node's Node.
+    async fn node_uid(&self) -> Result<String, NodeStatusError> {
         let name = self.node.clone();
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node = match nodes.get_opt(&name).await {
@@ -257,7 +265,35 @@ impl NodeStatusWriter {
             Ok(None) => return Err(NodeStatusError::NoNode { name }),
             Err(source) => return Err(NodeStatusError::ReadNode { name, source }),
         };
-        let Some(uid) = node.metadata.uid else { return Err(NodeStatusError::NoNode { name }) };
+        node.metadata.uid.ok_or(NodeStatusError::NoNode { name })
+    }
+
+    /// Makes the Node (uid `uid`) an owner of `found` when it is not: without that reference
+    /// the FlockNode would outlive its node.
+    async fn adopt(&self, api: &Api<FlockNode>, found: &FlockNode, uid: &str) -> Result<(), NodeStatusError> {
+        let name = self.node.clone();
+        let current = found.metadata.owner_references.as_deref().unwrap_or_default();
+        let Some(owners) = fixed_owners(current, &name, uid) else { return Ok(()) };
+        // Conditional on what was read: a list in a merge patch replaces the whole list, so
+        // an owner added meanwhile would be lost (a conflict is retried after a new read).
+        let mut metadata = json!({ "ownerReferences": owners });
+        if let (Some(rv), Value::Object(map)) = (&found.metadata.resource_version, &mut metadata) {
+            map.insert("resourceVersion".into(), json!(rv));
+        }
+        let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
+        match api.patch(&name, &pp, &Patch::Merge(json!({ "metadata": metadata }))).await {
+            Ok(_) => {
+                tracing::info!(flocknode = %name, node_uid = %uid, "this node's FlockNode is now owned by its Node");
+                Ok(())
+            }
+            Err(source) => Err(NodeStatusError::Adopt { name, source }),
+        }
+    }
+
+    /// Creates the FlockNode, owned by the Node.
+    async fn create(&mut self, api: &Api<FlockNode>) -> Result<(), NodeStatusError> {
+        let name = self.node.clone();
+        let uid = self.node_uid().await?;
         let object = FlockNode {
             metadata: ObjectMeta { name: Some(name.clone()), owner_references: Some(vec![owner(&name, &uid)]), ..ObjectMeta::default() },
             spec: FlockNodeSpec {},
@@ -266,8 +302,12 @@ impl NodeStatusWriter {
         let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
         match api.create(&pp, &object).await {
             Ok(_) => tracing::info!(flocknode = %name, node_uid = %uid, "created this node's FlockNode"),
-            // Someone made it since the read: write its status.
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            // Someone made it since the read: owned by the Node too, then its status.
+            Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&name).await {
+                Ok(Some(found)) => self.adopt(api, &found, &uid).await?,
+                Ok(None) => return Err(NodeStatusError::Gone { name }),
+                Err(source) => return Err(NodeStatusError::Read { name, source }),
+            },
             Err(source) => return Err(NodeStatusError::Create { name, source }),
         }
         self.exists = true;
@@ -280,6 +320,21 @@ impl NodeStatusWriter {
 /// that would need the right to update Nodes' finalizers).
 pub fn owner(name: &str, uid: &str) -> OwnerReference {
     OwnerReference { api_version: "v1".into(), kind: "Node".into(), name: name.into(), uid: uid.into(), ..OwnerReference::default() }
+}
+
+/// The ownerReferences a FlockNode with `current` needs to be owned by the Node `name` with
+/// uid `uid`; `None` when it is, and by no other Node. Owners that are not Nodes stay; a
+/// Node reference with another uid (a Node deleted and created again under the name) or name
+/// goes.
+pub fn fixed_owners(current: &[OwnerReference], name: &str, uid: &str) -> Option<Vec<OwnerReference>> {
+    let is_node = |o: &OwnerReference| o.api_version == "v1" && o.kind == "Node";
+    let mut nodes = current.iter().filter(|o| is_node(o));
+    if nodes.next().is_some_and(|o| o.name == name && o.uid == uid) && nodes.next().is_none() {
+        return None;
+    }
+    let mut out: Vec<OwnerReference> = current.iter().filter(|o| !is_node(o)).cloned().collect();
+    out.push(owner(name, uid));
+    Some(out)
 }
 
 #[cfg(test)]
@@ -298,6 +353,12 @@ mod tests {
         });
         s.run_policies = Arc::new([(Arc::from("b/p"), 2), (Arc::from("a/q"), 0)].into());
         s
+    }
+
+    #[test]
+    fn written_at_most_every_10_seconds_by_default() {
+        let d = NodeStatusOptions::default();
+        assert_eq!((d.interval, d.retry, d.max_retry), (Duration::from_secs(10), Duration::from_secs(5), Duration::from_secs(60)));
     }
 
     #[test]
@@ -362,5 +423,25 @@ mod tests {
         let o = owner("n1", "u-1");
         assert_eq!((o.api_version.as_str(), o.kind.as_str(), o.name.as_str(), o.uid.as_str()), ("v1", "Node", "n1", "u-1"));
         assert_eq!((o.controller, o.block_owner_deletion), (None, None));
+    }
+
+    #[test]
+    fn owners_are_fixed_to_the_node_as_it_is() {
+        assert_eq!(fixed_owners(&[], "n1", "u-2"), Some(vec![owner("n1", "u-2")]));
+        assert_eq!(fixed_owners(&[owner("n1", "u-2")], "n1", "u-2"), None);
+        // A stale uid (the Node was created again) or another node's name is replaced.
+        assert_eq!(fixed_owners(&[owner("n1", "u-1")], "n1", "u-2"), Some(vec![owner("n1", "u-2")]));
+        assert_eq!(fixed_owners(&[owner("n0", "u-2")], "n1", "u-2"), Some(vec![owner("n1", "u-2")]));
+        assert_eq!(fixed_owners(&[owner("n1", "u-2"), owner("n1", "u-1")], "n1", "u-2"), Some(vec![owner("n1", "u-2")]));
+        // Someone else's owner stays.
+        let other = OwnerReference {
+            api_version: "example.dev/v1".into(),
+            kind: "Fleet".into(),
+            name: "f".into(),
+            uid: "u-9".into(),
+            ..OwnerReference::default()
+        };
+        assert_eq!(fixed_owners(&[other.clone(), owner("n1", "u-2")], "n1", "u-2"), None);
+        assert_eq!(fixed_owners(std::slice::from_ref(&other), "n1", "u-2"), Some(vec![other, owner("n1", "u-2")]));
     }
 }

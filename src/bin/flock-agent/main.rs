@@ -189,6 +189,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?}: {e} (a duration like 30s, 500ms, 1m 30s)"))
 }
 
+/// How this node's FlockNode is written (`None`: not at all).
+fn node_status_options(args: &Args) -> Option<NodeStatusOptions> {
+    args.node_status.then(|| NodeStatusOptions { interval: args.node_status_interval, ..NodeStatusOptions::default() })
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(&args.log, args.log_format);
@@ -266,9 +271,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 ..ReportOptions::default()
             },
             max_sync_age: args.resync_period * 3,
-            node_status: args
-                .node_status
-                .then(|| NodeStatusOptions { interval: args.node_status_interval, ..NodeStatusOptions::default() }),
+            node_status: node_status_options(&args),
         };
         let stop = stop_on_signals("rules");
         tracing::info!(node = %args.node_name, "flock-agent starting");
@@ -291,6 +294,16 @@ mod tests {
         assert!(parse_duration("5").is_err());
         assert_eq!(parse_interval("10s").unwrap(), Duration::from_secs(10));
         assert!(parse_interval("0s").is_err() && parse_interval("500ms").is_err());
+    }
+
+    #[test]
+    fn the_flocknode_is_written_at_most_every_10_seconds_by_default() {
+        // The README says 10 s; the flag and NodeStatusOptions::default must agree.
+        let args = Args::try_parse_from(["flock-agent", "--node-name", "n1"]).unwrap();
+        assert_eq!(args.node_status_interval, Duration::from_secs(10));
+        assert_eq!(node_status_options(&args), Some(NodeStatusOptions::default()));
+        let off = Args::try_parse_from(["flock-agent", "--node-name", "n1", "--node-status", "false"]).unwrap();
+        assert_eq!(node_status_options(&off), None);
     }
 
     #[test]

@@ -117,6 +117,22 @@ fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
     Ok(out)
 }
 
+impl Args {
+    /// `--enforced-timeout-seconds` (at least 1 s).
+    fn enforced_timeout(&self) -> Duration {
+        Duration::from_secs(self.enforced_timeout_seconds.max(1))
+    }
+
+    /// `--audit-max-age-days` and `--audit-max-per-run` (each at least 1).
+    fn retention(&self) -> Retention {
+        Retention {
+            max_age: Duration::from_secs(self.audit_max_age_days.max(1).saturating_mul(24 * 3600)),
+            max_per_run: self.audit_max_per_run.max(1),
+            ..Retention::default()
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.print_crds {
@@ -170,12 +186,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             resync: Duration::from_secs(args.resync_seconds.max(1)),
             instance: id.clone(),
             namespace: args.namespace.clone(),
-            enforced_timeout: Duration::from_secs(args.enforced_timeout_seconds.max(1)),
-            retention: Retention {
-                max_age: Duration::from_secs(args.audit_max_age_days.max(1).saturating_mul(24 * 3600)),
-                max_per_run: args.audit_max_per_run.max(1),
-                interval: Duration::from_secs(600),
-            },
+            enforced_timeout: args.enforced_timeout(),
+            retention: args.retention(),
             clock: flock::controller::reconcile::system_clock(),
         };
 
@@ -229,6 +241,34 @@ mod tests {
         for arg in cmd.get_arguments().filter(|a| a.get_id() != "help" && a.get_id() != "version") {
             assert!(arg.get_env().is_some(), "--{} has no environment fallback", arg.get_id());
         }
+    }
+
+    #[test]
+    fn defaults_of_the_enforcement_timeout_and_the_audit_retention() {
+        // What the README states: 60 s, 90 days, 100 per run; the same as the library's
+        // defaults (Options::new, Retention::default), which tests start from.
+        let args = Args::try_parse_from(["flock-controller"]).unwrap();
+        assert_eq!((args.enforced_timeout_seconds, args.audit_max_age_days, args.audit_max_per_run), (60, 90, 100));
+        assert_eq!(args.enforced_timeout(), Duration::from_secs(60));
+        assert_eq!(args.retention(), Retention::default());
+        let opts = Options::new(
+            EnforceMode::Auto,
+            ClusterConfig { pod_cidrs: Vec::new(), service_cidrs: Vec::new(), dns: DnsConfig::default(), api_server: Default::default() },
+        );
+        assert_eq!((opts.enforced_timeout, opts.retention), (args.enforced_timeout(), args.retention()));
+        // Zero is raised to the least that works.
+        let zero = Args::try_parse_from([
+            "flock-controller",
+            "--enforced-timeout-seconds",
+            "0",
+            "--audit-max-age-days",
+            "0",
+            "--audit-max-per-run",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(zero.enforced_timeout(), Duration::from_secs(1));
+        assert_eq!((zero.retention().max_age, zero.retention().max_per_run), (Duration::from_secs(24 * 3600), 1));
     }
 
     #[test]
