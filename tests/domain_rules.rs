@@ -3,7 +3,7 @@
 //! server on a host as the trusted resolver. The agent renders the domain rule's timed sets
 //! and the DNS steering; a pod reaches a domain's address only after resolving it, until
 //! the TTL passes; a pod whose policy does not admit DNS to the resolver gets no answer
-//! (the proxy does not widen policy); a full resync keeps what was learned.
+//! (the proxy does not widen policy); a sync keeps what was learned.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -142,7 +142,7 @@ async fn a_pod_reaches_a_domain_after_resolving_it_until_its_ttl() {
     // Resolved (through a CNAME): reachable right away.
     assert_eq!(resolve(&ya, "www.example.test"), Some(vec![WEB.parse().unwrap()]));
     assert!(connects(&ya, WEB), "not reachable right after the answer");
-    // A full resync keeps what was learned.
+    // A sync (a pod relabelled) keeps what was learned.
     sim.apply(|s| {
         let mut p = s.pod_by_name(&testkit::pod_ref("y/b")).cloned().unwrap();
         p.labels.insert("touched", "1");

@@ -356,3 +356,33 @@ fn a_difference_is_drift_only_when_a_second_read_shows_it() {
     a.backend_mut().inner.state_mut().apply_script("flush chain inet flock from-pods").unwrap();
     assert!(matches!(a.check_drift().unwrap(), Drift::Changed { .. }));
 }
+
+/// A full sync keeps the render's timed sets (what the DNS proxy learned lives there): not
+/// flushed, not deleted; a timed set the render no longer has goes, like any stale set.
+#[test]
+fn a_full_sync_keeps_the_timed_sets_it_renders() {
+    use crate::render::Set;
+    let mut rs = ruleset(&testkit::base_cluster());
+    let timed = |name: &str| Set {
+        name: name.into(),
+        comment: "learned".into(),
+        key: vec!["ipv4_addr"],
+        data: None,
+        interval: false,
+        timeout: true,
+        elements: Vec::new().into(),
+    };
+    rs.objects.insert(0, Object::Set(timed("domains-v4-kept")));
+    let existing: BTreeSet<(Kind, String)> =
+        [(Kind::Set, "domains-v4-kept".to_string()), (Kind::Set, "domains-v4-gone".to_string()), (Kind::Chain, BASE_CHAIN.to_string())]
+            .into();
+    let (flush, delete) = full_sync_removals(&rs, &existing);
+    let names = |v: &Objects<'_>| v.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&delete), vec!["domains-v4-gone".to_string()]);
+    assert!(!names(&flush).contains(&"domains-v4-kept".to_string()));
+    let script = transaction(&rs, &existing, &rs.to_text());
+    assert!(
+        !script.contains("delete set inet flock domains-v4-kept") && script.contains("delete set inet flock domains-v4-gone"),
+        "{script}"
+    );
+}
