@@ -258,6 +258,7 @@ fn main() {
                 ingress: vec![PolicyRule { peers: vec![], ports: vec![PolicyPort { protocol: None, port: Some(PortRef::Number(9000 + i)), end_port: None }] }],
                 egress: vec![],
                 generation: None,
+                egress_domains: None,
             };
             let key = ObjectRef::new(p.namespace.clone(), name);
             let t0 = Instant::now();

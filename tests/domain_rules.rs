@@ -26,7 +26,7 @@ const OTHER: &str = "198.18.250.81";
 
 /// y's pods may use DNS at the resolver and reach `*.example.test` on TCP 80; x/a may reach
 /// the domains but not DNS; nothing else for either.
-const POLICY: &str = "
+const POLICY: &str = r#"
 apiVersion: policy.networking.k8s.io/v1alpha2
 kind: ClusterNetworkPolicy
 metadata: {name: by-name}
@@ -62,7 +62,21 @@ spec:
     - name: rest
       action: Deny
       to: [{networks: [0.0.0.0/0]}]
-";
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: z-by-name
+  namespace: z
+  annotations:
+    flock.dev/egress-domains: '[{"name": "api.example.test", "ports": [{"protocol": "TCP", "port": 80}]}]'
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress:
+    - to: [{ipBlock: {cidr: 198.18.250.53/32}}]
+      ports: [{protocol: UDP, port: 53}, {protocol: TCP, port: 53}]
+"#;
 
 fn query(name: &str, id: u16) -> Vec<u8> {
     let mut q = Message::new();
@@ -159,6 +173,16 @@ async fn a_pod_reaches_a_domain_after_resolving_it_until_its_ttl() {
     // learns nothing.
     assert_eq!(resolve(&xa, "api.example.test"), None, "a pod whose policy denies DNS got an answer");
     assert!(!connects(&xa, WEB));
+
+    // A NetworkPolicy's flock.dev/egress-domains: one more egress allow of that policy, by name
+    // (only the exact name it lists).
+    let za = Netns::named(&sim.pod_netns("z/a").unwrap());
+    assert!(!connects(&za, WEB));
+    assert_eq!(resolve(&za, "www.example.test"), Some(vec![WEB.parse().unwrap()]));
+    assert!(!connects(&za, WEB), "www.example.test is not api.example.test");
+    assert_eq!(resolve(&za, "api.example.test"), Some(vec![WEB.parse().unwrap()]));
+    assert!(connects(&za, WEB), "not reachable after resolving the annotated name");
+    assert!(!connects(&za, OTHER));
 
     stop_dns.send(true).unwrap();
     dns_thread.join().unwrap();

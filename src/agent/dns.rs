@@ -37,7 +37,8 @@ pub struct DnsConfig {
     /// of the rule that chooses it.
     pub route_table: u32,
     pub rule_priority: u32,
-    /// Trusted resolvers, as pods reach them after the Service's DNAT.
+    /// Trusted resolvers, as pods reach them after the Service's DNAT, besides the resolver
+    /// pods the translation selects (`translate::Options::dns_resolvers`).
     pub resolvers: Vec<IpAddr>,
     /// TTL floor and cap, addresses per answer, CNAME steps.
     pub limits: crate::dns::Limits,
@@ -65,6 +66,9 @@ pub enum DnsError {
 /// The running proxy.
 pub struct DnsService {
     learner: Arc<DomainLearner<KernelWriter>>,
+    trusted: super::dns_proxy::Trusted,
+    /// Trusted whatever the translation finds.
+    configured: Vec<IpAddr>,
     stats: Arc<ProxyStats>,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -79,6 +83,7 @@ impl DnsService {
         proxy_config.upstream_timeout = config.upstream_timeout;
         let proxy = DnsProxy::with_stats(proxy_config, learner.clone(), metrics.dns_stats());
         let stats = proxy.stats();
+        let trusted = proxy.trusted();
         let (stop, stop_rx) = watch::channel(false);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), DnsError>>();
         let (thread_ns, routing) = (ns.clone(), config.clone());
@@ -122,7 +127,7 @@ impl DnsService {
             })
             .map_err(|e| DnsError::Thread { netns: ns.describe(), message: e.to_string() })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self { learner, stats, stop, thread: Some(thread) }),
+            Ok(Ok(())) => Ok(Self { learner, trusted, configured: config.resolvers.clone(), stats, stop, thread: Some(thread) }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(DnsError::Thread { netns: ns.describe(), message: "the proxy thread ended before it was ready".into() }),
         }
@@ -133,8 +138,10 @@ impl DnsService {
         self.stats.clone()
     }
 
-    /// The domain rules of a committed translation, for the learner.
+    /// The domain rules and trusted resolvers of a committed translation, for the learner
+    /// and the proxy.
     pub fn set_rules(&self, np: &NodePolicy) {
+        self.trusted.set(self.configured.iter().chain(&np.dns_resolvers).copied().collect());
         self.learner.set_rules(domain_rules(np));
     }
 }

@@ -42,7 +42,8 @@ use crate::dns::{Learned, Limits, learn, response_to};
 pub struct ProxyConfig {
     /// The port the proxy listens on (UDP and TCP, every address: tproxy delivers to it).
     pub port: u16,
-    /// Resolvers whose answers teach addresses; answers of others pass through untouched.
+    /// Resolvers whose answers teach addresses at first ([`DnsProxy::trusted`] replaces
+    /// them); answers of others pass through untouched.
     pub trusted: Vec<IpAddr>,
     /// Bounds on what an answer teaches.
     pub limits: Limits,
@@ -193,16 +194,32 @@ fn std_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
     a.as_sockaddr_in6().map(|v6| SocketAddr::from(*v6))
 }
 
+/// The resolvers whose answers teach, replaceable while the proxy serves (resolver pods come
+/// and go): the configured ones, then as the agent's translation finds them.
+#[derive(Debug, Clone, Default)]
+pub struct Trusted(Arc<std::sync::RwLock<Arc<std::collections::BTreeSet<IpAddr>>>>);
+
+impl Trusted {
+    pub fn set(&self, addrs: std::collections::BTreeSet<IpAddr>) {
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(addrs);
+    }
+
+    pub fn contains(&self, addr: &IpAddr) -> bool {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(addr)
+    }
+}
+
 /// The proxy: serves [`Listeners`] until told to stop.
 pub struct DnsProxy<L> {
     config: Arc<ProxyConfig>,
+    trusted: Trusted,
     learner: Arc<L>,
     stats: Arc<ProxyStats>,
 }
 
 impl<L> Clone for DnsProxy<L> {
     fn clone(&self) -> Self {
-        Self { config: self.config.clone(), learner: self.learner.clone(), stats: self.stats.clone() }
+        Self { config: self.config.clone(), trusted: self.trusted.clone(), learner: self.learner.clone(), stats: self.stats.clone() }
     }
 }
 
@@ -213,7 +230,14 @@ impl<L: Learner> DnsProxy<L> {
 
     /// A proxy counting into `stats` (the agent's metrics hold them).
     pub fn with_stats(config: ProxyConfig, learner: Arc<L>, stats: Arc<ProxyStats>) -> Self {
-        Self { config: Arc::new(config), learner, stats }
+        let trusted = Trusted::default();
+        trusted.set(config.trusted.iter().copied().collect());
+        Self { config: Arc::new(config), trusted, learner, stats }
+    }
+
+    /// The trusted resolvers, to replace while serving.
+    pub fn trusted(&self) -> Trusted {
+        self.trusted.clone()
     }
 
     pub fn config(&self) -> &ProxyConfig {
@@ -383,7 +407,7 @@ impl<L: Learner> DnsProxy<L> {
     /// What the pod gets for `answer`: the answer itself once its addresses are admitted (or
     /// when it teaches nothing), SERVFAIL when the learner failed.
     async fn vet(&self, query: &[u8], answer: Vec<u8>, client: SocketAddr, resolver: SocketAddr) -> Vec<u8> {
-        if !self.config.trusted.contains(&resolver.ip()) {
+        if !self.trusted.contains(&resolver.ip()) {
             bump(&self.stats.untrusted);
             return answer;
         }

@@ -241,7 +241,17 @@ impl Gen<'_, '_> {
         };
         let ingress = (0..count(self.u, 0, 2)?).map(|_| self.np_rule()).collect::<R<_>>()?;
         let egress = (0..count(self.u, 0, 2)?).map(|_| self.np_rule()).collect::<R<_>>()?;
-        Ok(NetworkPolicy { audit: false, namespace, name: format!("np{i}"), pod_selector, policy_types, ingress, egress, generation: None })
+        Ok(NetworkPolicy {
+            audit: false,
+            namespace,
+            name: format!("np{i}"),
+            pod_selector,
+            policy_types,
+            ingress,
+            egress,
+            generation: None,
+            egress_domains: None,
+        })
     }
 
     fn cnp_pods(&mut self) -> R<CnpPods> {

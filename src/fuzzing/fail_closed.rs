@@ -294,6 +294,7 @@ impl GenPolicy {
             ingress: self.ingress.iter().take(3).map(GenRule::build).collect(),
             egress: self.egress.iter().take(3).map(GenRule::build).collect(),
             generation: None,
+            egress_domains: None,
         }
     }
 }

@@ -591,7 +591,7 @@ impl<'u, 'd> Gen<'u, 'd> {
             let m = g.endpoint_mutation(&snapshot, &endpoints)?;
             m.apply_to(&mut snapshot, &mut endpoints);
         }
-        let options = Options { isolate_run_pods: g.u.arbitrary()?, audit_mode: g.u.arbitrary()? };
+        let options = Options { isolate_run_pods: g.u.arbitrary()?, audit_mode: g.u.arbitrary()?, dns_resolvers: None };
         let render_options = RenderOptions { peer_classes_from: g.u.int_in_range(0..=10)?, ..RenderOptions::DEFAULT };
         Ok((g, snapshot, endpoints, options, render_options))
     }
@@ -1018,8 +1018,17 @@ impl<'u, 'd> Gen<'u, 'd> {
             _ => vec!["Ingress".into(), "Egress".into()],
         };
         let audit = self.u.ratio(1, 4)?;
-        let mut p =
-            NetworkPolicy { audit, namespace, name, pod_selector, policy_types, ingress: Vec::new(), egress: Vec::new(), generation: None };
+        let mut p = NetworkPolicy {
+            audit,
+            namespace,
+            name,
+            pod_selector,
+            policy_types,
+            ingress: Vec::new(),
+            egress: Vec::new(),
+            generation: None,
+            egress_domains: None,
+        };
         for _ in 0..self.u.int_in_range(0..=2u8)? {
             p.ingress.push(self.np_rule()?);
         }

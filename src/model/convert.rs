@@ -204,6 +204,7 @@ pub fn network_policy(np: &net::NetworkPolicy) -> Result<NetworkPolicy, ConvertE
         ingress: spec.ingress.unwrap_or_default().iter().map(|r| rule(r.from.as_deref(), r.ports.as_deref())).collect(),
         egress: spec.egress.unwrap_or_default().iter().map(|r| rule(r.to.as_deref(), r.ports.as_deref())).collect(),
         generation: np.metadata.generation,
+        egress_domains: annotation(&np.metadata, super::EGRESS_DOMAINS_ANNOTATION).map(str::to_string),
     })
 }
 

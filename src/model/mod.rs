@@ -50,6 +50,12 @@ impl fmt::Display for ObjectRef {
 /// ClusterNetworkPolicy in audit mode: exactly `audit` (anything else enforces), and only
 /// where the agent runs with `--allow-audit-mode`.
 pub const ENFORCEMENT_ANNOTATION: &str = "flock.dev/enforcement";
+/// The NetworkPolicy annotation that adds egress allows by domain name (flock's extension, as
+/// flock-controller writes it for a RunProfile's `domains`): JSON,
+/// `[{"name": "github.com", "ports": [{"protocol": "TCP", "port": 443, "endPort": 444}]}]`
+/// (`ports` empty or absent: every port; `protocol` defaults to TCP). Other enforcers ignore
+/// it, which only allows less.
+pub const EGRESS_DOMAINS_ANNOTATION: &str = "flock.dev/egress-domains";
 /// The namespace annotation that logs allowed new connections of its pods: exactly `true`.
 pub const LOG_ALLOWED_ANNOTATION: &str = "flock.dev/log-allowed";
 
@@ -278,6 +284,8 @@ pub struct NetworkPolicy {
     /// `metadata.generation` (set by the API server; `None` in manifests). Not enforcement:
     /// the translator ignores it; the agent reports which generation it enforces.
     pub generation: Option<i64>,
+    /// The `flock.dev/egress-domains` annotation as written ([`EGRESS_DOMAINS_ANNOTATION`]).
+    pub egress_domains: Option<String>,
 }
 
 impl NetworkPolicy {

@@ -371,8 +371,9 @@ pub struct DnsSteer {
     /// The packet mark bit of admitted DNS on its way to the proxy.
     pub mark: u32,
     /// Trusted resolvers' addresses as pods address them after the Service's DNAT (the DNS
-    /// Service's endpoints): only their answers teach domain rules, and only DNS to them is
-    /// proxied.
+    /// Service's endpoints) given as such; with those of the resolver pods the translation
+    /// found ([`NodePolicy::dns_resolvers`]), only their answers teach domain rules, and only
+    /// DNS to them is proxied.
     pub resolvers: Vec<ipnet::IpNet>,
 }
 
@@ -691,7 +692,7 @@ impl RenderCache {
         let domains = domain_uses(np);
         sets.extend(domain_sets(&domains));
         if let Some(dns) = &self.options.dns {
-            sets.extend(dns_sets(dns, &domains));
+            sets.extend(dns_sets(dns, &np.dns_resolvers, &domains));
         }
         sets.sort_by(|a, b| a.name.cmp(&b.name));
         objects.extend(sets.into_iter().map(Object::Set));
@@ -878,7 +879,7 @@ fn domain_sets(domains: &BTreeMap<&DomainDef, DomainUse>) -> Vec<Set> {
 }
 
 /// The pod interfaces whose DNS goes through the proxy, and the trusted resolvers.
-fn dns_sets(dns: &DnsSteer, domains: &BTreeMap<&DomainDef, DomainUse>) -> Vec<Set> {
+fn dns_sets(dns: &DnsSteer, selected: &[std::net::IpAddr], domains: &BTreeMap<&DomainDef, DomainUse>) -> Vec<Set> {
     let interfaces: BTreeSet<&str> = domains.values().flat_map(|u| &u.interfaces).map(String::as_str).collect();
     let proxied: Vec<Element> = interfaces.into_iter().map(|i| element_of(quoted(i), "egress by domain name")).collect();
     let mut out = vec![Set {
@@ -891,8 +892,14 @@ fn dns_sets(dns: &DnsSteer, domains: &BTreeMap<&DomainDef, DomainUse>) -> Vec<Se
         elements: Arc::new(sorted(proxied)),
     }];
     for fam in [Family::V4, Family::V6] {
-        let nets: BTreeSet<ipnet::IpNet> =
-            dns.resolvers.iter().filter(|n| n.addr().is_ipv6() == (fam == Family::V6)).map(ipnet::IpNet::trunc).collect();
+        let nets: BTreeSet<ipnet::IpNet> = dns
+            .resolvers
+            .iter()
+            .copied()
+            .chain(selected.iter().map(|a| ipnet::IpNet::from(*a)))
+            .filter(|n| n.addr().is_ipv6() == (fam == Family::V6))
+            .map(|n| n.trunc())
+            .collect();
         out.push(Set {
             name: if fam == Family::V6 { DNS_RESOLVERS_V6 } else { DNS_RESOLVERS_V4 }.into(),
             comment: format!("trusted DNS resolvers ({}): their answers teach domain rules", fam.name()),

@@ -17,9 +17,9 @@
 
 use ipnet::IpNet;
 
-use super::ir::{Direction, IpBlockDef, NsScope, PeerDef, PolicyKind, PolicyProblem};
+use super::ir::{Direction, DomainDef, IpBlockDef, NsScope, PeerDef, PolicyKind, PolicyProblem};
 use super::selector::Selector;
-use crate::model::{NetworkPolicy, ObjectRef, PolicyPeer, PolicyPort, PolicyRule, PortRef, Protocol};
+use crate::model::{EGRESS_DOMAINS_ANNOTATION, NetworkPolicy, ObjectRef, PolicyPeer, PolicyPort, PolicyRule, PortRef, Protocol};
 
 /// One entry of a rule's `ports`, validated.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,6 +40,15 @@ pub struct CompiledRule {
     pub ports: Option<Vec<PortSpec>>,
 }
 
+/// An entry of the `flock.dev/egress-domains` annotation, validated: an egress allow to the
+/// addresses learned for `domains`, on `ports` (`None`: every port).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledDomains {
+    pub index: usize,
+    pub domains: DomainDef,
+    pub ports: Option<Vec<PortSpec>>,
+}
+
 /// A validated policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompiledPolicy {
@@ -52,6 +61,9 @@ pub struct CompiledPolicy {
     /// Valid ingress rules (invalid ones are dropped: they allow nothing).
     pub ingress_rules: Vec<CompiledRule>,
     pub egress_rules: Vec<CompiledRule>,
+    /// Valid entries of the `flock.dev/egress-domains` annotation (egress allows, when the
+    /// policy restricts egress).
+    pub egress_domains: Vec<CompiledDomains>,
 }
 
 impl CompiledPolicy {
@@ -131,12 +143,96 @@ pub fn compile(policy: &NetworkPolicy, problems: &mut Vec<PolicyProblem>) -> Com
     // The rules are validated (and their problems reported) either way.
     let mut ingress_rules = compile_rules(Direction::Ingress, &policy.ingress);
     let mut egress_rules = compile_rules(Direction::Egress, &policy.egress);
+    let mut egress_domains = match &policy.egress_domains {
+        Some(text) => compile_domains(text, &mut report),
+        None => Vec::new(),
+    };
+    if !egress_domains.is_empty() && !egress {
+        report(
+            format!("metadata.annotations[{EGRESS_DOMAINS_ANNOTATION}]"),
+            "the policy does not restrict egress (policyTypes): its domain allows change nothing".into(),
+        );
+    }
     if !selector_valid {
         ingress_rules.clear();
         egress_rules.clear();
+        egress_domains.clear();
     }
 
-    CompiledPolicy { key, audit: policy.audit, selector, ingress, egress, ingress_rules, egress_rules }
+    CompiledPolicy { key, audit: policy.audit, selector, ingress, egress, ingress_rules, egress_rules, egress_domains }
+}
+
+/// The annotation's entries, each validated on its own: an entry flock cannot read allows
+/// nothing (reported); text that is not the annotation's JSON allows nothing at all.
+fn compile_domains(text: &str, report: &mut impl FnMut(String, String)) -> Vec<CompiledDomains> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Entry {
+        name: String,
+        #[serde(default)]
+        ports: Vec<Port>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Port {
+        protocol: Option<String>,
+        port: i64,
+        end_port: Option<i64>,
+    }
+    let field = format!("metadata.annotations[{EGRESS_DOMAINS_ANNOTATION}]");
+    let entries: Vec<serde_json::Value> = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            report(field, format!("not a JSON list ({e}); it allows nothing (fail closed)"));
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for (i, value) in entries.into_iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        let entry: Entry = match serde_json::from_value(value) {
+            Ok(e) => e,
+            Err(e) => {
+                report(at, format!("{e}; this entry allows nothing"));
+                continue;
+            }
+        };
+        let pattern = match crate::dns::DomainPattern::parse(&entry.name) {
+            Ok(p) => p,
+            Err(m) => {
+                report(format!("{at}.name"), format!("{:?}: {m}; this entry allows nothing", entry.name));
+                continue;
+            }
+        };
+        let mut ports = Vec::with_capacity(entry.ports.len());
+        let mut bad = None;
+        for (j, p) in entry.ports.iter().enumerate() {
+            let protocol = match p.protocol.as_deref() {
+                None => Some(Protocol::Tcp),
+                Some(s) => Protocol::parse(s),
+            };
+            let number = |n: i64| u16::try_from(n).ok().filter(|n| *n != 0);
+            match (protocol, number(p.port), p.end_port.map(number)) {
+                (None, _, _) => bad = Some((format!("{at}.ports[{j}].protocol"), format!("{:?} is not TCP, UDP or SCTP", p.protocol))),
+                (_, None, _) => bad = Some((format!("{at}.ports[{j}].port"), format!("{} is not a port number (1-65535)", p.port))),
+                (_, _, Some(None)) => bad = Some((format!("{at}.ports[{j}].endPort"), "not a port number (1-65535)".to_string())),
+                (Some(proto), Some(s), Some(Some(e))) if e >= s => ports.push(PortSpec::Range(proto, s, e)),
+                (Some(_), Some(_), Some(Some(e))) => {
+                    bad = Some((format!("{at}.ports[{j}].endPort"), format!("{e} is below port {}", p.port)))
+                }
+                (Some(proto), Some(s), None) => ports.push(PortSpec::Range(proto, s, s)),
+            }
+            if bad.is_some() {
+                break;
+            }
+        }
+        if let Some((f, m)) = bad {
+            report(f, format!("{m}; this entry allows nothing"));
+            continue;
+        }
+        out.push(CompiledDomains { index: i, domains: DomainDef::new(vec![pattern]), ports: (!ports.is_empty()).then_some(ports) });
+    }
+    out
 }
 
 /// Splits a selector error `"field: message"` (see [`Selector::compile`]).
@@ -484,6 +580,56 @@ mod tests {
             // The bad rule is still reported on its own.
             assert!(probs.iter().any(|pr| pr.field == "spec.ingress[1].ports[0].protocol"), "{probs:?}");
         }
+    }
+
+    #[test]
+    fn the_egress_domains_annotation_adds_egress_allows_and_fails_closed_per_entry() {
+        let mut p = policy();
+        p.policy_types = vec!["Egress".into()];
+        p.egress_domains = Some(
+            r#"[{"name": "GitHub.com.", "ports": [{"port": 443}, {"protocol": "UDP", "port": 5000, "endPort": 5010}]},
+                {"name": "*.pypi.org"},
+                {"name": "*.*.bad"},
+                {"name": "ok.example", "ports": [{"protocol": "ICMP", "port": 1}]},
+                {"name": "ok.example", "ports": [{"port": 90, "endPort": 80}]},
+                {"name": "ok.example", "extra": 1}]"#
+                .into(),
+        );
+        let (c, probs) = problems_of(&p);
+        let got: Vec<(usize, String, Option<Vec<PortSpec>>)> =
+            c.egress_domains.iter().map(|d| (d.index, d.domains.short(), d.ports.clone())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    0,
+                    "github.com".to_string(),
+                    Some(vec![PortSpec::Range(Protocol::Tcp, 443, 443), PortSpec::Range(Protocol::Udp, 5000, 5010)])
+                ),
+                (1, "*.pypi.org".to_string(), None),
+            ]
+        );
+        let fields: Vec<&str> = probs.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "metadata.annotations[flock.dev/egress-domains][2].name",
+                "metadata.annotations[flock.dev/egress-domains][3].ports[0].protocol",
+                "metadata.annotations[flock.dev/egress-domains][4].ports[0].endPort",
+                "metadata.annotations[flock.dev/egress-domains][5]",
+            ]
+        );
+        assert!(probs.iter().all(|p| p.message.ends_with("this entry allows nothing")), "{probs:?}");
+        // Not JSON: nothing from it.
+        p.egress_domains = Some("github.com:443".into());
+        let (c, probs) = problems_of(&p);
+        assert!(c.egress_domains.is_empty());
+        assert!(probs[0].message.contains("allows nothing"), "{probs:?}");
+        // A policy that does not restrict egress: reported, changes nothing.
+        p.policy_types = vec!["Ingress".into()];
+        p.egress_domains = Some(r#"[{"name": "github.com"}]"#.into());
+        let (_, probs) = problems_of(&p);
+        assert!(probs[0].message.contains("does not restrict egress"), "{probs:?}");
     }
 
     #[test]

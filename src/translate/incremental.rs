@@ -376,6 +376,8 @@ impl Incremental {
         problems.sort();
         problems.dedup();
         np.problems = problems;
+        // Few pods (a namespace's), looked at every time: resolvers come and go with pods.
+        np.dns_resolvers = self.options.dns_resolvers.as_ref().map(|r| r.addresses(snapshot)).unwrap_or_default();
 
         self.eps = eps;
         self.changed = changed;

@@ -342,10 +342,16 @@ pub struct RuleOrigin {
     pub policy: ObjectRef,
     pub direction: Direction,
     pub index: usize,
+    /// The rule is entry `index` of the policy's `flock.dev/egress-domains` annotation, not
+    /// of its spec.
+    pub domains: bool,
 }
 
 impl fmt::Display for RuleOrigin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.domains {
+            return write!(f, "{} {}[{}]", self.policy, crate::model::EGRESS_DOMAINS_ANNOTATION, self.index);
+        }
         write!(f, "{} {}[{}]", self.policy, self.direction, self.index)
     }
 }
@@ -595,6 +601,8 @@ pub struct NodePolicy {
     pub port_sets: BTreeMap<NamedPortDef, Arc<PortAddressSet>>,
     /// Problems in the policies that apply to this node's pods.
     pub problems: Vec<PolicyProblem>,
+    /// The trusted DNS resolvers' addresses, sorted (`Options::dns_resolvers`).
+    pub dns_resolvers: Vec<IpAddr>,
 }
 
 #[cfg(test)]

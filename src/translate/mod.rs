@@ -55,11 +55,38 @@ pub struct Options {
     /// enforced, what would be with them ([`DirectionPolicy::audit`]). Off: every policy is
     /// enforced, annotated or not (audit means open; the agent's `--allow-audit-mode`).
     pub audit_mode: bool,
+    /// Which pods are the trusted DNS resolvers (their addresses become
+    /// [`NodePolicy::dns_resolvers`]); `None`: none but what the agent is given.
+    pub dns_resolvers: Option<ResolverPods>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { isolate_run_pods: true, audit_mode: false }
+        Self { isolate_run_pods: true, audit_mode: false, dns_resolvers: None }
+    }
+}
+
+/// The pods whose DNS answers teach domain rules: the cluster DNS Service's endpoints, which
+/// in most clusters are the pods of `kube-system` labelled `k8s-app: kube-dns`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolverPods {
+    /// `None`: every namespace (each sync then looks at every pod: for tests and simulations).
+    pub namespace: Option<String>,
+    /// Labels the pods carry (all of them).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl ResolverPods {
+    /// The addresses of the live pods selected, sorted.
+    pub fn addresses(&self, snapshot: &Snapshot) -> Vec<IpAddr> {
+        let selected = |p: &&Pod| !p.phase.is_terminal() && self.labels.iter().all(|(k, v)| p.labels.get(k) == Some(v.as_str()));
+        let mut out: Vec<IpAddr> = match &self.namespace {
+            Some(ns) => snapshot.pods_in(ns).filter(selected).flat_map(|p| p.ips.iter().copied()).collect(),
+            None => snapshot.pods().filter(selected).flat_map(|p| p.ips.iter().copied()).collect(),
+        };
+        out.sort();
+        out.dedup();
+        out
     }
 }
 
@@ -119,6 +146,7 @@ pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Opt
     problems.sort();
     problems.dedup();
     out.problems = problems;
+    out.dns_resolvers = options.dns_resolvers.as_ref().map(|r| r.addresses(snapshot)).unwrap_or_default();
     out
 }
 
@@ -300,6 +328,12 @@ impl<'a> Translator<'a, '_> {
                 for rule in c.rules(dir) {
                     self.rule(pod, &c.key, dir, rule, &mut rules);
                 }
+                if dir == Direction::Egress {
+                    for d in &c.egress_domains {
+                        let origin = RuleOrigin { policy: c.key.clone(), direction: dir, index: d.index, domains: true };
+                        Self::domain_allows(d, &origin, &mut rules);
+                    }
+                }
             }
             let slot = match dir {
                 Direction::Ingress => &mut policy.ingress,
@@ -463,9 +497,28 @@ impl<'a> Translator<'a, '_> {
         }
     }
 
+    /// The allow rules of an entry of a policy's `flock.dev/egress-domains` annotation: one per
+    /// protocol of its ports.
+    fn domain_allows(d: &compile::CompiledDomains, origin: &RuleOrigin, out: &mut RuleList) {
+        let peer = PeerMatch::Domains(d.domains.clone());
+        let Some(specs) = &d.ports else {
+            out.push(peer, PortMatch::Any, origin);
+            return;
+        };
+        let mut by_protocol: BTreeMap<crate::model::Protocol, Vec<(u16, u16)>> = BTreeMap::new();
+        for spec in specs {
+            if let PortSpec::Range(p, s, e) = spec {
+                by_protocol.entry(*p).or_default().push((*s, *e));
+            }
+        }
+        for (p, ranges) in by_protocol {
+            out.push(peer.clone(), PortMatch::Protocol(p, PortRanges::from_ranges(ranges)), origin);
+        }
+    }
+
     /// Expands one policy rule into allow rules for `pod` (the local pod).
     fn rule(&mut self, pod: &Pod, policy: &ObjectRef, dir: Direction, rule: &compile::CompiledRule, out: &mut RuleList) {
-        let origin = RuleOrigin { policy: policy.clone(), direction: dir, index: rule.index };
+        let origin = RuleOrigin { policy: policy.clone(), direction: dir, index: rule.index, domains: false };
         let peers: Vec<Option<&PeerDef>> = match &rule.peers {
             None => vec![None],
             Some(defs) => defs.iter().map(Some).collect(),

@@ -589,3 +589,46 @@ fn a_local_endpoint_of_an_unknown_pod_holds_its_address() {
     let peers = ingress_peers(&translate(&s, &eps, &Options::default()));
     assert!(!peers.iter().any(|(_, c)| c == "y/a"), "{peers:?}");
 }
+
+/// The `flock.dev/egress-domains` annotation is one more egress allow of its policy (the
+/// NetworkPolicy tier, additive), by name; the trusted resolvers are the selected pods'.
+#[test]
+fn the_egress_domains_annotation_is_an_egress_allow_of_its_policy() {
+    let s = with(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: by-name
+  namespace: x
+  annotations:
+    flock.dev/egress-domains: '[{"name": "*.pypi.org", "ports": [{"port": 443}]}, {"name": "github.com"}]'
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress: [{to: [{podSelector: {matchLabels: {pod: b}}}]}]
+"#,
+    );
+    let np = run(&s);
+    assert_eq!(summary(&np, "x/a", E), "isolated: [x/b] *; [domains *.pypi.org] TCP:443; [domains github.com] *");
+    let ep = np.endpoints.iter().find(|e| e.pod == testkit::pod_ref("x/a")).unwrap();
+    let origins: Vec<String> = ep
+        .egress
+        .rules
+        .iter()
+        .filter(|r| matches!(r.peer, PeerMatch::Domains(_)))
+        .flat_map(|r| &r.origins)
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(origins, ["x/by-name flock.dev/egress-domains[0]", "x/by-name flock.dev/egress-domains[1]"]);
+    assert!(np.problems.is_empty(), "{:?}", np.problems);
+    // The resolvers: pods of the selected namespace with the labels.
+    let options = Options {
+        dns_resolvers: Some(ResolverPods { namespace: Some("y".into()), labels: [("pod".to_string(), "b".to_string())].into() }),
+        ..Options::default()
+    };
+    let eps: Vec<LocalEndpoint> = s.pods().filter(|p| p.is_peer()).map(LocalEndpoint::for_pod).collect();
+    let np = translate(&s, &eps, &options);
+    let yb = s.pod_by_name(&testkit::pod_ref("y/b")).unwrap().ips.clone();
+    assert_eq!(np.dns_resolvers, yb);
+}

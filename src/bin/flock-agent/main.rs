@@ -130,12 +130,19 @@ struct Args {
     /// changes).
     #[arg(long, env = "FLOCK_NODE_STATUS_INTERVAL", default_value = "10s", value_parser = parse_interval)]
     node_status_interval: Duration,
-    /// Trusted DNS resolvers, comma-separated addresses as pods reach them after the DNS
-    /// Service's DNAT (its endpoints' pod addresses). With any, the agent runs its DNS proxy
-    /// and enforces domain rules (ClusterNetworkPolicy domainNames): a pod with one has its
-    /// DNS to these resolvers judged by its egress policy, then answered through the proxy,
-    /// which admits each answer's addresses (until their TTL) before the pod sees it. None:
-    /// no proxy, and domain rules admit nothing (fail closed).
+    /// Run the DNS proxy that enforces domain rules (ClusterNetworkPolicy domainNames, the
+    /// flock.dev/egress-domains annotation): a pod with one has its DNS to the trusted
+    /// resolvers judged by its egress policy, then answered through the proxy, which admits
+    /// each answer's addresses (until their TTL) before the pod sees it. false: domain rules
+    /// admit nothing (fail closed).
+    #[arg(long, env = "FLOCK_DNS_PROXY", default_value_t = true, action = clap::ArgAction::Set)]
+    dns_proxy: bool,
+    /// The trusted resolvers: pods as `namespace/label=value[,label=value]` (`*/…`: any
+    /// namespace), by default the cluster DNS Service's endpoints in most clusters.
+    #[arg(long, env = "FLOCK_DNS_RESOLVER_PODS", default_value = "kube-system/k8s-app=kube-dns", value_parser = parse_resolver_pods)]
+    dns_resolver_pods: flock::translate::ResolverPods,
+    /// More trusted resolvers, comma-separated addresses as pods reach them after the DNS
+    /// Service's DNAT (not the Service's own address).
     #[arg(long, env = "FLOCK_DNS_RESOLVERS", value_delimiter = ',')]
     dns_resolvers: Vec<std::net::IpAddr>,
     /// The DNS proxy's port on the node (transparent: packets keep their addresses).
@@ -173,6 +180,23 @@ fn parse_mark_bit(s: &str) -> Result<u32, String> {
         return Err(format!("{s:?}: one bit of the mark (e.g. 0x01000000), not {v:#x}"));
     }
     Ok(v)
+}
+
+/// `namespace/label=value[,label=value]`, `*/…` for every namespace.
+fn parse_resolver_pods(s: &str) -> Result<flock::translate::ResolverPods, String> {
+    let (ns, labels) = s.split_once('/').ok_or_else(|| format!("{s:?}: namespace/label=value[,label=value]"))?;
+    let mut out = std::collections::BTreeMap::new();
+    for kv in labels.split(',') {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("{s:?}: {kv:?} is not label=value"))?;
+        if k.is_empty() {
+            return Err(format!("{s:?}: an empty label name"));
+        }
+        out.insert(k.to_string(), v.to_string());
+    }
+    if ns.is_empty() {
+        return Err(format!("{s:?}: a namespace (or *) is required"));
+    }
+    Ok(flock::translate::ResolverPods { namespace: (ns != "*").then(|| ns.to_string()), labels: out })
 }
 
 /// A duration of at least one second (a rate limit of the API server's writes).
@@ -231,7 +255,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         agent.nft = args.nft.clone();
         agent.nft_transactions = args.nft_transactions;
         agent.revoke = args.revoke_denied_flows.then_some(args.revoke_ct_mark);
-        if !args.dns_resolvers.is_empty() {
+        if args.dns_proxy {
+            agent.translate.dns_resolvers = Some(args.dns_resolver_pods.clone());
             let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
             agent.dns = Some(flock::agent::dns::DnsConfig {
                 port: args.dns_proxy_port,
@@ -282,6 +307,28 @@ fn run(args: Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resolver_pods_and_mark_bits() {
+        let p = parse_resolver_pods("kube-system/k8s-app=kube-dns").unwrap();
+        assert_eq!(p.namespace.as_deref(), Some("kube-system"));
+        assert_eq!(p.labels.get("k8s-app").map(String::as_str), Some("kube-dns"));
+        let p = parse_resolver_pods("*/app=dns,tier=infra").unwrap();
+        assert_eq!((p.namespace, p.labels.len()), (None, 2));
+        for bad in ["kube-dns", "/a=b", "ns/a", "ns/=b"] {
+            assert!(parse_resolver_pods(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_mark_bit("0x00000080"), Ok(0x80));
+        assert_eq!(parse_mark_bit("16777216"), Ok(0x0100_0000));
+        for bad in ["0x3", "0", "0xzz", "-1"] {
+            assert!(parse_mark_bit(bad).is_err(), "{bad}");
+        }
+        // The defaults parse, and the proxy runs by default.
+        let args = Args::try_parse_from(["flock-agent", "--node-name", "n"]).unwrap();
+        assert!(args.dns_proxy && args.dns_resolvers.is_empty());
+        assert_eq!((args.dns_proxy_port, args.dns_proxy_mark, args.dns_route_table), (15053, 0x80, 180));
+        assert_eq!((args.dns_min_ttl, args.dns_max_ttl), (Duration::from_secs(30), Duration::from_secs(3600)));
+    }
 
     #[test]
     fn durations() {

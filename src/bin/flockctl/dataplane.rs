@@ -346,6 +346,7 @@ fn server_policy(name: String, peers: Vec<PolicyPeer>) -> NetworkPolicy {
         }],
         egress: vec![],
         generation: None,
+        egress_domains: None,
     }
 }
 

@@ -85,7 +85,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             eprintln!("warning: {w}");
         }
         let snapshot = m.into_snapshot();
-        let options = Options { isolate_run_pods: !args.no_run_pod_isolation, audit_mode: args.allow_audit_mode };
+        let options = Options { isolate_run_pods: !args.no_run_pod_isolation, audit_mode: args.allow_audit_mode, dns_resolvers: None };
         let e = Explainer::new(&snapshot, options).explain(&query)?;
         match args.output {
             Output::Json => serde_json::to_string_pretty(&e)?,
