@@ -1,6 +1,8 @@
 //! flock-controller without a cluster: the committed CRDs are the ones the Rust types
 //! generate, the render goldens (one per profile feature, NetworkPolicy and
-//! CiliumNetworkPolicy), byte stability, and the deploy examples deserialize into the types.
+//! CiliumNetworkPolicy), byte stability, domain names (the exact annotation flock-agent reads,
+//! Cilium's `toFQDNs`, the checks, the CRD's pattern against flock's parser), and the deploy
+//! examples deserialize into the types.
 //! `FLOCK_BLESS=1` rewrites the CRDs and the goldens.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -91,6 +93,10 @@ const PROFILES: &[(&str, &str)] = &[
     ),
     ("ingress-closed", "spec: {ingress: []}"),
     (
+        "domains",
+        "spec:\n  domains:\n  - {name: GitHub.com., ports: [{port: 5010, protocol: UDP}, {port: 5000, endPort: 5010, protocol: UDP}, {port: 443}]}\n  - {name: '*.pypi.org', ports: [{port: 443}]}",
+    ),
+    (
         "full",
         "spec:\n  internet: {ports: [{port: 443}, {port: 80}]}\n  apiServer: true\n  services:\n  - {name: db, namespace: data, podSelector: {matchLabels: {app: postgres}}, ports: [{port: 5432}]}\n  cidrs:\n  - {cidr: 198.51.100.0/24, ports: [{port: 22}]}\n  ingress:\n  - {name: adapter, namespace: adapters, podSelector: {matchLabels: {app: adapter}}, ports: [{port: 8431}]}",
     ),
@@ -114,7 +120,7 @@ fn render_goldens_for_each_profile_feature() {
         flock::translate::compile::compile(&model, &mut problems);
         assert!(problems.is_empty(), "{name}: {problems:?}");
     }
-    for name in ["full", "no-egress", "ingress-closed"] {
+    for name in ["full", "no-egress", "ingress-closed", "domains"] {
         let (_, spec) = PROFILES.iter().find(|(n, _)| *n == name).unwrap();
         let cnp = render::render_cilium(&run(RUN), &profile_named(name, spec), &cluster()).unwrap();
         golden(dir.join(format!("{name}.cilium.yaml")), &crd::to_yaml(&cnp).unwrap());
@@ -225,6 +231,150 @@ fn render_refuses_invalid_input_naming_it() {
         ));
         assert!(render::render(&r, &profile_named("p", "spec: {}"), &cluster()).is_ok(), "{selector}");
     }
+}
+
+// ---- domain names ---------------------------------------------------------------------
+
+use flock::controller::reconcile;
+use flock::model::EGRESS_DOMAINS_ANNOTATION;
+
+fn domains_profile() -> RunProfile {
+    let (_, spec) = PROFILES.iter().find(|(n, _)| *n == "domains").unwrap();
+    profile_named("domains", spec)
+}
+
+fn annotations(np: &k8s_openapi::api::networking::v1::NetworkPolicy) -> std::collections::BTreeMap<String, String> {
+    np.metadata.annotations.clone().unwrap_or_default()
+}
+
+#[test]
+fn domains_are_the_annotation_flock_agent_reads_exactly() {
+    let np = render::render(&run(RUN), &domains_profile(), &cluster()).unwrap();
+    // Sorted by name ('*' sorts before letters), names lowercase without the trailing dot,
+    // ports sorted (protocol, port, endPort), endPort only for a range.
+    assert_eq!(
+        annotations(&np)[EGRESS_DOMAINS_ANNOTATION],
+        r#"[{"name":"*.pypi.org","ports":[{"protocol":"TCP","port":443}]},{"name":"github.com","ports":[{"protocol":"TCP","port":443},{"protocol":"UDP","port":5000,"endPort":5010},{"protocol":"UDP","port":5010}]}]"#
+    );
+    // Names are no rule of the NetworkPolicy: DNS is its only egress rule.
+    assert_eq!(np.spec.as_ref().unwrap().egress.as_ref().unwrap().len(), 1);
+    let plan = render::plan(&run(RUN), &domains_profile(), &cluster()).unwrap();
+    let d = plan.destinations();
+    assert!(d.contains(&"domain: github.com on TCP/443,UDP/5000-5010,UDP/5010".to_string()), "{d:#?}");
+    assert!(d.contains(&"domain: *.pypi.org on TCP/443".to_string()), "{d:#?}");
+
+    // No domains, no annotation.
+    for name in ["dns-only", "full"] {
+        let (_, spec) = PROFILES.iter().find(|(n, _)| *n == name).unwrap();
+        let np = render::render(&run(RUN), &profile_named(name, spec), &cluster()).unwrap();
+        assert!(!annotations(&np).contains_key(EGRESS_DOMAINS_ANNOTATION), "{name}");
+    }
+    // Expired: the names go with the rest.
+    let mut plan = render::plan(&run(RUN), &domains_profile(), &cluster()).unwrap();
+    plan.withdraw("2026-11-26T10:00:00Z");
+    assert!(plan.destinations().is_empty());
+    assert!(!annotations(&render::network_policy(&plan)).contains_key(EGRESS_DOMAINS_ANNOTATION));
+    let cnp = render::cilium_network_policy(&plan);
+    assert_eq!(cnp["spec"]["egress"], serde_json::json!([{}]), "{cnp:#}");
+}
+
+#[test]
+fn cilium_gets_to_fqdns_rules_and_sees_the_dns_answers() {
+    let cnp = render::render_cilium(&run(RUN), &domains_profile(), &cluster()).unwrap();
+    let egress = cnp["spec"]["egress"].as_array().unwrap();
+    assert_eq!(egress.len(), 3, "{cnp:#}");
+    // DNS, through Cilium's DNS proxy for every name, so toFQDNs learns the answers.
+    assert_eq!(egress[0]["toPorts"][0]["rules"], serde_json::json!({"dns": [{"matchPattern": "*"}]}), "{cnp:#}");
+    assert_eq!(egress[0]["toEndpoints"][0]["matchLabels"]["k8s-app"], "kube-dns");
+    // `*.` over one or more labels is Cilium's `**.`; exact names are matchName.
+    assert_eq!(egress[1]["toFQDNs"], serde_json::json!([{"matchPattern": "**.pypi.org"}]));
+    assert_eq!(egress[1]["toPorts"], serde_json::json!([{"ports": [{"port": "443", "protocol": "TCP"}]}]));
+    assert_eq!(egress[2]["toFQDNs"], serde_json::json!([{"matchName": "github.com"}]));
+    assert_eq!(egress[2]["toPorts"][0]["ports"][1], serde_json::json!({"port": "5000", "endPort": 5010, "protocol": "UDP"}));
+    // The annotation is flock-agent's, not Cilium's.
+    assert!(cnp["metadata"]["annotations"].get(EGRESS_DOMAINS_ANNOTATION).is_none(), "{cnp:#}");
+    assert_eq!(cnp["metadata"]["annotations"]["flock.dev/profile"], "domains");
+    // Without names the DNS rule stays plain L4 (no proxy).
+    let plain = render::render_cilium(&run(RUN), &profile_named("p", "spec: {}"), &cluster()).unwrap();
+    assert!(plain["spec"]["egress"][0]["toPorts"][0].get("rules").is_none(), "{plain:#}");
+}
+
+#[test]
+fn invalid_names_and_names_without_dns_are_profile_invalid() {
+    for (name, why) in [
+        ("a.*.example.com", "'*' may only be the first label"),
+        ("com", "at least two labels"),
+        ("exa mple.com", "a character other than"),
+        ("-a.example.com", "starts or ends with '-'"),
+        ("", "a domain name is required"),
+    ] {
+        let bad = profile_named("bad", &format!("spec:\n  domains:\n  - {{name: '{name}', ports: [{{port: 443}}]}}"));
+        let e = render::render(&run(RUN), &bad, &cluster()).unwrap_err();
+        let (reason, message) = reconcile::user_error(&e);
+        assert_eq!(reason, "ProfileInvalid", "{name}");
+        assert!(message.starts_with("RunProfile bad is invalid: spec.domains[0].name: "), "{message}");
+        assert!(message.contains(&format!("{name:?} is not a domain name")) && message.contains(why), "{message}");
+    }
+    let no_dns = profile_named("no-dns", "spec:\n  dns: false\n  domains:\n  - {name: github.com, ports: [{port: 443}]}");
+    let e = render::render(&run(RUN), &no_dns, &cluster()).unwrap_err();
+    let (reason, message) = reconcile::user_error(&e);
+    assert_eq!(reason, "ProfileInvalid");
+    assert!(message.contains("spec.domains: domains need dns"), "{message}");
+    assert!(render::render_cilium(&run(RUN), &no_dns, &cluster()).is_err());
+    // Ports are required: a name is never "every port".
+    let no_ports = profile_named("no-ports", "spec:\n  domains:\n  - {name: github.com, ports: []}");
+    let e = render::render(&run(RUN), &no_ports, &cluster()).unwrap_err();
+    assert!(e.to_string().contains("spec.domains[0].ports: at least one port is required"), "{e}");
+}
+
+/// The CRD's `pattern` for names (what the API server checks) against flock's parser (what
+/// the controller checks): they agree on these, and whatever the pattern lets through that
+/// the parser refuses (a name past 253 characters) is still `ProfileInvalid`.
+#[test]
+fn the_crd_name_pattern_agrees_with_the_parser() {
+    let profile = &crd::crd_files().unwrap()[0].1;
+    let crd: serde_json::Value = serde_saphyr::from_str(profile).unwrap();
+    let name = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["domains"]["items"]["properties"]
+        ["name"];
+    let pattern = regex::Regex::new(name["pattern"].as_str().unwrap()).unwrap();
+    assert_eq!(name["maxLength"], 256);
+    let long_label = "a".repeat(63);
+    let too_long_label = "a".repeat(64);
+    let cases = [
+        "github.com",
+        "GitHub.COM.",
+        "*.pypi.org",
+        "*.pypi.org.",
+        "x_y.example.com",
+        "_srv.example.com",
+        "a-b.example.com",
+        "1.example.com",
+        &format!("{long_label}.com"),
+        &format!("{too_long_label}.com"),
+        "com",
+        "*.com",
+        "*",
+        "*.",
+        "",
+        ".",
+        "a..com",
+        "a.*.com",
+        "**.example.com",
+        "*example.com",
+        "-a.com",
+        "a-.com",
+        "a b.com",
+        "exämple.com",
+        "example.com..",
+        ".example.com",
+    ];
+    for case in cases {
+        let schema = pattern.is_match(case);
+        let parser = flock::dns::DomainPattern::parse(case).is_ok();
+        assert_eq!(schema, parser, "{case:?}: schema {schema}, parser {parser}");
+    }
+    // The CEL rules of the list and the profile.
+    assert!(profile.contains("domain names must be unique") && profile.contains("domains need dns"), "{profile}");
 }
 
 // ---- deploy examples ------------------------------------------------------------------

@@ -4,8 +4,9 @@
 //! change, withdrawal and expiry, never duplicated, retention by age and count), `Enforced`
 //! from two simulated nodes' FlockNodes (one lagging; `EnforcementDelayed` once), `Unknown`
 //! where flock does not report, custom pod selectors without `flock.dev/run` refused, an
-//! invalid run's egress withdrawn at its deadline all the same (fail closed), and deadlines of
-//! zero or less refused without granting anything.
+//! invalid run's egress withdrawn at its deadline all the same (fail closed), deadlines of
+//! zero or less refused without granting anything, and egress by domain name (the policy's
+//! annotation, the audit trail, `ProfileInvalid` without DNS or for an invalid name).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,10 +15,11 @@ use std::time::Duration;
 
 use flock::controller::Options;
 use flock::controller::audit::{self, Retention};
-use flock::controller::crd::{self, AuditEvent, Run};
+use flock::controller::crd::{self, AuditEvent, Run, RunProfile};
 use flock::controller::probe::EnforceMode;
 use flock::controller::reconcile::{ENFORCED, EXPIRED, NETWORK_POLICY_READY, READY};
 use flock::controller::render::{ClusterConfig, DnsConfig};
+use flock::model::EGRESS_DOMAINS_ANNOTATION;
 use flock_test_apiserver::ApiServer;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -449,4 +451,77 @@ async fn audit_retention_keeps_the_newest_per_run_and_drops_the_old() {
     assert_eq!(deleted, 4);
     // Idempotent.
     assert_eq!(audit::collect(&server.client(), now, &retention).await.unwrap(), 0);
+}
+
+fn domains_annotation(np: &NetworkPolicy) -> Option<String> {
+    np.metadata.annotations.as_ref().and_then(|a| a.get(EGRESS_DOMAINS_ANNOTATION).cloned())
+}
+
+/// Egress by name: the run's policy carries the profile's names as the annotation flock-agent
+/// reads (exact JSON), the audit trail records each name added and removed, a profile whose
+/// names cannot be enforced (no DNS, an invalid name) is `ProfileInvalid` while the run's
+/// earlier policy stays, and names dropped from the profile leave the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domains_reach_the_policy_annotation_and_the_audit_trail() {
+    let server = common::api_server().await;
+    let clock = FakeClock::new();
+    let ctl = Running::start(&server, options(EnforceMode::On, &clock)).await;
+    let github = json!({"name": "github.com", "ports": [{"port": 443}]});
+    profile(&server, "fetch", json!({"domains": [github]}));
+    create_run(&server, "job-d", json!({"profile": "fetch"})).await;
+    let np = eventually(10, "the policy", || policy(&server, "job-d-egress")).await;
+    assert_eq!(domains_annotation(&np).as_deref(), Some(r#"[{"name":"github.com","ports":[{"protocol":"TCP","port":443}]}]"#));
+    assert_eq!(egress_rules(&np), 1, "DNS only: names are no NetworkPolicy rule");
+    let a = wait_audits(&server, "job-d", 1).await;
+    assert!(a[0].spec.added.contains(&"domain: github.com on TCP/443".to_string()), "{:?}", a[0].spec.added);
+
+    // A name added (written any case, trailing dot), then another removed: each recorded.
+    profile(&server, "fetch", json!({"domains": [github, {"name": "*.PyPI.org.", "ports": [{"port": 443}]}]}));
+    let a = wait_audits(&server, "job-d", 2).await;
+    assert_eq!(a[1].spec.action, crd::AuditAction::Changed);
+    assert_eq!(a[1].spec.added, ["domain: *.pypi.org on TCP/443"]);
+    assert!(a[1].spec.removed.is_empty());
+    let both =
+        r#"[{"name":"*.pypi.org","ports":[{"protocol":"TCP","port":443}]},{"name":"github.com","ports":[{"protocol":"TCP","port":443}]}]"#;
+    eventually(10, "both names", || policy(&server, "job-d-egress").filter(|p| domains_annotation(p).as_deref() == Some(both))).await;
+    profile(&server, "fetch", json!({"domains": [{"name": "*.pypi.org", "ports": [{"port": 443}]}]}));
+    let a = wait_audits(&server, "job-d", 3).await;
+    assert_eq!(a[2].spec.action, crd::AuditAction::Changed);
+    assert_eq!(a[2].spec.removed, ["domain: github.com on TCP/443"]);
+    assert!(a[2].spec.added.is_empty());
+    let pypi = r#"[{"name":"*.pypi.org","ports":[{"protocol":"TCP","port":443}]}]"#;
+    eventually(10, "one name", || policy(&server, "job-d-egress").filter(|p| domains_annotation(p).as_deref() == Some(pypi))).await;
+
+    // Names without DNS (a real API server's CEL rule refuses it; the controller checks
+    // again): ProfileInvalid, on the run and the profile, and the earlier policy stays.
+    profile(&server, "fetch", json!({"dns": false, "domains": [{"name": "*.pypi.org", "ports": [{"port": 443}]}]}));
+    let msg = wait_condition(&server, "job-d", NETWORK_POLICY_READY, "False", "ProfileInvalid").await;
+    assert!(msg.contains("spec.domains: domains need dns"), "{msg}");
+    let ready = |server: &ApiServer| {
+        let p = server.get_resource::<RunProfile>(None, "fetch").unwrap()?;
+        crd::condition(&p.status?.conditions, READY).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    eventually(10, "the profile Invalid", || {
+        ready(&server).filter(|(s, r, m)| s == "False" && r == "Invalid" && m.contains("domains need dns"))
+    })
+    .await;
+    // An invalid name (the CRD's pattern refuses it on a real API server).
+    profile(&server, "fetch", json!({"domains": [{"name": "pypi.*.org", "ports": [{"port": 443}]}]}));
+    let msg = eventually(10, "ProfileInvalid for the name", || {
+        let (s, r, m) = condition(&server, "job-d", NETWORK_POLICY_READY)?;
+        (s == "False" && r == "ProfileInvalid" && m.contains("spec.domains[0].name")).then_some(m)
+    })
+    .await;
+    assert!(msg.contains("\"pypi.*.org\" is not a domain name: '*' may only be the first label"), "{msg}");
+    let np = policy(&server, "job-d-egress").unwrap();
+    assert_eq!(domains_annotation(&np).as_deref(), Some(pypi), "the earlier policy stays");
+    assert_eq!(audits(&server, "job-d").len(), 3, "nothing granted, nothing recorded");
+
+    // No names: no annotation (server-side apply drops what the controller no longer writes).
+    profile(&server, "fetch", json!({}));
+    eventually(10, "the annotation gone", || policy(&server, "job-d-egress").filter(|p| domains_annotation(p).is_none())).await;
+    let a = wait_audits(&server, "job-d", 4).await;
+    assert_eq!(a[3].spec.removed, ["domain: *.pypi.org on TCP/443"]);
+    wait_condition(&server, "job-d", READY, "True", "Applied").await;
+    ctl.stop().await;
 }

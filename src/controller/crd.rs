@@ -18,6 +18,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::dns::DomainPattern;
 use crate::translate::RUN_LABEL;
 use crate::translate::selector::{validate_label_key, validate_label_value};
 
@@ -28,7 +29,7 @@ pub const VERSION: &str = "v1alpha1";
 
 /// Which egress (and optionally ingress) a run gets: the template. Cluster-scoped, written
 /// by administrators. Rules are rendered in a fixed order: DNS, internet, API server,
-/// services, CIDRs.
+/// services, CIDRs, then domains (sorted by name).
 // Triggered by kube's derive: its printcolumn expansions repeat `type_`.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -46,6 +47,7 @@ pub const VERSION: &str = "v1alpha1";
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(self.domains) || size(self.domains) == 0 || !has(self.dns) || self.dns").message("domains need dns: names are learned from the run's DNS answers"))]
 pub struct RunProfileSpec {
     /// Egress to the cluster DNS pods only (UDP and TCP 53, to the pods the controller is
     /// configured with, kube-system/k8s-app=kube-dns by default). Default true.
@@ -69,6 +71,12 @@ pub struct RunProfileSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub cidrs: Vec<CidrEgress>,
+    /// Egress to domain names (NPEP-133), each on its ports. Needs `dns`: the addresses are
+    /// the ones the run's DNS answers give for the names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = kube::core::Rule::new("self.all(d, self.exists_one(e, e.name == d.name))").message("domain names must be unique"))]
+    #[schemars(length(max = 64))]
+    pub domains: Vec<DomainEgress>,
     /// Ingress to the run's pods. Absent: ingress is not restricted. Present: only these
     /// peers may connect (an empty list admits nobody).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -130,6 +138,27 @@ pub struct CidrEgress {
     /// The ports allowed. Empty: every port of every protocol.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
+    pub ports: Vec<PortSpec>,
+}
+
+/// The shape of a domain name as the schema checks it (the controller parses it with
+/// [`crate::dns::DomainPattern`], which also bounds the name to 253 characters): an optional
+/// `*.`, two or more labels of letters, digits, `-` and `_` (1–63, not starting or ending
+/// with `-`), an optional trailing dot.
+pub const DOMAIN_NAME_PATTERN: &str =
+    r"^(\*\.)?([a-zA-Z0-9_]([-a-zA-Z0-9_]{0,61}[a-zA-Z0-9_])?\.)+[a-zA-Z0-9_]([-a-zA-Z0-9_]{0,61}[a-zA-Z0-9_])?\.?$";
+
+/// Egress to a domain name.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainEgress {
+    /// An exact name (`github.com`) or `*.` and a name (`*.pypi.org`: one or more whole
+    /// labels before `pypi.org`, never `pypi.org` itself). Case-insensitive; a trailing dot
+    /// is ignored. Unique in the profile.
+    #[schemars(length(min = 1, max = 256), pattern(DOMAIN_NAME_PATTERN))]
+    pub name: String,
+    /// The ports allowed (at least one: there is no "every port" for names).
+    #[schemars(length(min = 1, max = 64))]
     pub ports: Vec<PortSpec>,
 }
 
@@ -675,7 +704,15 @@ impl RunProfileSpec {
     /// A profile that grants nothing (what an expired run's policy is rendered from when its
     /// own profile is gone or invalid).
     pub fn withdrawn() -> Self {
-        Self { dns: false, internet: None, api_server: false, services: Vec::new(), cidrs: Vec::new(), ingress: Some(Vec::new()) }
+        Self {
+            dns: false,
+            internet: None,
+            api_server: false,
+            services: Vec::new(),
+            cidrs: Vec::new(),
+            domains: Vec::new(),
+            ingress: Some(Vec::new()),
+        }
     }
 
     /// What the API server's schema and CEL rules would reject, checked again (see the
@@ -725,6 +762,27 @@ impl RunProfileSpec {
                 }
             }
             check_ports(&c.ports, &format!("{at}.ports"), &mut out);
+        }
+        let mut names: Vec<DomainPattern> = Vec::new();
+        for (i, d) in self.domains.iter().enumerate() {
+            let at = format!("spec.domains[{i}]");
+            match DomainPattern::parse(&d.name) {
+                // Compared as parsed: `GitHub.com.` and `github.com` are the same name.
+                Ok(name) if names.contains(&name) => {
+                    out.push(problem(format!("{at}.name"), format!("{:?} is used twice (as {name})", d.name)))
+                }
+                Ok(name) => names.push(name),
+                Err(why) => out.push(problem(format!("{at}.name"), format!("{:?} is not a domain name: {why}", d.name))),
+            }
+            if d.ports.is_empty() {
+                out.push(problem(format!("{at}.ports"), "at least one port is required"));
+            }
+            check_ports(&d.ports, &format!("{at}.ports"), &mut out);
+        }
+        if !self.domains.is_empty() && !self.dns {
+            // Egress by name admits the addresses the run's DNS answers give: without DNS
+            // there are none, and a profile that looks like it grants them would mislead.
+            out.push(problem("spec.domains", "domains need dns (spec.dns is false): names are learned from the run's DNS answers"));
         }
         for (i, p) in self.ingress.iter().flatten().enumerate() {
             let at = format!("spec.ingress[{i}]");
@@ -891,6 +949,7 @@ mod tests {
                 ServiceEgress { name: "db".into(), namespace: None, pod_selector: Selector::default(), ports: vec![port(5432)] },
             ],
             cidrs: vec![CidrEgress { cidr: "198.51.100.0/24".into(), except: vec!["203.0.113.0/24".into()], ports: vec![] }],
+            domains: vec![],
             ingress: Some(vec![IngressPeer {
                 name: "adapter".into(),
                 namespace: None,
@@ -915,6 +974,39 @@ mod tests {
                 "spec.ingress[0].ports[0].endPort",
             ]
         );
+    }
+
+    #[test]
+    fn domain_problems_name_the_entry_and_why() {
+        let domain = |name: &str, ports: Vec<PortSpec>| DomainEgress { name: name.into(), ports };
+        let mut spec = RunProfileSpec::withdrawn();
+        spec.dns = true;
+        spec.domains = vec![
+            domain("github.com", vec![port(443)]),
+            domain("a.*.example.com", vec![port(443)]),
+            domain("GitHub.COM.", vec![port(22)]),
+            domain("*.pypi.org", vec![]),
+            domain("com", vec![port(70000)]),
+        ];
+        let problems = spec.problems();
+        let got: Vec<(&str, &str)> = problems.iter().map(|p| (p.field.as_str(), p.message.as_str())).collect();
+        assert_eq!(got.len(), 5, "{got:#?}");
+        assert_eq!(got[0].0, "spec.domains[1].name");
+        assert!(got[0].1.contains("\"a.*.example.com\" is not a domain name: '*' may only be the first label"), "{}", got[0].1);
+        assert_eq!(got[1], ("spec.domains[2].name", "\"GitHub.COM.\" is used twice (as github.com)"));
+        assert_eq!(got[2], ("spec.domains[3].ports", "at least one port is required"));
+        assert_eq!(got[3].0, "spec.domains[4].name");
+        assert!(got[3].1.contains("at least two labels"), "{}", got[3].1);
+        assert_eq!(got[4].0, "spec.domains[4].ports[0].port");
+
+        // Names need DNS: the one problem of an otherwise valid profile without it.
+        spec.domains = vec![domain("github.com", vec![port(443)])];
+        assert!(spec.problems().is_empty());
+        spec.dns = false;
+        let problems = spec.problems();
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].field, "spec.domains");
+        assert!(problems[0].message.starts_with("domains need dns"), "{}", problems[0]);
     }
 
     #[test]

@@ -2,10 +2,16 @@
 //! policy. No I/O, no clock, no hash-map order: equal input gives byte-equal output.
 //!
 //! [`plan`] decides *what* the run may reach, in a fixed rule order — DNS, internet, API
-//! server, services (profile order), CIDRs (profile order); ingress peers in profile order —
-//! and both policy kinds are written from that one plan: [`network_policy`]
-//! (`networking.k8s.io/v1`, what flock-agent enforces) and [`cilium_network_policy`]
-//! (`cilium.io/v2`, emitted instead where Cilium serves it; never both).
+//! server, services (profile order), CIDRs (profile order), then domain names (sorted);
+//! ingress peers in profile order — and both policy kinds are written from that one plan:
+//! [`network_policy`] (`networking.k8s.io/v1`, what flock-agent enforces) and
+//! [`cilium_network_policy`] (`cilium.io/v2`, emitted instead where Cilium serves it; never
+//! both).
+//!
+//! Domain names cannot be said in a NetworkPolicy: there they are the annotation
+//! [`EGRESS_DOMAINS_ANNOTATION`] (JSON), which flock-agent reads; an agent that does not
+//! read it admits nothing by name (fail closed). Cilium gets `toFQDNs` rules, and its DNS
+//! rule asks its DNS proxy to see every answer (it learns the names' addresses from them).
 //!
 //! Both address families are handled: the internet rule allows `0.0.0.0/0` and `::/0`, each
 //! minus the private and link-local ranges of its family ([`PRIVATE_V4`], [`PRIVATE_V6`]),
@@ -26,6 +32,8 @@ use sha2::{Digest, Sha256};
 
 use super::crd::{self, PortSpec, Problem, Protocol, Run, RunProfile, Selector};
 use super::{FIELD_MANAGER, PROFILE_ANNOTATION};
+use crate::dns::DomainPattern;
+use crate::model::EGRESS_DOMAINS_ANNOTATION;
 use crate::translate::RUN_LABEL;
 use crate::translate::selector::validate_label_value;
 
@@ -156,6 +164,14 @@ pub struct Rule {
     pub ports: Vec<PortSpec>,
 }
 
+/// Egress to a domain name on some ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainRule {
+    pub name: DomainPattern,
+    /// Sorted by protocol (TCP, UDP, SCTP), port and end port; never empty.
+    pub ports: Vec<PortSpec>,
+}
+
 /// A run's policy, independent of the kind that expresses it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -167,6 +183,8 @@ pub struct Plan {
     /// The run's pods.
     pub selector: Selector,
     pub egress: Vec<Rule>,
+    /// Egress by name, sorted by name (as written, lowercase, no trailing dot).
+    pub domains: Vec<DomainRule>,
     /// `None`: ingress is not restricted.
     pub ingress: Option<Vec<Rule>>,
 }
@@ -308,6 +326,30 @@ fn plan_for(
             ports: c.ports.clone(),
         });
     }
+    let mut domains: Vec<DomainRule> = spec
+        .domains
+        .iter()
+        .filter_map(|d| {
+            // Checked above: every name parses.
+            let name = DomainPattern::parse(&d.name).ok()?;
+            let mut ports = d.ports.clone();
+            ports.sort_by_key(|p| (p.protocol, p.port, p.end_port));
+            ports.dedup();
+            Some(DomainRule { name, ports })
+        })
+        .collect();
+    domains.sort_by_key(|d| d.name.to_string());
+    let mut annotations = BTreeMap::from([(PROFILE_ANNOTATION.to_string(), profile_name.clone())]);
+    if !domains.is_empty() {
+        let text = domains_annotation(&domains).map_err(|e| RenderError::Profile {
+            profile: profile_name.clone(),
+            problems: vec![Problem {
+                field: "spec.domains".into(),
+                message: format!("cannot be written as the {EGRESS_DOMAINS_ANNOTATION} annotation: {e}"),
+            }],
+        })?;
+        annotations.insert(EGRESS_DOMAINS_ANNOTATION.to_string(), text);
+    }
     let ingress = spec.ingress.as_ref().map(|peers| {
         peers
             .iter()
@@ -326,7 +368,7 @@ fn plan_for(
         name: policy_name(&name),
         namespace,
         labels: labels(&name),
-        annotations: BTreeMap::from([(PROFILE_ANNOTATION.to_string(), profile_name)]),
+        annotations,
         owner: meta::OwnerReference {
             api_version: Run::api_version(&()).into_owned(),
             kind: Run::kind(&()).into_owned(),
@@ -337,8 +379,38 @@ fn plan_for(
         },
         selector,
         egress,
+        domains,
         ingress,
     })
+}
+
+/// One entry of the [`EGRESS_DOMAINS_ANNOTATION`] value (field order as the agent reads it).
+#[derive(serde::Serialize)]
+struct AnnotatedDomain {
+    name: String,
+    ports: Vec<AnnotatedPort>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AnnotatedPort {
+    protocol: &'static str,
+    port: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    end_port: Option<i32>,
+}
+
+/// The value of [`EGRESS_DOMAINS_ANNOTATION`] for `domains` (sorted as the plan keeps them):
+/// compact JSON, `[{"name":"github.com","ports":[{"protocol":"TCP","port":443}]}]`.
+pub fn domains_annotation(domains: &[DomainRule]) -> Result<String, serde_json::Error> {
+    let entries: Vec<AnnotatedDomain> = domains
+        .iter()
+        .map(|d| AnnotatedDomain {
+            name: d.name.to_string(),
+            ports: d.ports.iter().map(|p| AnnotatedPort { protocol: p.protocol.as_str(), port: p.port, end_port: p.end_port }).collect(),
+        })
+        .collect();
+    serde_json::to_string(&entries)
 }
 
 /// The annotation on a policy whose run expired: when (the policy then allows nothing).
@@ -349,6 +421,8 @@ impl Plan {
     /// pods stay isolated rather than open).
     pub fn withdraw(&mut self, at: &str) {
         self.egress.clear();
+        self.domains.clear();
+        self.annotations.remove(EGRESS_DOMAINS_ANNOTATION);
         self.ingress = Some(Vec::new());
         self.annotations.insert(EXPIRED_ANNOTATION.to_string(), at.to_string());
     }
@@ -370,6 +444,9 @@ impl Plan {
             for p in &r.peers {
                 out.push(format!("{purpose}: {} on {ports}", describe_peer(p)));
             }
+        }
+        for d in &self.domains {
+            out.push(format!("domain: {} on {}", d.name, describe_ports(&d.ports)));
         }
         out.sort();
         out.dedup();
@@ -540,7 +617,9 @@ fn cilium_ports(ports: &[PortSpec]) -> Option<Value> {
 }
 
 /// One CNP rule: `to`/`from` is the direction's prefix (`toEndpoints`, `fromEndpoints`…).
-fn cilium_rule(r: &Rule, dir: &str) -> Value {
+/// `see_dns`: the DNS rule sends the run's DNS through Cilium's DNS proxy, allowing every
+/// name, so that `toFQDNs` rules learn the addresses of the names they allow.
+fn cilium_rule(r: &Rule, dir: &str, see_dns: bool) -> Value {
     let mut rule = serde_json::Map::new();
     if r.purpose == Purpose::ApiServer {
         // Cilium does not apply CIDR rules to host-network destinations such as a
@@ -573,17 +652,43 @@ fn cilium_rule(r: &Rule, dir: &str) -> Value {
             rule.insert(format!("{dir}CIDRSet"), Value::Array(cidrs));
         }
     }
-    if let Some(ports) = cilium_ports(&r.ports) {
+    if let Some(mut ports) = cilium_ports(&r.ports) {
+        if see_dns
+            && r.purpose == Purpose::Dns
+            && let Some(entry) = ports.get_mut(0).and_then(Value::as_object_mut)
+        {
+            entry.insert("rules".into(), json!({"dns": [{"matchPattern": "*"}]}));
+        }
+        rule.insert("toPorts".into(), ports);
+    }
+    Value::Object(rule)
+}
+
+/// A `toFQDNs` rule. An exact name is a `matchName`; `*.name` is `matchPattern: "**.name"`:
+/// Cilium's `**.` prefix matches one or more whole labels, as NPEP-133's `*.` does, where
+/// its `*` would match within one label only. Cilium before 1.19 reads `**.` as `*.` (one
+/// label): narrower, never wider.
+fn cilium_domain_rule(d: &DomainRule) -> Value {
+    let selector =
+        if d.name.is_wildcard() { json!({"matchPattern": format!("*{}", d.name)}) } else { json!({"matchName": d.name.to_string()}) };
+    let mut rule = serde_json::Map::new();
+    rule.insert("toFQDNs".into(), json!([selector]));
+    if let Some(ports) = cilium_ports(&d.ports) {
         rule.insert("toPorts".into(), ports);
     }
     Value::Object(rule)
 }
 
 /// The plan as a CiliumNetworkPolicy. The API server rule becomes the `kube-apiserver`
-/// entity; a direction with no allow rule is `[{}]` (Cilium's "isolated, nothing allowed").
+/// entity; domain names become `toFQDNs` rules after the others (and the DNS rule lets
+/// Cilium's DNS proxy see the answers); a direction with no allow rule is `[{}]` (Cilium's
+/// "isolated, nothing allowed").
 pub fn cilium_network_policy(plan: &Plan) -> Value {
-    let rules = |rules: &[Rule], dir: &str| -> Value {
-        if rules.is_empty() { json!([{}]) } else { Value::Array(rules.iter().map(|r| cilium_rule(r, dir)).collect()) }
+    let see_dns = !plan.domains.is_empty();
+    let rules = |rules: &[Rule], dir: &str, extra: Vec<Value>| -> Value {
+        let mut out: Vec<Value> = rules.iter().map(|r| cilium_rule(r, dir, see_dns)).collect();
+        out.extend(extra);
+        if out.is_empty() { json!([{}]) } else { Value::Array(out) }
     };
     // API server rules differ only by port for NetworkPolicy; Cilium's entity rule takes
     // them all at once.
@@ -598,16 +703,21 @@ pub fn cilium_network_policy(plan: &Plan) -> Value {
     }
     let mut spec = serde_json::Map::new();
     spec.insert("endpointSelector".into(), cilium_selector(None, &plan.selector));
-    spec.insert("egress".into(), rules(&egress, "to"));
+    spec.insert("egress".into(), rules(&egress, "to", plan.domains.iter().map(cilium_domain_rule).collect()));
     if let Some(ingress) = &plan.ingress {
-        spec.insert("ingress".into(), rules(ingress, "from"));
+        spec.insert("ingress".into(), rules(ingress, "from", Vec::new()));
     }
     let mut object = json!({
         "apiVersion": super::CILIUM_API_VERSION,
         "kind": super::CILIUM_KIND,
         "spec": Value::Object(spec),
     });
-    if let (Ok(meta), Some(map)) = (serde_json::to_value(metadata(plan)), object.as_object_mut()) {
+    let mut meta = metadata(plan);
+    // The annotation is flock-agent's way of reading names; Cilium has them as rules.
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove(EGRESS_DOMAINS_ANNOTATION);
+    }
+    if let (Ok(meta), Some(map)) = (serde_json::to_value(meta), object.as_object_mut()) {
         map.insert("metadata".into(), meta);
     }
     object

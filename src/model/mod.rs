@@ -58,6 +58,13 @@ pub const ENFORCEMENT_ANNOTATION: &str = "flock.dev/enforcement";
 pub const EGRESS_DOMAINS_ANNOTATION: &str = "flock.dev/egress-domains";
 /// The namespace annotation that logs allowed new connections of its pods: exactly `true`.
 pub const LOG_ALLOWED_ANNOTATION: &str = "flock.dev/log-allowed";
+/// The NetworkPolicy annotation with a policy's egress by domain name (NPEP-133), which
+/// flock-controller writes from a RunProfile's `domains` and flock-agent enforces. Its value
+/// is JSON, sorted by name, each entry's ports sorted:
+/// `[{"name":"github.com","ports":[{"protocol":"TCP","port":443},{"protocol":"UDP","port":5000,"endPort":5010}]}]`
+/// — names lowercase without a trailing dot (`*.` leading a wildcard), `protocol` `TCP`,
+/// `UDP` or `SCTP`, `endPort` only for a range. Absent: no egress by name.
+pub const EGRESS_DOMAINS_ANNOTATION: &str = "flock.dev/egress-domains";
 
 /// A namespace: its name and labels, and what its annotations ask of flock.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
