@@ -50,12 +50,6 @@ impl fmt::Display for ObjectRef {
 /// ClusterNetworkPolicy in audit mode: exactly `audit` (anything else enforces), and only
 /// where the agent runs with `--allow-audit-mode`.
 pub const ENFORCEMENT_ANNOTATION: &str = "flock.dev/enforcement";
-/// The NetworkPolicy annotation that adds egress allows by domain name (flock's extension, as
-/// flock-controller writes it for a RunProfile's `domains`): JSON,
-/// `[{"name": "github.com", "ports": [{"protocol": "TCP", "port": 443, "endPort": 444}]}]`
-/// (`ports` empty or absent: every port; `protocol` defaults to TCP). Other enforcers ignore
-/// it, which only allows less.
-pub const EGRESS_DOMAINS_ANNOTATION: &str = "flock.dev/egress-domains";
 /// The namespace annotation that logs allowed new connections of its pods: exactly `true`.
 pub const LOG_ALLOWED_ANNOTATION: &str = "flock.dev/log-allowed";
 /// The NetworkPolicy annotation with a policy's egress by domain name (NPEP-133), which
@@ -63,7 +57,9 @@ pub const LOG_ALLOWED_ANNOTATION: &str = "flock.dev/log-allowed";
 /// is JSON, sorted by name, each entry's ports sorted:
 /// `[{"name":"github.com","ports":[{"protocol":"TCP","port":443},{"protocol":"UDP","port":5000,"endPort":5010}]}]`
 /// — names lowercase without a trailing dot (`*.` leading a wildcard), `protocol` `TCP`,
-/// `UDP` or `SCTP`, `endPort` only for a range. Absent: no egress by name.
+/// `UDP` or `SCTP`, `endPort` only for a range. Absent: no egress by name. flock-agent
+/// honours it on any NetworkPolicy (written by hand too: `ports` empty or absent then means
+/// every port, `protocol` defaults to TCP); other enforcers ignore it, which only allows less.
 pub const EGRESS_DOMAINS_ANNOTATION: &str = "flock.dev/egress-domains";
 
 /// A namespace: its name and labels, and what its annotations ask of flock.
