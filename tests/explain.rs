@@ -129,3 +129,67 @@ fn explain_agrees_with_the_enforced_rulesets_on_every_conformance_cell() {
     );
     assert!(cases.len() > 40 && n > 1000 && named > 500, "{} cases, {n} cells, {named} named", cases.len());
 }
+
+/// A domain rule in a live table: an address the proxy learned (nft lists its timeout and
+/// what is left of it) is admitted, and the explanation names the rule and the learned name
+/// with its expiry; offline, where nothing is learned, and live before learning, it is not.
+#[test]
+fn live_explain_names_the_domain_rule_and_the_learned_address() {
+    let mut s = flock::testkit::base_cluster();
+    for o in flock::testkit::parse_manifests(
+        "
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: by-name}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {ns: y}}}
+  egress:
+    - {name: example, action: Accept, to: [{domainNames: ['*.example.test']}], protocols: [{tcp: {destinationPort: {number: 443}}}]}
+    - {action: Deny, to: [{networks: [0.0.0.0/0]}]}
+",
+    )
+    .objects
+    {
+        o.apply_to(&mut s);
+    }
+    let node = s.pod_by_name(&pod_ref("y/a")).and_then(|p| p.node.clone()).unwrap();
+    let cluster = TracedCluster::build(&s);
+    let text = cluster.texts.iter().find(|(n, _)| **n == node).map(|(_, t)| t.clone()).unwrap();
+    let out: std::net::IpAddr = "198.18.250.80".parse().unwrap();
+    let query =
+        Query { from: End::Pod(pod_ref("y/a")), to: End::Address(out), protocol: flock::model::Protocol::Tcp, port: 443, family: None };
+    assert_eq!(LiveTable::parse(&text).unwrap().explain(&query).unwrap().verdict, Verdict::Deny);
+    assert_eq!(Explainer::new(&s, flock::translate::Options::default()).explain(&query).unwrap().verdict, Verdict::Deny);
+
+    // As nft lists a timed set holding a learned address.
+    let set =
+        text.lines().find_map(|l| l.trim().strip_prefix("set domains-v4-")).map(|rest| rest.trim_end_matches(" {").to_string()).unwrap();
+    let marker = format!("set domains-v4-{set} {{\n\t\ttype ipv4_addr\n\t\tflags timeout\n");
+    assert!(text.contains(&marker), "{text}");
+    let learned = text.replace(
+        &marker,
+        &format!(
+            "{marker}\t\telements = {{ 198.18.250.80 timeout 30s expires 12s500ms comment \"api.example.test (via api.example.test)\" }}\n"
+        ),
+    );
+    let e = LiveTable::parse(&learned).unwrap().explain(&query).unwrap();
+    assert_eq!(e.verdict, Verdict::Allow, "{}", explain::live::to_text(&e));
+    let rule = e.path.iter().find(|r| r.rule.contains("@domains-v4-")).expect("the domain rule");
+    assert!(rule.rule.contains("by-name egress[0] example: Accept"), "{}", rule.rule);
+    assert_eq!(rule.matched, ["api.example.test (via api.example.test) (learned: timeout 30s, expires in 12s500ms)"]);
+    // `nft -s` lists no expiry: what is left comes from a netlink read of the set.
+    let stateless =
+        text.replace(&marker, &format!("{marker}\t\telements = {{ 198.18.250.80 timeout 30s comment \"api.example.test\" }}\n"));
+    let mut table = LiveTable::parse(&stateless).unwrap();
+    let timed = table.timed_sets();
+    assert!(timed.len() == 2 && timed.contains(&format!("domains-v4-{set}")), "{timed:?}");
+    table.learned(&format!("domains-v4-{set}"), &[(out, std::time::Duration::from_secs(30), std::time::Duration::from_millis(7_250))]);
+    let e = table.explain(&query).unwrap();
+    let rule = e.path.iter().find(|r| r.rule.contains("@domains-v4-")).expect("the domain rule");
+    assert_eq!(rule.matched, ["api.example.test (learned: timeout 30s, expires in 7s250ms)"]);
+    // Port 22 is not the rule's.
+    let e = LiveTable::parse(&learned).unwrap().explain(&Query { port: 22, ..query }).unwrap();
+    assert_eq!(e.verdict, Verdict::Deny);
+}

@@ -120,6 +120,23 @@ pub struct LiveTable {
 }
 
 impl LiveTable {
+    /// The timed sets of the table (domain rules' learned addresses): `nft -s` lists their
+    /// elements' timeouts but not what is left of them, which [`Self::learned`] adds.
+    pub fn timed_sets(&self) -> Vec<String> {
+        self.table.sets.iter().filter(|(_, s)| s.spec.flags.iter().any(|f| f == "timeout")).map(|(n, _)| n.clone()).collect()
+    }
+
+    /// What a read of timed set `set` says of its elements: (address, timeout, what is left).
+    pub fn learned(&mut self, set: &str, entries: &[(IpAddr, std::time::Duration, std::time::Duration)]) {
+        let Some(s) = self.table.sets.get_mut(set) else { return };
+        for (addr, timeout, left) in entries {
+            if let Some(e) = s.elements.get_mut(&addr.to_string()) {
+                e.timeout = Some(nft_duration(*timeout));
+                e.expires = Some(nft_duration(*left));
+            }
+        }
+    }
+
     /// Parses `nft -s list table inet flock` output.
     pub fn parse(listing: &str) -> Result<Self, LiveError> {
         let rs = Ruleset::from_text(listing).map_err(|e| LiveError::Listing(e.to_string()))?;
@@ -264,6 +281,25 @@ impl LiveTable {
 
 /// `namespace/name` as the renderer comments a pod's elements (not a policy rule's
 /// `namespace/name ingress[0]`, not an ipBlock).
+/// A duration as nft lists one (`30s`, `12s500ms`, `1h`).
+fn nft_duration(d: std::time::Duration) -> String {
+    let (mut s, ms) = (d.as_secs(), d.subsec_millis());
+    let mut out = String::new();
+    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
+        if s >= len {
+            out.push_str(&format!("{}{unit}", s / len));
+            s %= len;
+        }
+    }
+    if s > 0 || (out.is_empty() && ms == 0) {
+        out.push_str(&format!("{s}s"));
+    }
+    if ms > 0 {
+        out.push_str(&format!("{ms}ms"));
+    }
+    out
+}
+
 fn is_pod_name(c: &str) -> bool {
     let part = |s: &str| !s.is_empty() && !s.contains(|ch: char| ch.is_whitespace() || ch == '/' || ch == ':');
     c.split_once('/').is_some_and(|(ns, name)| part(ns) && part(name))
@@ -310,4 +346,20 @@ pub fn to_text(e: &LiveExplanation) -> String {
         None => {}
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_nft_lists_them() {
+        use std::time::Duration;
+        assert_eq!(nft_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(nft_duration(Duration::from_millis(12_500)), "12s500ms");
+        assert_eq!(nft_duration(Duration::from_secs(3600)), "1h");
+        assert_eq!(nft_duration(Duration::from_secs(3_725)), "1h2m5s");
+        assert_eq!(nft_duration(Duration::ZERO), "0s");
+        assert_eq!(nft_duration(Duration::from_millis(5)), "5ms");
+    }
 }

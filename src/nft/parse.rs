@@ -164,12 +164,16 @@ impl fmt::Display for Kind {
     }
 }
 
-/// A set or map element: normalised key, optional comment, optional verdict (maps).
+/// A set or map element: normalised key, optional comment, optional verdict (maps), and for
+/// an element of a timed set as nft lists it, its timeout and what is left of it
+/// (`timeout 30s expires 12s500ms`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Elem {
     pub key: String,
     pub comment: Option<String>,
     pub verdict: Option<String>,
+    pub timeout: Option<String>,
+    pub expires: Option<String>,
 }
 
 /// Declared attributes of a chain.
@@ -457,6 +461,7 @@ impl<'a> Parser<'a> {
             let mut key = Vec::new();
             let mut comment = None;
             let mut verdict = None;
+            let (mut timeout, mut expires) = (None, None);
             loop {
                 match self.peek() {
                     None => return self.err("unterminated element list"),
@@ -464,6 +469,14 @@ impl<'a> Parser<'a> {
                     Some(Tok::Word(w)) if *w == "comment" => {
                         self.pos += 1;
                         comment = Some(self.string("an element comment")?);
+                    }
+                    Some(Tok::Word(w)) if *w == "timeout" => {
+                        self.pos += 1;
+                        timeout = Some(self.word("a timeout")?);
+                    }
+                    Some(Tok::Word(w)) if *w == "expires" => {
+                        self.pos += 1;
+                        expires = Some(self.word("an expiry")?);
                     }
                     Some(Tok::Word(w)) if *w == ":" => {
                         self.pos += 1;
@@ -483,7 +496,7 @@ impl<'a> Parser<'a> {
             if key.is_empty() {
                 return self.err("empty element");
             }
-            out.push(Elem { key: join(&key), comment, verdict });
+            out.push(Elem { key: join(&key), comment, verdict, timeout, expires });
         }
     }
 

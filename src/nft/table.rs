@@ -42,6 +42,22 @@ pub struct ChainState {
 pub struct ElemState {
     pub comment: Option<String>,
     pub verdict: Option<String>,
+    /// A timed element's `timeout`/`expires`, as listed (`nft list` of a live table).
+    pub timeout: Option<String>,
+    pub expires: Option<String>,
+}
+
+impl ElemState {
+    /// Its comment, and for a timed element how long it lives and what is left of it, for
+    /// explanations: `api.example.test (learned: timeout 30s, expires in 12s)`.
+    pub fn note(&self) -> String {
+        let comment = self.comment.clone().unwrap_or_default();
+        match (&self.timeout, &self.expires) {
+            (Some(t), Some(e)) => format!("{comment} (learned: timeout {t}, expires in {e})"),
+            (Some(t), None) => format!("{comment} (learned: timeout {t})"),
+            _ => comment,
+        }
+    }
 }
 
 /// A set's or map's state.
@@ -221,7 +237,15 @@ impl Ruleset {
                 for e in elements {
                     check_element(s, e, arity)
                         .map_err(|message| TableError::Invalid { what: format!("element {} of {set}", e.key), message })?;
-                    s.elements.insert(e.key.clone(), ElemState { comment: e.comment.clone(), verdict: e.verdict.clone() });
+                    s.elements.insert(
+                        e.key.clone(),
+                        ElemState {
+                            comment: e.comment.clone(),
+                            verdict: e.verdict.clone(),
+                            timeout: e.timeout.clone(),
+                            expires: e.expires.clone(),
+                        },
+                    );
                 }
                 Ok(())
             }

@@ -584,7 +584,7 @@ fn set_match(table: &Table, set: &str, vals: &[Val<'_>]) -> Result<Option<String
             }
         }
         if all {
-            return Ok(Some(elem.comment.clone().unwrap_or_default()));
+            return Ok(Some(elem.note()));
         }
     }
     Ok(None)

@@ -73,7 +73,26 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let text = if args.live {
         let listing = NftCli::new(Netns::Current).list_table().context("listing table inet flock (are you root, on a node?)")?;
         let Some(listing) = listing else { bail!("there is no table inet flock here: is flock-agent running on this node?") };
-        let table = LiveTable::parse(&listing)?;
+        let mut table = LiveTable::parse(&listing)?;
+        // What is left of each learned address (`nft -s` lists only the timeout): read over
+        // netlink; without it the explanation shows the timeouts alone.
+        let timed = table.timed_sets();
+        if !timed.is_empty() {
+            match flock::apply::netlink::NfSocket::open() {
+                Ok(mut socket) => {
+                    for set in timed {
+                        match socket.dump_timed(&set) {
+                            Ok(entries) => {
+                                let entries: Vec<_> = entries.iter().map(|e| (e.addr, e.timeout, e.expires_in)).collect();
+                                table.learned(&set, &entries);
+                            }
+                            Err(e) => eprintln!("warning: reading set {set}: {e}"),
+                        }
+                    }
+                }
+                Err(e) => eprintln!("warning: reading the learned addresses: {e}"),
+            }
+        }
         let e = table.explain(&query)?;
         match args.output {
             Output::Json => serde_json::to_string_pretty(&e)?,
