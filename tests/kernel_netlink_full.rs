@@ -74,6 +74,31 @@ fn half_audited(s: &Snapshot) -> Snapshot {
 }
 
 /// Distinct renders, in a fixed order.
+const DOMAINS: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: by-name}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {ns: y}}}
+  egress:
+    - {action: Accept, to: [{domainNames: ['*.example.test', api.example.org]}], protocols: [{tcp: {destinationPort: {number: 443}}}]}
+    - {action: Deny, to: [{networks: [0.0.0.0/0]}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: z-by-name
+  namespace: z
+  annotations:
+    flock.dev/egress-domains: '[{"name": "github.com", "ports": [{"port": 443}]}, {"name": "*.pypi.org"}]'
+spec:
+  podSelector: {}
+  policyTypes: [Egress]
+  egress: [{to: [{ipBlock: {cidr: 198.18.250.53/32}}], ports: [{protocol: UDP, port: 53}]}]
+"#;
+
 fn renders() -> Vec<(String, Ruleset)> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
@@ -118,6 +143,26 @@ fn renders() -> Vec<(String, Ruleset)> {
             }
         }
     }
+    // Domain rules: their timed sets, the rules marking what they admit, and the DNS
+    // steering (prerouting base chains, packet marks, tproxy).
+    let mut s = flock::testkit::base_cluster();
+    for o in flock::testkit::parse_manifests(DOMAINS).objects {
+        o.apply_to(&mut s);
+    }
+    let steer = flock::render::DnsSteer {
+        port: 15053,
+        mark: flock::render::DNS_MARK,
+        resolvers: vec!["198.18.250.53/32".parse().unwrap(), "2001:db8:250::53/128".parse().unwrap()],
+    };
+    for (stack, snap) in [("v4", s.clone()), ("dual", dual_stack(&s))] {
+        for node in ["node-1", "node-2"] {
+            let ir = translate(&snap, &snap.derived_endpoints(node), &Options::default());
+            for (shape, opts) in &shapes {
+                let opts = RenderOptions { dns: Some(steer.clone()), ..opts.clone() };
+                add(format!("domains {stack} {node} {shape}"), render_with(&ir, &opts));
+            }
+        }
+    }
     let mut p = flock::synth::Params::new(2_000, 200);
     (p.admin_policies, p.baseline_policies) = (20, 5);
     let cluster = flock::synth::generate(&p);
@@ -156,6 +201,10 @@ fn netlink_transactions_list_as_nft_writes_them() {
     for want in
         ["tcp dport { 80-81, 443, 8000-8090 }", "udp dport { 53, 5353 }", "sctp dport { 9, 11-20 }", "tcp dport { 1-5, 7, 65000-65535 }"]
     {
+        assert!(all.contains(want), "no render has {want}");
+    }
+    // And domain rules with the DNS steering.
+    for want in ["flags timeout", "tproxy to :15053", "meta mark set meta mark | 0x00000080", "ct mark set ct mark | 0x02000000"] {
         assert!(all.contains(want), "no render has {want}");
     }
     // So are the audit mode's chains (a base chain at priority filter - 1) and log rules.

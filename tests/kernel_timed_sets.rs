@@ -121,3 +121,98 @@ fn the_learner_writes_a_pods_answer_into_its_rules_sets() {
     assert_eq!(entries.0[0].timeout, Duration::from_secs(300));
     assert_eq!(entries.0[0].comment, "files.pypi.org");
 }
+
+/// What the proxy learned survives flock's own transactions on the real kernel: an
+/// incremental sync, a full sync by a fresh applier (as after an agent restart, through the
+/// netlink writer and through nft), and the drift check, which does not count learned
+/// elements as drift. A timed set the render no longer has goes.
+#[test]
+fn learned_addresses_survive_syncs_restarts_and_drift_checks() {
+    if !require_root("learned_addresses_survive_syncs_restarts_and_drift_checks") {
+        return;
+    }
+    use flock::apply::kernel::NftCli;
+    use flock::apply::{Applier, Drift};
+    use flock::render::{self, DnsSteer, RenderOptions};
+    use flock::translate::{Options, translate};
+
+    let mut s = flock::testkit::base_cluster();
+    let cnp = |names: &str| {
+        format!(
+            "apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {{name: by-name}}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {{namespaces: {{matchLabels: {{ns: y}}}}}}
+  egress:
+    - {{action: Accept, to: [{{domainNames: [{names}]}}], protocols: [{{tcp: {{destinationPort: {{number: 443}}}}}}]}}
+"
+        )
+    };
+    for o in flock::testkit::parse_manifests(&cnp("'*.example.test'")).objects {
+        o.apply_to(&mut s);
+    }
+    let node = s.pod_by_name(&flock::testkit::pod_ref("y/a")).and_then(|p| p.node.clone()).unwrap();
+    let options = RenderOptions {
+        dns: Some(DnsSteer { port: 15053, mark: render::DNS_MARK, resolvers: vec!["198.18.250.53/32".parse().unwrap()] }),
+        ..RenderOptions::DEFAULT
+    };
+    let rs = |s: &flock::model::Snapshot| render::render_with(&translate(s, &s.derived_endpoints(&node), &Options::default()), &options);
+    let first = rs(&s);
+    let np = translate(&s, &s.derived_endpoints(&node), &Options::default());
+    let def = render::domain_uses(&np).keys().next().copied().cloned().unwrap();
+    let set = render::domain_set_name(&def, false);
+
+    let ns = NetnsGuard::new("timedsync");
+    for netlink in [true, false] {
+        let _ = ns.try_exec(&["nft", "delete", "table", "inet", TABLE]);
+        let mut a = Applier::new(NftCli::new(ns.netns()).with_netlink(netlink));
+        a.apply(&first).unwrap();
+        let learned = |ns: &NetnsGuard| {
+            let set = set.clone();
+            netns::run_in(&ns.netns(), move || NfSocket::open().unwrap().dump_timed(&set).unwrap()).unwrap()
+        };
+        let set2 = set.clone();
+        netns::run_in(&ns.netns(), move || {
+            NfSocket::open().unwrap().write_timed(&[(set2.as_str(), vec![element("198.18.250.80", 60_000, "api.example.test")])]).unwrap()
+        })
+        .unwrap();
+        assert_eq!(learned(&ns).len(), 1);
+        // The drift check: learned elements are not drift.
+        a.record_baseline().unwrap();
+        let set3 = set.clone();
+        netns::run_in(&ns.netns(), move || {
+            NfSocket::open().unwrap().write_timed(&[(set3.as_str(), vec![element("198.18.250.81", 60_000, "www.example.test")])]).unwrap()
+        })
+        .unwrap();
+        assert_eq!(a.check_drift().unwrap(), Drift::InSync, "netlink {netlink}");
+        // An incremental sync (another policy change), then a full sync by a fresh applier.
+        let mut s2 = s.clone();
+        for o in flock::testkit::parse_manifests(
+            "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: x}
+spec: {podSelector: {}}
+",
+        )
+        .objects
+        {
+            o.apply_to(&mut s2);
+        }
+        a.apply(&rs(&s2)).unwrap();
+        assert_eq!(learned(&ns).len(), 2, "an incremental sync kept them (netlink {netlink})");
+        let mut restarted = Applier::new(NftCli::new(ns.netns()).with_netlink(netlink));
+        restarted.apply(&first).unwrap();
+        assert_eq!(learned(&ns).len(), 2, "a full sync kept them (netlink {netlink})");
+        // Names no rule has any more: their sets go.
+        let mut s3 = flock::testkit::base_cluster();
+        for o in flock::testkit::parse_manifests(&cnp("'other.test'")).objects {
+            o.apply_to(&mut s3);
+        }
+        restarted.apply(&rs(&s3)).unwrap();
+        let listing = String::from_utf8(ns.exec(&["nft", "list", "table", "inet", TABLE]).stdout).unwrap();
+        assert!(!listing.contains(&set), "{listing}");
+    }
+}

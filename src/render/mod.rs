@@ -930,9 +930,10 @@ fn interval_elements(nets: &BTreeSet<ipnet::IpNet>, what: &str) -> Vec<Element> 
 /// The DNS steering base chains (see [`DnsSteer`]), after `from-pods`, which they jump to.
 fn dns_chains(dns: &DnsSteer) -> [Chain; 2] {
     let bit = format!("{:#010x}", dns.mark);
-    let steer = |fam: Family, set: &str| {
+    // One rule per family and protocol (no anonymous sets: the netlink writer encodes them).
+    let steer = |fam: Family, set: &str, proto: &str| {
         format!(
-            "iifname @{DNS_PROXIED} {} daddr @{set} meta l4proto {{ tcp, udp }} th dport 53 meta mark set meta mark | {bit} jump {FROM_PODS} comment \"DNS of a pod with domain rules: its egress policy decides, then the proxy\"",
+            "iifname @{DNS_PROXIED} {} daddr @{set} {proto} dport 53 meta mark set meta mark | {bit} jump {FROM_PODS} comment \"DNS of a pod with domain rules: its egress policy decides, then the proxy\"",
             fam.proto()
         )
     };
@@ -943,17 +944,20 @@ fn dns_chains(dns: &DnsSteer) -> [Chain; 2] {
                 "DNS of pods with domain rules, after DNAT: judged by the pod's egress policy (from-pods), marked for the proxy if allowed"
                     .into(),
             hook: Some(Hook { type_: "filter", hook: "prerouting", priority: "dstnat + 10", policy: "accept" }),
-            rules: vec![steer(Family::V4, DNS_RESOLVERS_V4), steer(Family::V6, DNS_RESOLVERS_V6)],
+            rules: vec![
+                steer(Family::V4, DNS_RESOLVERS_V4, "udp"),
+                steer(Family::V4, DNS_RESOLVERS_V4, "tcp"),
+                steer(Family::V6, DNS_RESOLVERS_V6, "udp"),
+                steer(Family::V6, DNS_RESOLVERS_V6, "tcp"),
+            ],
         },
         Chain {
             name: DNS_PROXY_CHAIN.into(),
             comment: "allowed DNS of pods with domain rules goes to flock-agent's DNS proxy; without the proxy it is dropped".into(),
             hook: Some(Hook { type_: "filter", hook: "prerouting", priority: "-80", policy: "accept" }),
             rules: vec![
-                format!(
-                    "meta mark & {bit} == {bit} meta l4proto {{ tcp, udp }} tproxy to :{} accept comment \"to the DNS proxy\"",
-                    dns.port
-                ),
+                format!("meta mark & {bit} == {bit} meta l4proto udp tproxy to :{} accept comment \"to the DNS proxy\"", dns.port),
+                format!("meta mark & {bit} == {bit} meta l4proto tcp tproxy to :{} accept comment \"to the DNS proxy\"", dns.port),
                 format!("meta mark & {bit} == {bit} counter drop comment \"the DNS proxy is not listening: dropped (fail closed)\""),
             ],
         },

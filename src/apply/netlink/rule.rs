@@ -2,7 +2,8 @@
 //!
 //! The grammar is the renderer's, no more: `ct state LIST`; `meta l4proto P`; `tcp|udp|sctp
 //! dport N|A-B`; `iifname|oifname "prefix*"`; `limit rate N/second [burst M packets]`; `log
-//! [prefix "P"] group G`; `ct mark & BIT == BIT`; `reject with tcp reset`; a field or a concatenation of fields
+//! [prefix "P"] group G`; `ct mark & BIT == BIT`; `meta mark & BIT == BIT`; `ct|meta mark set
+//! ct|meta mark | BIT`; `tproxy to :PORT`; `reject with tcp reset`; a field or a concatenation of fields
 //! (`iifname`, `oifname`, `ip|ip6 saddr|daddr`, `meta l4proto`, `th dport`) looked up in a
 //! named set (`@set`, `!= @set`) or verdict map (`vmap @map`); `counter`; a verdict; a
 //! comment. Anything else is an error, and the caller writes through nft instead.
@@ -62,6 +63,11 @@ const NFT_META_NFPROTO: u32 = 15;
 const NFT_META_L4PROTO: u32 = 16;
 const NFT_CT_STATE: u32 = 0;
 const NFT_CT_MARK: u32 = 3;
+const NFTA_CT_SREG: u16 = 4;
+const NFTA_META_SREG: u16 = 3;
+const NFT_META_MARK: u32 = 3;
+const NFTA_TPROXY_FAMILY: u16 = 1;
+const NFTA_TPROXY_REG_PORT: u16 = 3;
 const NFTA_LIMIT_RATE: u16 = 1;
 const NFTA_LIMIT_UNIT: u16 = 2;
 const NFTA_LIMIT_BURST: u16 = 3;
@@ -182,6 +188,40 @@ fn ct_masked(key: u32, mask: u32) -> [Vec<u8>; 2] {
     ]
 }
 
+/// `KEY |= bit` for a 32-bit mark (the conntrack entry's, `ct`, or the packet's, `meta`):
+/// load, set the bit (`(x & !bit) ^ bit`), store — as nft compiles `ct mark set ct mark | B`.
+fn mark_or(ct: bool, bit: u32) -> [Vec<u8>; 3] {
+    let name = if ct { "ct" } else { "meta" };
+    let (dreg, key, sreg, k) = if ct {
+        (NFTA_CT_DREG, NFTA_CT_KEY, NFTA_CT_SREG, NFT_CT_MARK)
+    } else {
+        (NFTA_META_DREG, NFTA_META_KEY, NFTA_META_SREG, NFT_META_MARK)
+    };
+    [
+        expr(name, |b| {
+            u32_attr(b, dreg, NFT_REG_1);
+            u32_attr(b, key, k);
+        }),
+        expr("bitwise", |b| {
+            u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
+            u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
+            u32_attr(b, NFTA_BITWISE_LEN, 4);
+            nested(b, NFTA_BITWISE_MASK, |d| attr(d, NFTA_DATA_VALUE, &(!bit).to_ne_bytes()));
+            nested(b, NFTA_BITWISE_XOR, |d| attr(d, NFTA_DATA_VALUE, &bit.to_ne_bytes()));
+        }),
+        expr(name, |b| {
+            u32_attr(b, key, k);
+            u32_attr(b, sreg, NFT_REG_1);
+        }),
+    ]
+}
+
+/// `0x…` as a 32-bit mark value.
+fn mark_value(text: Option<&str>) -> Result<u32, String> {
+    let t = text.ok_or("a mark without a value")?;
+    t.strip_prefix("0x").and_then(|h| u32::from_str_radix(h, 16).ok()).ok_or_else(|| format!("mark {t}"))
+}
+
 /// The register a part starting at 32-bit register `slot` is loaded into.
 fn register(slot: usize) -> u32 {
     let slot = slot as u32;
@@ -251,6 +291,46 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) 
                         out.exprs.push(cmp(NFT_CMP_LTE, &port(hi)?.to_be_bytes()));
                     }
                 }
+                i += 3;
+            }
+            ("ct" | "meta", Some("mark")) if word(i + 2) == Some("set") => {
+                // `ct mark set ct mark | BIT`, `meta mark set meta mark | BIT`.
+                if (word(i + 3), word(i + 4), word(i + 5)) != (Some(w), Some("mark"), Some("|")) {
+                    return Err(format!("{w} mark set other than {w} mark | BIT"));
+                }
+                out.exprs.extend(mark_or(w == "ct", mark_value(word(i + 6))?));
+                i += 7;
+            }
+            ("meta", Some("mark")) => {
+                // `meta mark & BIT == BIT`.
+                let bit = word(i + 3);
+                if word(i + 2) != Some("&") || word(i + 4) != Some("==") || word(i + 5) != bit {
+                    return Err("meta mark other than & BIT == BIT".into());
+                }
+                let v = mark_value(bit)?;
+                out.exprs.push(load(Field::Meta { key: NFT_META_MARK, len: 4 }, NFT_REG_1));
+                out.exprs.push(expr("bitwise", |b| {
+                    u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
+                    u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
+                    u32_attr(b, NFTA_BITWISE_LEN, 4);
+                    nested(b, NFTA_BITWISE_MASK, |d| attr(d, NFTA_DATA_VALUE, &v.to_ne_bytes()));
+                    nested(b, NFTA_BITWISE_XOR, |d| attr(d, NFTA_DATA_VALUE, &0u32.to_ne_bytes()));
+                }));
+                out.exprs.push(cmp(NFT_CMP_EQ, &v.to_ne_bytes()));
+                i += 6;
+            }
+            ("tproxy", Some("to")) => {
+                // `tproxy to :PORT` (both families, the address kept): the port in a register.
+                let p = word(i + 2).and_then(|p| p.strip_prefix(':')).ok_or("tproxy to other than :PORT")?;
+                let p = port(p)?;
+                out.exprs.push(expr("immediate", |b| {
+                    u32_attr(b, NFTA_IMMEDIATE_DREG, NFT_REG_1);
+                    nested(b, NFTA_IMMEDIATE_DATA, |d| attr(d, NFTA_DATA_VALUE, &p.to_be_bytes()));
+                }));
+                out.exprs.push(expr("tproxy", |b| {
+                    u32_attr(b, NFTA_TPROXY_FAMILY, 0);
+                    u32_attr(b, NFTA_TPROXY_REG_PORT, NFT_REG_1);
+                }));
                 i += 3;
             }
             ("ct", Some("mark")) => {
