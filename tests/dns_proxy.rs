@@ -320,3 +320,133 @@ fn a_pod_reaches_a_domain_from_its_answer_on_until_the_ttl_passes() {
         t.join().unwrap();
     }
 }
+
+/// The steering as flock renders it, on the real kernel, without the agent: a pod's DNS to a
+/// trusted resolver is judged by its own egress chains first (a pod whose policy does not
+/// admit DNS gets nothing, proxy or not), then handed to the proxy — and dropped while no
+/// proxy listens (fail closed), answered once one does.
+#[test]
+fn the_rendered_steering_judges_dns_by_policy_and_fails_closed_without_the_proxy() {
+    if !require_root("the_rendered_steering_judges_dns_by_policy_and_fails_closed_without_the_proxy") {
+        return;
+    }
+    use flock::agent::domains::{DomainLearner, KernelWriter};
+    use flock::apply::Applier;
+    use flock::apply::kernel::NftCli;
+    use flock::model::{LocalEndpoint, ObjectRef};
+    use flock::render::{self, DnsSteer, RenderOptions};
+    use flock::translate::{Options, translate};
+
+    const STEER_PORT: u16 = 15354;
+    let node = Node::new("dnsr");
+    let (c1_ip, c2_ip): (IpAddr, IpAddr) = ("198.18.220.2".parse().unwrap(), "198.18.220.3".parse().unwrap());
+    let c1 = node.add_pod("dnsr1", "flkdnsr1", &[c1_ip]);
+    let c2 = node.add_pod("dnsr2", "flkdnsr2", &[c2_ip]);
+    let resolver_ip: IpAddr = "198.18.221.53".parse().unwrap();
+    let resolver = node.add_pod("dnsrr", "vr-dnsr", &[resolver_ip]);
+    node.ns.ip(&["addr", "add", "198.18.222.1/32", "dev", "uplink"]);
+    let manifests = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: apps, labels: {ns: apps}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: c1, namespace: apps, uid: u-c1, labels: {app: c1}}
+spec: {nodeName: n1}
+status: {phase: Running, podIPs: [{ip: 198.18.220.2}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: c2, namespace: apps, uid: u-c2, labels: {app: c2}}
+spec: {nodeName: n1}
+status: {phase: Running, podIPs: [{ip: 198.18.220.3}]}
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: by-name}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {ns: apps}}}
+  egress:
+    - {action: Accept, to: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: nothing}}}}]}
+    - {action: Accept, to: [{domainNames: ['*.example.test']}], protocols: [{tcp: {destinationPort: {number: 80}}}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: c1-dns, namespace: apps}
+spec:
+  podSelector: {matchLabels: {app: c1}}
+  policyTypes: [Egress]
+  egress: [{to: [{ipBlock: {cidr: 198.18.221.53/32}}], ports: [{protocol: UDP, port: 53}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: c2-none, namespace: apps}
+spec:
+  podSelector: {matchLabels: {app: c2}}
+  policyTypes: [Egress]
+"#;
+    let s = flock::testkit::parse_manifests(manifests).to_snapshot();
+    let endpoint = |iface: &str, name: &str, ip: IpAddr| LocalEndpoint {
+        interface: iface.into(),
+        container_id: format!("cid-{name}"),
+        pod: ObjectRef::new("apps", name),
+        pod_uid: Some(format!("u-{name}")),
+        addrs: vec![ip],
+    };
+    let np = translate(&s, &[endpoint("flkdnsr1", "c1", c1_ip), endpoint("flkdnsr2", "c2", c2_ip)], &Options::default());
+    assert!(np.problems.is_empty(), "{:?}", np.problems);
+    let options = RenderOptions {
+        dns: Some(DnsSteer { port: STEER_PORT, mark: render::DNS_MARK, resolvers: vec![resolver_ip.into()] }),
+        ..RenderOptions::DEFAULT
+    };
+    Applier::new(NftCli::new(node.ns.netns())).apply(&render::render_with(&np, &options)).unwrap();
+    // The policy routing flock-agent adds for marked packets.
+    node.ns.ip(&["-4", "rule", "add", "fwmark", "0x80/0x80", "lookup", "181"]);
+    node.ns.ip(&["-4", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "181"]);
+
+    let zone =
+        Zone::new(vec![Record { name: "api.example.test".into(), ttl: 300, data: RecordData::Address("198.18.223.80".parse().unwrap()) }]);
+    let (stop_dns, dns_thread) = serve_dns(resolver.ns.netns(), vec![resolver_ip], zone);
+    let server: SocketAddr = (resolver_ip, 53).into();
+    let ask = |pod: &flock::testkit::kernel::Pod| {
+        let q = query("api.example.test", RecordType::A, 9);
+        netns::run_in(&pod.ns.netns(), move || {
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.connect(server).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(800))).unwrap();
+            s.send(&q).unwrap();
+            let mut buf = vec![0u8; 4096];
+            s.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
+        })
+        .unwrap()
+    };
+    // No proxy: the admitted query is dropped (fail closed), not sent on past it.
+    assert_eq!(ask(&c1), None, "answered without the proxy");
+    let chain = String::from_utf8(node.ns.exec(&["nft", "list", "chain", "inet", "flock", render::DNS_PROXY_CHAIN]).stdout).unwrap();
+    assert!(chain.lines().any(|l| l.contains("drop") && l.contains("counter packets") && !l.contains("counter packets 0 ")), "{chain}");
+
+    let learner = Arc::new(DomainLearner::new(KernelWriter::default()));
+    learner.set_rules(flock::agent::dns::domain_rules(&np));
+    let proxy = DnsProxy::new(ProxyConfig::new(STEER_PORT, vec![resolver_ip]), learner);
+    let stats = proxy.stats();
+    let (stop_proxy, proxy_thread) = serve_dns_proxy(node.ns.netns(), proxy);
+    let answer = ask(&c1).expect("no answer through the proxy");
+    assert_eq!(addresses(&answer), vec!["198.18.223.80".parse::<IpAddr>().unwrap()]);
+    // The learned address is in the rule's timed set.
+    let def = render::domain_uses(&np).keys().next().copied().cloned().unwrap();
+    let set = render::domain_set_name(&def, false);
+    let learned =
+        netns::run_in(&node.ns.netns(), move || flock::apply::netlink::NfSocket::open().unwrap().dump_timed(&set).unwrap()).unwrap();
+    assert_eq!(learned.iter().map(|e| e.addr).collect::<Vec<_>>(), vec!["198.18.223.80".parse::<IpAddr>().unwrap()]);
+    // c2's policy admits no DNS: dropped by its own egress chain, never reaching the proxy.
+    assert_eq!(ask(&c2), None, "a pod whose policy denies DNS got an answer");
+    assert_eq!(stat(&stats, |s| &s.queries), 1);
+
+    stop_proxy.send(true).unwrap();
+    stop_dns.send(true).unwrap();
+    proxy_thread.join().unwrap();
+    dns_thread.join().unwrap();
+}
