@@ -271,7 +271,7 @@ impl Gen<'_, '_> {
             3 if egress || chance(self.u, 10)? => CnpPeer::Nodes(selector(self.u, &NODE_KEYS)?),
             _ if chance(self.u, 8)? => {
                 if chance(self.u, 50)? {
-                    CnpPeer::DomainNames(vec!["example.com".into()])
+                    CnpPeer::DomainNames(vec![pick(self.u, super::DOMAIN_NAMES)?.to_string()])
                 } else {
                     CnpPeer::Invalid("exactly one of namespaces, pods, networks, nodes, domainNames must be set, none is".into())
                 }

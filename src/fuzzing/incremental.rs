@@ -1119,7 +1119,8 @@ impl<'u, 'd> Gen<'u, 'd> {
                     CnpPeer::Namespaces(s) | CnpPeer::Nodes(s) => super::tame_selector(s),
                     CnpPeer::Pods(pods) => tame_cnp_pods(pods),
                     CnpPeer::Networks(cidrs) => cidrs.iter_mut().for_each(|c| super::pick(c, &CIDRS)),
-                    CnpPeer::DomainNames(_) | CnpPeer::Invalid(_) => {}
+                    CnpPeer::DomainNames(names) => names.iter_mut().for_each(|n| super::pick(n, super::DOMAIN_NAMES)),
+                    CnpPeer::Invalid(_) => {}
                 }
             }
         }

@@ -885,6 +885,16 @@ const CIDRS: &[&str] =
     &["198.18.0.0/15", "198.18.1.0/24", "198.18.1.11/32", "0.0.0.0/0", "10.0.0.0/8", "2001:db8::/32", "2001:db8:1::/64", "::/0"];
 
 /// A one-byte string becomes an entry of `pool`.
+/// Domain names and `flock.dev/egress-domains` annotations a one-byte string becomes (valid and
+/// not), so the fuzzers reach domain rules.
+pub(crate) const DOMAIN_NAMES: &[&str] = &["example.com", "*.example.com", "api.example.test", "*.*.bad", "com"];
+const EGRESS_DOMAINS: &[&str] = &[
+    r#"[{"name": "example.com", "ports": [{"port": 443}]}]"#,
+    r#"[{"name": "*.example.com"}, {"name": "api.example.test", "ports": [{"protocol": "UDP", "port": 53, "endPort": 60}]}]"#,
+    r#"[{"name": "*.*.bad"}]"#,
+    "not json",
+];
+
 fn pick(s: &mut String, pool: &[&str]) {
     if let [b] = s.as_bytes() {
         *s = pool[usize::from(*b) % pool.len()].to_string();
@@ -967,6 +977,7 @@ fn tame_pod(mut p: Pod) -> Pod {
 
 fn tame_policy(mut np: NetworkPolicy) -> NetworkPolicy {
     pick(&mut np.namespace, NAMESPACES);
+    pick_opt(&mut np.egress_domains, EGRESS_DOMAINS);
     tame_selector(&mut np.pod_selector);
     np.policy_types.iter_mut().for_each(|t| pick(t, POLICY_TYPES));
     for rule in np.ingress.iter_mut().chain(np.egress.iter_mut()) {

@@ -433,6 +433,9 @@ struct EndpointRender {
     chains: Vec<Chain>,
     audit: Vec<Chain>,
     sets: Vec<SetKey>,
+    /// The domain definitions its rules refer to (egress only), for the timed sets and the
+    /// DNS steering: kept with the chains, so a render does not look at every rule again.
+    domains: Vec<DomainDef>,
 }
 
 /// The last render's pieces, so the next one redoes only what the translation changed
@@ -597,7 +600,8 @@ impl RenderCache {
                     for k in &sets {
                         *uses.entry(k.clone()).or_default() += 1;
                     }
-                    EndpointRender { chains, audit, sets }
+                    let domains = if dir == Direction::Egress { direction_domains(ep.direction(dir)) } else { Vec::new() };
+                    EndpointRender { chains, audit, sets, domains }
                 }
             };
             let out = Rendered {
@@ -689,10 +693,15 @@ impl RenderCache {
                 elements: Arc::clone(&dispatch.addrs[fam.index()]),
             });
         }
-        let domains = domain_uses(np);
-        sets.extend(domain_sets(&domains));
+        let mut domains: BTreeMap<&DomainDef, BTreeSet<&str>> = BTreeMap::new();
+        for ((iface, _), r) in &self.endpoints {
+            for d in &r.domains {
+                domains.entry(d).or_default().insert(iface.as_str());
+            }
+        }
+        sets.extend(domain_sets(domains.keys().copied()));
         if let Some(dns) = &self.options.dns {
-            sets.extend(dns_sets(dns, &np.dns_resolvers, &domains));
+            sets.extend(dns_sets(dns, &np.dns_resolvers, domains.values().flatten().copied()));
         }
         sets.sort_by(|a, b| a.name.cmp(&b.name));
         objects.extend(sets.into_iter().map(Object::Set));
@@ -819,6 +828,15 @@ pub struct DomainUse {
     pub sources: BTreeSet<String>,
 }
 
+/// The domain definitions a direction's rules refer to (enforced or audited), sorted.
+fn direction_domains(d: &DirectionPolicy) -> Vec<DomainDef> {
+    let mut out: Vec<DomainDef> =
+        d.peers().into_iter().filter_map(|m| if let PeerMatch::Domains(def) = m { Some(def.clone()) } else { None }).collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// Every domain definition the egress of this node's pods refers to (enforced or audited).
 pub fn domain_uses(np: &NodePolicy) -> BTreeMap<&DomainDef, DomainUse> {
     fn visit<'a>(d: &'a DirectionPolicy, ep: &EndpointPolicy, out: &mut BTreeMap<&'a DomainDef, DomainUse>) {
@@ -860,9 +878,9 @@ pub fn domain_set_name(def: &DomainDef, v6: bool) -> String {
 
 /// The timed sets of the domain definitions in use, both families, always empty here (their
 /// elements are the proxy's).
-fn domain_sets(domains: &BTreeMap<&DomainDef, DomainUse>) -> Vec<Set> {
+fn domain_sets<'a>(domains: impl Iterator<Item = &'a DomainDef>) -> Vec<Set> {
     let mut out = Vec::new();
-    for def in domains.keys() {
+    for def in domains {
         for fam in [Family::V4, Family::V6] {
             out.push(Set {
                 name: domain_set_name(def, fam == Family::V6),
@@ -879,8 +897,8 @@ fn domain_sets(domains: &BTreeMap<&DomainDef, DomainUse>) -> Vec<Set> {
 }
 
 /// The pod interfaces whose DNS goes through the proxy, and the trusted resolvers.
-fn dns_sets(dns: &DnsSteer, selected: &[std::net::IpAddr], domains: &BTreeMap<&DomainDef, DomainUse>) -> Vec<Set> {
-    let interfaces: BTreeSet<&str> = domains.values().flat_map(|u| &u.interfaces).map(String::as_str).collect();
+fn dns_sets<'a>(dns: &DnsSteer, selected: &[std::net::IpAddr], interfaces: impl Iterator<Item = &'a str>) -> Vec<Set> {
+    let interfaces: BTreeSet<&str> = interfaces.collect();
     let proxied: Vec<Element> = interfaces.into_iter().map(|i| element_of(quoted(i), "egress by domain name")).collect();
     let mut out = vec![Set {
         name: DNS_PROXIED.into(),
