@@ -272,24 +272,7 @@ spec:
     /// port the rule does not name, is revoked.
     #[test]
     fn domain_admitted_connections_live_while_their_rule_does() {
-        let mut s = testkit::base_cluster();
-        for o in testkit::parse_manifests(
-            "
-apiVersion: policy.networking.k8s.io/v1alpha2
-kind: ClusterNetworkPolicy
-metadata: {name: by-name}
-spec:
-  tier: Admin
-  priority: 10
-  subject: {namespaces: {matchLabels: {ns: x}}}
-  egress:
-    - {action: Accept, to: [{domainNames: ['*.example.test']}], protocols: [{tcp: {destinationPort: {number: 443}}}]}
-    - {action: Deny, to: [{networks: [0.0.0.0/0]}]}",
-        )
-        .objects
-        {
-            o.apply_to(&mut s);
-        }
+        let s = testkit::base_cluster_with(&testkit::domain_policy("x", &["*.example.test"], 443));
         let node = s.pod_by_name(&testkit::pod_ref("x/a")).and_then(|p| p.node.clone()).unwrap();
         let np = translate(&s, &s.derived_endpoints(&node), &Options::default());
         let none = BTreeSet::new();

@@ -135,25 +135,7 @@ fn explain_agrees_with_the_enforced_rulesets_on_every_conformance_cell() {
 /// with its expiry; offline, where nothing is learned, and live before learning, it is not.
 #[test]
 fn live_explain_names_the_domain_rule_and_the_learned_address() {
-    let mut s = flock::testkit::base_cluster();
-    for o in flock::testkit::parse_manifests(
-        "
-apiVersion: policy.networking.k8s.io/v1alpha2
-kind: ClusterNetworkPolicy
-metadata: {name: by-name}
-spec:
-  tier: Admin
-  priority: 10
-  subject: {namespaces: {matchLabels: {ns: y}}}
-  egress:
-    - {name: example, action: Accept, to: [{domainNames: ['*.example.test']}], protocols: [{tcp: {destinationPort: {number: 443}}}]}
-    - {action: Deny, to: [{networks: [0.0.0.0/0]}]}
-",
-    )
-    .objects
-    {
-        o.apply_to(&mut s);
-    }
+    let s = flock::testkit::base_cluster_with(&flock::testkit::domain_policy("y", &["*.example.test"], 443));
     let node = s.pod_by_name(&pod_ref("y/a")).and_then(|p| p.node.clone()).unwrap();
     let cluster = TracedCluster::build(&s);
     let text = cluster.texts.iter().find(|(n, _)| **n == node).map(|(_, t)| t.clone()).unwrap();

@@ -73,19 +73,8 @@ fn half_audited(s: &Snapshot) -> Snapshot {
     out
 }
 
-/// Distinct renders, in a fixed order.
-const DOMAINS: &str = r#"
-apiVersion: policy.networking.k8s.io/v1alpha2
-kind: ClusterNetworkPolicy
-metadata: {name: by-name}
-spec:
-  tier: Admin
-  priority: 10
-  subject: {namespaces: {matchLabels: {ns: y}}}
-  egress:
-    - {action: Accept, to: [{domainNames: ['*.example.test', api.example.org]}], protocols: [{tcp: {destinationPort: {number: 443}}}]}
-    - {action: Deny, to: [{networks: [0.0.0.0/0]}]}
----
+/// A NetworkPolicy with the `flock.dev/egress-domains` annotation (beside a domain CNP).
+const DOMAINS_NP: &str = r#"
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata:
@@ -99,6 +88,7 @@ spec:
   egress: [{to: [{ipBlock: {cidr: 198.18.250.53/32}}], ports: [{protocol: UDP, port: 53}]}]
 "#;
 
+/// Distinct renders, in a fixed order.
 fn renders() -> Vec<(String, Ruleset)> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
@@ -145,10 +135,8 @@ fn renders() -> Vec<(String, Ruleset)> {
     }
     // Domain rules: their timed sets, the rules marking what they admit, and the DNS
     // steering (prerouting base chains, packet marks, tproxy).
-    let mut s = flock::testkit::base_cluster();
-    for o in flock::testkit::parse_manifests(DOMAINS).objects {
-        o.apply_to(&mut s);
-    }
+    let cnp = flock::testkit::domain_policy("y", &["*.example.test", "api.example.org"], 443);
+    let s = flock::testkit::base_cluster_with(&format!("{cnp}---\n{DOMAINS_NP}"));
     let steer = flock::render::DnsSteer {
         port: 15053,
         mark: flock::render::DNS_MARK,

@@ -136,24 +136,7 @@ fn learned_addresses_survive_syncs_restarts_and_drift_checks() {
     use flock::render::{self, DnsSteer, RenderOptions};
     use flock::translate::{Options, translate};
 
-    let mut s = flock::testkit::base_cluster();
-    let cnp = |names: &str| {
-        format!(
-            "apiVersion: policy.networking.k8s.io/v1alpha2
-kind: ClusterNetworkPolicy
-metadata: {{name: by-name}}
-spec:
-  tier: Admin
-  priority: 10
-  subject: {{namespaces: {{matchLabels: {{ns: y}}}}}}
-  egress:
-    - {{action: Accept, to: [{{domainNames: [{names}]}}], protocols: [{{tcp: {{destinationPort: {{number: 443}}}}}}]}}
-"
-        )
-    };
-    for o in flock::testkit::parse_manifests(&cnp("'*.example.test'")).objects {
-        o.apply_to(&mut s);
-    }
+    let s = flock::testkit::base_cluster_with(&flock::testkit::domain_policy("y", &["*.example.test"], 443));
     let node = s.pod_by_name(&flock::testkit::pod_ref("y/a")).and_then(|p| p.node.clone()).unwrap();
     let options = RenderOptions {
         dns: Some(DnsSteer { port: 15053, mark: render::DNS_MARK, resolvers: vec!["198.18.250.53/32".parse().unwrap()] }),
@@ -207,10 +190,7 @@ spec: {podSelector: {}}
         restarted.apply(&first).unwrap();
         assert_eq!(learned(&ns).len(), 2, "a full sync kept them (netlink {netlink})");
         // Names no rule has any more: their sets go.
-        let mut s3 = flock::testkit::base_cluster();
-        for o in flock::testkit::parse_manifests(&cnp("'other.test'")).objects {
-            o.apply_to(&mut s3);
-        }
+        let s3 = flock::testkit::base_cluster_with(&flock::testkit::domain_policy("y", &["other.test"], 443));
         restarted.apply(&rs(&s3)).unwrap();
         let listing = String::from_utf8(ns.exec(&["nft", "list", "table", "inet", TABLE]).stdout).unwrap();
         assert!(!listing.contains(&set), "{listing}");

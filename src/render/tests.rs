@@ -270,28 +270,7 @@ fn traced_matrix_for_deny_and_allow() {
 /// tracer sees the domain rule match nothing until something is learned.
 #[test]
 fn domain_rules_render_timed_sets_and_dns_steering() {
-    let mut s = testkit::base_cluster();
-    for o in testkit::parse_manifests(
-        "
-apiVersion: policy.networking.k8s.io/v1alpha2
-kind: ClusterNetworkPolicy
-metadata: {name: by-name}
-spec:
-  tier: Admin
-  priority: 10
-  subject: {namespaces: {matchLabels: {ns: y}}}
-  egress:
-    - action: Accept
-      to: [{domainNames: ['*.example.test', 'api.example.test']}]
-      protocols: [{tcp: {destinationPort: {number: 443}}}]
-    - action: Deny
-      to: [{networks: [0.0.0.0/0]}]
-",
-    )
-    .objects
-    {
-        o.apply_to(&mut s);
-    }
+    let s = testkit::base_cluster_with(&testkit::domain_policy("y", &["*.example.test", "api.example.test"], 443));
     let np = translate(&s, &s.derived_endpoints("node-1"), &Options::default());
     let uses = domain_uses(&np);
     assert_eq!(uses.len(), 1, "{uses:?}");

@@ -31,6 +31,36 @@ pub fn parse_manifests(text: &str) -> Manifests {
     }
 }
 
+/// A ClusterNetworkPolicy `by-name` (Admin, priority 10) for the pods of namespace `ns` of
+/// the base cluster: egress to `names` on TCP `port` accepted (rule `example`), all other
+/// IPv4 egress denied.
+pub fn domain_policy(ns: &str, names: &[&str], port: u16) -> String {
+    let names: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
+    format!(
+        "apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {{name: by-name}}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {{namespaces: {{matchLabels: {{ns: {ns}}}}}}}
+  egress:
+    - {{name: example, action: Accept, to: [{{domainNames: [{}]}}], protocols: [{{tcp: {{destinationPort: {{number: {port}}}}}}}]}}
+    - {{action: Deny, to: [{{networks: [0.0.0.0/0]}}]}}
+",
+        names.join(", ")
+    )
+}
+
+/// The base cluster with `yaml`'s objects applied.
+pub fn base_cluster_with(yaml: &str) -> Snapshot {
+    let mut s = base_cluster();
+    for o in parse_manifests(yaml).objects {
+        o.apply_to(&mut s);
+    }
+    s
+}
+
 /// The base cluster as a snapshot.
 pub fn base_cluster() -> Snapshot {
     parse_manifests(BASE_CLUSTER_YAML).to_snapshot()
