@@ -173,11 +173,17 @@ fn cmp(op: u32, data: &[u8]) -> Vec<u8> {
 
 /// A 32-bit conntrack key (host order: the state, the mark) loaded and masked with `mask`.
 fn ct_masked(key: u32, mask: u32) -> [Vec<u8>; 2] {
+    let ct = expr("ct", |b| {
+        u32_attr(b, NFTA_CT_DREG, NFT_REG_1);
+        u32_attr(b, NFTA_CT_KEY, key);
+    });
+    masked(ct, mask)
+}
+
+/// A 32-bit value loaded by `load` into register 1, masked with `mask` (host order).
+fn masked(load: Vec<u8>, mask: u32) -> [Vec<u8>; 2] {
     [
-        expr("ct", |b| {
-            u32_attr(b, NFTA_CT_DREG, NFT_REG_1);
-            u32_attr(b, NFTA_CT_KEY, key);
-        }),
+        load,
         expr("bitwise", |b| {
             u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
             u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
@@ -308,14 +314,7 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) 
                     return Err("meta mark other than & BIT == BIT".into());
                 }
                 let v = mark_value(bit)?;
-                out.exprs.push(load(Field::Meta { key: NFT_META_MARK, len: 4 }, NFT_REG_1));
-                out.exprs.push(expr("bitwise", |b| {
-                    u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
-                    u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
-                    u32_attr(b, NFTA_BITWISE_LEN, 4);
-                    nested(b, NFTA_BITWISE_MASK, |d| attr(d, NFTA_DATA_VALUE, &v.to_ne_bytes()));
-                    nested(b, NFTA_BITWISE_XOR, |d| attr(d, NFTA_DATA_VALUE, &0u32.to_ne_bytes()));
-                }));
+                out.exprs.extend(masked(load(Field::Meta { key: NFT_META_MARK, len: 4 }, NFT_REG_1), v));
                 out.exprs.push(cmp(NFT_CMP_EQ, &v.to_ne_bytes()));
                 i += 6;
             }
