@@ -1,5 +1,6 @@
-//! The conformance case format (`tests/conformance/FORMAT.md`): reading cases and comparing
-//! observed reachability with their matrices. Pure; runners (the packet tracer in unit tests,
+//! The conformance case format (the design notes' `conformance/FORMAT.md`, plus flock's
+//! `cname` records; README, `flockctl conformance`): reading cases and comparing observed
+//! reachability with their matrices. Pure; runners (the packet tracer in unit tests,
 //! `flockctl conformance` on real kernels) supply the observations.
 
 use std::collections::BTreeMap;
@@ -96,6 +97,65 @@ impl Probe {
     }
 }
 
+/// A probe by name (`host`): each source resolves the name through the case's DNS server,
+/// then connects to the first address of the answer (of the probe's family, by default the
+/// source's first pod IP's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostProbe {
+    /// The name as the case writes it (asked as written: resolvers and flock ignore case).
+    pub host: String,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub family: Option<Family>,
+    /// Source → what its one cell expects.
+    pub cells: BTreeMap<String, Expect>,
+}
+
+impl HostProbe {
+    /// A human label: `api.example.test TCP/80` (with the family when given).
+    pub fn label(&self) -> String {
+        let mut s = format!("{} {}/{}", self.host, self.protocol, self.port);
+        if let Some(f) = self.family {
+            s.push_str(&format!(" {}", f.as_str()));
+        }
+        s
+    }
+
+    /// The sources whose cell is checked.
+    pub fn checked(&self) -> impl Iterator<Item = &str> {
+        self.cells.iter().filter(|(_, e)| **e != Expect::Unchecked).map(|(s, _)| s.as_str())
+    }
+}
+
+/// What a name of the case's DNS answers (the format's `dns.records`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordData {
+    /// Addresses: those of a pod (whichever it has when asked, of the asked family) first,
+    /// then fixed ones.
+    Addresses { pod: Option<ObjectRef>, fixed: Vec<std::net::IpAddr> },
+    /// Another name (a flock extension of the format).
+    Cname(String),
+}
+
+/// One record of the case's DNS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsRecord {
+    /// Lowercase, without a trailing dot.
+    pub name: String,
+    pub ttl: u32,
+    pub data: RecordData,
+}
+
+/// The case's cluster DNS: the pod that serves it and what it answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsSpec {
+    pub server: ObjectRef,
+    pub records: Vec<DnsRecord>,
+}
+
+/// A record's TTL when the case gives none (seconds).
+pub const DEFAULT_TTL: u32 = 30;
+
 /// A deletion of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeleteRef {
@@ -103,12 +163,15 @@ pub struct DeleteRef {
     pub key: ObjectRef,
 }
 
-/// One step: changes, then probes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One step: a wait, changes, then probes (by name first, then by address).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Step {
+    /// How long to wait before the step's changes (e.g. for a record's TTL to pass).
+    pub wait: std::time::Duration,
     pub apply: Vec<Object>,
     pub delete: Vec<DeleteRef>,
     pub probes: Vec<Probe>,
+    pub host_probes: Vec<HostProbe>,
 }
 
 /// A case.
@@ -119,7 +182,23 @@ pub struct Case {
     pub name: String,
     pub source: String,
     pub notes: String,
+    pub dns: Option<DnsSpec>,
     pub steps: Vec<Step>,
+}
+
+impl Case {
+    /// Whether a stage that does not see DNS answers (the packet tracer, the reference, an
+    /// offline explain) can judge a cell towards pod `to`: not when one of the case's records
+    /// answers with `to`'s address, since a domain rule may have learned it.
+    pub fn judged_offline(&self, snapshot: &crate::model::Snapshot, to: &str) -> bool {
+        let Some(dns) = &self.dns else { return true };
+        let Some(key) = object_ref(to) else { return true };
+        let ips: Vec<std::net::IpAddr> = snapshot.pod_by_name(&key).map(|p| p.ips.clone()).unwrap_or_default();
+        !dns.records.iter().any(|r| match &r.data {
+            RecordData::Addresses { pod, fixed } => pod.as_ref() == Some(&key) || fixed.iter().any(|a| ips.contains(a)),
+            RecordData::Cname(_) => false,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -130,12 +209,38 @@ struct RawCase {
     source: String,
     #[serde(default)]
     notes: String,
+    #[serde(default)]
+    dns: Option<RawDns>,
     steps: Vec<RawStep>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawDns {
+    server: String,
+    #[serde(default)]
+    records: Vec<RawRecord>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRecord {
+    name: String,
+    #[serde(default)]
+    pod: Option<String>,
+    #[serde(default)]
+    addresses: Vec<std::net::IpAddr>,
+    #[serde(default)]
+    cname: Option<String>,
+    #[serde(default)]
+    ttl: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawStep {
+    #[serde(default)]
+    wait: Option<f64>,
     #[serde(default)]
     apply: Vec<Value>,
     #[serde(default)]
@@ -166,7 +271,48 @@ struct RawProbe {
     family: Option<String>,
     #[serde(default)]
     order: Option<Vec<String>>,
+    #[serde(default)]
+    host: Option<String>,
     matrix: BTreeMap<String, String>,
+}
+
+/// `namespace/name`.
+fn object_ref(s: &str) -> Option<ObjectRef> {
+    let (ns, name) = s.split_once('/')?;
+    (!ns.is_empty() && !name.is_empty() && !name.contains('/')).then(|| ObjectRef::new(ns, name))
+}
+
+/// A DNS name as a case writes one: letters, digits, `-`, `_` and dots; lowercased, without
+/// the trailing dot.
+fn dns_name(name: &str) -> Option<String> {
+    let n = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    let ok = !n.is_empty()
+        && n.len() <= 253
+        && n.split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+    ok.then_some(n)
+}
+
+fn parse_dns(raw: RawDns, invalid: &dyn Fn(String) -> CaseError) -> Result<DnsSpec, CaseError> {
+    let server = object_ref(&raw.server).ok_or_else(|| invalid(format!("dns.server: {:?} is not namespace/name of a pod", raw.server)))?;
+    let mut records = Vec::new();
+    for (i, r) in raw.records.into_iter().enumerate() {
+        let at = format!("dns.records[{i}]");
+        let name = dns_name(&r.name).ok_or_else(|| invalid(format!("{at}.name: {:?} is not a DNS name", r.name)))?;
+        let pod = match &r.pod {
+            None => None,
+            Some(p) => Some(object_ref(p).ok_or_else(|| invalid(format!("{at}.pod: {p:?} is not namespace/name")))?),
+        };
+        let data = match (r.cname, pod, r.addresses.is_empty()) {
+            (Some(c), None, true) => {
+                RecordData::Cname(dns_name(&c).ok_or_else(|| invalid(format!("{at}.cname: {c:?} is not a DNS name")))?)
+            }
+            (Some(_), _, _) => return Err(invalid(format!("{at}: a cname record has no pod or addresses"))),
+            (None, None, true) => return Err(invalid(format!("{at}: give pod, addresses or cname"))),
+            (None, pod, _) => RecordData::Addresses { pod, fixed: r.addresses },
+        };
+        records.push(DnsRecord { name, ttl: r.ttl.unwrap_or(DEFAULT_TTL), data });
+    }
+    Ok(DnsSpec { server, records })
 }
 
 /// Case folders under `dirs`: each dir is a case (has `case.yaml`) or holds case folders.
@@ -189,7 +335,8 @@ pub fn find_cases(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, CaseError> {
 }
 
 /// The ClusterNetworkPolicy cases to run on the IPv6 base (`tests/conformance-v6/`): that
-/// folder's own (IPv6 copies of the cases that write IPv4 CIDRs) and every case of `v4_root`
+/// folder's own (IPv6 copies of the cases that write IPv4 addresses, the domain cases
+/// among them) and every case of `v4_root`
 /// that applies a ClusterNetworkPolicy and writes no IPv4 address, as is.
 pub fn ipv6_cluster_policy_cases(v4_root: &Path, v6_root: &Path) -> Result<Vec<PathBuf>, CaseError> {
     let mut out = Vec::new();
@@ -221,8 +368,14 @@ pub fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseE
     if !dir_name.is_empty() && raw.name != bare {
         return Err(invalid(format!("name {:?} does not match the folder name {dir_name:?}", raw.name)));
     }
+    let dns = raw.dns.map(|d| parse_dns(d, &invalid)).transpose()?;
     let mut steps = Vec::new();
     for (i, s) in raw.steps.into_iter().enumerate() {
+        let wait = match s.wait {
+            None => std::time::Duration::ZERO,
+            Some(w) => std::time::Duration::try_from_secs_f64(w)
+                .map_err(|_| invalid(format!("steps[{i}].wait: {w} is not a number of seconds")))?,
+        };
         let mut objects = Manifests::default();
         for (j, v) in s.apply.into_iter().enumerate() {
             manifest::parse_value(path, DocRef { document: i + 1, item: Some(j) }, v, &mut objects)?;
@@ -236,6 +389,7 @@ pub fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseE
             delete.push(DeleteRef { kind, key: ObjectRef::new(d.namespace, d.name) });
         }
         let mut probes = Vec::new();
+        let mut host_probes = Vec::new();
         for (j, p) in s.probes.into_iter().enumerate() {
             let at = format!("steps[{i}].probes[{j}]");
             let protocol =
@@ -244,6 +398,30 @@ pub fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseE
                 None => None,
                 Some(f) => Some(Family::parse(f).ok_or_else(|| invalid(format!("{at}.family: {f:?} is not IPv4 or IPv6")))?),
             };
+            if let Some(host) = p.host {
+                if dns_name(&host).is_none() {
+                    return Err(invalid(format!("{at}.host: {host:?} is not a DNS name")));
+                }
+                if dns.is_none() {
+                    return Err(invalid(format!("{at}.host: a probe by name needs the case's dns")));
+                }
+                if p.order.is_some() || p.kernel_optional || p.port_name.is_some() {
+                    return Err(invalid(format!("{at}: a probe by name takes no order, port_name or kernel_optional")));
+                }
+                let mut cells = BTreeMap::new();
+                for (row, cell) in p.matrix {
+                    let e = match cell.as_str() {
+                        "1" => Expect::Connect,
+                        "0" => Expect::Blocked,
+                        "-" => Expect::Unchecked,
+                        other => return Err(invalid(format!("{at}.matrix.{row}: {other:?} is not one cell, 1, 0 or -"))),
+                    };
+                    cells.insert(row, e);
+                }
+                // The name as asked keeps its case (resolvers and flock compare without it).
+                host_probes.push(HostProbe { host, port: p.port, protocol, family, cells });
+                continue;
+            }
             let order = p.order.unwrap_or_else(|| DEFAULT_ORDER.iter().map(|s| s.to_string()).collect());
             let mut matrix = BTreeMap::new();
             for (row, cells) in p.matrix {
@@ -274,9 +452,9 @@ pub fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseE
                 matrix,
             });
         }
-        steps.push(Step { apply: objects.objects, delete, probes });
+        steps.push(Step { wait, apply: objects.objects, delete, probes, host_probes });
     }
-    Ok(Case { dir_name: dir_name.to_string(), name: raw.name, source: raw.source, notes: raw.notes, steps })
+    Ok(Case { dir_name: dir_name.to_string(), name: raw.name, source: raw.source, notes: raw.notes, dns, steps })
 }
 
 /// One checked cell that did not match.
@@ -313,6 +491,21 @@ pub fn compare(step: usize, probe: &Probe, observed: &BTreeMap<(String, String),
             if !ok {
                 out.push(Mismatch { step, probe: probe.label(), from: from.clone(), to: to.clone(), expected });
             }
+        }
+    }
+    out
+}
+
+/// Compares observations (`source → connected`) with a probe by name's cells.
+pub fn compare_host(step: usize, probe: &HostProbe, observed: &BTreeMap<String, bool>) -> Vec<Mismatch> {
+    let mut out = Vec::new();
+    for (from, expected) in &probe.cells {
+        let ok = matches!(
+            (expected, observed.get(from)),
+            (Expect::Unchecked, _) | (Expect::Connect, Some(true)) | (Expect::Blocked, Some(false))
+        );
+        if !ok {
+            out.push(Mismatch { step, probe: probe.label(), from: from.clone(), to: probe.host.clone(), expected: *expected });
         }
     }
     out
@@ -385,5 +578,54 @@ mod tests {
         assert!(bad("name: x\nsteps: [{probes: [{port: 80, protocol: TCP, matrix: {x/a: '-1'}}]}]\n").contains("2 cells for 9 columns"));
         assert!(bad("name: x\nsteps: [{probes: [{port: 80, protocol: TCP, matrix: {q/a: '-11111111'}}]}]\n").contains("not in the order"));
         assert!(bad("name: x\nbogus: 1\nsteps: []\n").contains("bogus"));
+    }
+
+    #[test]
+    fn dns_records_host_probes_and_waits() {
+        let text = "name: x\n\
+                    dns: {server: kube-system/dns, records: [{name: API.example.test., pod: z/a, ttl: 5}, \
+                    {name: www.example.test, cname: api.example.test}, {name: m.example.test, addresses: [198.18.3.1], pod: z/b}]}\n\
+                    steps:\n\
+                    - wait: 1.5\n  probes:\n\
+                    \x20 - {port: 80, protocol: TCP, host: Api.Example.Test, matrix: {x/a: '1', x/b: '0', z/a: '-'}}\n\
+                    \x20 - {port: 80, protocol: TCP, order: [x/a, z/a, z/b], matrix: {x/a: '-10'}}\n";
+        let c = parse_case(Path::new("c.yaml"), "301-x", text).unwrap();
+        let dns = c.dns.as_ref().unwrap();
+        assert_eq!(dns.server, ObjectRef::new("kube-system", "dns"));
+        assert_eq!(dns.records[0].name, "api.example.test");
+        assert_eq!(dns.records[0].ttl, 5);
+        assert_eq!(dns.records[1].ttl, DEFAULT_TTL);
+        assert_eq!(dns.records[1].data, RecordData::Cname("api.example.test".into()));
+        let step = &c.steps[0];
+        assert_eq!(step.wait, std::time::Duration::from_millis(1500));
+        assert_eq!(step.probes.len(), 1);
+        let h = &step.host_probes[0];
+        assert_eq!(h.host, "Api.Example.Test");
+        assert_eq!(h.checked().collect::<Vec<_>>(), vec!["x/a", "x/b"]);
+        let observed: BTreeMap<String, bool> = [("x/a".to_string(), true), ("x/b".to_string(), true)].into();
+        let m = compare_host(0, h, &observed);
+        assert_eq!(m.len(), 1);
+        assert_eq!((m[0].from.as_str(), m[0].to.as_str()), ("x/b", "Api.Example.Test"));
+        // Offline stages leave the cells towards a record's addresses alone.
+        let snapshot = crate::testkit::base_cluster();
+        assert!(!c.judged_offline(&snapshot, "z/a"));
+        assert!(!c.judged_offline(&snapshot, "z/b"));
+        assert!(c.judged_offline(&snapshot, "z/c"));
+    }
+
+    #[test]
+    fn bad_dns_is_rejected_with_the_field() {
+        let bad = |t: &str| parse_case(Path::new("c.yaml"), "001-x", t).unwrap_err().to_string();
+        let probe = "steps: [{probes: [{port: 80, protocol: TCP, host: a.test, matrix: {x/a: '1'}}]}]\n";
+        assert!(bad(&format!("name: x\n{probe}")).contains("needs the case's dns"));
+        let dns = |r: &str| format!("name: x\ndns: {{server: kube-system/dns, records: [{r}]}}\nsteps: []\n");
+        assert!(bad(&dns("{name: 'a b', pod: z/a}")).contains("dns.records[0].name"));
+        assert!(bad(&dns("{name: a.test}")).contains("give pod, addresses or cname"));
+        assert!(bad(&dns("{name: a.test, cname: b.test, pod: z/a}")).contains("a cname record has no pod"));
+        assert!(bad(&dns("{name: a.test, pod: za}")).contains("dns.records[0].pod"));
+        assert!(bad("name: x\ndns: {server: dns}\nsteps: []\n").contains("dns.server"));
+        assert!(bad("name: x\nsteps: [{wait: -1}]\n").contains("steps[0].wait"));
+        let two_cells = "name: x\ndns: {server: a/b}\nsteps: [{probes: [{port: 80, protocol: TCP, host: a.test, matrix: {x/a: '11'}}]}]\n";
+        assert!(bad(two_cells).contains("is not one cell"));
     }
 }

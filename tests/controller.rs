@@ -442,3 +442,22 @@ fn deploy_examples_are_valid_custom_resources() {
     let r: Run = serde_json::from_value(bad.clone()).unwrap();
     assert!(subset(&bad, &serde_json::to_value(&r).unwrap(), "bad").is_err());
 }
+
+/// The RunProfile path of the domain conformance cases
+/// (`tests/conformance{,-v6}/308-dns-runprofile-egress-domains`): the NetworkPolicy they apply
+/// is, object for object, what flock-controller writes for Run x/job-1 and RunProfile
+/// pkg-mirror, so that the kernel runs of those cases enforce the controller's output.
+#[test]
+fn the_runprofile_domain_cases_apply_what_the_controller_writes() {
+    let run = run("apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-1, namespace: x}\nspec: {profile: pkg-mirror}\n");
+    let profile = profile_named("pkg-mirror", "spec:\n  domains:\n  - {name: '*.pkg.example.test', ports: [{port: 80}]}");
+    let text = crd::to_yaml(&render::render(&run, &profile, &cluster()).unwrap()).unwrap();
+    let written = flock::testkit::parse_manifests(&text).objects;
+    assert_eq!(written.len(), 1, "{text}");
+    for dir in ["conformance", "conformance-v6"] {
+        let case = flock::conformance::load_case(&root().join("tests").join(dir).join("308-dns-runprofile-egress-domains")).unwrap();
+        let applied: Vec<_> =
+            case.steps[0].apply.iter().filter(|o| matches!(o, flock::model::manifest::Object::NetworkPolicy(_))).cloned().collect();
+        assert_eq!(applied, written, "{dir}: the case's NetworkPolicy is not the controller's:\n{text}");
+    }
+}

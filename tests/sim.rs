@@ -62,6 +62,9 @@ fn the_whole_conformance_suite_passes_on_real_kernels() {
     assert!(summary.contains(" passed, 0 failed, "), "{summary}");
     let passed: usize = summary.split_whitespace().next().unwrap().parse().unwrap();
     assert!(passed >= 50, "{summary}");
+    // Domain rules, through the agents' DNS proxies and the cases' DNS servers.
+    let dns = stdout.lines().filter(|l| l.starts_with("PASS 3") && l.contains("-dns-")).count();
+    assert!(dns >= 8, "{stdout}");
     for line in stdout.lines().filter(|l| l.starts_with("SKIP")) {
         // Only SCTP cases may be skipped (this kernel has no SCTP), and they say so.
         assert!(line.contains("sctp") && line.ends_with("(SCTP not available in this kernel)"), "{line}");
@@ -104,9 +107,56 @@ fn the_cluster_policy_cases_pass_on_an_ipv6_cluster() {
     let run: usize = stdout.lines().filter(|l| l.starts_with("PASS")).count();
     let skipped: Vec<&str> = stdout.lines().filter(|l| l.starts_with("SKIP")).collect();
     assert_eq!(run + skipped.len(), cases.len(), "{stdout}");
+    assert!(stdout.lines().filter(|l| l.starts_with("PASS 3") && l.contains("-dns-")).count() >= 8, "{stdout}");
     for line in skipped {
         assert!(line.ends_with("(SCTP not available in this kernel)"), "{line}");
     }
+}
+
+/// A DNS case fails when what it says is wrong: a name not admitted said to connect, an
+/// address learned said blocked, and a server the agents do not trust (its answers would
+/// teach nothing) is an error, not a pass.
+#[test]
+fn dns_cases_fail_when_they_are_wrong() {
+    if !require_root("dns_cases_fail_when_they_are_wrong") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("flock-dns-cases-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let copy = |from: &str, to: &str, edits: &[(&str, &str)]| {
+        let mut text = std::fs::read_to_string(format!("tests/conformance/{from}/case.yaml")).unwrap();
+        for (a, b) in edits {
+            assert!(text.contains(a), "{from}: {a}");
+            text = text.replacen(a, b, 1);
+        }
+        let name = to.split_once('-').unwrap().1;
+        text = text.replacen(&format!("name: {}", from.split_once('-').unwrap().1), &format!("name: {name}"), 1);
+        std::fs::create_dir_all(dir.join(to)).unwrap();
+        std::fs::write(dir.join(to).join("case.yaml"), text).unwrap();
+    };
+    copy(
+        "301-dns-exact-name",
+        "901-dns-not-admitted-said-open",
+        &[("host: other.example.test\n    matrix:\n      x/a: \"0\"", "host: other.example.test\n    matrix:\n      x/a: \"1\"")],
+    );
+    copy("305-dns-many-addresses", "902-dns-learned-said-closed", &[("x/a: \"-110\"", "x/a: \"-100\"")]);
+    copy("301-dns-exact-name", "903-dns-untrusted-server", &[("labels: {k8s-app: kube-dns}", "labels: {k8s-app: not-dns}")]);
+    let out = flockctl(&["conformance", "--base", "tests/conformance/base-cluster.yaml", dir.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("FAIL 901-dns-not-admitted-said-open (1 cells differ; step 1 other.example.test TCP/80 x/a -> other.example.test: expected to connect, was blocked"), "{stdout}");
+    assert!(
+        lines[1].starts_with("FAIL 902-dns-learned-said-closed (1 cells differ; step 1 TCP/80 x/a -> z/b: expected blocked, connected"),
+        "{stdout}"
+    );
+    assert!(
+        lines[2]
+            .contains("dns.server kube-system/coredns is not a resolver the agents trust (they trust pods kube-system/k8s-app=kube-dns)"),
+        "{stdout}"
+    );
+    assert_eq!(lines[3], "0 passed, 3 failed, 0 skipped", "{stdout}");
 }
 
 #[test]
@@ -393,7 +443,10 @@ fn probes_tell_connected_refused_timeout_and_unreachable_apart() {
     )
     .unwrap();
     let t = |dst: &str, protocol: Protocol| {
-        probe(&Task { src: a.netns(), dst: dst.parse::<SocketAddr>().unwrap(), protocol }, Duration::from_millis(500))
+        probe(
+            &Task { src: a.netns(), dst: flock::sim::probe::Dest::Address(dst.parse::<SocketAddr>().unwrap()), protocol },
+            Duration::from_millis(500),
+        )
     };
     assert_eq!(t("198.18.90.2:80", Protocol::Tcp), Outcome::Connected);
     assert_eq!(t("198.18.90.2:80", Protocol::Udp), Outcome::Connected);

@@ -279,25 +279,9 @@ impl LiveTable {
     }
 }
 
-/// `namespace/name` as the renderer comments a pod's elements (not a policy rule's
-/// `namespace/name ingress[0]`, not an ipBlock).
 /// A duration as nft lists one (`30s`, `12s500ms`, `1h`).
 fn nft_duration(d: std::time::Duration) -> String {
-    let (mut s, ms) = (d.as_secs(), d.subsec_millis());
-    let mut out = String::new();
-    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
-        if s >= len {
-            out.push_str(&format!("{}{unit}", s / len));
-            s %= len;
-        }
-    }
-    if s > 0 || (out.is_empty() && ms == 0) {
-        out.push_str(&format!("{s}s"));
-    }
-    if ms > 0 {
-        out.push_str(&format!("{ms}ms"));
-    }
-    out
+    crate::nft::table::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn is_pod_name(c: &str) -> bool {

@@ -48,16 +48,59 @@ pub struct ElemState {
 }
 
 impl ElemState {
-    /// Its comment, and for a timed element how long it lives and what is left of it, for
-    /// explanations: `api.example.test (learned: timeout 30s, expires in 12s)`.
+    /// Its comment, and for a timed element how long it lives, when it was learned and what
+    /// is left of it, for explanations:
+    /// `api.example.test (learned 18s ago: timeout 30s, expires in 12s)`.
     pub fn note(&self) -> String {
         let comment = self.comment.clone().unwrap_or_default();
         match (&self.timeout, &self.expires) {
-            (Some(t), Some(e)) => format!("{comment} (learned: timeout {t}, expires in {e})"),
+            (Some(t), Some(e)) => match (duration_ms(t), duration_ms(e)) {
+                (Some(tm), Some(em)) if em <= tm => {
+                    format!("{comment} (learned {} ago: timeout {t}, expires in {e})", duration_text(tm - em))
+                }
+                _ => format!("{comment} (learned: timeout {t}, expires in {e})"),
+            },
             (Some(t), None) => format!("{comment} (learned: timeout {t})"),
             _ => comment,
         }
     }
+}
+
+/// Milliseconds as nft lists a duration: `1h2m5s`, `12s500ms`, `0s`.
+pub fn duration_text(ms: u64) -> String {
+    let (mut s, ms) = (ms / 1000, ms % 1000);
+    let mut out = String::new();
+    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
+        if s >= len {
+            let _ = write!(out, "{}{unit}", s / len);
+            s %= len;
+        }
+    }
+    if s > 0 || (out.is_empty() && ms == 0) {
+        let _ = write!(out, "{s}s");
+    }
+    if ms > 0 {
+        let _ = write!(out, "{ms}ms");
+    }
+    out
+}
+
+/// The milliseconds of a duration as nft lists one ([`duration_text`]); `None` if it is not one.
+pub fn duration_ms(text: &str) -> Option<u64> {
+    let (mut total, mut rest) = (0u64, text);
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, len) =
+            [("ms", 1), ("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)].into_iter().find(|(u, _)| rest.starts_with(u))?;
+        total = total.checked_add(n.checked_mul(len)?)?;
+        rest = &rest[unit.len()..];
+    }
+    Some(total)
 }
 
 /// A set's or map's state.
@@ -426,6 +469,25 @@ pub fn canonical(text: &str) -> Result<String, TableError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations_read_back_and_a_note_says_when_an_address_was_learned() {
+        for ms in [0, 5, 12_500, 30_000, 3_600_000, 3_725_000, 90_061_001] {
+            assert_eq!(duration_ms(&duration_text(ms)), Some(ms), "{}", duration_text(ms));
+        }
+        assert_eq!(duration_ms("1h2m"), Some(3_720_000));
+        assert_eq!(duration_ms(""), None);
+        assert_eq!(duration_ms("12x"), None);
+        assert_eq!(duration_ms("s"), None);
+        let e = |t: &str, x: &str| ElemState {
+            comment: Some("api.example.test".into()),
+            verdict: None,
+            timeout: Some(t.into()),
+            expires: Some(x.into()),
+        };
+        assert_eq!(e("30s", "12s500ms").note(), "api.example.test (learned 17s500ms ago: timeout 30s, expires in 12s500ms)");
+        assert_eq!(e("30s", "bogus").note(), "api.example.test (learned: timeout 30s, expires in bogus)");
+    }
+
     use super::*;
 
     const BASE: &str =

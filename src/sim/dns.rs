@@ -5,11 +5,15 @@
 //! A question is answered from the zone: the CNAME chain from the asked name (each record in
 //! the answer section), then the A or AAAA records of the chain's last name; a name with no
 //! record at all is NXDOMAIN, a name with records of other types only is NOERROR and empty.
+//! Over UDP, an answer larger than the query allows (512 bytes, or its EDNS payload size) is
+//! sent truncated (TC, no records), so that clients ask again over TCP, as real servers do.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, CNAME};
@@ -18,8 +22,11 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::watch;
 
 use crate::agent::dns_proxy::{read_message, write_message};
+use crate::conformance::{DnsSpec, RecordData as CaseData};
 use crate::dns::answer::MAX_MESSAGE;
 use crate::dns::response_to;
+use crate::model::Snapshot;
+use crate::netns::{self, Netns};
 
 /// What a name resolves to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +44,7 @@ pub struct Record {
 }
 
 /// The records a server answers from, by name (lowercase, no trailing dot).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Zone {
     by_name: BTreeMap<String, Vec<Record>>,
 }
@@ -59,6 +66,37 @@ impl Zone {
             by_name.entry(key(&r.name)).or_default().push(r);
         }
         Self { by_name }
+    }
+
+    /// The zone of a conformance case's `dns` on `snapshot`: a record naming a pod answers
+    /// with the addresses the pod has now (before the record's fixed ones).
+    pub fn for_case(spec: &DnsSpec, snapshot: &Snapshot) -> Self {
+        let mut records = Vec::new();
+        for r in &spec.records {
+            let rec = |data| Record { name: r.name.clone(), ttl: r.ttl, data };
+            match &r.data {
+                CaseData::Cname(target) => records.push(rec(RecordData::Cname(target.clone()))),
+                CaseData::Addresses { pod, fixed } => {
+                    let pod_ips = pod.as_ref().and_then(|p| snapshot.pod_by_name(p)).map(|p| p.ips.clone()).unwrap_or_default();
+                    records.extend(pod_ips.into_iter().chain(fixed.iter().copied()).map(|a| rec(RecordData::Address(a))));
+                }
+            }
+        }
+        Self::new(records)
+    }
+
+    /// [`Self::answer`] for a UDP query: truncated (TC, no records) when it would not fit
+    /// the query's payload size.
+    pub fn answer_udp(&self, query: &[u8]) -> Option<Vec<u8>> {
+        let answer = self.answer(query)?;
+        let limit = Message::from_vec(query).map_or(512, |q| usize::from(q.max_payload()));
+        if answer.len() <= limit {
+            return Some(answer);
+        }
+        let mut r = Message::from_vec(&answer).ok()?;
+        r.take_answers();
+        r.set_truncated(true);
+        r.to_vec().ok()
     }
 
     /// The answer to `query`, or None when it is not a DNS query at all (dropped, as a
@@ -137,7 +175,7 @@ pub async fn serve(zone: Arc<Zone>, udp: UdpSocket, tcp: TcpListener, stop: watc
                 _ = udp_stop.wait_for(|s| *s) => return,
             };
             let Ok((n, from)) = received else { continue };
-            if let Some(answer) = udp_zone.answer(&buf[..n]) {
+            if let Some(answer) = udp_zone.answer_udp(&buf[..n]) {
                 let _ = udp.send_to(&answer, from).await;
             }
         }
@@ -162,6 +200,125 @@ async fn serve_connection(zone: Arc<Zone>, mut s: TcpStream) -> io::Result<()> {
         write_message(&mut s, &answer).await?;
     }
     Ok(())
+}
+
+/// A server of a zone on port 53 (UDP and TCP) of some addresses in a namespace, on its own
+/// thread; stopped when dropped.
+pub struct DnsServer {
+    stop: watch::Sender<bool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl DnsServer {
+    /// Starts serving `zone` on `ips` in `ns`; returns once the sockets are bound.
+    pub fn start(ns: Netns, ips: Vec<IpAddr>, zone: Zone) -> Result<Self, String> {
+        let (stop, stop_rx) = watch::channel(false);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let desc = ns.describe();
+        let thread = std::thread::Builder::new()
+            .name("flock-sim-dns".into())
+            .spawn(move || {
+                let fail = ready_tx.clone();
+                let served = netns::run_in(&ns, move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(format!("a runtime: {e}")));
+                            return;
+                        }
+                    };
+                    rt.block_on(async move {
+                        let zone = Arc::new(zone);
+                        let mut servers = tokio::task::JoinSet::new();
+                        for ip in ips {
+                            let bound = match (UdpSocket::bind((ip, 53)).await, TcpListener::bind((ip, 53)).await) {
+                                (Ok(u), Ok(t)) => (u, t),
+                                (Err(e), _) | (_, Err(e)) => {
+                                    let _ = ready_tx.send(Err(format!("binding {ip} port 53: {e}")));
+                                    return;
+                                }
+                            };
+                            servers.spawn(serve(zone.clone(), bound.0, bound.1, stop_rx.clone()));
+                        }
+                        let _ = ready_tx.send(Ok(()));
+                        while servers.join_next().await.is_some() {}
+                    });
+                });
+                if let Err(e) = served {
+                    let _ = fail.send(Err(e.to_string()));
+                }
+            })
+            .map_err(|e| format!("a thread for DNS in {desc}: {e}"))?;
+        let server = Self { stop, thread: Some(thread) };
+        match ready_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Ok(())) => Ok(server),
+            Ok(Err(e)) => Err(format!("DNS in {desc}: {e}")),
+            Err(_) => Err(format!("DNS in {desc} did not start")),
+        }
+    }
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One lookup: `name`'s addresses of one family (A or AAAA) from the server at `server`,
+/// over UDP, again over TCP when the answer is truncated, as a stub resolver does. `None`:
+/// no usable answer within `timeout` (each try); an empty list: the name has no address of
+/// that family (NXDOMAIN included). Runs in the caller's namespace.
+pub fn lookup(name: &str, v6: bool, server: std::net::SocketAddr, timeout: Duration) -> Option<Vec<IpAddr>> {
+    let kind = if v6 { RecordType::AAAA } else { RecordType::A };
+    let mut q = Message::new();
+    q.set_id(0x5eed);
+    q.set_recursion_desired(true);
+    q.add_query(hickory_proto::op::Query::query(fqdn(name).ok()?, kind));
+    let query = q.to_vec().ok()?;
+    let udp = || -> io::Result<Vec<u8>> {
+        let s = std::net::UdpSocket::bind(if server.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" })?;
+        s.connect(server)?;
+        s.set_read_timeout(Some(timeout))?;
+        s.send(&query)?;
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        let n = s.recv(&mut buf)?;
+        buf.truncate(n);
+        Ok(buf)
+    };
+    let tcp = || -> io::Result<Vec<u8>> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&server, timeout)?;
+        s.set_read_timeout(Some(timeout))?;
+        let len = u16::try_from(query.len()).map_err(|_| io::Error::other("query too long"))?;
+        s.write_all(&len.to_be_bytes())?;
+        s.write_all(&query)?;
+        let mut len = [0u8; 2];
+        s.read_exact(&mut len)?;
+        let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        s.read_exact(&mut buf)?;
+        Ok(buf)
+    };
+    let mut answer = Message::from_vec(&udp().ok()?).ok()?;
+    if answer.truncated() {
+        answer = Message::from_vec(&tcp().ok()?).ok()?;
+    }
+    if answer.id() != q.id() || answer.message_type() != MessageType::Response {
+        return None;
+    }
+    Some(
+        answer
+            .answers()
+            .iter()
+            .filter_map(|r| match r.data() {
+                RData::A(a) if !v6 => Some(IpAddr::V4(a.0)),
+                RData::AAAA(a) if v6 => Some(IpAddr::V6(a.0)),
+                _ => None,
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -209,5 +366,34 @@ mod tests {
         assert_eq!(r.response_code(), ResponseCode::NoError);
         assert_eq!(r.answers().len(), 1);
         assert!(z.answer(b"garbage").is_none());
+    }
+
+    #[test]
+    fn a_cases_zone_follows_its_pods_and_udp_answers_too_large_are_truncated() {
+        let text = "name: x\ndns: {server: kube-system/dns, records: [\
+                    {name: api.example.test, pod: z/a}, \
+                    {name: many.example.test, pod: z/b, addresses: [198.18.3.1, 198.18.3.2]}, \
+                    {name: big.example.test, addresses: [ADDRS]}, \
+                    {name: gone.example.test, pod: q/q}]}\nsteps: []\n";
+        let addrs: Vec<String> = (1..=60).map(|i| format!("198.18.4.{i}")).collect();
+        let case = crate::conformance::parse_case(std::path::Path::new("c.yaml"), "", &text.replace("ADDRS", &addrs.join(", "))).unwrap();
+        let z = Zone::for_case(case.dns.as_ref().unwrap(), &crate::testkit::base_cluster());
+        let limits = Limits { min_ttl: 1, ..Limits::default() };
+        let q = query("many.example.test", RecordType::A);
+        let learned = learn(&q, &z.answer(&q).unwrap(), &limits).unwrap();
+        let got: Vec<IpAddr> = learned.addresses.iter().map(|(a, _)| *a).collect();
+        let want: Vec<IpAddr> = ["198.18.2.32", "198.18.3.1", "198.18.3.2"].iter().map(|a| a.parse().unwrap()).collect();
+        assert_eq!(got, want, "the pod's address first");
+        assert_eq!(learned.addresses[0].1, crate::conformance::DEFAULT_TTL);
+        // A pod the snapshot does not have answers nothing.
+        let r = Message::from_vec(&z.answer(&query("gone.example.test", RecordType::A)).unwrap()).unwrap();
+        assert_eq!(r.response_code(), ResponseCode::NXDomain);
+        // Over UDP, 60 records do not fit 512 bytes: TC and no records; over TCP all of them.
+        let q = query("big.example.test", RecordType::A);
+        let udp = Message::from_vec(&z.answer_udp(&q).unwrap()).unwrap();
+        assert!(udp.truncated() && udp.answers().is_empty());
+        assert_eq!(Message::from_vec(&z.answer(&q).unwrap()).unwrap().answers().len(), 60);
+        let small = Message::from_vec(&z.answer_udp(&query("api.example.test", RecordType::A)).unwrap()).unwrap();
+        assert!(!small.truncated() && small.answers().len() == 1);
     }
 }

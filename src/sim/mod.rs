@@ -104,6 +104,26 @@ pub struct SimOptions {
 }
 
 impl SimOptions {
+    /// The agents run their DNS proxy as flock-agent does by default (the cluster DNS —
+    /// `kube-system` pods labelled `k8s-app: kube-dns` — is the trusted resolver), except
+    /// that TTLs are floored at 1 s, not 30 s, so that cases see records expire quickly.
+    pub fn with_cluster_dns(mut self) -> Self {
+        self.dns = Some(crate::agent::dns::DnsConfig {
+            port: 15053,
+            mark: crate::render::DNS_MARK,
+            route_table: 180,
+            rule_priority: 90,
+            resolvers: Vec::new(),
+            limits: crate::dns::Limits { min_ttl: 1, ..crate::dns::Limits::default() },
+            upstream_timeout: Duration::from_secs(2),
+        });
+        self.translate.dns_resolvers = Some(translate::ResolverPods {
+            namespace: Some("kube-system".into()),
+            labels: [("k8s-app".to_string(), "kube-dns".to_string())].into(),
+        });
+        self
+    }
+
     pub fn new(cni_bin_dir: PathBuf) -> Self {
         Self {
             cni_bin_dir,
@@ -190,6 +210,15 @@ pub struct Sim {
     torn_down: bool,
     /// Simulations kept by earlier runs, left in place by this one's sweep.
     kept_elsewhere: Vec<(String, usize)>,
+    /// The cluster DNS of a conformance case ([`Sim::set_dns`]).
+    dns: Option<ClusterDns>,
+}
+
+/// The cluster DNS a case declares, and its server while the pod has a sandbox.
+struct ClusterDns {
+    spec: crate::conformance::DnsSpec,
+    /// The server pod's namespace, addresses and zone it serves, and the server.
+    running: Option<(String, Vec<IpAddr>, dns::Zone, dns::DnsServer)>,
 }
 
 /// What one probe asks.
@@ -229,6 +258,7 @@ impl Sim {
             keep: false,
             torn_down: false,
             kept_elsewhere: swept.kept,
+            dns: None,
         };
         let work = sim.fabric.work_dir();
         std::fs::create_dir_all(&work).map_err(|e| SimError::Other(format!("cannot create {}: {e}", work.display())))?;
@@ -337,7 +367,68 @@ impl Sim {
         }
         self.fabric_routes()?;
         self.wait_synced(version).await?;
-        self.reconcile_pods().await
+        self.reconcile_pods().await?;
+        self.refresh_dns()
+    }
+
+    /// Serves `spec` (a conformance case's `dns`) from its server pod while the pod has a
+    /// sandbox, following its addresses and those of the pods its records name; `None` stops
+    /// serving. The server pod's port 53 (UDP and TCP) is the DNS server's, not an echo
+    /// server's. The agents trust the server as any resolver: only if it is one of the pods
+    /// [`translate::Options::dns_resolvers`] selects (the cluster DNS).
+    pub fn set_dns(&mut self, spec: Option<crate::conformance::DnsSpec>) -> Result<(), SimError> {
+        self.dns = spec.map(|spec| ClusterDns { spec, running: None });
+        self.refresh_dns()
+    }
+
+    /// The cluster DNS server's address of `family`, while it serves.
+    pub fn dns_server(&self, family: Family) -> Option<IpAddr> {
+        let (_, ips, _, _) = self.dns.as_ref()?.running.as_ref()?;
+        ips.iter().copied().find(|ip| Family::of(*ip) == family)
+    }
+
+    /// The addresses whose DNS answers the agents learn from on `snapshot`: the resolvers
+    /// they are given and the resolver pods they select; none without their DNS proxy.
+    pub fn trusted_resolvers(&self, snapshot: &Snapshot) -> Vec<IpAddr> {
+        let Some(dns) = &self.opts.dns else { return Vec::new() };
+        let pods = self.opts.translate.dns_resolvers.iter().flat_map(|r| r.addresses(snapshot));
+        dns.resolvers.iter().copied().chain(pods).collect()
+    }
+
+    /// What the agents trust as resolvers, for messages.
+    pub fn resolver_selector(&self) -> String {
+        let Some(dns) = &self.opts.dns else { return "the agents run no DNS proxy".into() };
+        let mut parts: Vec<String> = dns.resolvers.iter().map(ToString::to_string).collect();
+        if let Some(r) = &self.opts.translate.dns_resolvers {
+            let labels: Vec<String> = r.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            parts.push(format!("pods {}/{}", r.namespace.as_deref().unwrap_or("*"), labels.join(",")));
+        }
+        if parts.is_empty() { "none".into() } else { parts.join(", ") }
+    }
+
+    /// (Re)starts the case's DNS server when its pod, its addresses or the zone changed.
+    fn refresh_dns(&mut self) -> Result<(), SimError> {
+        let snap = self.snapshot();
+        let Some(dns) = &mut self.dns else { return Ok(()) };
+        let server = &dns.spec.server;
+        let want =
+            self.pods.values().find(|p| &p.key == server).map(|p| (p.ns.clone(), p.ips.clone(), dns::Zone::for_case(&dns.spec, &snap)));
+        let same = match (&want, &dns.running) {
+            (Some((ns, ips, zone)), Some((rns, rips, rzone, _))) => ns == rns && ips == rips && zone == rzone,
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            return Ok(());
+        }
+        // The old server goes first: a new one binds the same port.
+        dns.running = None;
+        if let Some((ns, ips, zone)) = want {
+            let server_ = dns::DnsServer::start(Netns::named(&ns), ips.clone(), zone.clone())
+                .map_err(|message| SimError::Pod { pod: server.to_string(), message })?;
+            dns.running = Some((ns, ips, zone, server_));
+        }
+        Ok(())
     }
 
     async fn wait_synced(&self, version: u64) -> Result<(), SimError> {
@@ -529,7 +620,15 @@ impl Sim {
             .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse::<IpAddr>().ok())
             .filter(|a| !a.is_loopback())
             .collect();
-        let ports: Vec<(u16, Protocol)> = p.ports.iter().map(|cp| (cp.port, cp.protocol)).collect::<BTreeSet<_>>().into_iter().collect();
+        let dns_server = self.dns.as_ref().is_some_and(|d| d.spec.server == key);
+        let ports: Vec<(u16, Protocol)> = p
+            .ports
+            .iter()
+            .map(|cp| (cp.port, cp.protocol))
+            .filter(|(port, proto)| !(dns_server && *port == 53 && *proto != Protocol::Sctp))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let servers = servers::Servers::start(Netns::named(ns), ports).map_err(err)?;
         let unavailable = servers.unavailable.clone();
         Ok(SimPod {
@@ -615,7 +714,8 @@ impl Sim {
                 match (dst, has_src) {
                     (Some(d), true) => {
                         index.push(cells.len());
-                        tasks.push(probe::Task { src: src_ns.clone(), dst: SocketAddr::new(*d, spec.port), protocol: spec.protocol });
+                        let dst = probe::Dest::Address(SocketAddr::new(*d, spec.port));
+                        tasks.push(probe::Task { src: src_ns.clone(), dst, protocol: spec.protocol });
                         cells.push(Cell { from: f.clone(), to: t.clone(), family, outcome: None });
                     }
                     _ => cells.push(Cell { from: f.clone(), to: t.clone(), family, outcome: None }),
@@ -625,6 +725,40 @@ impl Sim {
         let outcomes = tokio::task::block_in_place(|| probe::probe_all(&tasks, self.opts.probe_timeout, self.opts.parallelism));
         if fabric::interrupted().is_some() {
             // The namespaces went away under the probes: their outcomes mean nothing.
+            return Err(SimError::Interrupted);
+        }
+        for (i, o) in index.into_iter().zip(outcomes) {
+            cells[i].outcome = Some(o);
+        }
+        Ok(cells)
+    }
+
+    /// Probes by name: from each of `from`, `host` resolved through the cluster DNS
+    /// ([`Self::set_dns`]) in the probe's family (by default the source's first address's),
+    /// then a connection to the answer's first address. Cells name the host as `to`.
+    pub fn probe_host(&self, spec: ProbeSpec, host: &str, from: &[String]) -> Result<Vec<Cell>, SimError> {
+        let mut cells = Vec::new();
+        let mut tasks = Vec::new();
+        let mut index = Vec::new();
+        for f in from {
+            let (src_ns, src_ips) = self.addresses(f).ok_or_else(|| SimError::Other(format!("no pod {f} in the simulation")))?;
+            let family = spec.family.or_else(|| src_ips.first().map(|ip| Family::of(*ip))).unwrap_or(Family::V4);
+            let has_src = src_ips.iter().any(|ip| Family::of(*ip) == family);
+            let resolver = self.dns_server(family);
+            if let (Some(resolver), true) = (resolver, has_src) {
+                index.push(cells.len());
+                let dst = probe::Dest::Name {
+                    name: host.to_string(),
+                    v6: family == Family::V6,
+                    resolver: SocketAddr::new(resolver, 53),
+                    port: spec.port,
+                };
+                tasks.push(probe::Task { src: src_ns.clone(), dst, protocol: spec.protocol });
+            }
+            cells.push(Cell { from: f.clone(), to: host.to_string(), family, outcome: None });
+        }
+        let outcomes = tokio::task::block_in_place(|| probe::probe_all(&tasks, self.opts.probe_timeout, self.opts.parallelism));
+        if fabric::interrupted().is_some() {
             return Err(SimError::Interrupted);
         }
         for (i, o) in index.into_iter().zip(outcomes) {
@@ -649,6 +783,7 @@ impl Sim {
                 first_err.get_or_insert(e);
             }
         }
+        self.dns = None;
         for (_, n) in std::mem::take(&mut self.nodes) {
             n.agent.shutdown().await;
         }
@@ -663,6 +798,7 @@ impl Drop for Sim {
         if !self.torn_down && !self.keep {
             // An error or a panic on the way: remove everything (pods' interfaces and routes
             // go with their namespaces; leases and sockets with the work directory).
+            self.dns = None;
             self.pods.clear();
             self.hosts.clear();
             self.fabric.teardown();

@@ -1,6 +1,10 @@
 //! Probes: from inside a source namespace, one connection attempt to a destination address,
 //! classified as connected, refused, timeout, unreachable or unavailable.
 //!
+//! A probe by name first resolves it (through the given DNS server, from the source) and
+//! connects to the first address of the answer; a name that does not resolve is
+//! "unresolved".
+//!
 //! TCP: a completed handshake. UDP: a datagram that is answered (ICMP port unreachable is
 //! "refused"). SCTP: a completed association, or "unavailable" when the kernel has no SCTP.
 //! Policy drops are silent, so a blocked flow is a timeout; refused and unreachable mean the
@@ -27,11 +31,13 @@ pub enum Outcome {
     Unreachable,
     /// The kernel lacks the protocol.
     Unavailable,
+    /// A probe by name: no answer, or none with an address of the family.
+    Unresolved,
 }
 
 impl Outcome {
     /// Every outcome, in the order truth-table legends list them.
-    pub const ALL: [Outcome; 5] = [Self::Connected, Self::Timeout, Self::Refused, Self::Unreachable, Self::Unavailable];
+    pub const ALL: [Outcome; 6] = [Self::Connected, Self::Timeout, Self::Refused, Self::Unreachable, Self::Unavailable, Self::Unresolved];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -40,6 +46,7 @@ impl Outcome {
             Self::Timeout => "timeout",
             Self::Unreachable => "unreachable",
             Self::Unavailable => "unavailable",
+            Self::Unresolved => "unresolved",
         }
     }
 
@@ -51,6 +58,7 @@ impl Outcome {
             Self::Timeout => 'X',
             Self::Unreachable => 'U',
             Self::Unavailable => '?',
+            Self::Unresolved => 'N',
         }
     }
 
@@ -62,15 +70,29 @@ impl Outcome {
             Self::Refused => "refused: the packet got there, but the destination does not serve that port",
             Self::Unreachable => "unreachable: no route to the destination",
             Self::Unavailable => "unavailable: this kernel lacks the protocol",
+            Self::Unresolved => "unresolved: the name got no answer with an address of the family",
         }
     }
+}
+
+/// Where a probe goes.
+#[derive(Debug, Clone)]
+pub enum Dest {
+    Address(SocketAddr),
+    /// `name`'s first address of the family (IPv6 or not) the `resolver` answers, on `port`.
+    Name {
+        name: String,
+        v6: bool,
+        resolver: SocketAddr,
+        port: u16,
+    },
 }
 
 /// One probe to run.
 #[derive(Debug, Clone)]
 pub struct Task {
     pub src: Netns,
-    pub dst: SocketAddr,
+    pub dst: Dest,
     pub protocol: Protocol,
 }
 
@@ -78,11 +100,23 @@ const PAYLOAD: &[u8] = b"flock-probe";
 
 /// Runs one probe from `src` (on a thread that enters it).
 pub fn probe(task: &Task, timeout: Duration) -> Outcome {
-    let (dst, proto) = (task.dst, task.protocol);
-    netns::run_in(&task.src, move || match proto {
-        Protocol::Tcp => tcp(dst, timeout),
-        Protocol::Udp => udp(dst, timeout),
-        Protocol::Sctp => sctp(dst, timeout),
+    let (dst, proto) = (task.dst.clone(), task.protocol);
+    netns::run_in(&task.src, move || {
+        let dst = match dst {
+            Dest::Address(a) => a,
+            Dest::Name { name, v6, resolver, port } => match super::dns::lookup(&name, v6, resolver, timeout) {
+                Some(addrs) => match addrs.first() {
+                    Some(a) => SocketAddr::new(*a, port),
+                    None => return Outcome::Unresolved,
+                },
+                None => return Outcome::Unresolved,
+            },
+        };
+        match proto {
+            Protocol::Tcp => tcp(dst, timeout),
+            Protocol::Udp => udp(dst, timeout),
+            Protocol::Sctp => sctp(dst, timeout),
+        }
     })
     .unwrap_or(Outcome::Unreachable)
 }

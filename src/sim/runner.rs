@@ -6,6 +6,10 @@
 //! connections earlier steps and cases made stay in conntrack (a policy change cuts those
 //! it denies: `crate::revoke`), so a case's outcome must not depend on what ran before it
 //! (`flockctl conformance --shuffle`).
+//!
+//! A case with `dns` has its records served from its server pod (UDP and TCP 53) while it
+//! runs; a step's `wait` comes before its changes; its probes by name run before those by
+//! address, so that what they resolved is in place for the latter.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -62,13 +66,52 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
         step_times: Vec::new(),
         problems: Vec::new(),
     };
+    if let Err(e) = sim.set_dns(case.dns.clone()) {
+        out.errors.push(format!("dns: {e}"));
+    }
     for (i, step) in case.steps.iter().enumerate() {
+        if !out.errors.is_empty() {
+            break;
+        }
+        if !step.wait.is_zero() {
+            tokio::time::sleep(step.wait).await;
+        }
         let started = Instant::now();
         if let Err(e) = sim.apply(|s| conformance::apply_step(s, step)).await {
             out.errors.push(format!("step {}: {e}", i + 1));
             break;
         }
         let snapshot = sim.snapshot();
+        if let Some(e) = untrusted_dns(sim, &snapshot, case, &step.host_probes) {
+            out.errors.push(format!("step {}: {e}", i + 1));
+            break;
+        }
+        for probe in &step.host_probes {
+            let sources: Vec<String> = probe.checked().map(String::from).collect();
+            let spec = ProbeSpec { port: probe.port, protocol: probe.protocol, family: probe.family };
+            match sim.probe_host(spec, &probe.host, &sources) {
+                Ok(cells) => {
+                    out.probes_run += 1;
+                    let mut observed = BTreeMap::new();
+                    for c in cells {
+                        match c.outcome {
+                            Some(o) => {
+                                observed.insert(c.from, o == Outcome::Connected);
+                            }
+                            None => out.errors.push(format!(
+                                "step {}: {}: {} has no {} address, or the DNS server none",
+                                i + 1,
+                                probe.label(),
+                                c.from,
+                                c.family.as_str()
+                            )),
+                        }
+                    }
+                    out.mismatches.extend(conformance::compare_host(i, probe, &observed));
+                }
+                Err(e) => out.errors.push(format!("step {}: {}: {e}", i + 1, probe.label())),
+            }
+        }
         for p in crate::translate::validate_all(&snapshot) {
             let p = p.to_string();
             if !out.problems.contains(&p) {
@@ -121,12 +164,18 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
                         }
                     }
                     out.mismatches.extend(conformance::compare(i, probe, &observed));
+                    // explain judges without the DNS answers: not the cells a record's
+                    // address may have been learned for.
+                    observed.retain(|(_, to), _| case.judged_offline(&snapshot, to));
                     out.errors.extend(explain_disagreements(&snapshot, i, probe, &observed));
                 }
                 Err(e) => out.errors.push(format!("step {}: {}: {e}", i + 1, probe.label())),
             }
         }
         out.step_times.push(started.elapsed());
+    }
+    if let Err(e) = sim.set_dns(None) {
+        out.errors.push(format!("dns: {e}"));
     }
     if let Err(e) = restore(sim, base).await {
         out.errors.push(format!("restoring the base cluster: {e}"));
@@ -139,6 +188,27 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
         Verdict::Pass
     };
     out
+}
+
+/// Why probes by name cannot mean what the case says: the DNS server pod is not up, or the
+/// agents do not trust it (it is not one of the resolver pods they are configured with), so
+/// that what it answers would teach nothing.
+fn untrusted_dns(sim: &Sim, snapshot: &Snapshot, case: &Case, probes: &[conformance::HostProbe]) -> Option<String> {
+    let dns = case.dns.as_ref()?;
+    if probes.is_empty() {
+        return None;
+    }
+    let Some(pod) = snapshot.pod_by_name(&dns.server) else {
+        return Some(format!("dns.server {} is not a pod of the cluster", dns.server));
+    };
+    if !pod.ips.iter().any(|ip| sim.dns_server(conformance::Family::of(*ip)).is_some()) {
+        return Some(format!("dns.server {} has no sandbox to serve DNS from", dns.server));
+    }
+    let trusted = sim.trusted_resolvers(snapshot);
+    if !pod.ips.iter().all(|ip| trusted.contains(ip)) {
+        return Some(format!("dns.server {} is not a resolver the agents trust (they trust {})", dns.server, sim.resolver_selector()));
+    }
+    None
 }
 
 /// `flockctl explain` on every observed cell: it must give the verdict the kernel gave.

@@ -299,7 +299,7 @@ fn one(base: &Snapshot, rng: &mut Rng, seed: u64, index: usize) -> GeneratedCase
             }
         }
         let deletes = delete.iter().map(|(kind, ns, n)| DeleteRef { kind: *kind, key: ObjectRef::new(ns.clone(), n.clone()) }).collect();
-        conformance::apply_step(&mut snapshot, &Step { apply: parsed.objects, delete: deletes, probes: Vec::new() });
+        conformance::apply_step(&mut snapshot, &Step { apply: parsed.objects, delete: deletes, ..Step::default() });
 
         let _ = writeln!(yaml, "  - apply:");
         if apply.is_empty() {
@@ -380,7 +380,7 @@ mod tests {
         let mut m = Manifests::default();
         manifest::parse_value(Path::new("p"), DocRef { document: 1, item: None }, pod_manifest(&p), &mut m).unwrap();
         let mut s = base.clone();
-        conformance::apply_step(&mut s, &Step { apply: m.objects, delete: Vec::new(), probes: Vec::new() });
+        conformance::apply_step(&mut s, &Step { apply: m.objects, ..Step::default() });
         assert_eq!(s.pod_by_name(&super::super::pod_ref("x/b")), Some(&p));
     }
 }

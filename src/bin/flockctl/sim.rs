@@ -111,7 +111,7 @@ pub fn preflight(common: &CommonArgs) -> anyhow::Result<SimOptions> {
     if !cni_bin_dir.join("flock-cni").is_file() {
         bail!("flock-cni not found in {} (build it with `cargo build -p flock-cni`, or pass --cni-bin-dir)", cni_bin_dir.display());
     }
-    let mut o = SimOptions::new(cni_bin_dir);
+    let mut o = SimOptions::new(cni_bin_dir).with_cluster_dns();
     o.cni_path = vec![common.cni_path.clone()];
     o.probe_timeout = Duration::from_millis(common.timeout_ms);
     o.parallelism = common.parallel.max(1);
