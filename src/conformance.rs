@@ -108,7 +108,71 @@ pub struct HostProbe {
     pub protocol: Protocol,
     pub family: Option<Family>,
     /// Source → what its one cell expects.
-    pub cells: BTreeMap<String, Expect>,
+    pub cells: BTreeMap<String, HostExpect>,
+}
+
+/// What the cell of a probe by name expects: the format's `1`, `0` and `-`, and flock's
+/// narrower `B` (the name resolved, the connection did not succeed) and `N` (the name did not
+/// resolve: no answer, or none with an address of the family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostExpect {
+    Connect,
+    NoConnection,
+    Blocked,
+    Unresolved,
+    Unchecked,
+}
+
+impl HostExpect {
+    fn parse(cell: &str) -> Option<Self> {
+        Some(match cell {
+            "1" => Self::Connect,
+            "0" => Self::NoConnection,
+            "B" => Self::Blocked,
+            "N" => Self::Unresolved,
+            "-" => Self::Unchecked,
+            _ => return None,
+        })
+    }
+
+    fn holds(self, seen: HostSeen) -> bool {
+        match self {
+            Self::Connect => seen == HostSeen::Connected,
+            Self::NoConnection => seen != HostSeen::Connected,
+            Self::Blocked => seen == HostSeen::Blocked,
+            Self::Unresolved => seen == HostSeen::Unresolved,
+            Self::Unchecked => true,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Connect => "expected to connect",
+            Self::NoConnection => "expected no connection",
+            Self::Blocked => "expected to resolve and be blocked",
+            Self::Unresolved => "expected not to resolve",
+            Self::Unchecked => "not checked",
+        }
+    }
+}
+
+/// What a probe by name saw from one source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostSeen {
+    Connected,
+    /// The name resolved; the connection to its first address did not succeed.
+    Blocked,
+    Unresolved,
+}
+
+impl HostSeen {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Connected => "connected",
+            Self::Blocked => "resolved, was blocked",
+            Self::Unresolved => "did not resolve",
+        }
+    }
 }
 
 impl HostProbe {
@@ -123,7 +187,7 @@ impl HostProbe {
 
     /// The sources whose cell is checked.
     pub fn checked(&self) -> impl Iterator<Item = &str> {
-        self.cells.iter().filter(|(_, e)| **e != Expect::Unchecked).map(|(s, _)| s.as_str())
+        self.cells.iter().filter(|(_, e)| **e != HostExpect::Unchecked).map(|(s, _)| s.as_str())
     }
 }
 
@@ -306,10 +370,17 @@ fn parse_dns(raw: RawDns, invalid: &dyn Fn(String) -> CaseError) -> Result<DnsSp
             (Some(c), None, true) => {
                 RecordData::Cname(dns_name(&c).ok_or_else(|| invalid(format!("{at}.cname: {c:?} is not a DNS name")))?)
             }
-            (Some(_), _, _) => return Err(invalid(format!("{at}: a cname record has no pod or addresses"))),
+            (Some(_), _, _) => return Err(invalid(format!("{at}: a cname record takes no pod or addresses"))),
             (None, None, true) => return Err(invalid(format!("{at}: give pod, addresses or cname"))),
             (None, pod, _) => RecordData::Addresses { pod, fixed: r.addresses },
         };
+        // A name with a CNAME has no other records (RFC 1034 3.6.2).
+        let clash = records
+            .iter()
+            .any(|o: &DnsRecord| o.name == name && (matches!(o.data, RecordData::Cname(_)) || matches!(data, RecordData::Cname(_))));
+        if clash {
+            return Err(invalid(format!("{at}: {name} has a cname and other records")));
+        }
         records.push(DnsRecord { name, ttl: r.ttl.unwrap_or(DEFAULT_TTL), data });
     }
     Ok(DnsSpec { server, records })
@@ -410,12 +481,8 @@ pub fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseE
                 }
                 let mut cells = BTreeMap::new();
                 for (row, cell) in p.matrix {
-                    let e = match cell.as_str() {
-                        "1" => Expect::Connect,
-                        "0" => Expect::Blocked,
-                        "-" => Expect::Unchecked,
-                        other => return Err(invalid(format!("{at}.matrix.{row}: {other:?} is not one cell, 1, 0 or -"))),
-                    };
+                    let e = HostExpect::parse(&cell)
+                        .ok_or_else(|| invalid(format!("{at}.matrix.{row}: {cell:?} is not one cell: 1, 0, B, N or -")))?;
                     cells.insert(row, e);
                 }
                 // The name as asked keeps its case (resolvers and flock compare without it).
@@ -465,13 +532,16 @@ pub struct Mismatch {
     pub from: String,
     pub to: String,
     pub expected: Expect,
+    /// What was expected and seen, where `expected` does not say it (probes by name).
+    pub detail: Option<String>,
 }
 
 impl std::fmt::Display for Mismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = match self.expected {
-            Expect::Connect => "expected to connect, was blocked",
-            _ => "expected blocked, connected",
+        let what = match (&self.detail, self.expected) {
+            (Some(d), _) => d.as_str(),
+            (None, Expect::Connect) => "expected to connect, was blocked",
+            (None, _) => "expected blocked, connected",
         };
         write!(f, "step {} {} {} -> {}: {what}", self.step + 1, self.probe, self.from, self.to)
     }
@@ -489,24 +559,35 @@ pub fn compare(step: usize, probe: &Probe, observed: &BTreeMap<(String, String),
             let connected = observed.get(&(from.clone(), to.clone())).copied();
             let ok = matches!((expected, connected), (Expect::Connect, Some(true)) | (Expect::Blocked, Some(false)));
             if !ok {
-                out.push(Mismatch { step, probe: probe.label(), from: from.clone(), to: to.clone(), expected });
+                out.push(Mismatch { step, probe: probe.label(), from: from.clone(), to: to.clone(), expected, detail: None });
             }
         }
     }
     out
 }
 
-/// Compares observations (`source → connected`) with a probe by name's cells.
-pub fn compare_host(step: usize, probe: &HostProbe, observed: &BTreeMap<String, bool>) -> Vec<Mismatch> {
+/// Compares what probes by name saw (source → outcome; a source missing was not probed)
+/// with their cells.
+pub fn compare_host(step: usize, probe: &HostProbe, observed: &BTreeMap<String, HostSeen>) -> Vec<Mismatch> {
     let mut out = Vec::new();
     for (from, expected) in &probe.cells {
-        let ok = matches!(
-            (expected, observed.get(from)),
-            (Expect::Unchecked, _) | (Expect::Connect, Some(true)) | (Expect::Blocked, Some(false))
-        );
-        if !ok {
-            out.push(Mismatch { step, probe: probe.label(), from: from.clone(), to: probe.host.clone(), expected: *expected });
+        if *expected == HostExpect::Unchecked {
+            continue;
         }
+        let seen = observed.get(from).copied();
+        if seen.is_some_and(|s| expected.holds(s)) {
+            continue;
+        }
+        let detail = format!("{}, {}", expected.as_str(), seen.map_or("was not probed", HostSeen::as_str));
+        let coarse = if *expected == HostExpect::Connect { Expect::Connect } else { Expect::Blocked };
+        out.push(Mismatch {
+            step,
+            probe: probe.label(),
+            from: from.clone(),
+            to: probe.host.clone(),
+            expected: coarse,
+            detail: Some(detail),
+        });
     }
     out
 }
@@ -602,10 +683,28 @@ mod tests {
         let h = &step.host_probes[0];
         assert_eq!(h.host, "Api.Example.Test");
         assert_eq!(h.checked().collect::<Vec<_>>(), vec!["x/a", "x/b"]);
-        let observed: BTreeMap<String, bool> = [("x/a".to_string(), true), ("x/b".to_string(), true)].into();
+        let observed: BTreeMap<String, HostSeen> =
+            [("x/a".to_string(), HostSeen::Connected), ("x/b".to_string(), HostSeen::Connected)].into();
         let m = compare_host(0, h, &observed);
         assert_eq!(m.len(), 1);
-        assert_eq!((m[0].from.as_str(), m[0].to.as_str()), ("x/b", "Api.Example.Test"));
+        assert_eq!(m[0].to_string(), "step 1 Api.Example.Test TCP/80 x/b -> Api.Example.Test: expected no connection, connected");
+        // B and N say which way a cell failed to connect; 0 takes either.
+        let cells = |e: HostExpect| HostProbe { cells: [("x/a".to_string(), e)].into(), ..h.clone() };
+        let seen = |s: HostSeen| -> BTreeMap<String, HostSeen> { [("x/a".to_string(), s)].into() };
+        for (e, s, ok) in [
+            (HostExpect::NoConnection, HostSeen::Blocked, true),
+            (HostExpect::NoConnection, HostSeen::Unresolved, true),
+            (HostExpect::Blocked, HostSeen::Blocked, true),
+            (HostExpect::Blocked, HostSeen::Unresolved, false),
+            (HostExpect::Unresolved, HostSeen::Unresolved, true),
+            (HostExpect::Unresolved, HostSeen::Blocked, false),
+            (HostExpect::Connect, HostSeen::Blocked, false),
+        ] {
+            assert_eq!(compare_host(0, &cells(e), &seen(s)).is_empty(), ok, "{e:?} {s:?}");
+        }
+        let m = compare_host(0, &cells(HostExpect::Blocked), &seen(HostSeen::Unresolved));
+        assert!(m[0].to_string().ends_with("expected to resolve and be blocked, did not resolve"), "{}", m[0]);
+        assert!(compare_host(0, &cells(HostExpect::Blocked), &BTreeMap::new())[0].to_string().ends_with("was not probed"));
         // Offline stages leave the cells towards a record's addresses alone.
         let snapshot = crate::testkit::base_cluster();
         assert!(!c.judged_offline(&snapshot, "z/a"));
@@ -621,11 +720,15 @@ mod tests {
         let dns = |r: &str| format!("name: x\ndns: {{server: kube-system/dns, records: [{r}]}}\nsteps: []\n");
         assert!(bad(&dns("{name: 'a b', pod: z/a}")).contains("dns.records[0].name"));
         assert!(bad(&dns("{name: a.test}")).contains("give pod, addresses or cname"));
-        assert!(bad(&dns("{name: a.test, cname: b.test, pod: z/a}")).contains("a cname record has no pod"));
+        assert!(bad(&dns("{name: a.test, cname: b.test, pod: z/a}")).contains("a cname record takes no pod"));
+        assert!(
+            bad(&dns("{name: a.test, cname: b.test}, {name: A.test., pod: z/a}"))
+                .contains("dns.records[1]: a.test has a cname and other records")
+        );
         assert!(bad(&dns("{name: a.test, pod: za}")).contains("dns.records[0].pod"));
         assert!(bad("name: x\ndns: {server: dns}\nsteps: []\n").contains("dns.server"));
         assert!(bad("name: x\nsteps: [{wait: -1}]\n").contains("steps[0].wait"));
         let two_cells = "name: x\ndns: {server: a/b}\nsteps: [{probes: [{port: 80, protocol: TCP, host: a.test, matrix: {x/a: '11'}}]}]\n";
-        assert!(bad(two_cells).contains("is not one cell"));
+        assert!(bad(two_cells).contains("is not one cell: 1, 0, B, N or -"));
     }
 }

@@ -114,7 +114,7 @@ fn the_cluster_policy_cases_pass_on_an_ipv6_cluster() {
 }
 
 /// A DNS case fails when what it says is wrong: a name not admitted said to connect, an
-/// address learned said blocked, and a server the agents do not trust (its answers would
+/// address learned said blocked, a lookup that got no answer said to resolve, and a server the agents do not trust (its answers would
 /// teach nothing) is an error, not a pass.
 #[test]
 fn dns_cases_fail_when_they_are_wrong() {
@@ -137,16 +137,17 @@ fn dns_cases_fail_when_they_are_wrong() {
     copy(
         "301-dns-exact-name",
         "901-dns-not-admitted-said-open",
-        &[("host: other.example.test\n    matrix:\n      x/a: \"0\"", "host: other.example.test\n    matrix:\n      x/a: \"1\"")],
+        &[("host: other.example.test\n    matrix:\n      x/a: \"B\"", "host: other.example.test\n    matrix:\n      x/a: \"1\"")],
     );
     copy("305-dns-many-addresses", "902-dns-learned-said-closed", &[("x/a: \"-110\"", "x/a: \"-100\"")]);
     copy("301-dns-exact-name", "903-dns-untrusted-server", &[("labels: {k8s-app: kube-dns}", "labels: {k8s-app: not-dns}")]);
+    copy("306-dns-not-admitted-learns-nothing", "904-dns-unresolved-said-blocked", &[("x/a: \"N\"", "x/a: \"B\"")]);
     let out = flockctl(&["conformance", "--base", "tests/conformance/base-cluster.yaml", dir.to_str().unwrap()]);
     let _ = std::fs::remove_dir_all(&dir);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{stdout}");
     let lines: Vec<&str> = stdout.lines().collect();
-    assert!(lines[0].starts_with("FAIL 901-dns-not-admitted-said-open (1 cells differ; step 1 other.example.test TCP/80 x/a -> other.example.test: expected to connect, was blocked"), "{stdout}");
+    assert!(lines[0].starts_with("FAIL 901-dns-not-admitted-said-open (1 cells differ; step 1 other.example.test TCP/80 x/a -> other.example.test: expected to connect, resolved, was blocked"), "{stdout}");
     assert!(
         lines[1].starts_with("FAIL 902-dns-learned-said-closed (1 cells differ; step 1 TCP/80 x/a -> z/b: expected blocked, connected"),
         "{stdout}"
@@ -156,7 +157,13 @@ fn dns_cases_fail_when_they_are_wrong() {
             .contains("dns.server kube-system/coredns is not a resolver the agents trust (they trust pods kube-system/k8s-app=kube-dns)"),
         "{stdout}"
     );
-    assert_eq!(lines[3], "0 passed, 3 failed, 0 skipped", "{stdout}");
+    assert!(
+        lines[3].starts_with(
+            "FAIL 904-dns-unresolved-said-blocked (1 cells differ; step 1 api.example.test TCP/80 x/a -> api.example.test: expected to resolve and be blocked, did not resolve"
+        ),
+        "{stdout}"
+    );
+    assert_eq!(lines[4], "0 passed, 4 failed, 0 skipped", "{stdout}");
 }
 
 #[test]

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::{ProbeSpec, Sim, SimError};
-use crate::conformance::{self, Case, Expect, Mismatch};
+use crate::conformance::{self, Case, Expect, HostSeen, Mismatch};
 use crate::model::Snapshot;
 use crate::sim::probe::Outcome;
 
@@ -66,11 +66,12 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
         step_times: Vec::new(),
         problems: Vec::new(),
     };
-    if let Err(e) = sim.set_dns(case.dns.clone()) {
+    let dns = sim.set_dns(case.dns.clone());
+    if let Err(e) = &dns {
         out.errors.push(format!("dns: {e}"));
     }
     for (i, step) in case.steps.iter().enumerate() {
-        if !out.errors.is_empty() {
+        if dns.is_err() {
             break;
         }
         if !step.wait.is_zero() {
@@ -87,6 +88,10 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
             break;
         }
         for probe in &step.host_probes {
+            if !sim.protocol_available(probe.protocol) {
+                out.errors.push(format!("step {}: {}: the kernel lacks {}", i + 1, probe.label(), probe.protocol));
+                continue;
+            }
             let sources: Vec<String> = probe.checked().map(String::from).collect();
             let spec = ProbeSpec { port: probe.port, protocol: probe.protocol, family: probe.family };
             match sim.probe_host(spec, &probe.host, &sources) {
@@ -94,9 +99,15 @@ pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcom
                     out.probes_run += 1;
                     let mut observed = BTreeMap::new();
                     for c in cells {
-                        match c.outcome {
-                            Some(o) => {
-                                observed.insert(c.from, o == Outcome::Connected);
+                        let seen = match c.outcome {
+                            Some(Outcome::Connected) => Some(HostSeen::Connected),
+                            Some(Outcome::Unresolved) => Some(HostSeen::Unresolved),
+                            Some(_) => Some(HostSeen::Blocked),
+                            None => None,
+                        };
+                        match seen {
+                            Some(seen) => {
+                                observed.insert(c.from, seen);
                             }
                             None => out.errors.push(format!(
                                 "step {}: {}: {} has no {} address, or the DNS server none",
