@@ -722,15 +722,7 @@ impl Sim {
                 }
             }
         }
-        let outcomes = tokio::task::block_in_place(|| probe::probe_all(&tasks, self.opts.probe_timeout, self.opts.parallelism));
-        if fabric::interrupted().is_some() {
-            // The namespaces went away under the probes: their outcomes mean nothing.
-            return Err(SimError::Interrupted);
-        }
-        for (i, o) in index.into_iter().zip(outcomes) {
-            cells[i].outcome = Some(o);
-        }
-        Ok(cells)
+        self.run_probes(cells, &tasks, index)
     }
 
     /// Probes by name: from each of `from`, `host` resolved through the cluster DNS
@@ -757,8 +749,14 @@ impl Sim {
             }
             cells.push(Cell { from: f.clone(), to: host.to_string(), family, outcome: None });
         }
-        let outcomes = tokio::task::block_in_place(|| probe::probe_all(&tasks, self.opts.probe_timeout, self.opts.parallelism));
+        self.run_probes(cells, &tasks, index)
+    }
+
+    /// Runs `tasks` and gives cell `index[i]` the outcome of task `i`.
+    fn run_probes(&self, mut cells: Vec<Cell>, tasks: &[probe::Task], index: Vec<usize>) -> Result<Vec<Cell>, SimError> {
+        let outcomes = tokio::task::block_in_place(|| probe::probe_all(tasks, self.opts.probe_timeout, self.opts.parallelism));
         if fabric::interrupted().is_some() {
+            // The namespaces went away under the probes: their outcomes mean nothing.
             return Err(SimError::Interrupted);
         }
         for (i, o) in index.into_iter().zip(outcomes) {
