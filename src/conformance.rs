@@ -256,7 +256,7 @@ impl Case {
     /// answers with `to`'s address, since a domain rule may have learned it.
     pub fn judged_offline(&self, snapshot: &crate::model::Snapshot, to: &str) -> bool {
         let Some(dns) = &self.dns else { return true };
-        let Some(key) = object_ref(to) else { return true };
+        let Some(key) = ObjectRef::parse(to) else { return true };
         let ips: Vec<std::net::IpAddr> = snapshot.pod_by_name(&key).map(|p| p.ips.clone()).unwrap_or_default();
         !dns.records.iter().any(|r| match &r.data {
             RecordData::Addresses { pod, fixed } => pod.as_ref() == Some(&key) || fixed.iter().any(|a| ips.contains(a)),
@@ -340,36 +340,29 @@ struct RawProbe {
     matrix: BTreeMap<String, String>,
 }
 
-/// `namespace/name`.
-fn object_ref(s: &str) -> Option<ObjectRef> {
-    let (ns, name) = s.split_once('/')?;
-    (!ns.is_empty() && !name.is_empty() && !name.contains('/')).then(|| ObjectRef::new(ns, name))
-}
-
-/// A DNS name as a case writes one: letters, digits, `-`, `_` and dots; lowercased, without
-/// the trailing dot.
-fn dns_name(name: &str) -> Option<String> {
-    let n = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
-    let ok = !n.is_empty()
-        && n.len() <= 253
-        && n.split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
-    ok.then_some(n)
+/// A DNS name as a case writes one, checked as policies' names are (`crate::dns::name`) but
+/// never a `*.` pattern: lowercase, without the trailing dot.
+fn dns_name(name: &str) -> Result<String, String> {
+    let p = crate::dns::DomainPattern::parse(name)?;
+    if p.is_wildcard() {
+        return Err("one name, not a pattern".into());
+    }
+    Ok(p.to_string())
 }
 
 fn parse_dns(raw: RawDns, invalid: &dyn Fn(String) -> CaseError) -> Result<DnsSpec, CaseError> {
-    let server = object_ref(&raw.server).ok_or_else(|| invalid(format!("dns.server: {:?} is not namespace/name of a pod", raw.server)))?;
+    let server =
+        ObjectRef::parse(&raw.server).ok_or_else(|| invalid(format!("dns.server: {:?} is not namespace/name of a pod", raw.server)))?;
     let mut records = Vec::new();
     for (i, r) in raw.records.into_iter().enumerate() {
         let at = format!("dns.records[{i}]");
-        let name = dns_name(&r.name).ok_or_else(|| invalid(format!("{at}.name: {:?} is not a DNS name", r.name)))?;
+        let name = dns_name(&r.name).map_err(|e| invalid(format!("{at}.name: {:?}: {e}", r.name)))?;
         let pod = match &r.pod {
             None => None,
-            Some(p) => Some(object_ref(p).ok_or_else(|| invalid(format!("{at}.pod: {p:?} is not namespace/name")))?),
+            Some(p) => Some(ObjectRef::parse(p).ok_or_else(|| invalid(format!("{at}.pod: {p:?} is not namespace/name")))?),
         };
         let data = match (r.cname, pod, r.addresses.is_empty()) {
-            (Some(c), None, true) => {
-                RecordData::Cname(dns_name(&c).ok_or_else(|| invalid(format!("{at}.cname: {c:?} is not a DNS name")))?)
-            }
+            (Some(c), None, true) => RecordData::Cname(dns_name(&c).map_err(|e| invalid(format!("{at}.cname: {c:?}: {e}")))?),
             (Some(_), _, _) => return Err(invalid(format!("{at}: a cname record takes no pod or addresses"))),
             (None, None, true) => return Err(invalid(format!("{at}: give pod, addresses or cname"))),
             (None, pod, _) => RecordData::Addresses { pod, fixed: r.addresses },
@@ -470,8 +463,8 @@ pub fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseE
                 Some(f) => Some(Family::parse(f).ok_or_else(|| invalid(format!("{at}.family: {f:?} is not IPv4 or IPv6")))?),
             };
             if let Some(host) = p.host {
-                if dns_name(&host).is_none() {
-                    return Err(invalid(format!("{at}.host: {host:?} is not a DNS name")));
+                if let Err(e) = dns_name(&host) {
+                    return Err(invalid(format!("{at}.host: {host:?}: {e}")));
                 }
                 if dns.is_none() {
                     return Err(invalid(format!("{at}.host: a probe by name needs the case's dns")));
@@ -719,6 +712,7 @@ mod tests {
         assert!(bad(&format!("name: x\n{probe}")).contains("needs the case's dns"));
         let dns = |r: &str| format!("name: x\ndns: {{server: kube-system/dns, records: [{r}]}}\nsteps: []\n");
         assert!(bad(&dns("{name: 'a b', pod: z/a}")).contains("dns.records[0].name"));
+        assert!(bad(&dns("{name: '*.a.test', pod: z/a}")).contains("dns.records[0].name: \"*.a.test\": one name, not a pattern"));
         assert!(bad(&dns("{name: a.test}")).contains("give pod, addresses or cname"));
         assert!(bad(&dns("{name: a.test, cname: b.test, pod: z/a}")).contains("a cname record takes no pod"));
         assert!(

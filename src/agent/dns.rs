@@ -26,6 +26,12 @@ use crate::netns::{self, Netns};
 use crate::render::{self, DnsSteer};
 use crate::translate::NodePolicy;
 
+/// flock-agent's defaults (`--dns-proxy-port`, `--dns-route-table`, `--dns-rule-priority`),
+/// which the simulation's agents use too.
+pub const DEFAULT_PROXY_PORT: u16 = 15053;
+pub const DEFAULT_ROUTE_TABLE: u32 = 180;
+pub const DEFAULT_RULE_PRIORITY: u32 = 90;
+
 /// What the agent's DNS proxy is configured with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DnsConfig {

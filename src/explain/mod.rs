@@ -44,10 +44,7 @@ impl End {
         if let Ok(ip) = s.parse::<IpAddr>() {
             return Ok(Self::Address(ip));
         }
-        match s.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => Ok(Self::Pod(ObjectRef::new(ns, name))),
-            _ => Err(ExplainError::BadEnd(s.to_string())),
-        }
+        ObjectRef::parse(s).map(Self::Pod).ok_or_else(|| ExplainError::BadEnd(s.to_string()))
     }
 }
 

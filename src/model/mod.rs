@@ -38,6 +38,12 @@ impl ObjectRef {
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         Self { namespace: namespace.into(), name: name.into() }
     }
+
+    /// `namespace/name`, both parts non-empty and one `/`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (ns, name) = s.split_once('/')?;
+        (!ns.is_empty() && !name.is_empty() && !name.contains('/')).then(|| Self::new(ns, name))
+    }
 }
 
 impl fmt::Display for ObjectRef {

@@ -469,6 +469,8 @@ pub fn canonical(text: &str) -> Result<String, TableError> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn durations_read_back_and_a_note_says_when_an_address_was_learned() {
         for ms in [0, 5, 12_500, 30_000, 3_600_000, 3_725_000, 90_061_001] {
@@ -487,8 +489,6 @@ mod tests {
         assert_eq!(e("30s", "12s500ms").note(), "api.example.test (learned 17s500ms ago: timeout 30s, expires in 12s500ms)");
         assert_eq!(e("30s", "bogus").note(), "api.example.test (learned: timeout 30s, expires in bogus)");
     }
-
-    use super::*;
 
     const BASE: &str =
         "table inet t {\n\tset s {\n\t\ttype ipv4_addr\n\t}\n\tchain a {\n\t\tip saddr @s accept\n\t}\n\tchain b {\n\t\tjump a\n\t}\n}\n";

@@ -106,21 +106,20 @@ pub struct SimOptions {
 impl SimOptions {
     /// The agents run their DNS proxy as flock-agent does by default (the cluster DNS —
     /// `kube-system` pods labelled `k8s-app: kube-dns` — is the trusted resolver), except
-    /// that TTLs are floored at 1 s, not 30 s, so that cases see records expire quickly.
+    /// that TTLs are floored at 1 s, not 30 s, so that cases see records expire quickly, and
+    /// a resolver gets 2 s to answer, not 5.
     pub fn with_cluster_dns(mut self) -> Self {
-        self.dns = Some(crate::agent::dns::DnsConfig {
-            port: 15053,
+        use crate::agent::dns;
+        self.dns = Some(dns::DnsConfig {
+            port: dns::DEFAULT_PROXY_PORT,
             mark: crate::render::DNS_MARK,
-            route_table: 180,
-            rule_priority: 90,
+            route_table: dns::DEFAULT_ROUTE_TABLE,
+            rule_priority: dns::DEFAULT_RULE_PRIORITY,
             resolvers: Vec::new(),
             limits: crate::dns::Limits { min_ttl: 1, ..crate::dns::Limits::default() },
             upstream_timeout: Duration::from_secs(2),
         });
-        self.translate.dns_resolvers = Some(translate::ResolverPods {
-            namespace: Some("kube-system".into()),
-            labels: [("k8s-app".to_string(), "kube-dns".to_string())].into(),
-        });
+        self.translate.dns_resolvers = Some(translate::ResolverPods::cluster_dns());
         self
     }
 
@@ -400,8 +399,7 @@ impl Sim {
         let Some(dns) = &self.opts.dns else { return "the agents run no DNS proxy".into() };
         let mut parts: Vec<String> = dns.resolvers.iter().map(ToString::to_string).collect();
         if let Some(r) = &self.opts.translate.dns_resolvers {
-            let labels: Vec<String> = r.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            parts.push(format!("pods {}/{}", r.namespace.as_deref().unwrap_or("*"), labels.join(",")));
+            parts.push(format!("pods {r}"));
         }
         if parts.is_empty() { "none".into() } else { parts.join(", ") }
     }

@@ -104,13 +104,12 @@ pub fn probe(task: &Task, timeout: Duration) -> Outcome {
     netns::run_in(&task.src, move || {
         let dst = match dst {
             Dest::Address(a) => a,
-            Dest::Name { name, v6, resolver, port } => match super::dns::lookup(&name, v6, resolver, timeout) {
-                Some(addrs) => match addrs.first() {
-                    Some(a) => SocketAddr::new(*a, port),
-                    None => return Outcome::Unresolved,
-                },
-                None => return Outcome::Unresolved,
-            },
+            Dest::Name { name, v6, resolver, port } => {
+                let Some(first) = super::dns::lookup(&name, v6, resolver, timeout).and_then(|a| a.first().copied()) else {
+                    return Outcome::Unresolved;
+                };
+                SocketAddr::new(first, port)
+            }
         };
         match proto {
             Protocol::Tcp => tcp(dst, timeout),

@@ -66,6 +66,18 @@ impl Default for Options {
     }
 }
 
+/// As `--dns-resolver-pods` takes it: `namespace/label=value[,label=value]`, `*` for every
+/// namespace.
+impl std::fmt::Display for ResolverPods {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/", self.namespace.as_deref().unwrap_or("*"))?;
+        for (i, (k, v)) in self.labels.iter().enumerate() {
+            write!(f, "{}{k}={v}", if i == 0 { "" } else { "," })?;
+        }
+        Ok(())
+    }
+}
+
 /// The pods whose DNS answers teach domain rules: the cluster DNS Service's endpoints, which
 /// in most clusters are the pods of `kube-system` labelled `k8s-app: kube-dns`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +89,11 @@ pub struct ResolverPods {
 }
 
 impl ResolverPods {
+    /// The cluster DNS Service's endpoints in most clusters: `kube-system/k8s-app=kube-dns`.
+    pub fn cluster_dns() -> Self {
+        Self { namespace: Some("kube-system".into()), labels: [("k8s-app".to_string(), "kube-dns".to_string())].into() }
+    }
+
     /// The addresses of the live pods selected, sorted.
     pub fn addresses(&self, snapshot: &Snapshot) -> Vec<IpAddr> {
         let selected = |p: &&Pod| !p.phase.is_terminal() && self.labels.iter().all(|(k, v)| p.labels.get(k) == Some(v.as_str()));

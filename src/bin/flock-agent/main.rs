@@ -139,14 +139,14 @@ struct Args {
     dns_proxy: bool,
     /// The trusted resolvers: pods as `namespace/label=value[,label=value]` (`*/…`: any
     /// namespace), by default the cluster DNS Service's endpoints in most clusters.
-    #[arg(long, env = "FLOCK_DNS_RESOLVER_PODS", default_value = "kube-system/k8s-app=kube-dns", value_parser = parse_resolver_pods)]
+    #[arg(long, env = "FLOCK_DNS_RESOLVER_PODS", default_value_t = flock::translate::ResolverPods::cluster_dns(), value_parser = parse_resolver_pods)]
     dns_resolver_pods: flock::translate::ResolverPods,
     /// More trusted resolvers, comma-separated addresses as pods reach them after the DNS
     /// Service's DNAT (not the Service's own address).
     #[arg(long, env = "FLOCK_DNS_RESOLVERS", value_delimiter = ',')]
     dns_resolvers: Vec<std::net::IpAddr>,
     /// The DNS proxy's port on the node (transparent: packets keep their addresses).
-    #[arg(long, env = "FLOCK_DNS_PROXY_PORT", default_value_t = 15053)]
+    #[arg(long, env = "FLOCK_DNS_PROXY_PORT", default_value_t = flock::agent::dns::DEFAULT_PROXY_PORT)]
     dns_proxy_port: u16,
     /// The packet mark bit of DNS on its way to the proxy (one bit; routed to the node by an
     /// ip rule on it).
@@ -154,9 +154,9 @@ struct Args {
     dns_proxy_mark: u32,
     /// The routing table (and the priority of its ip rule) that delivers marked DNS to the
     /// node itself.
-    #[arg(long, env = "FLOCK_DNS_ROUTE_TABLE", default_value_t = 180)]
+    #[arg(long, env = "FLOCK_DNS_ROUTE_TABLE", default_value_t = flock::agent::dns::DEFAULT_ROUTE_TABLE)]
     dns_route_table: u32,
-    #[arg(long, env = "FLOCK_DNS_RULE_PRIORITY", default_value_t = 90)]
+    #[arg(long, env = "FLOCK_DNS_RULE_PRIORITY", default_value_t = flock::agent::dns::DEFAULT_RULE_PRIORITY)]
     dns_rule_priority: u32,
     /// A learned address is admitted for at least this long (a shorter TTL is raised to it).
     #[arg(long, env = "FLOCK_DNS_MIN_TTL", default_value = "30s", value_parser = parse_duration)]
@@ -313,7 +313,11 @@ mod tests {
         let p = parse_resolver_pods("kube-system/k8s-app=kube-dns").unwrap();
         assert_eq!(p.namespace.as_deref(), Some("kube-system"));
         assert_eq!(p.labels.get("k8s-app").map(String::as_str), Some("kube-dns"));
+        assert_eq!(p, flock::translate::ResolverPods::cluster_dns());
         let p = parse_resolver_pods("*/app=dns,tier=infra").unwrap();
+        // What they print (the flag's default in --help, messages) reads back as the same.
+        assert_eq!(p.to_string(), "*/app=dns,tier=infra");
+        assert_eq!(parse_resolver_pods(&p.to_string()), Ok(p.clone()));
         assert_eq!((p.namespace, p.labels.len()), (None, 2));
         for bad in ["kube-dns", "/a=b", "ns/a", "ns/=b"] {
             assert!(parse_resolver_pods(bad).is_err(), "{bad}");
@@ -327,6 +331,7 @@ mod tests {
         let args = Args::try_parse_from(["flock-agent", "--node-name", "n"]).unwrap();
         assert!(args.dns_proxy && args.dns_resolvers.is_empty());
         assert_eq!((args.dns_proxy_port, args.dns_proxy_mark, args.dns_route_table), (15053, 0x80, 180));
+        assert_eq!((args.dns_rule_priority, args.dns_resolver_pods.to_string().as_str()), (90, "kube-system/k8s-app=kube-dns"));
         assert_eq!((args.dns_min_ttl, args.dns_max_ttl), (Duration::from_secs(30), Duration::from_secs(3600)));
     }
 
