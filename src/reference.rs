@@ -13,6 +13,7 @@
 //!
 //! Test support only (feature `testkit`): O(policies × pods) per flow.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -61,15 +62,67 @@ enum Dir {
 /// The verdict for `flow`. `Err` when the flow names a pod that does not exist or has no
 /// address of the family.
 pub fn evaluate(s: &Snapshot, flow: &Flow) -> Result<Verdict, String> {
-    let (src_addr, src_pod) = resolve(s, &flow.from, flow.family)?;
-    let (dst_addr, dst_pod) = resolve(s, &flow.to, flow.family)?;
-    let f = Transport { protocol: flow.protocol, port: flow.port };
-    // Each end that is a pod flock enforces applies its own direction; the other end is the
-    // peer, known by its address (and the pod that owns it, if any).
-    let egress = src_pod.filter(|p| enforced(p)).map(|p| direction(s, p, Dir::Egress, dst_addr, owner(s, dst_addr), f));
-    let ingress = dst_pod.filter(|p| enforced(p)).map(|p| direction(s, p, Dir::Ingress, src_addr, owner(s, src_addr), f));
-    let allowed = egress.as_ref().is_none_or(|e| e.0) && ingress.as_ref().is_none_or(|i| i.0);
-    Ok(Verdict { allowed, egress, ingress })
+    Evaluator::new(s).evaluate(flow)
+}
+
+/// Evaluates flows on one snapshot. The API server's rules (which policy, rule and selector
+/// is valid) are checked once per policy here, by the same functions, and their answers
+/// kept: they are what every flow asks first, and they do not depend on the flow.
+pub struct Evaluator<'s> {
+    s: &'s Snapshot,
+    valid: Validity<'s>,
+}
+
+/// Whether a policy's selector (podSelector, subject) is valid, and each of its ingress and
+/// egress rules.
+type PolicyValidity = (bool, Vec<bool>, Vec<bool>);
+
+/// What the API server's rules say of each policy of a snapshot.
+struct Validity<'s> {
+    /// NetworkPolicies by namespace and name.
+    np: BTreeMap<(&'s str, &'s str), PolicyValidity>,
+    /// ClusterNetworkPolicies by name (a rule is judged as a rule of its direction).
+    cnp: BTreeMap<&'s str, PolicyValidity>,
+}
+
+impl<'s> Evaluator<'s> {
+    pub fn new(s: &'s Snapshot) -> Self {
+        let np = s
+            .policies()
+            .map(|p| {
+                let rules = |rs: &[PolicyRule]| rs.iter().map(np_rule_valid).collect();
+                ((p.namespace.as_str(), p.name.as_str()), (selector_valid(&p.pod_selector), rules(&p.ingress), rules(&p.egress)))
+            })
+            .collect();
+        let cnp = s
+            .cluster_policies()
+            .map(|c| {
+                let rules = |rs: &[CnpRule], dir| rs.iter().map(|r| cnp_rule_valid(r, dir, &c.tier)).collect();
+                (c.name.as_str(), (subject_valid(&c.subject), rules(&c.ingress, Dir::Ingress), rules(&c.egress, Dir::Egress)))
+            })
+            .collect();
+        Self { s, valid: Validity { np, cnp } }
+    }
+
+    /// The verdict for `flow` (see [`evaluate`]).
+    pub fn evaluate(&self, flow: &Flow) -> Result<Verdict, String> {
+        let s = self.s;
+        let (src_addr, src_pod) = resolve(s, &flow.from, flow.family)?;
+        let (dst_addr, dst_pod) = resolve(s, &flow.to, flow.family)?;
+        let f = Transport { protocol: flow.protocol, port: flow.port };
+        // Each end that is a pod flock enforces applies its own direction; the other end is
+        // the peer, known by its address (and the pod that owns it, if any).
+        let egress = src_pod.filter(|p| enforced(p)).map(|p| self.direction(p, Dir::Egress, dst_addr, owner(s, dst_addr), f));
+        // What a pod's own node sends it (kubelet probes) is not policed (README, "Fail
+        // closed"): the Kubernetes documentation's limit, and flock's.
+        let from_own_node = |p: &Pod| {
+            p.node.as_deref().and_then(|n| s.node(n)).is_some_and(|n| n.addresses.contains(&src_addr) || n.internal_ips.contains(&src_addr))
+        };
+        let ingress =
+            dst_pod.filter(|p| enforced(p) && !from_own_node(p)).map(|p| self.direction(p, Dir::Ingress, src_addr, owner(s, src_addr), f));
+        let allowed = egress.as_ref().is_none_or(|e| e.0) && ingress.as_ref().is_none_or(|i| i.0);
+        Ok(Verdict { allowed, egress, ingress })
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -84,8 +137,11 @@ fn resolve<'s>(s: &'s Snapshot, end: &End, family: Family) -> Result<(IpAddr, Op
         End::Pod(key) => {
             let pod =
                 s.pods().find(|p| p.namespace == key.namespace && p.name == key.name && live(p)).ok_or(format!("no live pod {key}"))?;
+            // A host-network pod is its node: its addresses are the node's.
+            let node_ips = || pod.node.as_deref().and_then(|n| s.node(n)).map(|n| n.internal_ips.clone()).unwrap_or_default();
+            let ips = if pod.host_network && pod.ips.is_empty() { node_ips() } else { pod.ips.clone() };
             let addr =
-                pod.ips.iter().copied().find(|ip| Family::of(*ip) == family).ok_or(format!("{key} has no {} address", family.as_str()))?;
+                ips.iter().copied().find(|ip| Family::of(*ip) == family).ok_or(format!("{key} has no {} address", family.as_str()))?;
             Ok((addr, Some(pod)))
         }
     }
@@ -111,43 +167,40 @@ fn owner(s: &Snapshot, addr: IpAddr) -> Option<&Pod> {
     s.pods().filter(|p| eligible(p) && p.ips.contains(&addr)).max_by(|a, b| (a.created, &a.uid).cmp(&(b.created, &b.uid)))
 }
 
-/// What `pod` decides in `dir` about the peer at `addr` (owned by `peer`).
-fn direction(s: &Snapshot, pod: &Pod, dir: Dir, addr: IpAddr, peer: Option<&Pod>, f: Transport) -> (bool, String) {
-    let ctx = Ctx { s, pod, dir, addr, peer, f };
-    // NetworkPolicies of the pod's namespace that select it and have this direction.
-    let isolating: Vec<&NetworkPolicy> =
-        s.policies().filter(|p| p.namespace == pod.namespace && np_selects(p, pod) && np_has_direction(p, dir)).collect();
-    if dir == Dir::Egress && pod.labels.contains_key(RUN_LABEL) && isolating.is_empty() {
-        return (false, "run pod without an egress NetworkPolicy (flock's own isolation)".into());
-    }
-    match ctx.tier("Admin") {
-        Some((Action::Accept, why)) => return (true, why),
-        Some((Action::Deny, why)) => return (false, why),
-        Some((Action::Pass, _)) | None => {}
-    }
-    if !isolating.is_empty() {
-        for p in &isolating {
-            if let Some(i) = ctx.np_allows(p) {
-                return (true, format!("NetworkPolicy {}/{} rule {i}", p.namespace, p.name));
-            }
+impl Evaluator<'_> {
+    /// What `pod` decides in `dir` about the peer at `addr` (owned by `peer`).
+    fn direction(&self, pod: &Pod, dir: Dir, addr: IpAddr, peer: Option<&Pod>, f: Transport) -> (bool, String) {
+        let s = self.s;
+        let ctx = Ctx { s, valid: &self.valid, pod, dir, addr, peer, f };
+        // NetworkPolicies of the pod's namespace that select it and have this direction.
+        let isolating: Vec<&NetworkPolicy> =
+            s.policies().filter(|p| p.namespace == pod.namespace && ctx.np_selects(p) && np_has_direction(p, dir)).collect();
+        if dir == Dir::Egress && pod.labels.contains_key(RUN_LABEL) && isolating.is_empty() {
+            return (false, "run pod without an egress NetworkPolicy (flock's own isolation)".into());
         }
-        let names: Vec<String> = isolating.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect();
-        return (false, format!("isolated by {} and no rule allows it", names.join(", ")));
-    }
-    match ctx.tier("Baseline") {
-        Some((Action::Deny, why)) => (false, why),
-        Some((_, why)) => (true, why),
-        None => (true, "default: not isolated".into()),
+        match ctx.tier("Admin") {
+            Some((Action::Accept, why)) => return (true, why),
+            Some((Action::Deny, why)) => return (false, why),
+            Some((Action::Pass, _)) | None => {}
+        }
+        if !isolating.is_empty() {
+            for p in &isolating {
+                if let Some(i) = ctx.np_allows(p) {
+                    return (true, format!("NetworkPolicy {}/{} rule {i}", p.namespace, p.name));
+                }
+            }
+            let names: Vec<String> = isolating.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect();
+            return (false, format!("isolated by {} and no rule allows it", names.join(", ")));
+        }
+        match ctx.tier("Baseline") {
+            Some((Action::Deny, why)) => (false, why),
+            Some((_, why)) => (true, why),
+            None => (true, "default: not isolated".into()),
+        }
     }
 }
 
 // --- NetworkPolicy ---------------------------------------------------------------------------
-
-/// An invalid `podSelector` selects every pod of the namespace (and the policy allows
-/// nothing: see [`Ctx::np_allows`]).
-fn np_selects(p: &NetworkPolicy, pod: &Pod) -> bool {
-    !selector_valid(&p.pod_selector) || selector_matches(&p.pod_selector, &pod.labels)
-}
 
 /// `policyTypes`: absent means Ingress, plus Egress when there are egress rules; an entry
 /// that is neither Ingress nor Egress isolates both directions.
@@ -201,6 +254,7 @@ fn protocol(s: &str) -> Option<Protocol> {
 
 struct Ctx<'a> {
     s: &'a Snapshot,
+    valid: &'a Validity<'a>,
     pod: &'a Pod,
     dir: Dir,
     addr: IpAddr,
@@ -208,18 +262,41 @@ struct Ctx<'a> {
     f: Transport,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    /// `p`'s validity: its podSelector's, and its rules' in this direction.
+    fn np_valid(&self, p: &'a NetworkPolicy) -> (bool, &'a [bool]) {
+        match self.valid.np.get(&(p.namespace.as_str(), p.name.as_str())) {
+            Some((selector, ingress, egress)) => (*selector, if self.dir == Dir::Ingress { ingress } else { egress }),
+            None => (false, &[]),
+        }
+    }
+
+    /// An invalid `podSelector` selects every pod of the namespace (and the policy allows
+    /// nothing: see [`Self::np_allows`]).
+    fn np_selects(&self, p: &'a NetworkPolicy) -> bool {
+        !self.np_valid(p).0 || selector_matches(&p.pod_selector, &self.pod.labels)
+    }
+
     /// The index of the first rule of `p` that admits the flow. A policy with an invalid
     /// `podSelector` admits nothing; an invalid rule admits nothing.
-    fn np_allows(&self, p: &NetworkPolicy) -> Option<usize> {
-        if !selector_valid(&p.pod_selector) {
+    fn np_allows(&self, p: &'a NetworkPolicy) -> Option<usize> {
+        let (selector, valid) = self.np_valid(p);
+        if !selector {
             return None;
         }
         let rules = match self.dir {
             Dir::Ingress => &p.ingress,
             Dir::Egress => &p.egress,
         };
-        rules.iter().position(|r| np_rule_valid(r) && self.np_rule_matches(p, r))
+        rules.iter().enumerate().position(|(i, r)| valid.get(i).copied().unwrap_or(false) && self.np_rule_matches(p, r))
+    }
+
+    /// `c`'s validity: its subject's, and its rules' in this direction.
+    fn cnp_valid(&self, c: &'a ClusterNetworkPolicy) -> (bool, &'a [bool]) {
+        match self.valid.cnp.get(c.name.as_str()) {
+            Some((subject, ingress, egress)) => (*subject, if self.dir == Dir::Ingress { ingress } else { egress }),
+            None => (false, &[]),
+        }
     }
 
     fn np_rule_matches(&self, p: &NetworkPolicy, r: &PolicyRule) -> bool {
@@ -277,7 +354,7 @@ impl Ctx<'_> {
         let mut candidates: Vec<(Option<i64>, &ClusterNetworkPolicy, bool)> = Vec::new();
         for c in self.s.cluster_policies() {
             let placed = matches!(c.tier.as_str(), "Admin" | "Baseline") && c.priority.is_some_and(|p| (0..=1000).contains(&p));
-            let subject_ok = subject_valid(&c.subject);
+            let subject_ok = self.cnp_valid(c).0;
             let degraded = !placed || !subject_ok;
             let (its_tier, priority) = if placed { (c.tier.as_str(), c.priority) } else { ("Admin", None) };
             if its_tier != tier {
@@ -325,6 +402,7 @@ impl Ctx<'_> {
             Dir::Ingress => &c.ingress,
             Dir::Egress => &c.egress,
         };
+        let valid = self.cnp_valid(c).1;
         for (i, r) in rules.iter().enumerate() {
             let why = |a: Action| format!("ClusterNetworkPolicy {} ({}) rule {i}: {a:?}", c.name, c.tier);
             let action = match r.action.as_str() {
@@ -333,7 +411,7 @@ impl Ctx<'_> {
                 "Pass" => Action::Pass,
                 _ => return Some((Action::Deny, why(Action::Deny))),
             };
-            let readable = self.cnp_rule_valid(r);
+            let readable = valid.get(i).copied().unwrap_or(false);
             let effective = match (action, degraded) {
                 (Action::Accept, true) => continue,
                 (Action::Pass, true) => Action::Deny,
@@ -365,43 +443,6 @@ impl Ctx<'_> {
         }
     }
 
-    fn cnp_rule_valid(&self, r: &CnpRule) -> bool {
-        if r.peers.is_empty() {
-            return false;
-        }
-        let mut addresses_only = false;
-        for p in &r.peers {
-            let ok = match p {
-                CnpPeer::Namespaces(sel) => selector_valid(sel),
-                CnpPeer::Pods(p) => pods_valid(p),
-                CnpPeer::Networks(nets) => {
-                    addresses_only = true;
-                    self.dir == Dir::Egress && !nets.is_empty() && nets.iter().all(|n| cidr(n).is_some())
-                }
-                CnpPeer::Nodes(sel) => {
-                    addresses_only = true;
-                    self.dir == Dir::Egress && selector_valid(sel)
-                }
-                // Not supported yet (a later issue): fail closed.
-                CnpPeer::DomainNames(_) | CnpPeer::Invalid(_) => false,
-            };
-            if !ok {
-                return false;
-            }
-        }
-        match &r.protocols {
-            None => true,
-            Some(list) => {
-                !list.is_empty()
-                    && list.iter().all(|p| match p {
-                        CnpProtocol::Tcp(port) | CnpProtocol::Udp(port) | CnpProtocol::Sctp(port) => port_range(port).is_some(),
-                        CnpProtocol::NamedPort(name) => !addresses_only && port_name_valid(name),
-                        CnpProtocol::Invalid(_) => false,
-                    })
-            }
-        }
-    }
-
     fn cnp_rule_matches(&self, r: &CnpRule) -> bool {
         let peer_ok = r.peers.iter().any(|p| self.cnp_peer_matches(p));
         let port_ok = match &r.protocols {
@@ -428,6 +469,8 @@ impl Ctx<'_> {
             }),
             CnpPeer::Networks(nets) => nets.iter().filter_map(|n| cidr(n)).any(|n| n.contains(&self.addr)),
             CnpPeer::Nodes(sel) => self.s.nodes().any(|n| selector_matches(sel, &n.labels) && n.addresses.contains(&self.addr)),
+            // The addresses a domain name stands for come from DNS answers at run time: none
+            // here (the ruleset's sets start empty too).
             CnpPeer::DomainNames(_) | CnpPeer::Invalid(_) => false,
         }
     }
@@ -446,6 +489,50 @@ enum Action {
     Accept,
     Deny,
     Pass,
+}
+
+/// Whether a ClusterNetworkPolicy rule of direction `dir`, in a policy of tier `tier`, is
+/// one flock can read.
+fn cnp_rule_valid(r: &CnpRule, dir: Dir, tier: &str) -> bool {
+    if r.peers.is_empty() {
+        return false;
+    }
+    let mut addresses_only = false;
+    for p in &r.peers {
+        let ok = match p {
+            CnpPeer::Namespaces(sel) => selector_valid(sel),
+            CnpPeer::Pods(p) => pods_valid(p),
+            CnpPeer::Networks(nets) => {
+                addresses_only = true;
+                dir == Dir::Egress && !nets.is_empty() && nets.iter().all(|n| cidr(n).is_some())
+            }
+            CnpPeer::Nodes(sel) => {
+                addresses_only = true;
+                dir == Dir::Egress && selector_valid(sel)
+            }
+            // NPEP-133: egress only; flock reads them in Accept rules of the Admin tier
+            // alone (README, "Egress by domain name"), anything else fails closed.
+            CnpPeer::DomainNames(names) => {
+                addresses_only = true;
+                dir == Dir::Egress && tier == "Admin" && r.action == "Accept" && !names.is_empty() && names.iter().all(|n| domain_name(n))
+            }
+            CnpPeer::Invalid(_) => false,
+        };
+        if !ok {
+            return false;
+        }
+    }
+    match &r.protocols {
+        None => true,
+        Some(list) => {
+            !list.is_empty()
+                && list.iter().all(|p| match p {
+                    CnpProtocol::Tcp(port) | CnpProtocol::Udp(port) | CnpProtocol::Sctp(port) => port_range(port).is_some(),
+                    CnpProtocol::NamedPort(name) => !addresses_only && port_name_valid(name),
+                    CnpProtocol::Invalid(_) => false,
+                })
+        }
+    }
 }
 
 fn subject_valid(s: &CnpSubject) -> bool {
@@ -487,6 +574,23 @@ fn cidr(s: &str) -> Option<IpNet> {
         return None;
     }
     IpNet::new(addr, len).ok()
+}
+
+/// network-policy-api's `DomainName`:
+/// `^(\*\.)?([a-zA-z0-9]([-a-zA-Z0-9_]*[a-zA-Z0-9])?\.)+[a-zA-z0-9]([-a-zA-Z0-9_]*[a-zA-Z0-9])?\.?$`
+/// (at most 253 characters; each label at most 63, as DNS has them).
+fn domain_name(s: &str) -> bool {
+    let rest = s.strip_prefix("*.").unwrap_or(s);
+    let rest = rest.strip_suffix('.').unwrap_or(rest);
+    let label = |l: &str| {
+        let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        (1..=63).contains(&l.len())
+            && alnum(l.chars().next())
+            && alnum(l.chars().last())
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    let labels: Vec<&str> = rest.split('.').collect();
+    s.len() <= 253 && labels.len() >= 2 && labels.iter().all(|l| label(l))
 }
 
 /// `IsValidPortName`: an IANA service name.
@@ -573,5 +677,7 @@ mod tests {
         assert!(port_name_valid("http") && port_name_valid("serve-80-tcp") && !port_name_valid("80") && !port_name_valid("a--b"));
         assert_eq!(cidr("198.18.1.7/24"), Some("198.18.1.7/24".parse().unwrap()));
         assert!(cidr("198.18.1.0").is_none() && cidr("::ffff:198.18.0.0/112").is_none() && cidr("198.18.0.0/33").is_none());
+        assert!(domain_name("example.com") && domain_name("*.Example.com.") && domain_name("a_b.example.com"));
+        assert!(!domain_name("com") && !domain_name("*.*.example.com") && !domain_name("-a.example.com") && !domain_name("*.com."));
     }
 }

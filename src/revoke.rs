@@ -16,8 +16,10 @@
 //!
 //! Pure like the translator (checked by `tests/purity.rs`).
 //!
-//! Connections to or from the node's own addresses are not forwarded and the ruleset (hook
-//! `forward`) does not police them: they are left alone.
+//! Connections a local pod opened to the node's own addresses are judged like any other (hook
+//! `input` sends their packets through the pod's egress policy, and stops marked ones);
+//! connections the node opened (kubelet probes, to its pods or anywhere) are not policed and
+//! are left alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -69,7 +71,8 @@ pub struct Judge<'a> {
 }
 
 impl<'a> Judge<'a> {
-    /// `node_addrs`: the node's own addresses (its namespace's, not its pods').
+    /// `node_addrs`: the node's own addresses (its namespace's, not its pods'): connections
+    /// from them are the node's, which policy does not judge.
     pub fn new(np: &'a NodePolicy, node_addrs: &'a BTreeSet<IpAddr>) -> Self {
         let local = np.endpoints.iter().flat_map(|e| e.addrs.iter().map(move |a| (*a, e))).collect();
         Self { np, local, node_addrs }
@@ -83,7 +86,7 @@ impl<'a> Judge<'a> {
     /// The ends this node polices: (the local pod's policy, its direction, the peer), egress
     /// first as in the data path.
     fn ends(&self, flow: &Tuple) -> impl Iterator<Item = (&'a EndpointPolicy, Direction, IpAddr)> + use<'a, '_> {
-        let policed = !(self.node_addrs.contains(&flow.src) || self.node_addrs.contains(&flow.dst));
+        let policed = !self.node_addrs.contains(&flow.src);
         let ends = [(flow.src, Direction::Egress, flow.dst), (flow.dst, Direction::Ingress, flow.src)];
         ends.into_iter().filter(move |_| policed).filter_map(|(at, dir, peer)| self.local.get(&at).map(|ep| (*ep, dir, peer)))
     }
@@ -235,9 +238,29 @@ spec:
         assert!(judge.judge(&flow(xb, xa, 17, 80)).is_some());
         // x/a's egress is not isolated.
         assert_eq!(judge.judge(&flow(xa, yb, 6, 81)), None);
-        // The node's own address as an end: not forwarded, not policed.
+        // The node's own address as the source: what the node sends is not policed.
         let own: BTreeSet<IpAddr> = [xb].into();
         assert_eq!(Judge::new(&np, &own).judge(&flow(xb, xa, 6, 81)), None);
+    }
+
+    /// A pod's connection to its own node is judged by the pod's egress, as its packets are
+    /// (hook `input`); the node's connection to the pod (a kubelet probe) is not policed.
+    #[test]
+    fn a_pods_connections_to_its_own_node_are_judged_the_nodes_to_it_are_not() {
+        let mut s = testkit::base_cluster();
+        let deny = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny-all, namespace: x}\nspec: {podSelector: {}, policyTypes: [Ingress, Egress]}\n";
+        for p in testkit::policies(deny) {
+            s.upsert_policy(p);
+        }
+        let node = s.pod_by_name(&testkit::pod_ref("x/a")).and_then(|p| p.node.clone()).expect("x/a has a node");
+        let node_ip = s.node(&node).and_then(|n| n.internal_ips.first().copied()).expect("the node's InternalIP");
+        let np = translate(&s, &s.derived_endpoints(&node), &Options::default());
+        let own: BTreeSet<IpAddr> = [node_ip].into();
+        let judge = Judge::new(&np, &own);
+        let xa = ip(&s, "x/a");
+        let r = judge.judge(&flow(xa, node_ip, 6, 10250)).expect("x/a's egress denies its node's kubelet port");
+        assert_eq!((r.why.pod.as_str(), r.why.direction), ("x/a", Direction::Egress));
+        assert_eq!(judge.judge(&flow(node_ip, xa, 6, 80)), None, "a kubelet probe is never revoked");
     }
 
     #[test]

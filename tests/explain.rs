@@ -31,8 +31,15 @@ fn cells(base: &Snapshot, cases: &[PathBuf]) -> (usize, usize, Vec<String>) {
             let mut explainer = Explainer::new(&s, flock::translate::Options::default());
             let shapes = [RenderOptions::default(), RenderOptions { peer_classes_from: 0, ..RenderOptions::DEFAULT }];
             let clusters: Vec<TracedCluster> = shapes.iter().map(|o| TracedCluster::build_with(&s, o)).collect();
-            let live: Vec<(String, LiveTable)> =
-                clusters[0].texts.iter().map(|(node, text)| (node.clone(), LiveTable::parse(&listing(text)).unwrap())).collect();
+            // Each node's table, knowing the node's own addresses as the agent's node does.
+            let live: Vec<(String, LiveTable)> = clusters[0]
+                .texts
+                .iter()
+                .map(|(node, text)| {
+                    let own = clusters[0].node_addrs.get(node).cloned().unwrap_or_default();
+                    (node.clone(), LiveTable::parse(&listing(text)).unwrap().with_node_addresses(own))
+                })
+                .collect();
             for probe in &step.probes {
                 for from in &probe.order {
                     for to in &probe.order {
@@ -57,17 +64,17 @@ fn cells(base: &Snapshot, cases: &[PathBuf]) -> (usize, usize, Vec<String>) {
                                 bad.push(format!("{cell}: tracer {traced}, explain:\n{}", explain::to_text(&e)));
                             }
                         }
-                        // Live, on the source's node then (if elsewhere) the destination's.
-                        let node_of = |pod: &Option<String>| e_node(pod, &e);
+                        // Live, on the source's node then (if elsewhere) the destination's:
+                        // the nodes enforcing an end (a host-network pod is its node, which
+                        // enforces nothing for it).
                         let mut live_allowed = true;
-                        let mut nodes = vec![node_of(&e.from.pod)];
-                        if node_of(&e.to.pod) != nodes[0] {
-                            nodes.push(node_of(&e.to.pod));
-                        }
+                        let mut nodes: Vec<String> = [&e.from.node, &e.to.node].into_iter().flatten().cloned().collect();
+                        nodes.dedup();
+                        assert!(!nodes.is_empty(), "{} step {i}: no end of {from} -> {to} is enforced", case.dir_name);
                         for node in nodes {
                             let table = &live.iter().find(|(n, _)| *n == node).unwrap().1;
                             // A pod on this node by name, the other end (maybe named by no
-                            // element here) by address.
+                            // element here) and host-network pods by address.
                             let end = |pod: &str, info: &explain::EndInfo| {
                                 if info.node.as_deref() == Some(node.as_str()) {
                                     End::Pod(pod_ref(pod))
@@ -101,10 +108,6 @@ fn cells(base: &Snapshot, cases: &[PathBuf]) -> (usize, usize, Vec<String>) {
         }
     }
     (n, named, bad)
-}
-
-fn e_node(pod: &Option<String>, e: &explain::Explanation) -> String {
-    if pod == &e.from.pod { e.from.node.clone().unwrap() } else { e.to.node.clone().unwrap() }
 }
 
 /// The render as nft lists it back (`nft -s list table inet flock`): the in-memory nft's

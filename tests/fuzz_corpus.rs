@@ -89,6 +89,16 @@ fn corpora_pass_their_targets_checks_and_every_render_loads_in_the_kernel() {
     eprintln!("nft -c accepted all {} distinct renders", renders.len());
 }
 
+/// Found by `cargo fuzz run pipeline` (issue #38): the structure check expected a set's flags
+/// to be `interval` or none, and domain rules render timed sets (`flags timeout`). The input
+/// renders one; the replay above runs it through the whole check.
+#[test]
+fn repro_timed_set_renders_a_timed_set_and_passes_the_check() {
+    let data = std::fs::read(fuzz_dir().join("corpus/pipeline/repro-timed-set")).unwrap();
+    let texts = fuzzing::pipeline_full(&data);
+    assert!(texts.iter().any(|t| t.contains("\t\tflags timeout\n")), "the repro no longer renders a timed set:\n{texts:?}");
+}
+
 /// Writes seed inputs to `fuzz/target/seeds/<target>/` (not committed): the conformance
 /// cases and the quickstart as manifests, each base cluster for the structured targets.
 /// Run `cargo test --test fuzz_corpus -- --ignored write_seeds`, then give the directory to

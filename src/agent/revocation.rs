@@ -54,7 +54,7 @@ pub struct Swept {
 /// table enforces (a newer commit: its own sweep follows), when nothing is changed.
 pub fn sweep(netns: &Netns, np: &NodePolicy, bit: u32, current: &(dyn Fn() -> bool + Sync)) -> Result<Swept, SweepError> {
     netns::run_in(netns, || {
-        let node = node_addresses()?;
+        let node = node_addresses().map_err(SweepError::Addresses)?;
         let mut socket = ConntrackSocket::open()?;
         let dump = socket.dump()?;
         let judge = Judge::new(np, &node);
@@ -85,10 +85,10 @@ pub fn sweep(netns: &Netns, np: &NodePolicy, bit: u32, current: &(dyn Fn() -> bo
     })?
 }
 
-/// The addresses of the calling thread's network namespace (connections from or to them are
-/// not forwarded: the ruleset does not police them).
-fn node_addresses() -> Result<BTreeSet<IpAddr>, SweepError> {
-    let addrs = nix::ifaddrs::getifaddrs().map_err(SweepError::Addresses)?;
+/// The addresses of the calling thread's network namespace, on every interface: the node's
+/// own (what it sends is not policed; what a pod sends them meets hook `input`).
+pub fn node_addresses() -> nix::Result<BTreeSet<IpAddr>> {
+    let addrs = nix::ifaddrs::getifaddrs()?;
     Ok(addrs
         .filter_map(|i| i.address)
         .filter_map(|a| a.as_sockaddr_in().map(|s| IpAddr::V4(s.ip())).or_else(|| a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip()))))

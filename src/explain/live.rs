@@ -7,7 +7,10 @@
 //! and address, commented `namespace/name`), a remote pod by any element keyed by its
 //! address and commented with its name (peer sets hold every pod a policy names), anything
 //! else by address. Only this node's part of the flow is judged: egress when the source is
-//! local, ingress when the destination is.
+//! local, ingress when the destination is. With the node's own addresses
+//! ([`LiveTable::with_node_addresses`]), a local pod's flow to one of them is traced through
+//! hook `input` (its egress policy judges it there), and a flow from one of them to a local
+//! pod is the node's own, which flock does not police.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -19,7 +22,9 @@ use crate::conformance::Family;
 use crate::model::Protocol;
 use crate::nft::table::{Ruleset, Table};
 use crate::nft::trace::{self, Ct, L4, Packet};
-use crate::render::{AUDIT_BASE_CHAIN, BASE_CHAIN, EGRESS_ALLOWED, FROM_PODS, POD_ADDRS_V4, POD_ADDRS_V6, TO_PODS};
+use crate::render::{
+    AUDIT_BASE_CHAIN, AUDIT_INPUT_CHAIN, BASE_CHAIN, EGRESS_ALLOWED, FROM_PODS, INPUT_CHAIN, POD_ADDRS_V4, POD_ADDRS_V6, TO_PODS,
+};
 
 /// The interface name traced packets use for the node's uplink: anything that is not a pod
 /// interface (`flk*`).
@@ -100,6 +105,9 @@ pub struct LiveExplanation {
     /// the packet would be denied by, which log it (empty: the audited policies allow it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit: Option<Vec<TracedRule>>,
+    /// Why nothing on this node judges the flow, when nothing does (the node's own traffic).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// An end as the table knows it.
@@ -117,6 +125,8 @@ pub struct LiveTable {
     local: BTreeMap<String, (String, Vec<IpAddr>)>,
     /// Pods named by elements: name → addresses.
     named: BTreeMap<String, Vec<IpAddr>>,
+    /// The node's own addresses (none known: every address is another host's).
+    node: Vec<IpAddr>,
 }
 
 impl LiveTable {
@@ -162,7 +172,14 @@ impl LiveTable {
                 }
             }
         }
-        Ok(Self { table, local, named })
+        Ok(Self { table, local, named, node: Vec::new() })
+    }
+
+    /// The node's own addresses, on every interface (`revocation::node_addresses` on the
+    /// node): a local pod's packet to one of them meets hook `input`, not `forward`.
+    pub fn with_node_addresses(mut self, addrs: impl IntoIterator<Item = IpAddr>) -> Self {
+        self.node = addrs.into_iter().collect();
+        self
     }
 
     /// The local pod owning `ip`.
@@ -216,6 +233,28 @@ impl LiveTable {
         if from_if.is_none() && to_if.is_none() {
             return Err(LiveError::NotLocal { from: describe(&from_pod, &from_ips), to: describe(&to_pod, &to_ips) });
         }
+        let from = LiveEnd { pod: from_pod, address: src, interface: from_if.clone() };
+        let to = LiveEnd { pod: to_pod, address: dst, interface: to_if.clone() };
+        let (protocol, port, family_name) = (query.protocol.as_k8s(), query.port, family.as_str());
+        if self.node.contains(&src) {
+            let note = format!("{src} is this node's own address: what the node sends its pods (kubelet probes) is not policed");
+            return Ok(LiveExplanation {
+                verdict: Verdict::Allow,
+                from,
+                to,
+                protocol,
+                port,
+                family: family_name,
+                egress: None,
+                ingress: None,
+                path: Vec::new(),
+                audit: None,
+                note: Some(note),
+            });
+        }
+        // A local pod's packet to the node itself goes through hook `input`.
+        let to_node = from_if.is_some() && self.node.contains(&dst);
+        let (base, audit_base) = if to_node { (INPUT_CHAIN, AUDIT_INPUT_CHAIN) } else { (BASE_CHAIN, AUDIT_BASE_CHAIN) };
         let l4 = match query.protocol {
             Protocol::Tcp => L4::Tcp,
             Protocol::Udp => L4::Udp,
@@ -223,15 +262,16 @@ impl LiveTable {
         };
         let pkt = Packet {
             iif: from_if.clone().unwrap_or_else(|| UPLINK.to_string()),
-            oif: to_if.clone().unwrap_or_else(|| UPLINK.to_string()),
+            oif: if to_node { String::new() } else { to_if.clone().unwrap_or_else(|| UPLINK.to_string()) },
             src,
             dst,
             l4,
             dport: query.port,
             ct: Ct::New,
         };
+        let tracer = trace::Tracer::new(&self.table);
         let traced = |base: &str| -> Result<(trace::Verdict, Vec<TracedRule>), LiveError> {
-            let t = trace::trace(&self.table, base, &pkt).map_err(|e| LiveError::Trace(e.to_string()))?;
+            let t = tracer.trace(base, &pkt).map_err(|e| LiveError::Trace(e.to_string()))?;
             let path = t
                 .path
                 .into_iter()
@@ -244,11 +284,11 @@ impl LiveTable {
                 .collect();
             Ok((t.verdict, path))
         };
-        let (verdict, path) = traced(BASE_CHAIN)?;
-        let audit = match self.table.chains.contains_key(AUDIT_BASE_CHAIN) {
-            true => Some(
-                traced(AUDIT_BASE_CHAIN)?.1.into_iter().filter(|r| r.chain.starts_with("audit-") && r.chain.contains("-log-")).collect(),
-            ),
+        let (verdict, path) = traced(base)?;
+        let audit = match self.table.chains.contains_key(audit_base) {
+            true => {
+                Some(traced(audit_base)?.1.into_iter().filter(|r| r.chain.starts_with("audit-") && r.chain.contains("-log-")).collect())
+            }
             false => None,
         };
         let verdict = if verdict == trace::Verdict::Accept { Verdict::Allow } else { Verdict::Deny };
@@ -264,18 +304,8 @@ impl LiveTable {
             verdict,
             rules: path.iter().filter(|r| r.chain == TO_PODS || r.chain.starts_with("ingress-")).cloned().collect(),
         });
-        Ok(LiveExplanation {
-            verdict,
-            from: LiveEnd { pod: from_pod, address: src, interface: from_if },
-            to: LiveEnd { pod: to_pod, address: dst, interface: to_if },
-            protocol: query.protocol.as_k8s(),
-            port: query.port,
-            family: family.as_str(),
-            egress,
-            ingress,
-            path,
-            audit,
-        })
+        let note = to_node.then(|| format!("{dst} is this node's own address: the source's egress policy decides (hook input)"));
+        Ok(LiveExplanation { verdict, from, to, protocol, port, family: family_name, egress, ingress, path, audit, note })
     }
 }
 
@@ -295,10 +325,19 @@ pub fn to_text(e: &LiveExplanation) -> String {
     let end = |x: &LiveEnd| x.pod.clone().map_or_else(|| x.address.to_string(), |p| format!("{p} ({})", x.address));
     let mut s = String::new();
     let _ = writeln!(s, "{} on this node: {}/{} {}: {} -> {}", e.verdict, e.protocol, e.port, e.family, end(&e.from), end(&e.to));
+    if let Some(note) = &e.note {
+        let _ = writeln!(s, "  {note}");
+        if e.path.is_empty() {
+            return s;
+        }
+    }
     for (name, d, other) in [("egress", &e.egress, "the source's node"), ("ingress", &e.ingress, "the destination's node")] {
         match d {
             None if name == "ingress" && e.to.interface.is_some() => {
                 let _ = writeln!(s, "  ingress: not reached (egress denied)");
+            }
+            None if name == "ingress" && e.note.is_some() => {
+                let _ = writeln!(s, "  ingress: none (the destination is the node itself)");
             }
             None => {
                 let _ = writeln!(s, "  {name}: judged on {other}, not here");

@@ -290,6 +290,14 @@ impl<'a> Explainer<'a> {
             return (info, not_enforced(why));
         };
         let snapshot = self.snapshot;
+        if dir == Direction::Ingress && snapshot.node(node).is_some_and(|n| n.addresses.contains(&peer) || n.internal_ips.contains(&peer)) {
+            let info = EndInfo { pod: Some(pod.key().to_string()), address, node: Some(node.to_string()), interface: None };
+            let why = format!(
+                "{peer} is an address of {}'s own node {node}: what a node sends its pods (kubelet probes) is not policed",
+                pod.key()
+            );
+            return (info, not_enforced(why));
+        }
         let options = &self.options;
         let np = self
             .nodes
@@ -319,6 +327,9 @@ impl<'a> Explainer<'a> {
 struct Resolved<'a> {
     pod: Option<&'a Pod>,
     address: Option<IpAddr>,
+    /// A host-network pod is its node: the node's InternalIPs stand for the addresses its
+    /// status does not give.
+    node_ips: Vec<IpAddr>,
 }
 
 impl Resolved<'_> {
@@ -327,8 +338,8 @@ impl Resolved<'_> {
             return Ok(a);
         }
         let pod = self.pod.map_or_else(|| ObjectRef::new("", ""), Pod::key);
-        let pod_ips = self.pod.map(|p| p.ips.as_slice()).unwrap_or_default();
-        pod_ips.iter().copied().find(|ip| Family::of(*ip) == family).ok_or(ExplainError::NoAddress { pod, family: family.as_str() })
+        let ips = self.pod.map(|p| p.ips.as_slice()).filter(|ips| !ips.is_empty()).unwrap_or(&self.node_ips);
+        ips.iter().copied().find(|ip| Family::of(*ip) == family).ok_or(ExplainError::NoAddress { pod, family: family.as_str() })
     }
 
     fn describe(&self) -> String {
@@ -343,11 +354,16 @@ impl Resolved<'_> {
 fn resolve<'a>(snapshot: &'a Snapshot, end: &End) -> Result<Resolved<'a>, ExplainError> {
     match end {
         End::Pod(key) => {
-            snapshot.pod_by_name(key).map(|p| Resolved { pod: Some(p), address: None }).ok_or(ExplainError::NoPod(key.clone()))
+            let pod = snapshot.pod_by_name(key).ok_or(ExplainError::NoPod(key.clone()))?;
+            let node_ips = match (pod.host_network, pod.node.as_deref().and_then(|n| snapshot.node(n))) {
+                (true, Some(n)) => n.internal_ips.clone(),
+                _ => Vec::new(),
+            };
+            Ok(Resolved { pod: Some(pod), address: None, node_ips })
         }
         // An address a live pod owns is that pod (of two claiming it, the newer: see
         // `translate::Addresses`).
-        End::Address(ip) => Ok(Resolved { pod: snapshot.peer_owning(ip), address: Some(*ip) }),
+        End::Address(ip) => Ok(Resolved { pod: snapshot.peer_owning(ip), address: Some(*ip), node_ips: Vec::new() }),
     }
 }
 

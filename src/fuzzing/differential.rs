@@ -533,8 +533,9 @@ pub fn compare_with(s: &Snapshot, enforced: &Snapshot) -> Result<Comparison, Str
     // `flockctl explain` reads the enforced cluster's translation: it must give the
     // pipeline's verdict for every flow too.
     let mut explainer = crate::explain::Explainer::new(enforced, crate::translate::Options::default());
+    let reference = reference::Evaluator::new(s);
     let mut check = |flow: Flow, pipeline: Result<bool, String>| -> Result<(), String> {
-        let verdict = reference::evaluate(s, &flow)?;
+        let verdict = reference.evaluate(&flow)?;
         let pipeline = pipeline?;
         out.flows += 1;
         let end = |e: &End| match e {

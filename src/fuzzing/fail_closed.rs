@@ -35,8 +35,7 @@ use crate::model::{
     IpBlock, LabelSelector, LabelSelectorRequirement, Labels, NetworkPolicy, ObjectRef, PolicyPeer, PolicyPort, PolicyRule, PortRef,
     Protocol, Snapshot,
 };
-use crate::nft::Table;
-use crate::nft::trace::{Ct, L4, Packet, Verdict, trace};
+use crate::nft::trace::{Ct, L4, Packet, Tracer, Verdict};
 use crate::translate::{self, Direction, Isolation, NodePolicy};
 
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];
@@ -476,7 +475,8 @@ impl FailClosedInput {
 /// One snapshot through the whole pure pipeline, every node: what the translator decided and
 /// the in-memory nft tables the tracer reads.
 pub struct Enforced {
-    pub nodes: BTreeMap<String, (NodePolicy, Table)>,
+    /// Each node's translation and its table, compiled for tracing.
+    pub nodes: BTreeMap<String, (NodePolicy, Tracer)>,
     /// Pod (`namespace/name`) → (node, interface, addresses).
     pub pods: BTreeMap<String, (String, String, Vec<IpAddr>)>,
     /// The rendered texts (for `nft -c` in the corpus replay).
@@ -504,7 +504,7 @@ impl Enforced {
                 pods.insert(ep.pod.to_string(), (node.clone(), ep.interface.clone(), ep.addrs.clone()));
             }
             texts.push(rs.to_text());
-            nodes.insert(node, (np, table));
+            nodes.insert(node, (np, Tracer::new(&table)));
         }
         Self { nodes, pods, texts }
     }
@@ -540,8 +540,7 @@ impl Enforced {
             Direction::Egress => Packet { iif: iface.clone(), oif: uplink, src: own, dst: peer, l4, dport: port, ct: Ct::New },
             Direction::Ingress => Packet { iif: uplink, oif: iface.clone(), src: peer, dst: own, l4, dport: port, ct: Ct::New },
         };
-        let table = &self.nodes[node].1;
-        match trace(table, crate::render::BASE_CHAIN, &pkt) {
+        match self.nodes[node].1.trace(crate::render::BASE_CHAIN, &pkt) {
             Ok(t) => t.verdict == Verdict::Accept,
             Err(e) => panic!("node {node}: {e}"),
         }

@@ -594,8 +594,7 @@ pub fn check_parsed(rs: &Ruleset, parsed: &NftRuleset) -> Result<(), String> {
                 if p.kind.to_string() != o.keyword() || p.spec.type_ != type_ {
                     return Err(format!("{} {name}: parsed as {} of type {:?}", o.keyword(), p.kind, p.spec.type_));
                 }
-                let flags: &[&str] = if s.interval { &["interval"] } else { &[] };
-                if p.spec.flags != flags || p.spec.comment.as_deref() != Some(s.comment.as_str()) {
+                if !p.spec.flags.iter().map(String::as_str).eq(s.flags()) || p.spec.comment.as_deref() != Some(s.comment.as_str()) {
                     return Err(format!("set {name}: flags {:?}, comment {:?}", p.spec.flags, p.spec.comment));
                 }
                 if p.elements.len() != s.elements.len() {

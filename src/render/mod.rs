@@ -57,6 +57,10 @@ use peers::PeerPlan;
 
 /// The base chain and the static objects (names are part of flock's contract with operators).
 pub const BASE_CHAIN: &str = "forward";
+/// The base chain of packets to the node's own addresses (hook `input`), and where it sends
+/// those of local pods: their egress policy judges them as it judges forwarded ones.
+pub const INPUT_CHAIN: &str = "input";
+pub const TO_NODE: &str = "to-node";
 pub const FROM_PODS: &str = "from-pods";
 pub const TO_PODS: &str = "to-pods";
 pub const POD_ADDRS_V4: &str = "pod-addrs-v4";
@@ -69,6 +73,7 @@ pub const EGRESS_ALLOWED: &str = "egress-allowed";
 /// The audit mode's counterparts of the dispatch chains and maps, and its base chain
 /// (before the enforcing one: it never drops).
 pub const AUDIT_BASE_CHAIN: &str = "audit";
+pub const AUDIT_INPUT_CHAIN: &str = "audit-input";
 pub const AUDIT_FROM_PODS: &str = "audit-from-pods";
 pub const AUDIT_TO_PODS: &str = "audit-to-pods";
 pub const AUDIT_EGRESS_ALLOWED: &str = "audit-egress-allowed";
@@ -186,11 +191,8 @@ impl Object {
             }
             Self::Set(set) => {
                 let _ = write!(s, "type {}; ", set.type_text());
-                if set.interval {
-                    s.push_str("flags interval; ");
-                }
-                if set.timeout {
-                    s.push_str("flags timeout; ");
+                if let Some(flags) = set.flags_text() {
+                    let _ = write!(s, "flags {flags}; ");
                 }
                 let _ = write!(s, "comment \"{}\"; ", set.comment);
             }
@@ -201,6 +203,19 @@ impl Object {
 }
 
 impl Set {
+    /// The set's flags as nft writes them (`flags interval`, `flags timeout`), in order: the
+    /// one list the text writers and the fuzz checks of a parsed render share.
+    pub fn flags(&self) -> impl Iterator<Item = &'static str> {
+        [(self.interval, "interval"), (self.timeout, "timeout")].into_iter().filter_map(|(on, flag)| on.then_some(flag))
+    }
+
+    /// The flags in one statement (`interval,timeout`), as `nft list` prints them: a second
+    /// `flags` statement would replace the first, not add to it.
+    fn flags_text(&self) -> Option<String> {
+        let flags: Vec<&str> = self.flags().collect();
+        (!flags.is_empty()).then(|| flags.join(","))
+    }
+
     fn type_text(&self) -> String {
         let key = self.key.join(" . ");
         match self.data {
@@ -271,11 +286,8 @@ impl Ruleset {
 fn write_set(out: &mut String, keyword: &str, s: &Set) {
     let _ = writeln!(out, "\t{keyword} {} {{", s.name);
     let _ = writeln!(out, "\t\ttype {}", s.type_text());
-    if s.interval {
-        out.push_str("\t\tflags interval\n");
-    }
-    if s.timeout {
-        out.push_str("\t\tflags timeout\n");
+    if let Some(flags) = s.flags_text() {
+        let _ = writeln!(out, "\t\tflags {flags}");
     }
     let _ = writeln!(out, "\t\tcomment \"{}\"", s.comment);
     for (i, e) in s.elements.iter().enumerate() {
@@ -707,7 +719,8 @@ impl RenderCache {
         objects.extend(sets.into_iter().map(Object::Set));
         // Each object after those it refers to: ingress chains, their map, to-pods; then
         // egress-allowed (which goes to to-pods), egress chains, their map, from-pods, forward.
-        let ([from_pods, to_pods, forward], shared_denials) = skeleton(self.options.log, self.options.revoked);
+        let dns_mark = self.options.dns.as_ref().map(|d| d.mark);
+        let ([from_pods, to_pods, forward, to_node, input], shared_denials) = skeleton(self.options.log, self.options.revoked, dns_mark);
         objects.extend(shared_denials.into_iter().map(Object::Chain));
         let flatten = |mut v: Vec<EndpointChains>| {
             v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -784,6 +797,8 @@ impl RenderCache {
         }
         objects.push(Object::Chain(from_pods));
         objects.push(Object::Chain(forward));
+        objects.push(Object::Chain(to_node));
+        objects.push(Object::Chain(input));
         if auditing {
             objects.push(Object::Chain(Chain {
                 name: AUDIT_FROM_PODS.into(),
@@ -806,6 +821,17 @@ impl RenderCache {
                     format!("iifname \"{POD_INTERFACES}\" jump {AUDIT_FROM_PODS}"),
                     format!("oifname \"{POD_INTERFACES}\" goto {AUDIT_TO_PODS}"),
                 ],
+            }));
+            let mut rules = link_local();
+            rules.push("ct state established,related accept".to_string());
+            rules.extend(steered_dns(dns_mark));
+            rules.push(format!("iifname \"{POD_INTERFACES}\" goto {AUDIT_FROM_PODS}"));
+            objects.push(Object::Chain(Chain {
+                name: AUDIT_INPUT_CHAIN.into(),
+                comment: "audit mode, before input: what audited policies would deny of pods' packets to this node is logged and accepted; input decides"
+                    .into(),
+                hook: Some(Hook { type_: "filter", hook: "input", priority: "filter - 1", policy: "accept" }),
+                rules,
             }));
         }
         if let Some(dns) = &self.options.dns {
@@ -1043,9 +1069,43 @@ pub fn revoked_rule(bit: u32) -> String {
     format!("ct mark & {bit:#010x} == {bit:#010x} counter goto {REVOKED} comment \"connection revoked: the policy in force denies it\"")
 }
 
-/// The static chains: dispatch (from-pods, to-pods) and the base chain; and the chains
-/// where what they deny goes (logged, with logging; and revoked connections).
-fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>) -> ([Chain; 3], Vec<Chain>) {
+/// What a pod sends the node to find its gateway and take part in multicast on its link,
+/// which no policy judges: IPv6 neighbour discovery and multicast listener reports (from
+/// link-local or unspecified sources, which the source check would take for spoofed, and
+/// which conntrack may call invalid). First in the chains of packets to the node.
+fn link_local() -> Vec<String> {
+    ICMPV6_LINK
+        .iter()
+        .map(|t| format!("icmpv6 type {t} accept comment \"IPv6 neighbour discovery and multicast listeners: link-local, never policy\""))
+        .collect()
+}
+
+/// With the DNS proxy: DNS the steering already judged (`dns-steer` jumps `from-pods`) and
+/// marked for the proxy, accepted rather than judged again.
+fn steered_dns(dns_mark: Option<u32>) -> Option<String> {
+    let bit = format!("{:#010x}", dns_mark?);
+    Some(format!("meta mark & {bit} == {bit} accept comment \"DNS steered to the proxy: judged by the pod's egress policy in dns-steer\""))
+}
+
+/// The ICMPv6 types a pod sends to its gateway (the host side of its interface) to find it
+/// and to take part in multicast on the link: neighbour discovery (RFC 4861) and MLD.
+const ICMPV6_LINK: [&str; 5] =
+    ["nd-router-solicit", "nd-neighbor-solicit", "nd-neighbor-advert", "mld-listener-report", "mld2-listener-report"];
+
+/// The static chains: dispatch (from-pods, to-pods), the forward base chain, the input base
+/// chain and the chain it sends local pods' packets to (to-node); and the chains where what
+/// they deny goes (logged, with logging; and revoked connections).
+///
+/// A pod's packet to an address of the node itself is not forwarded: hook `input` sees it.
+/// `to-node` judges it as `forward` judges a forwarded one — revoked connections stopped,
+/// established ones accepted, the source checked and the pod's egress policy applied
+/// (`from-pods`; what it allows ends in `egress-allowed`, whose `accept` is final here, as
+/// no pod is behind it) — so a pod under egress deny-all reaches nothing on its node. Only
+/// what pods send to find their gateway ([`link_local`]), and DNS the steering judged
+/// already ([`steered_dns`]), is taken before. Packets *from* the node to its pods (kubelet probes) leave
+/// through hook `output` and are not policed (the documented limit); their replies are
+/// established here.
+fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>, dns_mark: Option<u32>) -> ([Chain; 5], Vec<Chain>) {
     // As nft lists it: a TCP reset needs TCP.
     const RESET: &str = "meta l4proto tcp reject with tcp reset";
     let (spoofed, unknown, mut shared) = match log {
@@ -1065,6 +1125,7 @@ fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>) -> ([Chain; 3], Vec
         None => ("drop".to_string(), "drop".to_string(), Vec::new()),
     };
     let mut base = Vec::new();
+    let mut to_node = link_local();
     if let Some(bit) = revoked {
         let what = "connections revoked by a policy change";
         let (text, mut rules) = match log {
@@ -1075,13 +1136,14 @@ fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>) -> ([Chain; 3], Vec
         rules.extend([RESET.to_string(), "drop".to_string()]);
         shared.push(Chain { name: REVOKED.into(), comment, hook: None, rules });
         base.push(revoked_rule(bit));
+        to_node.push(revoked_rule(bit));
     }
-    base.extend([
-        "ct state established,related accept".into(),
-        "ct state invalid drop".into(),
-        format!("iifname \"{POD_INTERFACES}\" jump {FROM_PODS}"),
-        format!("oifname \"{POD_INTERFACES}\" jump {TO_PODS}"),
-    ]);
+    let conntrack = ["ct state established,related accept".to_string(), "ct state invalid drop".to_string()];
+    base.extend(conntrack.clone());
+    base.extend([format!("iifname \"{POD_INTERFACES}\" jump {FROM_PODS}"), format!("oifname \"{POD_INTERFACES}\" jump {TO_PODS}")]);
+    to_node.extend(conntrack);
+    to_node.extend(steered_dns(dns_mark));
+    to_node.push(format!("goto {FROM_PODS}"));
     let chains = [
         Chain {
             name: FROM_PODS.into(),
@@ -1111,6 +1173,20 @@ fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>) -> ([Chain; 3], Vec
             comment: "routed pod traffic, after DNAT: policy sees pod addresses, not service addresses".into(),
             hook: Some(Hook { type_: "filter", hook: "forward", priority: "filter", policy: "accept" }),
             rules: base,
+        },
+        Chain {
+            name: TO_NODE.into(),
+            comment: "packets from a pod on this node to the node itself: the pod's egress policy decides, as for forwarded ones".into(),
+            hook: None,
+            rules: to_node,
+        },
+        Chain {
+            name: INPUT_CHAIN.into(),
+            comment:
+                "packets to this node's own addresses, after DNAT: those of local pods go to to-node; the node's own traffic is not touched"
+                    .into(),
+            hook: Some(Hook { type_: "filter", hook: "input", priority: "filter", policy: "accept" }),
+            rules: vec![format!("iifname \"{POD_INTERFACES}\" goto {TO_NODE}")],
         },
     ];
     (chains, shared)

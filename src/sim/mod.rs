@@ -15,6 +15,11 @@
 //! host-networked, gets a sandbox (its manifest addresses requested from IPAM); a pod whose
 //! uid or addresses change gets a new sandbox; a pod that disappears or terminates is torn
 //! down with CNI DEL. Labels and policies change under running pods.
+//!
+//! A host-network pod runs in its node's namespace, as on a real node: its addresses are
+//! the node's InternalIPs (reported in its status when the manifest gives none, as kubelet
+//! does), its container ports are served there (one server per port and protocol for every
+//! host-network pod of the node), and probes from it start in the node's namespace.
 
 pub mod dns;
 pub mod fabric;
@@ -176,6 +181,8 @@ struct SimNode {
     agent: Agent,
     dir: PathBuf,
     fabric_addrs: Vec<IpAddr>,
+    /// The servers of the node's host-network pods, and the ports they serve.
+    host_servers: Option<(Vec<(u16, Protocol)>, servers::Servers)>,
 }
 
 struct SimPod {
@@ -295,7 +302,7 @@ impl Sim {
             let agent = Agent::start(cfg, sim.source.subscribe())
                 .await
                 .map_err(|e| SimError::Node { node: name.clone(), message: e.to_string() })?;
-            sim.nodes.insert(name.clone(), SimNode { ns, agent, dir, fabric_addrs: node.internal_ips.clone() });
+            sim.nodes.insert(name.clone(), SimNode { ns, agent, dir, fabric_addrs: node.internal_ips.clone(), host_servers: None });
         }
         for (k, h) in sim.opts.hosts.clone().iter().enumerate() {
             let ns = sim.fabric.ns_name("h", k);
@@ -544,7 +551,43 @@ impl Sim {
             }
             self.wait_synced(version).await?;
         }
+        self.host_network_servers(&snap)
+    }
+
+    /// Serves the container ports of each node's host-network pods in the node's namespace.
+    fn host_network_servers(&mut self, snap: &Snapshot) -> Result<(), SimError> {
+        for (name, node) in self.nodes.iter_mut() {
+            let ports: Vec<(u16, Protocol)> = snap
+                .pods()
+                .filter(|p| is_host_pod(p) && p.node.as_deref() == Some(name.as_str()))
+                .flat_map(|p| p.ports.iter().map(|c| (c.port, c.protocol)))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            if node.host_servers.as_ref().map(|(p, _)| p) == Some(&ports) || (ports.is_empty() && node.host_servers.is_none()) {
+                continue;
+            }
+            // The old servers go first: the new ones bind the same ports.
+            node.host_servers = None;
+            if !ports.is_empty() {
+                let servers = servers::Servers::start(Netns::named(&node.ns), ports.clone())
+                    .map_err(|message| SimError::Node { node: name.clone(), message: format!("host-network pods' ports: {message}") })?;
+                node.host_servers = Some((ports, servers));
+            }
+        }
         Ok(())
+    }
+
+    /// The live host-network pods on simulated nodes, by `namespace/name`: (node, addresses).
+    fn host_pods(&self) -> BTreeMap<String, (&SimNode, Vec<IpAddr>)> {
+        let snap = self.snapshot();
+        snap.pods()
+            .filter(|p| is_host_pod(p))
+            .filter_map(|p| {
+                let node = self.nodes.get(p.node.as_deref()?)?;
+                Some((p.key().to_string(), (node, node.fabric_addrs.clone())))
+            })
+            .collect()
     }
 
     fn conflist(&self, snap: &Snapshot, node: &str) -> Result<ConfList, SimError> {
@@ -650,15 +693,16 @@ impl Sim {
         del.map_err(|e| SimError::Pod { pod: key.to_string(), message: format!("CNI DEL failed: {e}") })
     }
 
-    /// Pods with a sandbox, as `namespace/name`, sorted.
     /// Starts collecting the denials every node's agent reads from now on: the kernel's
     /// NFLOG records of what the rulesets drop (rate-limited per pod and direction).
     pub fn collect_denials(&self) -> DenialCollector {
         DenialCollector { receivers: self.nodes.iter().map(|(name, n)| (name.clone(), n.agent.denials())).collect() }
     }
 
+    /// Pods with a sandbox and host-network pods, as `namespace/name`, sorted.
     pub fn pod_names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.pods.values().map(|p| p.key.to_string()).collect();
+        v.extend(self.host_pods().into_keys());
         v.sort();
         v
     }
@@ -671,8 +715,13 @@ impl Sim {
     /// Every (port, protocol) some pod declares.
     pub fn declared_ports(&self) -> Vec<(u16, Protocol)> {
         let snap = self.snapshot();
-        let set: BTreeSet<(u16, Protocol)> =
-            self.pods.keys().filter_map(|uid| snap.pod(uid)).flat_map(|p| p.ports.iter().map(|c| (c.port, c.protocol))).collect();
+        let set: BTreeSet<(u16, Protocol)> = self
+            .pods
+            .keys()
+            .filter_map(|uid| snap.pod(uid))
+            .chain(snap.pods().filter(|p| is_host_pod(p) && p.node.as_ref().is_some_and(|n| self.nodes.contains_key(n))))
+            .flat_map(|p| p.ports.iter().map(|c| (c.port, c.protocol)))
+            .collect();
         set.into_iter().collect()
     }
 
@@ -686,7 +735,11 @@ impl Sim {
         if let Some(h) = name.strip_prefix("host/") {
             return self.hosts.get(h).map(|h| (Netns::named(&h.ns), h.addrs.clone()));
         }
-        self.pods.values().find(|p| p.key.to_string() == name).map(|p| (Netns::named(&p.ns), p.ips.clone()))
+        if let Some(p) = self.pods.values().find(|p| p.key.to_string() == name) {
+            return Some((Netns::named(&p.ns), p.ips.clone()));
+        }
+        // A host-network pod is its node.
+        self.host_pods().remove(name).map(|(node, addrs)| (Netns::named(&node.ns), addrs))
     }
 
     /// Whether the protocol is available in this kernel (decided by the servers).
@@ -807,7 +860,13 @@ fn wants_sandbox(p: &Pod) -> bool {
     p.node.is_some() && !p.phase.is_terminal() && !p.host_network
 }
 
-/// Gives nodes the fabric addresses the simulation needs (see the module doc).
+/// A scheduled, live host-network pod: it runs in its node's namespace.
+fn is_host_pod(p: &Pod) -> bool {
+    p.node.is_some() && !p.phase.is_terminal() && p.host_network
+}
+
+/// Gives nodes the fabric addresses the simulation needs (see the module doc), and
+/// host-network pods without addresses their node's InternalIPs, as kubelet reports them.
 fn augment_nodes(s: &mut Snapshot) -> Result<(), SimError> {
     let nodes: Vec<crate::model::Node> = s.nodes().cloned().collect();
     let all_cidrs: Vec<IpNet> = nodes.iter().flat_map(|n| n.pod_cidrs.clone()).collect();
@@ -827,6 +886,13 @@ fn augment_nodes(s: &mut Snapshot) -> Result<(), SimError> {
         }
         if changed {
             s.upsert_node(n);
+        }
+    }
+    let unaddressed: Vec<Pod> = s.pods().filter(|p| p.host_network && p.ips.is_empty()).cloned().collect();
+    for mut p in unaddressed {
+        if let Some(n) = p.node.as_deref().and_then(|n| s.node(n)) {
+            p.ips = n.internal_ips.clone();
+            s.upsert_pod(p);
         }
     }
     Ok(())

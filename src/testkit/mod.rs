@@ -149,18 +149,31 @@ pub fn summary(np: &NodePolicy, pod: &str, dir: Direction) -> String {
 #[derive(Debug, Clone)]
 pub struct Placement {
     pub node: String,
+    /// The host side of its interface; empty for a host-network pod, which is its node.
     pub interface: String,
     pub ips: Vec<std::net::IpAddr>,
+}
+
+impl Placement {
+    /// A host-network pod: it runs in its node's namespace, with the node's addresses.
+    pub fn is_host(&self) -> bool {
+        self.interface.is_empty()
+    }
 }
 
 /// A cluster whose nodes' rulesets live in fake nft tables and whose reachability is decided
 /// by the packet tracer: the whole pure pipeline (translate → render → fake apply → trace),
 /// checked against expected matrices without a kernel.
 pub struct TracedCluster {
-    pub nodes: std::collections::BTreeMap<String, crate::nft::Table>,
+    /// Each node's table, compiled for tracing.
+    pub nodes: std::collections::BTreeMap<String, crate::nft::trace::Tracer>,
+    /// The pods flock enforces, and host-network pods (see [`Placement::is_host`]).
     pub pods: std::collections::BTreeMap<String, Placement>,
     /// Each node's rendered ruleset text.
     pub texts: std::collections::BTreeMap<String, String>,
+    /// Each node's own addresses (its Node object's): a pod's packet to one of them meets
+    /// hook `input` there, not `forward`.
+    pub node_addrs: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
 }
 
 /// The address of family `family` of the pod `name` placed at `p`.
@@ -206,9 +219,21 @@ impl TracedCluster {
                 pods.insert(ep.pod.to_string(), Placement { node: node.clone(), interface: ep.interface.clone(), ips: ep.addrs.clone() });
             }
             texts.insert(node.clone(), rs.to_text());
-            nodes.insert(node, table);
+            nodes.insert(node, crate::nft::trace::Tracer::new(&table));
         }
-        Self { nodes, pods, texts }
+        let node_addrs: std::collections::BTreeMap<String, Vec<std::net::IpAddr>> =
+            snapshot.nodes().map(|n| (n.name.clone(), n.addresses.iter().chain(&n.internal_ips).copied().collect())).collect();
+        for p in snapshot.pods().filter(|p| p.host_network && !p.phase.is_terminal()) {
+            let Some(node) = p.node.clone() else { continue };
+            let ips = if p.ips.is_empty() { node_addrs.get(&node).cloned().unwrap_or_default() } else { p.ips.clone() };
+            pods.insert(p.key().to_string(), Placement { node, interface: String::new(), ips });
+        }
+        Self { nodes, pods, texts, node_addrs }
+    }
+
+    /// Whether `addr` is an address of `node` itself.
+    fn is_node_address(&self, node: &str, addr: std::net::IpAddr) -> bool {
+        self.node_addrs.get(node).is_some_and(|a| a.contains(&addr))
     }
 
     /// Whether a new connection from `from` to `to` passes every node's ruleset.
@@ -228,11 +253,20 @@ impl TracedCluster {
             None => Family::of(*dst.ips.first().ok_or(format!("{to} has no address"))?),
         };
         let (s, d) = (address_of(src, from, fam)?, address_of(dst, to, fam)?);
-        let hops: Vec<(&str, &str, &str)> = if src.node == dst.node {
-            vec![(&src.node, &src.interface, &dst.interface)]
-        } else {
-            vec![(&src.node, &src.interface, UPLINK), (&dst.node, UPLINK, &dst.interface)]
-        };
+        // Each node the packet crosses, and how: from a pod interface or the uplink, to a pod
+        // interface, the uplink, or the node itself (hook `input`). What a node sends leaves
+        // through hook `output`, which flock does not police.
+        let mut hops: Vec<(&str, &str, Option<&str>)> = Vec::new();
+        match (src.is_host(), dst.is_host(), src.node == dst.node) {
+            (true, true, _) | (true, false, true) => {}
+            (true, false, false) => hops.push((&dst.node, UPLINK, Some(&dst.interface))),
+            (false, true, true) => hops.push((&src.node, &src.interface, None)),
+            (false, true, false) => hops.push((&src.node, &src.interface, Some(UPLINK))),
+            (false, false, true) => hops.push((&src.node, &src.interface, Some(&dst.interface))),
+            (false, false, false) => {
+                hops.extend([(src.node.as_str(), src.interface.as_str(), Some(UPLINK)), (&dst.node, UPLINK, Some(&dst.interface))])
+            }
+        }
         for (node, iif, oif) in hops {
             if !self.passes(node, iif, oif, (s, d), protocol, port)? {
                 return Ok(false);
@@ -246,7 +280,8 @@ impl TracedCluster {
     pub fn reaches_address(&self, from: &str, to: std::net::IpAddr, protocol: crate::model::Protocol, port: u16) -> Result<bool, String> {
         let src = self.pods.get(from).ok_or(format!("no pod {from}"))?;
         let s = address_of(src, from, crate::conformance::Family::of(to))?;
-        self.passes(&src.node, &src.interface, UPLINK, (s, to), protocol, port)
+        let oif = (!self.is_node_address(&src.node, to)).then_some(UPLINK);
+        self.passes(&src.node, &src.interface, oif, (s, to), protocol, port)
     }
 
     /// Whether a new connection from an address outside the pods (a node, a network) to pod
@@ -260,28 +295,34 @@ impl TracedCluster {
     ) -> Result<bool, String> {
         let dst = self.pods.get(to).ok_or(format!("no pod {to}"))?;
         let d = address_of(dst, to, crate::conformance::Family::of(from))?;
-        self.passes(&dst.node, UPLINK, &dst.interface, (from, d), protocol, port)
+        if self.is_node_address(&dst.node, from) {
+            // The node itself: not policed (hook `output`).
+            return Ok(true);
+        }
+        self.passes(&dst.node, UPLINK, Some(&dst.interface), (from, d), protocol, port)
     }
 
-    /// Whether the first packet of a new connection passes `node`'s ruleset from `iif` to `oif`.
+    /// Whether the first packet of a new connection passes `node`'s ruleset from `iif` to
+    /// `oif` (hook `forward`), or to the node itself (`None`: hook `input`).
     fn passes(
         &self,
         node: &str,
         iif: &str,
-        oif: &str,
+        oif: Option<&str>,
         (src, dst): (std::net::IpAddr, std::net::IpAddr),
         protocol: crate::model::Protocol,
         port: u16,
     ) -> Result<bool, String> {
-        use crate::nft::trace::{Ct, L4, Packet, Verdict, trace};
+        use crate::nft::trace::{Ct, L4, Packet, Verdict};
         let l4 = match protocol {
             crate::model::Protocol::Tcp => L4::Tcp,
             crate::model::Protocol::Udp => L4::Udp,
             crate::model::Protocol::Sctp => L4::Sctp,
         };
-        let table = self.nodes.get(node).ok_or(format!("no node {node}"))?;
-        let pkt = Packet { iif: iif.into(), oif: oif.into(), src, dst, l4, dport: port, ct: Ct::New };
-        let t = trace(table, crate::render::BASE_CHAIN, &pkt).map_err(|e| format!("node {node}: {e}"))?;
+        let tracer = self.nodes.get(node).ok_or(format!("no node {node}"))?;
+        let base = if oif.is_some() { crate::render::BASE_CHAIN } else { crate::render::INPUT_CHAIN };
+        let pkt = Packet { iif: iif.into(), oif: oif.unwrap_or_default().into(), src, dst, l4, dport: port, ct: Ct::New };
+        let t = tracer.trace(base, &pkt).map_err(|e| format!("node {node}: {e}"))?;
         Ok(t.verdict != Verdict::Drop)
     }
 

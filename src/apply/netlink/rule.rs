@@ -2,7 +2,7 @@
 //!
 //! The grammar is the renderer's, no more: `ct state LIST`; `meta l4proto P`; `tcp|udp|sctp
 //! dport N|A-B`; `iifname|oifname "prefix*"`; `limit rate N/second [burst M packets]`; `log
-//! [prefix "P"] group G`; `ct mark & BIT == BIT`; `meta mark & BIT == BIT`; `ct|meta mark set
+//! [prefix "P"] group G`; `icmpv6 type NAME`; `ct mark & BIT == BIT`; `meta mark & BIT == BIT`; `ct|meta mark set
 //! ct|meta mark | BIT`; `tproxy to :PORT`; `reject with tcp reset`; a field or a concatenation of fields
 //! (`iifname`, `oifname`, `ip|ip6 saddr|daddr`, `meta l4proto`, `th dport`) looked up in a
 //! named set (`@set`, `!= @set`) or verdict map (`vmap @map`); `counter`; a verdict; a
@@ -343,6 +343,18 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) 
                 out.exprs.push(cmp(NFT_CMP_EQ, &v.to_ne_bytes()));
                 i += 6;
             }
+            ("icmpv6", Some("type")) => {
+                // `icmpv6 type NAME`: the family, the protocol, then the type (the first byte
+                // of the ICMPv6 header).
+                let t = word(i + 2).ok_or("icmpv6 type without a type")?;
+                out.exprs.push(load(Field::Meta { key: NFT_META_NFPROTO, len: 1 }, NFT_REG_1));
+                out.exprs.push(cmp(NFT_CMP_EQ, &[NFPROTO_IPV6]));
+                out.exprs.push(load(L4PROTO, NFT_REG_1));
+                out.exprs.push(cmp(NFT_CMP_EQ, &[protocol_number("icmpv6")?]));
+                out.exprs.push(load(Field::Payload { base: NFT_PAYLOAD_TRANSPORT_HEADER, offset: 0, len: 1, family: None }, NFT_REG_1));
+                out.exprs.push(cmp(NFT_CMP_EQ, &[icmpv6_type(t)?]));
+                i += 3;
+            }
             ("reject", Some("with")) => {
                 if (word(i + 2), word(i + 3)) != (Some("tcp"), Some("reset")) {
                     return Err("reject other than with tcp reset".into());
@@ -424,6 +436,18 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) 
         }
     }
     Ok(out)
+}
+
+/// The ICMPv6 types flock's rules name, by nft's names.
+fn icmpv6_type(name: &str) -> Result<u8, String> {
+    Ok(match name {
+        "mld-listener-report" => 131,
+        "nd-router-solicit" => 133,
+        "nd-neighbor-solicit" => 135,
+        "nd-neighbor-advert" => 136,
+        "mld2-listener-report" => 143,
+        other => return Err(format!("icmpv6 type {other}")),
+    })
 }
 
 fn port(p: &str) -> Result<u16, String> {

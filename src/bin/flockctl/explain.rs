@@ -73,7 +73,8 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let text = if args.live {
         let listing = NftCli::new(Netns::Current).list_table().context("listing table inet flock (are you root, on a node?)")?;
         let Some(listing) = listing else { bail!("there is no table inet flock here: is flock-agent running on this node?") };
-        let mut table = LiveTable::parse(&listing)?;
+        let node = flock::agent::revocation::node_addresses().context("listing this node's addresses")?;
+        let mut table = LiveTable::parse(&listing)?.with_node_addresses(node);
         // What is left of each learned address (`nft -s` lists only the timeout): read over
         // netlink; without it the explanation shows the timeouts alone.
         let timed = table.timed_sets();
