@@ -176,6 +176,34 @@ fn live_explains_from_the_table_in_the_kernel() {
     let t = text(&out.stdout);
     assert!(t.starts_with("Deny on this node"), "{t}");
     assert!(t.contains("guard-x ingress[0] no-z: Deny"), "{t}");
+    // The node's own address (node-1's InternalIP, on this namespace's loopback): y/b's
+    // packet to it is judged through hook input by y/b's egress (it may reach x only), x/a's
+    // is not restricted, and the node's own packet to x/a is not policed.
+    ns.exec(&["ip", "addr", "add", "198.18.0.1/32", "dev", "lo"]);
+    let live = |from: &str, to: &str| {
+        let out = ns.try_exec(&[env!("CARGO_BIN_EXE_flockctl"), "explain", "--live", "--from", from, "--to", to, "--port", "10250"]);
+        assert!(out.status.success(), "{from} -> {to}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let t = live("y/b", "198.18.0.1");
+    assert!(t.starts_with("Deny on this node") && t.contains("the source's egress policy decides (hook input)"), "{t}");
+    assert!(t.contains("egress-") && t.contains("ingress: none (the destination is the node itself)"), "{t}");
+    let offline = explain::explain(
+        &snap,
+        &Query {
+            from: End::Pod(pod_ref("y/b")),
+            to: End::Address("198.18.0.1".parse().unwrap()),
+            protocol: Protocol::Tcp,
+            port: 10250,
+            family: None,
+        },
+    )
+    .unwrap();
+    assert_eq!(offline.verdict, explain::Verdict::Deny, "{}", explain::to_text(&offline));
+    assert!(live("x/a", "198.18.0.1").starts_with("Allow on this node"));
+    let t = live("198.18.0.1", "x/a");
+    assert!(t.starts_with("Allow on this node") && t.contains("is this node's own address: what the node sends its pods"), "{t}");
+
     // A node without flock's table says so.
     let empty = NetnsGuard::new("explain-empty");
     let out = empty.try_exec(&[env!("CARGO_BIN_EXE_flockctl"), "explain", "--live", "--from", "x/a", "--to", "x/b", "--port", "80"]);

@@ -211,3 +211,37 @@ fn denies_is_decides_verdict() {
     }
     assert!(checked > 50_000, "{checked}");
 }
+
+/// A host-network pod is its node: named as an end it stands for its node's address (its
+/// node's InternalIP when its status has none); a pod's flow to it meets the pod's egress,
+/// its flow to a pod of its own node is the node's own (not policed), to a pod of another
+/// node it meets that pod's ingress.
+#[test]
+fn host_network_pods_are_their_node() {
+    let s = cluster(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: kubelet, namespace: kube-system}
+spec: {nodeName: node-1, hostNetwork: true}
+status: {phase: Running}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-all, namespace: x}
+spec: {podSelector: {}, policyTypes: [Ingress, Egress]}
+"#,
+    );
+    // x/a (node-1) to its node's kubelet: its egress denies it.
+    let e = explain(&s, &q("x/a", "kube-system/kubelet", 10250)).unwrap();
+    assert_eq!(e.to.address.to_string(), "198.18.0.1");
+    assert_eq!((e.verdict, e.egress.decided_by, e.ingress.decided_by), (Verdict::Deny, Decider::NetworkPolicy, Decider::NotEnforced));
+    assert!(e.ingress.reason.contains("host-network pod"), "{}", e.ingress.reason);
+    // The kubelet to x/a, on its own node: not policed, though x/a's ingress is isolated.
+    let e = explain(&s, &q("kube-system/kubelet", "x/a", 80)).unwrap();
+    assert_eq!((e.verdict, e.ingress.decided_by), (Verdict::Allow, Decider::NotEnforced), "{}", to_text(&e));
+    assert!(e.ingress.reason.contains("own node node-1"), "{}", e.ingress.reason);
+    // ... and to x/b, on node-2: x/b's ingress policy decides.
+    let e = explain(&s, &q("kube-system/kubelet", "x/b", 80)).unwrap();
+    assert_eq!((e.verdict, e.ingress.decided_by), (Verdict::Deny, Decider::NetworkPolicy), "{}", to_text(&e));
+}

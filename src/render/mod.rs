@@ -822,8 +822,8 @@ impl RenderCache {
                     format!("oifname \"{POD_INTERFACES}\" goto {AUDIT_TO_PODS}"),
                 ],
             }));
-            let mut rules = link_local();
-            rules.push("ct state established,related accept".to_string());
+            let mut rules = vec!["ct state established,related accept".to_string()];
+            rules.extend(link_local());
             rules.extend(steered_dns(dns_mark));
             rules.push(format!("iifname \"{POD_INTERFACES}\" goto {AUDIT_FROM_PODS}"));
             objects.push(Object::Chain(Chain {
@@ -1072,7 +1072,8 @@ pub fn revoked_rule(bit: u32) -> String {
 /// What a pod sends the node to find its gateway and take part in multicast on its link,
 /// which no policy judges: IPv6 neighbour discovery and multicast listener reports (from
 /// link-local or unspecified sources, which the source check would take for spoofed, and
-/// which conntrack may call invalid). First in the chains of packets to the node.
+/// which conntrack may call invalid): before the invalid check in the chains of packets to
+/// the node.
 fn link_local() -> Vec<String> {
     ICMPV6_LINK
         .iter()
@@ -1098,7 +1099,8 @@ const ICMPV6_LINK: [&str; 5] =
 ///
 /// A pod's packet to an address of the node itself is not forwarded: hook `input` sees it.
 /// `to-node` judges it as `forward` judges a forwarded one — revoked connections stopped,
-/// established ones accepted, the source checked and the pod's egress policy applied
+/// established ones accepted, invalid ones dropped, the source checked and the pod's egress
+/// policy applied
 /// (`from-pods`; what it allows ends in `egress-allowed`, whose `accept` is final here, as
 /// no pod is behind it) — so a pod under egress deny-all reaches nothing on its node. Only
 /// what pods send to find their gateway ([`link_local`]), and DNS the steering judged
@@ -1125,7 +1127,7 @@ fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>, dns_mark: Option<u3
         None => ("drop".to_string(), "drop".to_string(), Vec::new()),
     };
     let mut base = Vec::new();
-    let mut to_node = link_local();
+    let mut to_node = Vec::new();
     if let Some(bit) = revoked {
         let what = "connections revoked by a policy change";
         let (text, mut rules) = match log {
@@ -1138,10 +1140,14 @@ fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>, dns_mark: Option<u3
         base.push(revoked_rule(bit));
         to_node.push(revoked_rule(bit));
     }
-    let conntrack = ["ct state established,related accept".to_string(), "ct state invalid drop".to_string()];
-    base.extend(conntrack.clone());
+    let [established, invalid] = ["ct state established,related accept".to_string(), "ct state invalid drop".to_string()];
+    base.extend([established.clone(), invalid.clone()]);
     base.extend([format!("iifname \"{POD_INTERFACES}\" jump {FROM_PODS}"), format!("oifname \"{POD_INTERFACES}\" jump {TO_PODS}")]);
-    to_node.extend(conntrack);
+    // Established packets (most) decide at once; what finds the gateway before anything that
+    // could take it for invalid.
+    to_node.push(established);
+    to_node.extend(link_local());
+    to_node.push(invalid);
     to_node.extend(steered_dns(dns_mark));
     to_node.push(format!("goto {FROM_PODS}"));
     let chains = [

@@ -7,6 +7,13 @@
 //! removed on exit, on error and on SIGINT/SIGTERM/SIGHUP; a killed run's are swept by the
 //! next one), the load generator (std threads, no external tool) and the JSON report.
 //!
+//! Scenario `pod_to_node` measures the other path flock polices: a pod on the node opening
+//! connections to the node's own address (hook `input`, the pod's egress chains). Its twins
+//! are a client pod's namespace wired to the node like a pod (`eth0` to the host side named
+//! as the maps name it) and the node's namespace, where the server listens on the node's
+//! address; the pod's egress is what the policies restrict, and a port they do not admit is
+//! the denied flow checked at setup.
+//!
 //! Topology, twice per scenario (one node with flock's table, one with the conntrack-only
 //! table: the same snapshot without policies, where the server's map entry is `accept`): a
 //! client namespace (`eth0`, the client's address) — routed by the node over its uplink
@@ -49,7 +56,7 @@ use flock::model::{
 };
 use flock::netns::Netns;
 use flock::nft::NftRuleset;
-use flock::nft::trace::{self, Ct, L4, Packet, Verdict};
+use flock::nft::trace::{self, Ct, L4, Packet, Tracer, Verdict};
 use flock::render::{self, Object, RenderOptions, Ruleset};
 use flock::sim::fabric::run as sh;
 use flock::synth::{self, Params, Rng};
@@ -117,16 +124,32 @@ const DENIED_TIMEOUT: Duration = Duration::from_millis(500);
 const CT_TIMEOUTS: [(&str, &str); 2] =
     [("net.netfilter.nf_conntrack_tcp_timeout_close", "1"), ("net.netfilter.nf_conntrack_tcp_timeout_time_wait", "1")];
 
-/// One scenario: a server pod on the node, a client the policies allow, and the two tables.
+/// Which path of the node a scenario's connections take.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// From the uplink to a pod of the node (hook `forward`, the pod's ingress chains).
+    Forward,
+    /// From a pod of the node to the node's own address (hook `input`, the pod's egress
+    /// chains).
+    ToNode,
+}
+
+/// One scenario: a server pod on the node and a client the policies allow (or, for
+/// [`Route::ToNode`], a client pod on the node and the node's address), and the two tables.
 struct Scenario {
     name: &'static str,
     what: String,
-    server: LocalEndpoint,
+    route: Route,
+    /// The pod of the node whose chains the connections meet: the server, or the client
+    /// pod (to the node).
+    local: LocalEndpoint,
     server_addr: IpAddr,
     port: u16,
     client: IpAddr,
     /// A source the flock table drops (checked once at setup), if one was found.
     denied: Option<IpAddr>,
+    /// A port of the server the flock table drops (checked once at setup).
+    denied_port: Option<u16>,
     flock: Ruleset,
     conntrack_only: Ruleset,
 }
@@ -149,7 +172,7 @@ pub fn run(params: &Params, args: &DataplaneArgs) -> anyhow::Result<Value> {
     remove_on_signal().context("installing the signal handlers")?;
 
     let started = Instant::now();
-    let scenarios = [ip_blocks(args)?, pod_selectors(args)?, synthetic_busiest(params, args.flock_options())?];
+    let scenarios = [ip_blocks(args)?, pod_selectors(args)?, synthetic_busiest(params, args.flock_options())?, pod_to_node(args)?];
     eprintln!("dataplane: scenarios built in {:.2}s", started.elapsed().as_secs_f64());
     let mut topologies = Vec::new();
     for s in &scenarios {
@@ -212,7 +235,7 @@ pub fn run(params: &Params, args: &DataplaneArgs) -> anyhow::Result<Value> {
             ),
         },
         "topology": format!(
-            "per scenario, twice (flock's table, conntrack-only table): client netns (eth0) <-> {UPLINK} [node netns: forwarding, table inet flock] <pod interface> <-> server pod netns (eth0); static /32 (/128) routes and neighbours"
+            "per scenario, twice (flock's table, conntrack-only table): client netns (eth0) <-> {UPLINK} [node netns: forwarding, table inet flock] <pod interface> <-> server pod netns (eth0); pod_to_node: client pod netns (eth0) <-> <pod interface> [node netns: table inet flock, the server on the node's address]; static /32 (/128) routes and neighbours"
         ),
         "sysctls": {
             "client": {"net.ipv4.ip_local_port_range": "1024 65535", "net.ipv4.tcp_tw_reuse": "1"},
@@ -229,21 +252,26 @@ fn report(s: &Scenario, topo: &Topology, flock: &[Load], ct: &[Load], ratios: &[
     let st = s.flock.stats();
     let ct_st = s.conntrack_only.stats();
     let chains = &topo.server_chains;
+    let (server, client) = match s.route {
+        Route::Forward => (
+            json!({"pod": s.local.pod.to_string(), "interface": s.local.interface, "address": s.server_addr.to_string(), "port": s.port}),
+            json!({"address": s.client.to_string()}),
+        ),
+        Route::ToNode => (
+            json!({"node_address": s.server_addr.to_string(), "port": s.port, "denied_port_dropped": s.denied_port}),
+            json!({"pod": s.local.pod.to_string(), "interface": s.local.interface, "address": s.client.to_string()}),
+        ),
+    };
+    let mut client = client;
+    client["accepted_by"] = json!(topo.accepted_by);
+    client["rule_position"] = json!(topo.rule_position);
+    client["rules_evaluated_by_first_packet"] = json!(topo.rules_evaluated);
+    client["denied_source_dropped"] = json!(s.denied.map(|d| d.to_string()));
     json!({
         "what": s.what,
-        "server": {
-            "pod": s.server.pod.to_string(),
-            "interface": s.server.interface,
-            "address": s.server_addr.to_string(),
-            "port": s.port,
-        },
-        "client": {
-            "address": s.client.to_string(),
-            "accepted_by": topo.accepted_by,
-            "rule_position": topo.rule_position,
-            "rules_evaluated_by_first_packet": topo.rules_evaluated,
-            "denied_source_dropped": s.denied.map(|d| d.to_string()),
-        },
+        "path": match s.route { Route::Forward => "forward (uplink to a pod of the node)", Route::ToNode => "input (a pod of the node to the node's own address)" },
+        "server": server,
+        "client": client,
         "flock_conn_per_s": rates(flock),
         "conntrack_only_conn_per_s": rates(ct),
         "ratio": spread(ratios),
@@ -259,10 +287,10 @@ fn report(s: &Scenario, topo: &Topology, flock: &[Load], ct: &[Load], ratios: &[
             "rules": st.rules,
             "sets": st.sets,
             "elements": st.elements,
-            "rules_in_server_chain": chains.rules,
-            "server_chains": chains.chains.len(),
-            "sets_in_server_chain": chains.sets.len(),
-            "elements_in_server_sets": chains.elements,
+            "rules_in_pod_chains": chains.rules,
+            "pod_chains": chains.chains.len(),
+            "sets_in_pod_chains": chains.sets.len(),
+            "elements_in_pod_sets": chains.elements,
             "conntrack_only_rules": ct_st.rules,
             "conntrack_only_elements": ct_st.elements,
         },
@@ -435,20 +463,115 @@ fn hand_built(name: &'static str, what: String, s: Snapshot, client: IpAddr, opt
         render::render_with(&translate::translate(&without_policies(&s), &endpoints, &Options::default()), &CONNTRACK_ONLY);
     let server_addr = server.addrs[0];
     let denied = Some(IpAddr::V4(DENIED_V4));
-    let sc = Scenario { name, what, server, server_addr, port: PORT, client, denied, flock, conntrack_only };
-    // The tracer agrees before the kernel is asked: allowed client, dropped stranger.
+    let sc = Scenario {
+        name,
+        what,
+        route: Route::Forward,
+        local: server,
+        server_addr,
+        port: PORT,
+        client,
+        denied,
+        denied_port: None,
+        flock,
+        conntrack_only,
+    };
+    checked(sc)
+}
+
+/// `sc`, once the tracer agrees with it before the kernel is asked: the client accepted,
+/// the denied source or port dropped.
+fn checked(sc: Scenario) -> anyhow::Result<Scenario> {
     let table = traced_table(&sc.flock)?;
-    let t = trace_syn(&table, &sc.server.interface, client, server_addr, PORT)?;
+    let t = trace_syn(&table, &sc, sc.client, sc.port)?;
     if t.verdict != Verdict::Accept {
-        bail!("{name}: the rendered table does not accept the client {client}:\n{t}");
+        bail!("{}: the rendered table does not accept the client {}:\n{t}", sc.name, sc.client);
     }
-    if let Some(d) = denied {
-        let t = trace_syn(&table, &sc.server.interface, d, server_addr, PORT)?;
+    let denied = sc.denied.map(|d| (d, sc.port)).into_iter().chain(sc.denied_port.map(|p| (sc.client, p)));
+    for (src, port) in denied {
+        let t = trace_syn(&table, &sc, src, port)?;
         if t.verdict != Verdict::Drop {
-            bail!("{name}: the rendered table does not drop {d}:\n{t}");
+            bail!("{}: the rendered table does not drop {src} to port {port}:\n{t}", sc.name);
         }
     }
     Ok(sc)
+}
+
+/// (d) A pod of the node to the node's own address: `policies` policies select the client
+/// pod for egress, each allowing TCP [`PORT`] to `blocks` /32 ipBlocks at random addresses;
+/// the node's address is the last block of the last policy.
+fn pod_to_node(args: &DataplaneArgs) -> anyhow::Result<Scenario> {
+    let (p, b) = (args.dataplane_policies, args.dataplane_blocks);
+    let mut s = base_snapshot();
+    let node_addr = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1));
+    let client_addr = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 20));
+    let mut labels = Labels::new();
+    labels.insert("app", "client");
+    s.upsert_pod(pod("client", labels, "node-0", client_addr, vec![]));
+    let reserved = [client_addr, node_addr, server_pod().ips[0]];
+    let mut rng = Rng::new(0x70_0de);
+    for i in 0..p {
+        let to = (0..b)
+            .map(|j| {
+                let ip = if i + 1 == p && j + 1 == b {
+                    node_addr
+                } else {
+                    loop {
+                        let ip = addr4(Ipv4Addr::new(198, 18, 0, 0), rng.below(1 << 17) as u32);
+                        if !reserved.contains(&ip) {
+                            break ip;
+                        }
+                    }
+                };
+                PolicyPeer { ip_block: Some(IpBlock { cidr: format!("{ip}/32"), except: vec![] }), ..Default::default() }
+            })
+            .collect();
+        let mut client = LabelSelector::default();
+        client.match_labels.insert("app".into(), "client".into());
+        s.upsert_policy(NetworkPolicy {
+            audit: false,
+            namespace: NS.into(),
+            name: format!("to-node-{i:05}"),
+            pod_selector: client,
+            policy_types: vec!["Egress".into()],
+            ingress: vec![],
+            egress: vec![PolicyRule {
+                peers: to,
+                ports: vec![PolicyPort { protocol: Some("TCP".into()), port: Some(PortRef::Number(i32::from(PORT))), end_port: None }],
+            }],
+            generation: None,
+            egress_domains: None,
+        });
+    }
+    let endpoints = s.derived_endpoints("node-0");
+    let Some(local) = endpoints.iter().find(|e| e.addrs.contains(&client_addr)).cloned() else { bail!("pod_to_node: no client endpoint") };
+    let np = translate::translate(&s, &endpoints, &Options::default());
+    if let Some(problem) = np.problems.first() {
+        bail!("pod_to_node: the generated policies have problems, first: {problem}");
+    }
+    let flock = render::render_with(&np, &args.flock_options());
+    // Conntrack alone on this path is no hook at all: the skeleton without its input chains
+    // (as flock's table was before it policed pods' traffic to their node).
+    let mut conntrack_only =
+        render::render_with(&translate::translate(&without_policies(&s), &endpoints, &Options::default()), &CONNTRACK_ONLY);
+    conntrack_only.objects.retain(|o| ![render::INPUT_CHAIN, render::TO_NODE].contains(&o.name()));
+    let what = format!(
+        "a pod of the node connects to the node's own address {node_addr} (hook input): {p} NetworkPolicies in namespace {NS} select the client pod for egress, each allowing TCP {PORT} to {b} /32 ipBlocks at random addresses of 198.18.0.0/15; the node's address is the last ipBlock of the last policy; TCP {} of the node is the denied flow; conntrack only is the skeleton without the input hook",
+        PORT + 1
+    );
+    checked(Scenario {
+        name: "pod_to_node",
+        what,
+        route: Route::ToNode,
+        local,
+        server_addr: node_addr,
+        port: PORT,
+        client: client_addr,
+        denied: None,
+        denied_port: Some(PORT + 1),
+        flock,
+        conntrack_only,
+    })
 }
 
 /// The snapshot's pods and namespaces without any policy: the conntrack-only table.
@@ -475,7 +598,7 @@ fn synthetic_busiest(params: &Params, options: RenderOptions) -> anyhow::Result<
     let flock = render::render_with(&np, &options);
     let mut busiest: Option<(usize, &LocalEndpoint)> = None;
     for ep in &endpoints {
-        let rules = server_chains(&flock, &ep.interface).rules;
+        let rules = pod_chains(&flock, &ep.interface, Route::Forward).rules;
         if busiest.is_none_or(|(r, _)| rules > r) {
             busiest = Some((rules, ep));
         }
@@ -493,7 +616,7 @@ fn synthetic_busiest(params: &Params, options: RenderOptions) -> anyhow::Result<
     // Every remote pod of the server's family on every TCP port of the server: the accepted
     // pair whose accepting rule is deepest; then a source dropped on that port.
     let table = traced_table(&flock)?;
-    let chains = server_chains(&flock, &server.interface);
+    let chains = pod_chains(&flock, &server.interface, Route::Forward);
     let family = |ip: &IpAddr| ip.is_ipv4() == server_addr.is_ipv4();
     let remote: Vec<IpAddr> = s
         .pods()
@@ -502,9 +625,10 @@ fn synthetic_busiest(params: &Params, options: RenderOptions) -> anyhow::Result<
         .filter(family)
         .collect();
     let mut best: Option<(usize, IpAddr, u16)> = None;
+    let through = |src: IpAddr, port: u16| trace_forward(&table, &server.interface, src, server_addr, port);
     for &src in &remote {
         for &port in &ports {
-            let t = trace_syn(&table, &server.interface, src, server_addr, port)?;
+            let t = through(src, port)?;
             if t.verdict == Verdict::Accept {
                 let pos = accepting_position(&flock, &chains, &t).map_or(0, |(_, p)| p);
                 if best.is_none_or(|(b, _, _)| pos > b) {
@@ -524,7 +648,7 @@ fn synthetic_busiest(params: &Params, options: RenderOptions) -> anyhow::Result<
     let per_block = (0..1024u32).filter(|_| server_addr.is_ipv4()).map(|n| addr4(Ipv4Addr::new(198, 18, 0, 126), n * 128));
     let mut denied = None;
     for src in std::iter::once(outsider).chain(remote.iter().copied()).chain(per_block) {
-        if trace_syn(&table, &server.interface, src, server_addr, port)?.verdict == Verdict::Drop {
+        if through(src, port)?.verdict == Verdict::Drop {
             denied = Some(src);
             break;
         }
@@ -534,19 +658,58 @@ fn synthetic_busiest(params: &Params, options: RenderOptions) -> anyhow::Result<
         "the local pod with the most ingress rules ({rules}) of {} in the synthetic cluster of {} pods and {} NetworkPolicies (flock::synth, seed {}, {} pods per node); the client is the remote pod and server port whose accepting rule comes last in the pod's ingress chains (the worst case for that pod)",
         cluster.node, params.pods, params.policies, params.seed, params.pods_per_node
     );
-    Ok(Scenario { name: "synthetic_busiest", what, server: server.clone(), server_addr, port, client, denied, flock, conntrack_only })
+    Ok(Scenario {
+        name: "synthetic_busiest",
+        what,
+        route: Route::Forward,
+        local: server.clone(),
+        server_addr,
+        port,
+        client,
+        denied,
+        denied_port: None,
+        flock,
+        conntrack_only,
+    })
 }
 
-fn traced_table(rs: &Ruleset) -> anyhow::Result<flock::nft::Table> {
+/// The rendered table as nft reads it, compiled for tracing (once: scenarios trace many
+/// packets through it).
+fn traced_table(rs: &Ruleset) -> anyhow::Result<Tracer> {
     let parsed = NftRuleset::from_text(&rs.to_text()).context("reading the rendered table for the tracer")?;
-    parsed.table(flock::render::names::FAMILY, flock::render::names::TABLE).cloned().context("the rendered text has no table inet flock")
+    let table =
+        parsed.table(flock::render::names::FAMILY, flock::render::names::TABLE).context("the rendered text has no table inet flock")?;
+    Ok(Tracer::new(table))
 }
 
 /// A new connection's first packet from the uplink to the server's interface, traced.
-fn trace_syn(table: &flock::nft::Table, server_if: &str, src: IpAddr, dst: IpAddr, port: u16) -> anyhow::Result<trace::Trace> {
+fn trace_forward(table: &Tracer, server_if: &str, src: IpAddr, dst: IpAddr, port: u16) -> anyhow::Result<trace::Trace> {
     let pkt = Packet { iif: UPLINK.into(), oif: server_if.into(), src, dst, l4: L4::Tcp, dport: port, ct: Ct::New };
-    trace::trace(table, render::BASE_CHAIN, &pkt)
+    table
+        .trace(render::BASE_CHAIN, &pkt)
         .with_context(|| format!("tracing {src} -> {dst}:{port} (is the tracer up to date with the render?)"))
+}
+
+/// A new connection's first packet of scenario `s` from `src` to `port` of its server,
+/// traced on the scenario's path.
+fn trace_syn(table: &Tracer, s: &Scenario, src: IpAddr, port: u16) -> anyhow::Result<trace::Trace> {
+    match s.route {
+        Route::Forward => trace_forward(table, &s.local.interface, src, s.server_addr, port),
+        Route::ToNode => {
+            let pkt = Packet {
+                iif: s.local.interface.clone(),
+                oif: String::new(),
+                src,
+                dst: s.server_addr,
+                l4: L4::Tcp,
+                dport: port,
+                ct: Ct::New,
+            };
+            table
+                .trace(render::INPUT_CHAIN, &pkt)
+                .with_context(|| format!("tracing {src} -> {}:{port} (is the tracer up to date with the render?)", s.server_addr))
+        }
+    }
 }
 
 /// The 1-based position of a traced rule in its chain.
@@ -558,7 +721,7 @@ fn position(rs: &Ruleset, step: &trace::Step) -> Option<(String, usize)> {
 
 /// The accepting rule of a trace, and its position in its chain, when it is in one of the
 /// server's chains.
-fn accepting_position(rs: &Ruleset, chains: &ServerChains, t: &trace::Trace) -> Option<(String, usize)> {
+fn accepting_position(rs: &Ruleset, chains: &PodChains, t: &trace::Trace) -> Option<(String, usize)> {
     let last = t.path.last()?;
     let (chain, pos) = position(rs, last)?;
     chains.chains.contains(&chain).then(|| (last.to_string(), pos))
@@ -576,24 +739,25 @@ fn rules_evaluated(rs: &Ruleset, t: &trace::Trace) -> usize {
     deepest.values().sum()
 }
 
-/// The chains a packet to a pod interface can reach from the ingress map (not the skeleton's),
-/// their rules, and the sets those rules look up.
+/// The chains a packet to (forward) or from (to the node) a pod interface can reach from the
+/// ingress or egress map (not the skeleton's), their rules, and the sets those rules look up.
 #[derive(Default)]
-struct ServerChains {
+struct PodChains {
     chains: BTreeSet<String>,
     rules: usize,
     sets: BTreeSet<String>,
     elements: usize,
 }
 
-fn server_chains(rs: &Ruleset, iface: &str) -> ServerChains {
-    let mut out = ServerChains::default();
+fn pod_chains(rs: &Ruleset, iface: &str, route: Route) -> PodChains {
+    let mut out = PodChains::default();
     let key = render::names::quoted(iface);
+    let map = if route == Route::Forward { render::INGRESS_MAP } else { render::EGRESS_MAP };
     let entry = rs.objects.iter().find_map(|o| match o {
-        Object::Set(m) if m.name == render::INGRESS_MAP => m.elements.iter().find(|e| e.key == key).and_then(|e| e.verdict.clone()),
+        Object::Set(m) if m.name == map => m.elements.iter().find(|e| e.key == key).and_then(|e| e.verdict.clone()),
         _ => None,
     });
-    let skeleton = [render::BASE_CHAIN, render::FROM_PODS, render::TO_PODS, render::EGRESS_ALLOWED];
+    let skeleton = [render::BASE_CHAIN, render::FROM_PODS, render::TO_PODS, render::EGRESS_ALLOWED, render::INPUT_CHAIN, render::TO_NODE];
     let mut todo: Vec<String> = entry.iter().filter_map(|v| target(v)).collect();
     while let Some(name) = todo.pop() {
         if skeleton.contains(&name.as_str()) || !out.chains.insert(name.clone()) {
@@ -694,7 +858,7 @@ const WARM_UP: Duration = Duration::from_millis(50);
 /// One scenario measured: twin topologies, identical but for the table (see the module doc).
 struct Topology {
     sides: [Side; 2],
-    server_chains: ServerChains,
+    server_chains: PodChains,
     accepted_by: Option<String>,
     rule_position: Option<usize>,
     /// By the client's first packet (forward chain included), per the tracer.
@@ -704,10 +868,9 @@ struct Topology {
 
 impl Topology {
     fn new(s: &Scenario, args: &DataplaneArgs) -> anyhow::Result<Self> {
-        let iface = s.server.interface.as_str();
-        let server_chains = server_chains(&s.flock, iface);
+        let server_chains = pod_chains(&s.flock, &s.local.interface, s.route);
         let table = traced_table(&s.flock)?;
-        let tr = trace_syn(&table, iface, s.client, s.server_addr, s.port)?;
+        let tr = trace_syn(&table, s, s.client, s.port)?;
         let (accepted_by, rule_position) = accepting_position(&s.flock, &server_chains, &tr).unzip();
         let rules_evaluated = rules_evaluated(&s.flock, &tr);
         let sides = [Side::new(s, Table::Flock, args)?, Side::new(s, Table::ConntrackOnly, args)?];
@@ -747,25 +910,122 @@ impl Topology {
 /// applied, the server accepting. Field order is drop order: the server's loop stops before
 /// the namespaces go.
 struct Side {
-    /// Held for its drop (stops the accept loops).
+    /// Held for their drop (stop the accept loops): the server's, and one on the denied port.
     _server_loop: Server,
+    _denied_loop: Option<Server>,
     table: Table,
     dst: SocketAddr,
     conntrack_peak: u64,
     client: NetnsGuard,
     node: NetnsGuard,
-    _server_ns: NetnsGuard,
+    /// The server pod's namespace (none when the server is the node itself).
+    _server_ns: Option<NetnsGuard>,
 }
 
 impl Side {
     fn new(s: &Scenario, table: Table, args: &DataplaneArgs) -> anyhow::Result<Self> {
+        match s.route {
+            Route::Forward => Self::forward(s, table, args),
+            Route::ToNode => Self::to_node(s, table, args),
+        }
+    }
+
+    /// The node's table applied in `n`, and its conntrack timeouts set.
+    fn apply(s: &Scenario, table: Table, node: &NetnsGuard) -> anyhow::Result<()> {
+        let rs = match table {
+            Table::Flock => &s.flock,
+            Table::ConntrackOnly => &s.conntrack_only,
+        };
+        let started = Instant::now();
+        Applier::new(NftCli::new(Netns::named(&node.name)))
+            .defer_baseline()
+            .apply(rs)
+            .with_context(|| format!("applying {} in {}", table.name(), node.name))?;
+        eprintln!("dataplane: {}: {} applied in {:.2}s", s.name, table.name(), started.elapsed().as_secs_f64());
+        // The table's `ct` expressions have enabled conntrack in the namespace.
+        for (key, value) in CT_TIMEOUTS {
+            sysctl(node, key, value)?;
+        }
+        Ok(())
+    }
+
+    /// A client pod wired to the node as flock-cni wires pods, the server on the node's own
+    /// address (on `lo`), a second server on the denied port.
+    fn to_node(s: &Scenario, table: Table, args: &DataplaneArgs) -> anyhow::Result<Self> {
+        let tag = format!("{}-{}", s.name.replace('_', "-"), table.tag());
+        let client = netns(&format!("{tag}-client"))?;
+        let node = netns(&format!("{tag}-node"))?;
+        let (c, n) = (client.name.as_str(), node.name.as_str());
+        let iface = s.local.interface.as_str();
+        let fam = if s.server_addr.is_ipv6() { "-6" } else { "-4" };
+        let host = |a: IpAddr| format!("{a}/{}", if a.is_ipv4() { 32 } else { 128 });
+        for ns in [&client, &node] {
+            sysctl(ns, "net.ipv6.conf.all.accept_dad", "0")?;
+            sysctl(ns, "net.ipv6.conf.default.accept_dad", "0")?;
+        }
+        sysctl(&client, "net.ipv4.ip_local_port_range", "1024 65535")?;
+        sysctl(&client, "net.ipv4.tcp_tw_reuse", "1")?;
+        sysctl(&node, "net.core.somaxconn", "4096")?;
+        sh(&[
+            "ip",
+            "-n",
+            n,
+            "link",
+            "add",
+            iface,
+            "address",
+            MAC_POD_HOST,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "address",
+            MAC_CLIENT,
+            "netns",
+            c,
+        ])?;
+        for (ns, dev) in [(n, iface), (c, "eth0"), (n, "lo")] {
+            sh(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+        }
+        sh(&["ip", fam, "-n", n, "addr", "add", &host(s.server_addr), "dev", "lo"])?;
+        add_address(c, s.client)?;
+        sh(&["ip", fam, "-n", n, "route", "add", &host(s.client), "dev", iface])?;
+        sh(&["ip", "-n", n, "neigh", "replace", &s.client.to_string(), "lladdr", MAC_CLIENT, "dev", iface, "nud", "permanent"])?;
+        sh(&["ip", fam, "-n", c, "route", "add", &host(s.server_addr), "dev", "eth0", "src", &s.client.to_string()])?;
+        sh(&["ip", "-n", c, "neigh", "replace", &s.server_addr.to_string(), "lladdr", MAC_POD_HOST, "dev", "eth0", "nud", "permanent"])?;
+        Self::apply(s, table, &node)?;
+
+        let dst = SocketAddr::new(s.server_addr, s.port);
+        let server_loop = Server::start(&path(&node), dst, args.dataplane_servers).with_context(|| format!("server in {n}"))?;
+        let denied_loop = match s.denied_port {
+            Some(port) => {
+                Some(Server::start(&path(&node), SocketAddr::new(s.server_addr, port), 1).with_context(|| format!("server in {n}"))?)
+            }
+            None => None,
+        };
+        let client_ns = path(&client);
+        probe(&client_ns, Some(s.client), dst, CONNECT_TIMEOUT).with_context(|| format!("{} -> {dst} with {}", s.client, table.name()))?;
+        if let Some(port) = s.denied_port {
+            let denied = SocketAddr::new(s.server_addr, port);
+            match (table, probe(&client_ns, Some(s.client), denied, DENIED_TIMEOUT)) {
+                (Table::Flock, Ok(())) => bail!("flock's ruleset in {n} let {} connect to {denied}, which the policies deny", s.client),
+                (Table::ConntrackOnly, Err(e)) => return Err(e.context(format!("{} -> {denied} with {}", s.client, table.name()))),
+                _ => {}
+            }
+        }
+        Ok(Self { _server_loop: server_loop, _denied_loop: denied_loop, table, dst, conntrack_peak: 0, client, node, _server_ns: None })
+    }
+
+    /// Client, node and server pod namespaces, the client routed over the node's uplink.
+    fn forward(s: &Scenario, table: Table, args: &DataplaneArgs) -> anyhow::Result<Self> {
         let tag = format!("{}-{}", s.name.replace('_', "-"), table.tag());
         let client = netns(&format!("{tag}-client"))?;
         let node = netns(&format!("{tag}-node"))?;
         let server = netns(&format!("{tag}-server"))?;
         let v6 = s.server_addr.is_ipv6();
         let (c, n, sv) = (client.name.as_str(), node.name.as_str(), server.name.as_str());
-        let iface = s.server.interface.as_str();
+        let iface = s.local.interface.as_str();
 
         for ns in [&client, &node, &server] {
             sysctl(ns, "net.ipv6.conf.all.accept_dad", "0")?;
@@ -825,20 +1085,7 @@ impl Side {
         sh(&["ip", fam, "-n", c, "route", "add", &host(dst_ip), "dev", "eth0", "src", &s.client.to_string()])?;
         sh(&["ip", "-n", c, "neigh", "replace", &dst_ip.to_string(), "lladdr", MAC_UPLINK, "dev", "eth0", "nud", "permanent"])?;
 
-        let rs = match table {
-            Table::Flock => &s.flock,
-            Table::ConntrackOnly => &s.conntrack_only,
-        };
-        let started = Instant::now();
-        Applier::new(NftCli::new(Netns::named(n)))
-            .defer_baseline()
-            .apply(rs)
-            .with_context(|| format!("applying {} in {n}", table.name()))?;
-        eprintln!("dataplane: {}: {} applied in {:.2}s", s.name, table.name(), started.elapsed().as_secs_f64());
-        // The table's `ct` expressions have enabled conntrack in the namespace.
-        for (key, value) in CT_TIMEOUTS {
-            sysctl(&node, key, value)?;
-        }
+        Self::apply(s, table, &node)?;
 
         let dst = SocketAddr::new(dst_ip, s.port);
         let server_loop = Server::start(&path(&server), dst, args.dataplane_servers).with_context(|| format!("server in {sv}"))?;
@@ -854,7 +1101,7 @@ impl Side {
                 _ => {}
             }
         }
-        Ok(Self { _server_loop: server_loop, table, dst, conntrack_peak: 0, client, node, _server_ns: server })
+        Ok(Self { _server_loop: server_loop, _denied_loop: None, table, dst, conntrack_peak: 0, client, node, _server_ns: Some(server) })
     }
 }
 
