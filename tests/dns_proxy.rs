@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flock::agent::dns_proxy::{DnsProxy, Learner, ProxyConfig, ProxyStats};
+use flock::agent::dns_proxy::{DnsProxy, Learner, ProxyConfig, ProxyStats, RefusedBy};
 use flock::dns::Learned;
 use flock::netns::{self, Netns};
 use flock::sim::dns::{Record, RecordData, Zone};
@@ -76,6 +76,20 @@ fn ask_udp(client: &Netns, resolver: SocketAddr, q: Vec<u8>) -> (Vec<u8>, Instan
     .unwrap()
 }
 
+/// [`ask_udp`], `None` when no answer comes within a second.
+fn try_udp(client: &Netns, resolver: SocketAddr, q: Vec<u8>) -> Option<Vec<u8>> {
+    netns::run_in(client, move || {
+        let local: SocketAddr = if resolver.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+        let s = UdpSocket::bind(local).unwrap();
+        s.connect(resolver).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        s.send(&q).unwrap();
+        let mut buf = vec![0u8; 65_535];
+        s.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
+    })
+    .unwrap()
+}
+
 fn ask_tcp(client: &Netns, resolver: SocketAddr, queries: Vec<Vec<u8>>) -> Vec<(Vec<u8>, Instant)> {
     netns::run_in(client, move || {
         let mut s = TcpStream::connect_timeout(&resolver, Duration::from_secs(5)).unwrap();
@@ -121,7 +135,7 @@ fn pods_get_answers_from_their_resolver_only_after_the_learner_admitted_them() {
     let resolver_ips: [IpAddr; 3] =
         ["198.18.211.53".parse().unwrap(), "2001:db8:211::53".parse().unwrap(), "198.18.211.54".parse().unwrap()];
     let resolver = node.add_pod("dnsr", "vr-dns", &resolver_ips);
-    // The node's own addresses, which the proxy's queries to the resolver leave from.
+    // The node's own addresses (the proxy asks as the pod, from the pod's address).
     node.ns.ip(&["addr", "add", "198.18.212.1/32", "dev", "uplink"]);
     node.ns.ip(&["-6", "addr", "add", "2001:db8:212::1/128", "dev", "uplink", "nodad"]);
     // The redirect as the agent will program it.
@@ -186,21 +200,24 @@ fn pods_get_answers_from_their_resolver_only_after_the_learner_admitted_them() {
     assert_eq!((m.id(), m.response_code()), (5, ResponseCode::ServFail));
     assert!(addresses(&answer).is_empty());
 
-    // An untrusted resolver's answer passes on untouched and teaches nothing.
-    let (answer, _) = ask_udp(&client.ns.netns(), (resolver_ips[2], 53).into(), query("api.example.test", RecordType::A, 6));
-    assert_eq!(addresses(&answer), vec!["198.18.1.10".parse::<IpAddr>().unwrap()]);
+    // A query to a resolver not trusted is not what the steering delivers (it steers DNS to
+    // trusted resolvers only; this test's redirect takes every port 53): dropped, counted.
+    let untrusted: SocketAddr = (resolver_ips[2], 53).into();
+    assert_eq!(try_udp(&client.ns.netns(), untrusted, query("api.example.test", RecordType::A, 6)), None);
+    assert_eq!(stats.refused(RefusedBy::NotSteered), 1);
     // A name the resolver does not know: NXDOMAIN teaches nothing, passed on as it came.
     let (answer, _) = ask_udp(&client.ns.netns(), v4, query("nope.example.test", RecordType::A, 7));
     assert_eq!(Message::from_vec(&answer).unwrap().response_code(), ResponseCode::NXDomain);
     assert_eq!(learner.seen.lock().unwrap().len(), 4);
 
     assert_eq!(stat(&stats, |s| &s.queries), 7);
-    assert_eq!(settled(&stats, |s| &s.answers, 7), 7);
+    assert_eq!(settled(&stats, |s| &s.answers, 6), 6);
     assert_eq!(stat(&stats, |s| &s.learned), 4);
     assert_eq!(stat(&stats, |s| &s.learn_failures), 1);
-    assert_eq!(stat(&stats, |s| &s.untrusted), 1);
+    assert_eq!(stat(&stats, |s| &s.untrusted), 0);
     assert_eq!(stat(&stats, |s| &s.unusable), 1);
     assert_eq!(stat(&stats, |s| &s.upstream_failures), 0);
+    assert_eq!(stat(&stats, |s| &s.mismatched), 0);
 
     stop_proxy.send(true).unwrap();
     stop_dns.send(true).unwrap();
@@ -408,10 +425,8 @@ spec:
     };
     let np = translate(&s, &[endpoint("flkdnsr1", "c1", c1_ip), endpoint("flkdnsr2", "c2", c2_ip)], &Options::default());
     assert!(np.problems.is_empty(), "{:?}", np.problems);
-    let options = RenderOptions {
-        dns: Some(DnsSteer { port: STEER_PORT, mark: render::DNS_MARK, resolvers: vec![resolver_ip.into()] }),
-        ..RenderOptions::DEFAULT
-    };
+    let options =
+        RenderOptions { dns: Some(DnsSteer::new(STEER_PORT, render::DNS_MARK, vec![resolver_ip.into()])), ..RenderOptions::DEFAULT };
     Applier::new(NftCli::new(node.ns.netns())).apply(&render::render_with(&np, &options)).unwrap();
     // The policy routing flock-agent adds for marked packets.
     node.ns.ip(&["-4", "rule", "add", "fwmark", "0x80/0x80", "lookup", "181"]);

@@ -170,13 +170,10 @@ async fn run(fam: &Fam, mut snapshot: flock::model::Snapshot) {
     opts.hosts = vec![host("dns", fam.resolver), host("web", fam.web), host("other", fam.other)];
     opts.host_ports = vec![(80, Protocol::Tcp)];
     opts.dns = Some(DnsConfig {
-        port: 15053,
-        mark: flock::render::DNS_MARK,
-        route_table: 180,
-        rule_priority: 90,
         resolvers: vec![fam.resolver.parse().unwrap()],
         limits: flock::dns::Limits { min_ttl: 1, ..flock::dns::Limits::default() },
         upstream_timeout: Duration::from_secs(2),
+        ..DnsConfig::default()
     });
     let mut sim = Sim::build(snapshot, opts).await.unwrap();
     let zone = Zone::new(vec![
@@ -195,7 +192,7 @@ async fn run(fam: &Fam, mut snapshot: flock::model::Snapshot) {
     let table =
         netns::run_in(&node, || std::process::Command::new("nft").args(["list", "table", "inet", "flock"]).output().unwrap()).unwrap();
     let table = String::from_utf8_lossy(&table.stdout).to_string();
-    assert!(table.contains("chain dns-steer") && table.contains("tproxy to :15053"), "{table}");
+    assert!(table.contains("chain dns-steer") && table.contains("tproxy ip to 127.0.0.1:15053"), "{table}");
     assert!(table.contains("flags timeout"), "{table}");
 
     // Not reachable before the name is resolved; other names teach nothing.

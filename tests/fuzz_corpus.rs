@@ -15,7 +15,7 @@ use flock::testkit::kernel::{NetnsGuard, require_root};
 
 type Target = fn(&[u8]) -> Vec<String>;
 
-const TARGETS: [(&str, Target); 7] = [
+const TARGETS: [(&str, Target); 8] = [
     // The replay cross-checks every pipeline input, not a sample.
     ("pipeline", fuzzing::pipeline_full),
     ("manifest", fuzzing::manifest),
@@ -24,6 +24,7 @@ const TARGETS: [(&str, Target); 7] = [
     ("differential", fuzzing::differential),
     ("incremental_steps", fuzzing::incremental),
     ("dns_answer", fuzzing::dns_answer),
+    ("dns_exchange", fuzzing::dns_exchange),
 ];
 
 fn fuzz_dir() -> PathBuf {
@@ -149,6 +150,10 @@ fn write_seeds() {
             })
             .unwrap();
         write("pipeline", &format!("seed-base-{i}"), &bytes);
+    }
+    // dns_exchange: each query with its true answer, and with arbitrary bytes.
+    for (name, data) in fuzzing::dns::exchange_seeds() {
+        write("dns_exchange", &name, &data);
     }
     // dns_answer: a valid answer to each query.
     for (name, data) in fuzzing::dns::seeds() {

@@ -137,11 +137,11 @@ fn renders() -> Vec<(String, Ruleset)> {
     // steering (prerouting base chains, packet marks, tproxy).
     let cnp = flock::testkit::domain_policy("y", &["*.example.test", "api.example.org"], 443);
     let s = flock::testkit::base_cluster_with(&format!("{cnp}---\n{DOMAINS_NP}"));
-    let steer = flock::render::DnsSteer {
-        port: 15053,
-        mark: flock::render::DNS_MARK,
-        resolvers: vec!["198.18.250.53/32".parse().unwrap(), "2001:db8:250::53/128".parse().unwrap()],
-    };
+    let steer = flock::render::DnsSteer::new(
+        15053,
+        flock::render::DNS_MARK,
+        vec!["198.18.250.53/32".parse().unwrap(), "2001:db8:250::53/128".parse().unwrap()],
+    );
     for (stack, snap) in [("v4", s.clone()), ("dual", dual_stack(&s))] {
         for node in ["node-1", "node-2"] {
             let ir = translate(&snap, &snap.derived_endpoints(node), &Options::default());

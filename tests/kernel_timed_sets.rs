@@ -43,14 +43,17 @@ fn learned_addresses_live_in_timed_sets_until_their_ttl_passes() {
 
     let (first, refreshed, after) = netns::run_in(&ns.netns(), || {
         let mut s = NfSocket::open().unwrap();
-        s.write_timed(&[
-            ("dom-t-v4", vec![element("198.18.1.10", 1500, "api.example.test"), element("198.18.1.11", 60_000, "api.example.test")]),
-            ("dom-t-v6", vec![element("2001:db8:1::10", 60_000, "api.example.test")]),
-        ])
+        s.write_timed(
+            &[
+                ("dom-t-v4", vec![element("198.18.1.10", 1500, "api.example.test"), element("198.18.1.11", 60_000, "api.example.test")]),
+                ("dom-t-v6", vec![element("2001:db8:1::10", 60_000, "api.example.test")]),
+            ],
+            &[],
+        )
         .unwrap();
         let first = (s.dump_timed("dom-t-v4").unwrap(), s.dump_timed("dom-t-v6").unwrap());
         // Learned again with a longer TTL: the timeout is refreshed (kernels since 6.10).
-        s.write_timed(&[("dom-t-v4", vec![element("198.18.1.11", 120_000, "api.example.test")])]).unwrap();
+        s.write_timed(&[("dom-t-v4", vec![element("198.18.1.11", 120_000, "api.example.test")])], &[]).unwrap();
         let refreshed = s.dump_timed("dom-t-v4").unwrap();
         std::thread::sleep(Duration::from_millis(2500));
         (first, refreshed, s.dump_timed("dom-t-v4").unwrap())
@@ -77,7 +80,7 @@ fn learned_addresses_live_in_timed_sets_until_their_ttl_passes() {
 
     // A set that does not exist: the refusal names it.
     let err = netns::run_in(&ns.netns(), || {
-        NfSocket::open().unwrap().write_timed(&[("dom-missing", vec![element("198.18.1.12", 1000, "")])]).unwrap_err()
+        NfSocket::open().unwrap().write_timed(&[("dom-missing", vec![element("198.18.1.12", 1000, "")])], &[]).unwrap_err()
     })
     .unwrap();
     assert!(err.to_string().contains("dom-missing"), "{err}");
@@ -139,7 +142,7 @@ fn learned_addresses_survive_syncs_restarts_and_drift_checks() {
     let s = flock::testkit::base_cluster_with(&flock::testkit::domain_policy("y", &["*.example.test"], 443));
     let node = s.pod_by_name(&flock::testkit::pod_ref("y/a")).and_then(|p| p.node.clone()).unwrap();
     let options = RenderOptions {
-        dns: Some(DnsSteer { port: 15053, mark: render::DNS_MARK, resolvers: vec!["198.18.250.53/32".parse().unwrap()] }),
+        dns: Some(DnsSteer::new(15053, render::DNS_MARK, vec!["198.18.250.53/32".parse().unwrap()])),
         ..RenderOptions::DEFAULT
     };
     let rs = |s: &flock::model::Snapshot| render::render_with(&translate(s, &s.derived_endpoints(&node), &Options::default()), &options);
@@ -159,7 +162,10 @@ fn learned_addresses_survive_syncs_restarts_and_drift_checks() {
         };
         let set2 = set.clone();
         netns::run_in(&ns.netns(), move || {
-            NfSocket::open().unwrap().write_timed(&[(set2.as_str(), vec![element("198.18.250.80", 60_000, "api.example.test")])]).unwrap()
+            NfSocket::open()
+                .unwrap()
+                .write_timed(&[(set2.as_str(), vec![element("198.18.250.80", 60_000, "api.example.test")])], &[])
+                .unwrap()
         })
         .unwrap();
         assert_eq!(learned(&ns).len(), 1);
@@ -167,7 +173,10 @@ fn learned_addresses_survive_syncs_restarts_and_drift_checks() {
         a.record_baseline().unwrap();
         let set3 = set.clone();
         netns::run_in(&ns.netns(), move || {
-            NfSocket::open().unwrap().write_timed(&[(set3.as_str(), vec![element("198.18.250.81", 60_000, "www.example.test")])]).unwrap()
+            NfSocket::open()
+                .unwrap()
+                .write_timed(&[(set3.as_str(), vec![element("198.18.250.81", 60_000, "www.example.test")])], &[])
+                .unwrap()
         })
         .unwrap();
         assert_eq!(a.check_drift().unwrap(), Drift::InSync, "netlink {netlink}");

@@ -438,6 +438,32 @@ fn setup_error(e: DataplaneError) -> CniError {
     }
 }
 
+/// Most bytes of stdin flock-cni reads. A network configuration is a few kilobytes: one
+/// plugin's settings plus what the runtime adds (`runtimeConfig`, a `prevResult` of a few
+/// interfaces and addresses, and for GC the valid attachments, ~100 bytes each, so about
+/// 10,000 of them would fit, far more pods than a node runs). The bound keeps a runaway or
+/// hostile writer from making the plugin buffer stdin without limit (a 50 MB stdin used to
+/// be read whole).
+pub const MAX_STDIN: usize = 1 << 20;
+
+/// Reads the network configuration from `input`, at most [`MAX_STDIN`] bytes: a larger one
+/// is refused with code 5 (an I/O failure reading stdin) without being read on. A read error
+/// is treated like empty input (VERSION may come with nothing on stdin; the verbs that need
+/// a configuration report a decode error).
+pub fn read_stdin(input: impl std::io::Read) -> Result<Vec<u8>, CniError> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    // One byte past the limit tells a configuration of exactly the limit from a larger one.
+    if input.take(MAX_STDIN as u64 + 1).read_to_end(&mut buf).is_err() {
+        buf.clear();
+    }
+    if buf.len() > MAX_STDIN {
+        return Err(CniError::new(code::IO, format!("the network configuration on stdin is larger than {MAX_STDIN} bytes"))
+            .with_details(format!("flock-cni reads at most {MAX_STDIN} bytes of stdin; a network configuration is a few kilobytes")));
+    }
+    Ok(buf)
+}
+
 /// The exit path of the binary: the JSON for stdout and the exit status.
 pub fn outcome(env: Result<Env, CniError>, stdin: &[u8]) -> (Option<Value>, bool) {
     let version = serde_json::from_slice::<Value>(stdin)
@@ -459,5 +485,60 @@ pub fn outcome(env: Result<Env, CniError>, stdin: &[u8]) -> (Option<Value>, bool
             tracing::error!(code = e.code, msg = %e.msg, details = %e.details, "CNI error");
             (Some(e.to_json(&version)), false)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// A reader of `len` bytes that counts what was read from it.
+    struct Counted<R> {
+        inner: R,
+        read: usize,
+    }
+
+    impl<R: Read> Read for Counted<R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.read += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn an_oversized_stdin_is_refused_without_reading_it_all() {
+        let mut big = Counted { inner: std::io::repeat(b' ').take(50 << 20), read: 0 };
+        let e = read_stdin(&mut big).unwrap_err();
+        assert_eq!(e.code, code::IO);
+        assert!(e.msg.contains("larger than 1048576 bytes"), "{e:?}");
+        assert_eq!(big.read, MAX_STDIN + 1, "reading stops just past the limit");
+        // The binary prints it as a CNI error object and fails.
+        let (out, ok) = outcome(Err(e), &[]);
+        let out = out.unwrap();
+        assert!(!ok);
+        assert_eq!((out["code"].as_u64(), out["cniVersion"].as_str()), (Some(u64::from(code::IO)), Some(spec::LATEST)));
+        assert!(out["msg"].as_str().unwrap().contains("stdin"), "{out}");
+    }
+
+    #[test]
+    fn stdin_up_to_the_limit_is_read_whole() {
+        let exact = vec![b' '; MAX_STDIN];
+        assert_eq!(read_stdin(exact.as_slice()).unwrap(), exact);
+        let conf = br#"{"cniVersion":"1.0.0","name":"n","type":"flock-cni"}"#;
+        assert_eq!(read_stdin(&conf[..]).unwrap(), conf);
+        assert!(read_stdin(std::io::empty()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_stdin_read_error_reads_as_empty() {
+        struct Broken;
+        impl Read for Broken {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::other("broken"))
+            }
+        }
+        assert!(read_stdin(Broken).unwrap().is_empty());
     }
 }

@@ -783,3 +783,27 @@ fn errors_are_json_on_stdout_with_the_right_code() {
     let (_, _, stderr) = raw(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c"), ("CNI_IFNAME", "eth0")], "{");
     assert!(stderr.contains("CNI error"), "{stderr}");
 }
+
+/// A 50 MB stdin (a valid configuration padded with blanks) is refused with an I/O error
+/// object on stdout, after reading at most `MAX_STDIN` of it: the rest cannot be written.
+#[test]
+fn an_oversized_stdin_is_refused_unread() {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flock-cni"));
+    cmd.env_clear().env("CNI_COMMAND", "VERSION");
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut stdin = br#"{"cniVersion":"1.0.0","name":"n","type":"flock-cni"}"#.to_vec();
+        stdin.resize(50 << 20, b' ');
+        input.write_all(&stdin)
+    });
+    let out = child.wait_with_output().unwrap();
+    let written = writer.join().unwrap();
+    assert_eq!(written.map_err(|e| e.kind()), Err(std::io::ErrorKind::BrokenPipe), "the plugin stopped reading");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(v["code"], code::IO);
+    assert!(v["msg"].as_str().unwrap().contains(&format!("larger than {} bytes", flock_cni::plugin::MAX_STDIN)), "{v}");
+}

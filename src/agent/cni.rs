@@ -23,20 +23,68 @@ use tokio::sync::watch;
 use super::Shared;
 use crate::model::{LocalEndpoint, ObjectRef};
 
-/// Binds the socket: its directory is created, a stale socket file removed, and the socket
-/// made root-only (0600).
+/// Binds the socket at `path`, root-only (0600) from the moment anyone can reach it.
+///
+/// Binding at `path` and then chmod-ing it would leave a window in which the socket exists
+/// with the umask's permissions and any local user could connect. So the socket is bound
+/// inside a fresh private directory (0700, created next to `path`, so on the same file
+/// system), made 0600 there, and renamed into place: a bound unix socket keeps working under
+/// its new name, and the rename atomically replaces a stale socket left at `path` by an
+/// earlier run. The private directory is removed again. `path`'s directory is created if
+/// missing. The socket is bound at `.<name>.<pid>-<n>/s` beside `path`'s `<name>`, a dozen
+/// bytes longer: both must fit a unix socket address (107 bytes).
+///
+/// Errors name the file or directory that failed.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let Some(name) = path.file_name() else {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} names no file", path.display())));
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| context(e, "creating", dir))?;
+    // A fresh directory: an existing one (a crashed bind's, or anyone's) is never reused.
+    let mut private = None;
+    for attempt in 0..16 {
+        let candidate = dir.join(format!(".{}.{}-{attempt}", name.to_string_lossy(), std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&candidate) {
+            Ok(()) => {
+                private = Some(candidate);
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(context(e, "creating", &candidate)),
+        }
     }
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
+    let Some(private) = private else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("creating a private directory for the socket in {}: 16 names were taken", dir.display()),
+        ));
+    };
+    let temp = private.join("s");
+    let placed = UnixListener::bind(&temp).map_err(|e| context(e, "binding", &temp)).and_then(|listener| {
+        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o600)).map_err(|e| context(e, "making 0600", &temp))?;
+        std::fs::rename(&temp, path).map_err(|e| context(e, &format!("moving the socket {} to", temp.display()), path))?;
+        Ok(listener)
+    });
+    if placed.is_err() {
+        // Whatever was made: the socket, if it was bound but not moved.
+        let _ = std::fs::remove_file(&temp);
     }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+    if let Err(e) = std::fs::remove_dir(&private) {
+        // The socket is in place (or the error is reported already): only an empty
+        // directory is left behind.
+        tracing::warn!(dir = %private.display(), error = %e, "cannot remove the socket's temporary directory");
+    }
+    placed
+}
+
+/// `e`, naming what was done to `path`.
+fn context(e: std::io::Error, what: &str, path: &Path) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
 }
 
 pub(super) async fn serve(shared: Arc<Shared>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
@@ -201,5 +249,77 @@ async fn add_endpoint(shared: &Arc<Shared>, ep: LocalEndpoint) -> Reply {
             Reply::ok()
         }
         Err(e) => Reply::refused(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+
+    fn test_dir(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("flock-cni-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    /// The socket appears at its path already 0600 (it is bound in a private directory and
+    /// renamed there), replaces a stale one, accepts connections, and leaves nothing else.
+    #[tokio::test]
+    async fn the_socket_is_root_only_when_it_appears_and_works() {
+        let dir = test_dir("bind");
+        let path = dir.join("sub").join("cni.sock");
+        // A stale socket of an earlier run, left world-accessible.
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+
+        let listener = bind(&path).unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+        assert_eq!(entries(path.parent().unwrap()), ["cni.sock"], "the private directory is gone");
+
+        let mut client = UnixStream::connect(&path).await.unwrap();
+        let (mut conn, _) = listener.accept().await.unwrap();
+        client.write_all(b"ping").await.unwrap();
+        let mut got = [0u8; 4];
+        conn.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ping");
+
+        // Binding again (a restart) replaces the socket in place.
+        drop(listener);
+        let again = bind(&path).unwrap();
+        assert_eq!(std::fs::symlink_metadata(&path).unwrap().permissions().mode() & 0o7777, 0o600);
+        drop(UnixStream::connect(&path).await.unwrap());
+        drop(again);
+        assert_eq!(entries(path.parent().unwrap()), ["cni.sock"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn bind_errors_name_the_path_and_leave_nothing_behind() {
+        let dir = test_dir("bind-err");
+        // The socket's path is a directory that is not empty: the rename fails.
+        let path = dir.join("cni.sock");
+        std::fs::create_dir_all(path.join("keep")).unwrap();
+        let e = bind(&path).unwrap_err().to_string();
+        assert!(e.contains(&path.display().to_string()), "{e}");
+        assert_eq!(entries(&dir), ["cni.sock"], "the private directory is removed on failure too");
+        assert_eq!(entries(&path), ["keep"]);
+        // Its directory cannot be created: a file is in the way.
+        let blocked = dir.join("file");
+        std::fs::write(&blocked, b"").unwrap();
+        let e = bind(&blocked.join("cni.sock")).unwrap_err().to_string();
+        assert!(e.contains(&blocked.display().to_string()), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -7,10 +7,13 @@
 //! sync loop renders the steering chains ([`crate::render::DnsSteer`]) and, once a sync is
 //! committed, hands the domain rules of what it committed to the learner
 //! ([`DnsService::set_rules`]). If the proxy stops, steered DNS is dropped by the rendered
-//! table (fail closed).
+//! table (fail closed). The trusted resolvers the translation found are remembered in the
+//! agent's state directory ([`RESOLVERS_FILE`]): a restarted agent whose API server does not
+//! answer yet keeps serving the DNS its table (which outlives it) steers to the proxy.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,12 +52,36 @@ pub struct DnsConfig {
     /// TTL floor and cap, addresses per answer, CNAME steps.
     pub limits: crate::dns::Limits,
     pub upstream_timeout: Duration,
+    /// What pods may hold of the proxy (queries in flight, TCP connections).
+    pub bounds: super::dns_proxy::Bounds,
+    /// Asked names go upstream in a random case (DNS 0x20).
+    pub randomize_case: bool,
+    /// Learned addresses per domain rule's set and per node.
+    pub learned: super::domains::LearnedBounds,
+}
+
+impl Default for DnsConfig {
+    /// flock-agent's defaults.
+    fn default() -> Self {
+        Self {
+            port: DEFAULT_PROXY_PORT,
+            mark: render::DNS_MARK,
+            route_table: DEFAULT_ROUTE_TABLE,
+            rule_priority: DEFAULT_RULE_PRIORITY,
+            resolvers: Vec::new(),
+            limits: crate::dns::Limits::default(),
+            upstream_timeout: Duration::from_secs(5),
+            bounds: super::dns_proxy::Bounds::default(),
+            randomize_case: true,
+            learned: super::domains::LearnedBounds::default(),
+        }
+    }
 }
 
 impl DnsConfig {
     /// The steering the renderer writes for this proxy.
     pub fn steer(&self) -> DnsSteer {
-        DnsSteer { port: self.port, mark: self.mark, resolvers: self.resolvers.iter().map(|a| ipnet::IpNet::from(*a)).collect() }
+        DnsSteer::new(self.port, self.mark, self.resolvers.iter().map(|a| ipnet::IpNet::from(*a)).collect())
     }
 }
 
@@ -69,27 +96,82 @@ pub enum DnsError {
     Thread { netns: String, message: String },
 }
 
+/// The file in the agent's state directory that remembers the trusted resolvers the last
+/// committed translation found.
+pub const RESOLVERS_FILE: &str = "dns-resolvers";
+
 /// The running proxy.
 pub struct DnsService {
     learner: Arc<DomainLearner<KernelWriter>>,
     trusted: super::dns_proxy::Trusted,
     /// Trusted whatever the translation finds.
     configured: Vec<IpAddr>,
+    /// Where the trusted resolvers are remembered across restarts, and what was written last.
+    remembered: Option<(PathBuf, std::sync::Mutex<BTreeSet<IpAddr>>)>,
     stats: Arc<ProxyStats>,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// The trusted resolvers remembered in `path` (one address per line); none when there is no
+/// such file, and what parses when it is damaged (a bad line is skipped and logged).
+fn read_remembered(path: &Path) -> BTreeSet<IpAddr> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return BTreeSet::new(),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "the remembered DNS resolvers cannot be read");
+            return BTreeSet::new();
+        }
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| match l.trim().parse::<IpAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                tracing::warn!(path = %path.display(), line = %crate::model::clip(l), "a remembered DNS resolver that is no address, skipped");
+                None
+            }
+        })
+        .collect()
+}
+
+/// Writes `addrs` to `path` whole or not at all (a temporary file renamed over it).
+fn write_remembered(path: &Path, addrs: &BTreeSet<IpAddr>) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let text: String = addrs.iter().map(|a| format!("{a}\n")).collect();
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
 impl DnsService {
     /// Binds the proxy in `ns`, adds its policy routing there, and serves until dropped.
-    pub fn start(config: &DnsConfig, ns: &Netns, metrics: Arc<super::metrics::Metrics>) -> Result<Self, DnsError> {
-        let learner = Arc::new(DomainLearner::new(KernelWriter::default()).with_metrics(metrics.clone()));
+    /// `remembered`: where the trusted resolvers the translation found are remembered, so that
+    /// after a restart, while the API does not answer yet, the proxy still serves the pods the
+    /// table (which outlives the agent) steers to it.
+    pub fn start(
+        config: &DnsConfig,
+        ns: &Netns,
+        metrics: Arc<super::metrics::Metrics>,
+        remembered: Option<PathBuf>,
+    ) -> Result<Self, DnsError> {
+        let learner = Arc::new(DomainLearner::new(KernelWriter::default()).with_bounds(config.learned).with_metrics(metrics.clone()));
         let mut proxy_config = ProxyConfig::new(config.port, config.resolvers.clone());
         proxy_config.limits = config.limits;
         proxy_config.upstream_timeout = config.upstream_timeout;
+        proxy_config.bounds = config.bounds;
+        proxy_config.randomize_case = config.randomize_case;
         let proxy = DnsProxy::with_stats(proxy_config, learner.clone(), metrics.dns_stats());
         let stats = proxy.stats();
         let trusted = proxy.trusted();
+        let remembered = remembered.map(|path| {
+            let addrs = read_remembered(&path);
+            if !addrs.is_empty() {
+                tracing::info!(resolvers = ?addrs, "DNS proxy: trusting the resolvers the last run found until the first sync");
+            }
+            trusted.set(config.resolvers.iter().copied().chain(addrs.iter().copied()).collect());
+            (path, std::sync::Mutex::new(addrs))
+        });
         let (stop, stop_rx) = watch::channel(false);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), DnsError>>();
         let (thread_ns, routing) = (ns.clone(), config.clone());
@@ -133,7 +215,9 @@ impl DnsService {
             })
             .map_err(|e| DnsError::Thread { netns: ns.describe(), message: e.to_string() })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self { learner, trusted, configured: config.resolvers.clone(), stats, stop, thread: Some(thread) }),
+            Ok(Ok(())) => {
+                Ok(Self { learner, trusted, configured: config.resolvers.clone(), remembered, stats, stop, thread: Some(thread) })
+            }
             Ok(Err(e)) => Err(e),
             Err(_) => Err(DnsError::Thread { netns: ns.describe(), message: "the proxy thread ended before it was ready".into() }),
         }
@@ -149,6 +233,16 @@ impl DnsService {
     pub fn set_rules(&self, np: &NodePolicy) {
         self.trusted.set(self.configured.iter().chain(&np.dns_resolvers).copied().collect());
         self.learner.set_rules(domain_rules(np));
+        if let Some((path, last)) = &self.remembered {
+            let found: BTreeSet<IpAddr> = np.dns_resolvers.iter().copied().collect();
+            let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *last != found {
+                match write_remembered(path, &found) {
+                    Ok(()) => *last = found,
+                    Err(e) => tracing::warn!(path = %path.display(), error = %e, "the trusted DNS resolvers cannot be remembered"),
+                }
+            }
+        }
     }
 }
 
@@ -240,4 +334,25 @@ async fn existing_rules(handle: &Handle) -> Result<BTreeMap<bool, Vec<(u32, u32)
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trusted_resolvers_are_remembered_whole_and_read_back_failing_closed() {
+        let dir = std::env::temp_dir().join(format!("flock-dns-remembered-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(RESOLVERS_FILE);
+        assert!(read_remembered(&path).is_empty(), "no file: nothing remembered");
+        let addrs: BTreeSet<IpAddr> = ["198.18.250.53".parse().unwrap(), "2001:db8:250::53".parse().unwrap()].into();
+        write_remembered(&path, &addrs).unwrap();
+        assert_eq!(read_remembered(&path), addrs);
+        assert!(!path.with_extension("tmp").exists());
+        // A damaged file: what parses counts, the rest is skipped (and logged).
+        std::fs::write(&path, format!("198.18.250.53\nnot an address {}\n\n2001:db8:250::53\n", "x".repeat(10_000))).unwrap();
+        assert_eq!(read_remembered(&path), addrs);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

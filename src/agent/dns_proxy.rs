@@ -1,29 +1,47 @@
 //! The agent's transparent DNS proxy (issue "Egress by domain name"): DNS queries of local
-//! pods whose egress has a domain rule reach it through nft `tproxy` (UDP and TCP), it
-//! forwards each to the resolver the pod addressed, and before the pod sees an answer from a
-//! trusted resolver it hands what the answer teaches ([`crate::dns::learn`]) to a [`Learner`]
-//! (the agent's: addresses into the domain rules' timed nft sets). The pod receives the
-//! answer only after the learner has admitted the addresses, so it can never connect to an
-//! address before flock admits it — no race by construction.
+//! pods whose egress has a domain rule reach it through nft `tproxy` (UDP and TCP), it asks
+//! the resolver the pod addressed, and before the pod sees an answer from a trusted resolver
+//! it hands what the answer teaches ([`crate::dns::learn`]) to a [`Learner`] (the agent's:
+//! addresses into the domain rules' timed nft sets). The pod receives the answer only after
+//! the learner has admitted the addresses, so it can never connect to an address before flock
+//! admits it — no race by construction.
 //!
-//! What it owns: the listening sockets (transparent, one per family and protocol: the
-//! original destination of a UDP query comes from `IP_ORIGDSTADDR`, of a TCP connection from
-//! its local address), the exchange with the resolver, and answering from the resolver's
-//! own address and port (a transparent socket bound to it), so the pod's stub resolver
-//! accepts the answer as its resolver's. What it does not own: the nft redirect and policy
-//! routing (the renderer and the agent), which pods' queries come here, and what a name
-//! admits (the learner's).
+//! Every packet it takes is a hostile pod's, so (issue "The DNS proxy under attack"):
+//! - It takes only what the steering delivers. It listens on the loopback addresses
+//!   (127.0.0.1 and ::1, transparent), where the rendered `tproxy` sends steered DNS and where
+//!   no pod can address a packet (the kernel drops loopback destinations arriving on other
+//!   interfaces); a query whose original destination is not port 53 of a trusted resolver is
+//!   dropped (the steering sends nothing else), so nothing can make it query itself.
+//! - It asks as the pod: the upstream socket is transparent, bound to the pod's address, so
+//!   the resolver's own policy judges the pod (on another node in its `forward` chain, on this
+//!   one in `dns-upstream`, which sends such packets through the resolver's ingress chain),
+//!   and the resolver sees the pod, not the node. The socket carries a mark
+//!   ([`ProxyConfig::upstream_mark`]) by which the rendered table marks its connection, whose
+//!   answers policy routing then delivers back here, not to the pod.
+//! - An answer counts only as the answer to the query the proxy sent: its own random id (never
+//!   the pod's, which the pod knows), a fresh source port per query (UDP), the question byte for
+//!   byte with the name's letters in a random case (DNS 0x20, [`ProxyConfig::randomize_case`]);
+//!   anything else is dropped and counted, and the proxy keeps waiting for the real one
+//!   ([`crate::dns::exchange`]). What it learns is only the asked type (A or AAAA).
+//! - It is bounded ([`Bounds`]): queries in flight per pod and per node, TCP connections per
+//!   pod and per node with an idle timeout, the upstream timeout, the size of a UDP answer
+//!   (a larger one is answered truncated, so the pod asks over TCP). What it refuses is
+//!   counted by reason ([`ProxyStats::refused`]).
 //!
-//! Answers pass on unchanged. One that teaches nothing (malformed, truncated, another
-//! question, an error code, or from a resolver not in the trusted list) is counted and passed
-//! on; when the learner fails, the pod gets `SERVFAIL` instead of an answer it could not use
-//! (its connections to those addresses would be dropped: fail closed, and said so).
+//! The pod gets the answer from the resolver's own address and port (a transparent socket
+//! bound to it), so its stub resolver takes it. One that teaches nothing (another question
+//! type, an error code, from a resolver not trusted) is passed on and counted; when the
+//! learner fails, the pod gets `SERVFAIL` instead of an answer it could not use (its
+//! connections to those addresses would be dropped: fail closed, and said so). What it does
+//! not own: the nft steering and policy routing (the renderer and the agent), which pods'
+//! queries come here, and what a name admits (the learner's).
 
+use std::collections::HashMap;
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, ResponseCode};
@@ -32,18 +50,46 @@ use nix::sys::socket::{
 };
 use tokio::io::Interest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 use tokio::sync::watch;
 
+use crate::dns::exchange::{self, Outstanding};
 use crate::dns::{Learned, Limits, learn, response_to};
+
+/// How much the proxy lets pods take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// UDP queries waiting for their answer, per pod and on the node; beyond, dropped.
+    pub in_flight_per_pod: usize,
+    pub in_flight: usize,
+    /// TCP connections from pods, per pod and on the node; beyond, closed at once.
+    pub tcp_per_pod: usize,
+    pub tcp: usize,
+    /// A pod's TCP connection with no complete query for this long is closed.
+    pub tcp_idle: Duration,
+    /// The largest UDP answer taken from a resolver; a larger one reaches the pod as a
+    /// truncated answer, and the pod asks again over TCP.
+    pub max_udp_answer: usize,
+}
+
+impl Default for Bounds {
+    /// A node's pods resolve a few hundred names a second, answered in milliseconds: a few in
+    /// flight. These leave room for bursts and a slow resolver, and keep what a flooding pod
+    /// can hold to a few hundred sockets and a few megabytes (each UDP query in flight holds a
+    /// socket and its answer buffer; each TCP connection two sockets).
+    fn default() -> Self {
+        Self { in_flight_per_pod: 32, in_flight: 256, tcp_per_pod: 4, tcp: 64, tcp_idle: Duration::from_secs(10), max_udp_answer: 4096 }
+    }
+}
 
 /// The proxy's settings.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
-    /// The port the proxy listens on (UDP and TCP, every address: tproxy delivers to it).
+    /// The port the proxy listens on, on 127.0.0.1 and ::1 (UDP and TCP; tproxy delivers
+    /// there).
     pub port: u16,
     /// Resolvers whose answers teach addresses at first ([`DnsProxy::trusted`] replaces
-    /// them); answers of others pass through untouched.
+    /// them); queries to others are not steered here and are dropped if they come.
     pub trusted: Vec<IpAddr>,
     /// Bounds on what an answer teaches.
     pub limits: Limits,
@@ -51,11 +97,28 @@ pub struct ProxyConfig {
     pub upstream_timeout: Duration,
     /// Listen on IPv6 too.
     pub ipv6: bool,
+    /// The packet mark of the proxy's upstream sockets (`SO_MARK`): the rendered table marks
+    /// their connections so that answers come back to the proxy (0: unmarked, for tests
+    /// without the rendered table).
+    pub upstream_mark: u32,
+    /// The letters of an asked name go upstream in a random case (DNS 0x20): the answer must
+    /// echo them. Off for a resolver that does not keep the case.
+    pub randomize_case: bool,
+    pub bounds: Bounds,
 }
 
 impl ProxyConfig {
     pub fn new(port: u16, trusted: Vec<IpAddr>) -> Self {
-        Self { port, trusted, limits: Limits::default(), upstream_timeout: Duration::from_secs(5), ipv6: true }
+        Self {
+            port,
+            trusted,
+            limits: Limits::default(),
+            upstream_timeout: Duration::from_secs(5),
+            ipv6: true,
+            upstream_mark: crate::render::DNS_UPSTREAM_MARK,
+            randomize_case: true,
+            bounds: Bounds::default(),
+        }
     }
 }
 
@@ -73,16 +136,47 @@ pub enum ProxyError {
     Listen { protocol: &'static str, addr: SocketAddr, source: io::Error },
 }
 
+/// Why a query or connection was refused, for [`ProxyStats::refused`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RefusedBy {
+    /// Not what the steering delivers: no original destination, not port 53, not a trusted
+    /// resolver.
+    NotSteered,
+    /// Not a standard query with one question ([`exchange::Refused`]).
+    Malformed,
+    /// The pod, or the node, has as many queries in flight (or TCP connections) as allowed.
+    PodLimit,
+    NodeLimit,
+}
+
+impl RefusedBy {
+    pub const ALL: [Self; 4] = [Self::NotSteered, Self::Malformed, Self::PodLimit, Self::NodeLimit];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotSteered => "not_steered",
+            Self::Malformed => "malformed",
+            Self::PodLimit => "pod_limit",
+            Self::NodeLimit => "node_limit",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// What the proxy did, for metrics and tests.
 #[derive(Debug)]
 pub struct ProxyStats {
     /// Queries received (UDP datagrams and TCP messages).
     pub queries: AtomicU64,
-    /// Answers passed on to the pod (SERVFAILs included).
+    /// Answers passed on to the pod (SERVFAILs and truncated ones included).
     pub answers: AtomicU64,
     /// Answers from trusted resolvers that taught addresses to the learner.
     pub learned: AtomicU64,
-    /// Answers from trusted resolvers that taught nothing ([`Unusable`]), passed on unchanged.
+    /// Answers from trusted resolvers that taught nothing ([`crate::dns::Unusable`]), passed
+    /// on unchanged.
     pub unusable: AtomicU64,
     /// Answers from resolvers not trusted, passed on untouched.
     pub untrusted: AtomicU64,
@@ -90,6 +184,13 @@ pub struct ProxyStats {
     pub learn_failures: AtomicU64,
     /// Queries the resolver did not answer in time, or that could not be forwarded.
     pub upstream_failures: AtomicU64,
+    /// Messages that came back on an upstream socket and were not the answer to its query
+    /// (another id, another question or case): dropped (forgeries, or stale answers).
+    pub mismatched: AtomicU64,
+    /// UDP answers larger than [`Bounds::max_udp_answer`]: the pod got a truncated answer.
+    pub truncated: AtomicU64,
+    /// Queries and TCP connections refused, by [`RefusedBy`].
+    pub refused: [AtomicU64; 4],
     /// Total time answers were held for the learner, microseconds (with `learned`: the mean).
     pub held_micros: AtomicU64,
     /// The same, per answer (seconds; the agent exports it as a histogram).
@@ -106,6 +207,9 @@ impl Default for ProxyStats {
             untrusted: AtomicU64::new(0),
             learn_failures: AtomicU64::new(0),
             upstream_failures: AtomicU64::new(0),
+            mismatched: AtomicU64::new(0),
+            truncated: AtomicU64::new(0),
+            refused: Default::default(),
             held_micros: AtomicU64::new(0),
             // 25 µs to ~0.4 s.
             held: prometheus_client::metrics::histogram::Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
@@ -115,8 +219,63 @@ impl Default for ProxyStats {
     }
 }
 
+impl ProxyStats {
+    /// Refused so far for `why`.
+    pub fn refused(&self, why: RefusedBy) -> u64 {
+        self.refused[why.index()].load(Ordering::Relaxed)
+    }
+
+    fn refuse(&self, why: RefusedBy) {
+        bump(&self.refused[why.index()]);
+    }
+}
+
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts held per pod and in all, bounded: a slot is taken for a query in flight or a TCP
+/// connection and given back when its [`Slot`] drops.
+#[derive(Debug, Default)]
+struct Slots {
+    held: Mutex<(HashMap<IpAddr, usize>, usize)>,
+}
+
+/// One taken slot.
+struct Slot {
+    slots: Arc<Slots>,
+    pod: IpAddr,
+}
+
+impl Slots {
+    fn take(self: &Arc<Self>, pod: IpAddr, per_pod: usize, total: usize) -> Result<Slot, RefusedBy> {
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (by_pod, all) = &mut *held;
+        if *all >= total {
+            return Err(RefusedBy::NodeLimit);
+        }
+        let mine = by_pod.entry(pod).or_insert(0);
+        if *mine >= per_pod {
+            return Err(RefusedBy::PodLimit);
+        }
+        *mine += 1;
+        *all += 1;
+        Ok(Slot { slots: self.clone(), pod })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut held = self.slots.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (by_pod, all) = &mut *held;
+        *all = all.saturating_sub(1);
+        if let Some(n) = by_pod.get_mut(&self.pod) {
+            *n -= 1;
+            if *n == 0 {
+                by_pod.remove(&self.pod);
+            }
+        }
+    }
 }
 
 /// The proxy's sockets, bound in the network namespace that was current when
@@ -127,20 +286,20 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    /// Binds the transparent listeners on every address at `config.port`. Needs a tokio
-    /// runtime (the sockets register with it) and CAP_NET_ADMIN (transparent sockets).
+    /// Binds the transparent listeners on 127.0.0.1 (and ::1) at `config.port`. Needs a
+    /// tokio runtime (the sockets register with it) and CAP_NET_ADMIN (transparent sockets).
     pub fn bind(config: &ProxyConfig) -> Result<Self, ProxyError> {
-        let mut addrs = vec![SocketAddr::from((Ipv4Addr::UNSPECIFIED, config.port))];
+        let mut addrs = vec![SocketAddr::from((Ipv4Addr::LOCALHOST, config.port))];
         if config.ipv6 {
-            addrs.push(SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.port)));
+            addrs.push(SocketAddr::from((Ipv6Addr::LOCALHOST, config.port)));
         }
         let mut udp = Vec::new();
         let mut tcp = Vec::new();
         for addr in addrs {
             let listen = |protocol, source| ProxyError::Listen { protocol, addr, source };
-            let fd = transparent_socket(addr, SockType::Datagram, true).map_err(|e| listen("UDP", e))?;
+            let fd = transparent_socket(addr, SockType::Datagram, true, 0).map_err(|e| listen("UDP", e))?;
             udp.push(UdpSocket::from_std(std::net::UdpSocket::from(fd)).map_err(|e| listen("UDP", e))?);
-            let fd = transparent_socket(addr, SockType::Stream, false).map_err(|e| listen("TCP", e))?;
+            let fd = transparent_socket(addr, SockType::Stream, false, 0).map_err(|e| listen("TCP", e))?;
             socket::listen(&fd, Backlog::new(1024).unwrap_or(Backlog::MAXCONN)).map_err(|e| listen("TCP", e.into()))?;
             tcp.push(TcpListener::from_std(std::net::TcpListener::from(fd)).map_err(|e| listen("TCP", e))?);
         }
@@ -149,15 +308,19 @@ impl Listeners {
 }
 
 /// A non-blocking socket with `IP_TRANSPARENT` bound to `addr` (IPv6 sockets IPv6 only):
-/// transparent so that it may take tproxied traffic for addresses not its own, and bind one.
-/// `orig_dst` asks for each datagram's original destination.
-fn transparent_socket(addr: SocketAddr, kind: SockType, orig_dst: bool) -> io::Result<OwnedFd> {
+/// transparent so that it may take tproxied traffic for addresses not its own, and bind one
+/// (a pod's, a resolver's). `orig_dst` asks for each datagram's original destination; `mark`
+/// (unless 0) is its packets' mark.
+fn transparent_socket(addr: SocketAddr, kind: SockType, orig_dst: bool, mark: u32) -> io::Result<OwnedFd> {
     let family = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
     let fd = socket::socket(family, kind, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)?;
     // IP_TRANSPARENT also sets the flag IPV6_TRANSPARENT sets on an IPv6 socket (one bit in
     // the kernel's inet socket), which nix has no option for.
     socket::setsockopt(&fd, sockopt::IpTransparent, &true)?;
     socket::setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    if mark != 0 {
+        socket::setsockopt(&fd, sockopt::Mark, &mark)?;
+    }
     if addr.is_ipv6() {
         socket::setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
         if orig_dst {
@@ -194,6 +357,14 @@ fn std_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
     a.as_sockaddr_in6().map(|v6| SocketAddr::from(*v6))
 }
 
+/// A fresh query id and case pattern, from the operating system's random source.
+fn randomness() -> io::Result<(u16, u64)> {
+    let mut b = [0u8; 10];
+    getrandom::fill(&mut b).map_err(|e| io::Error::other(format!("the random source: {e}")))?;
+    let [i0, i1, c @ ..] = b;
+    Ok((u16::from_be_bytes([i0, i1]), u64::from_be_bytes(c)))
+}
+
 /// The resolvers whose answers teach, replaceable while the proxy serves (resolver pods come
 /// and go): the configured ones, then as the agent's translation finds them.
 #[derive(Debug, Clone, Default)]
@@ -215,12 +386,28 @@ pub struct DnsProxy<L> {
     trusted: Trusted,
     learner: Arc<L>,
     stats: Arc<ProxyStats>,
+    in_flight: Arc<Slots>,
+    connections: Arc<Slots>,
 }
 
 impl<L> Clone for DnsProxy<L> {
     fn clone(&self) -> Self {
-        Self { config: self.config.clone(), trusted: self.trusted.clone(), learner: self.learner.clone(), stats: self.stats.clone() }
+        Self {
+            config: self.config.clone(),
+            trusted: self.trusted.clone(),
+            learner: self.learner.clone(),
+            stats: self.stats.clone(),
+            in_flight: self.in_flight.clone(),
+            connections: self.connections.clone(),
+        }
     }
+}
+
+/// An answer from upstream, or why there is none.
+enum Upstream {
+    Answer(Vec<u8>),
+    /// Larger than the pod's transport takes: it gets a truncated answer.
+    TooLarge,
 }
 
 impl<L: Learner> DnsProxy<L> {
@@ -232,7 +419,7 @@ impl<L: Learner> DnsProxy<L> {
     pub fn with_stats(config: ProxyConfig, learner: Arc<L>, stats: Arc<ProxyStats>) -> Self {
         let trusted = Trusted::default();
         trusted.set(config.trusted.iter().copied().collect());
-        Self { config: Arc::new(config), trusted, learner, stats }
+        Self { config: Arc::new(config), trusted, learner, stats, in_flight: Arc::default(), connections: Arc::default() }
     }
 
     /// The trusted resolvers, to replace while serving.
@@ -261,6 +448,13 @@ impl<L: Learner> DnsProxy<L> {
         while tasks.join_next().await.is_some() {}
     }
 
+    /// Whether a query to `resolver` is what the steering delivers: to port 53 of a trusted
+    /// resolver (the steering sends nothing else here, and nothing else can reach the
+    /// loopback listeners).
+    fn steered(&self, resolver: SocketAddr) -> bool {
+        resolver.port() == 53 && self.trusted.contains(&resolver.ip())
+    }
+
     async fn serve_udp(self, sock: UdpSocket, mut stop: watch::Receiver<bool>) {
         let sock = Arc::new(sock);
         let mut buf = vec![0u8; crate::dns::answer::MAX_MESSAGE];
@@ -277,29 +471,48 @@ impl<L: Learner> DnsProxy<L> {
                 }
             };
             bump(&self.stats.queries);
-            let Some(resolver) = orig else {
-                tracing::warn!(%client, "DNS proxy: a UDP query without its original destination, dropped");
+            let Some(resolver) = orig.filter(|r| self.steered(*r)) else {
+                self.stats.refuse(RefusedBy::NotSteered);
+                tracing::debug!(%client, original = ?orig, "DNS proxy: a UDP query the steering did not deliver, dropped");
                 continue;
+            };
+            let slot = match self.in_flight.take(client.ip(), self.config.bounds.in_flight_per_pod, self.config.bounds.in_flight) {
+                Ok(slot) => slot,
+                Err(why) => {
+                    self.stats.refuse(why);
+                    tracing::debug!(%client, reason = why.as_str(), "DNS proxy: too many queries in flight, one dropped");
+                    continue;
+                }
             };
             let query = buf[..n].to_vec();
             let proxy = self.clone();
-            tokio::spawn(async move { proxy.udp_exchange(query, client, resolver).await });
+            tokio::spawn(async move {
+                proxy.udp_exchange(query, client, resolver).await;
+                drop(slot);
+            });
         }
     }
 
     async fn udp_exchange(self, query: Vec<u8>, client: SocketAddr, resolver: SocketAddr) {
-        let answer = match self.ask_udp(&query, resolver).await {
-            Ok(answer) => answer,
+        let (up, outstanding) = match self.prepare(&query) {
+            Some(p) => p,
+            None => return,
+        };
+        let answer = match self.ask_udp(&up, &outstanding, client.ip(), resolver).await {
+            Ok(Upstream::Answer(answer)) => self.vet(&query, answer, client, resolver).await,
+            Ok(Upstream::TooLarge) => {
+                bump(&self.stats.truncated);
+                outstanding.bare_response(exchange::recursion_desired(&query), 0, true)
+            }
             Err(e) => {
                 bump(&self.stats.upstream_failures);
                 tracing::debug!(%client, %resolver, error = %e, "DNS proxy: no answer from the resolver");
                 return;
             }
         };
-        let answer = self.vet(&query, answer, client, resolver).await;
         // From the resolver's own address and port: the pod's stub resolver takes only that.
         let sent = async {
-            let fd = transparent_socket(resolver, SockType::Datagram, false)?;
+            let fd = transparent_socket(resolver, SockType::Datagram, false, 0)?;
             let sock = UdpSocket::from_std(std::net::UdpSocket::from(fd))?;
             sock.send_to(&answer, client).await
         };
@@ -309,17 +522,53 @@ impl<L: Learner> DnsProxy<L> {
         }
     }
 
-    async fn ask_udp(&self, query: &[u8], resolver: SocketAddr) -> io::Result<Vec<u8>> {
-        let local: SocketAddr = if resolver.is_ipv4() { (Ipv4Addr::UNSPECIFIED, 0).into() } else { (Ipv6Addr::UNSPECIFIED, 0).into() };
-        let sock = UdpSocket::bind(local).await?;
+    /// The query as it goes upstream (the proxy's id and case), or `None` when it is not one
+    /// to proxy (counted).
+    fn prepare(&self, query: &[u8]) -> Option<(Vec<u8>, Outstanding)> {
+        let (id, case) = match randomness() {
+            Ok(r) => r,
+            Err(e) => {
+                bump(&self.stats.upstream_failures);
+                tracing::error!(error = %e, "DNS proxy: no randomness for a query id; the query is dropped");
+                return None;
+            }
+        };
+        match exchange::prepare(query, id, self.config.randomize_case.then_some(case)) {
+            Ok(p) => Some(p),
+            Err(why) => {
+                self.stats.refuse(RefusedBy::Malformed);
+                tracing::debug!(reason = %why, "DNS proxy: a query not proxied");
+                None
+            }
+        }
+    }
+
+    /// Sends `up` to `resolver` as the pod at `pod` (a transparent socket bound to its
+    /// address, a port of the kernel's choosing, the upstream mark) and waits for the answer
+    /// to it: other messages on the socket are dropped and counted.
+    async fn ask_udp(&self, up: &[u8], outstanding: &Outstanding, pod: IpAddr, resolver: SocketAddr) -> io::Result<Upstream> {
+        let fd = transparent_socket(SocketAddr::new(pod, 0), SockType::Datagram, false, self.config.upstream_mark)?;
+        let sock = UdpSocket::from_std(std::net::UdpSocket::from(fd))?;
         sock.connect(resolver).await?;
-        sock.send(query).await?;
-        let mut buf = vec![0u8; crate::dns::answer::MAX_MESSAGE];
-        let n = tokio::time::timeout(self.config.upstream_timeout, sock.recv(&mut buf))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the resolver did not answer"))??;
-        buf.truncate(n);
-        Ok(buf)
+        sock.send(up).await?;
+        let max = self.config.bounds.max_udp_answer;
+        let mut buf = vec![0u8; max + 1];
+        let deadline = tokio::time::Instant::now() + self.config.upstream_timeout;
+        loop {
+            let n = tokio::time::timeout_at(deadline, sock.recv(&mut buf))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the resolver did not answer"))??;
+            if n > max {
+                return Ok(Upstream::TooLarge);
+            }
+            match outstanding.accept(&buf[..n]) {
+                Ok(answer) => return Ok(Upstream::Answer(answer)),
+                Err(why) => {
+                    bump(&self.stats.mismatched);
+                    tracing::debug!(%pod, %resolver, reason = %why, "DNS proxy: a message that is not the answer, dropped");
+                }
+            }
+        }
     }
 
     async fn serve_tcp(self, listener: TcpListener, mut stop: watch::Receiver<bool>) {
@@ -337,9 +586,18 @@ impl<L: Learner> DnsProxy<L> {
             };
             // A tproxied connection's local address is the one the pod connected to.
             let resolver = match stream.local_addr() {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(%client, error = %e, "DNS proxy: a TCP connection's original destination");
+                Ok(a) if self.steered(a) => a,
+                other => {
+                    self.stats.refuse(RefusedBy::NotSteered);
+                    tracing::debug!(%client, original = ?other.ok(), "DNS proxy: a TCP connection the steering did not deliver, closed");
+                    continue;
+                }
+            };
+            let slot = match self.connections.take(client.ip(), self.config.bounds.tcp_per_pod, self.config.bounds.tcp) {
+                Ok(slot) => slot,
+                Err(why) => {
+                    self.stats.refuse(why);
+                    tracing::debug!(%client, reason = why.as_str(), "DNS proxy: too many TCP connections, one closed");
                     continue;
                 }
             };
@@ -349,12 +607,14 @@ impl<L: Learner> DnsProxy<L> {
                 if let Err(e) = proxy.tcp_connection(stream, client, resolver, stop).await {
                     tracing::debug!(%client, %resolver, error = %e, "DNS proxy: TCP connection ended");
                 }
+                drop(slot);
             });
         }
     }
 
-    /// Queries one by one over one connection to the resolver, each answer vetted before it
-    /// is written back.
+    /// Queries one by one over one connection to the resolver (opened as the pod, at the
+    /// first query), each answer matched to its query and vetted before it is written back.
+    /// A pod that sends no complete query for [`Bounds::tcp_idle`] is closed.
     async fn tcp_connection(
         &self,
         mut pod: TcpStream,
@@ -365,30 +625,31 @@ impl<L: Learner> DnsProxy<L> {
         let mut upstream: Option<TcpStream> = None;
         loop {
             let query = tokio::select! {
-                q = read_message(&mut pod) => q?,
+                q = tokio::time::timeout(self.config.bounds.tcp_idle, read_message(&mut pod)) => match q {
+                    Ok(q) => q?,
+                    Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "idle")),
+                },
                 _ = stopped(&mut stop) => return Ok(()),
             };
             let Some(query) = query else { return Ok(()) };
             bump(&self.stats.queries);
+            let Some((up_query, outstanding)) = self.prepare(&query) else { return Ok(()) };
             let up = match upstream.as_mut() {
                 Some(up) => up,
-                None => {
-                    let connected = tokio::time::timeout(self.config.upstream_timeout, TcpStream::connect(resolver)).await;
-                    match connected {
-                        Ok(Ok(s)) => upstream.insert(s),
-                        Ok(Err(e)) => {
-                            bump(&self.stats.upstream_failures);
-                            return Err(e);
-                        }
-                        Err(_) => {
-                            bump(&self.stats.upstream_failures);
-                            return Err(io::Error::new(io::ErrorKind::TimedOut, "connecting to the resolver"));
-                        }
+                None => match tokio::time::timeout(self.config.upstream_timeout, self.connect_as(client.ip(), resolver)).await {
+                    Ok(Ok(s)) => upstream.insert(s),
+                    Ok(Err(e)) => {
+                        bump(&self.stats.upstream_failures);
+                        return Err(e);
                     }
-                }
+                    Err(_) => {
+                        bump(&self.stats.upstream_failures);
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, "connecting to the resolver"));
+                    }
+                },
             };
             let exchange = async {
-                write_message(up, &query).await?;
+                write_message(up, &up_query).await?;
                 read_message(up).await
             };
             let answer = match tokio::time::timeout(self.config.upstream_timeout, exchange).await {
@@ -398,14 +659,30 @@ impl<L: Learner> DnsProxy<L> {
                     return Err(io::Error::new(io::ErrorKind::TimedOut, "the resolver did not answer over TCP"));
                 }
             };
+            // Over TCP the resolver answers in order: anything but the answer ends the
+            // connection (the pod asks again).
+            let answer = match outstanding.accept(&answer) {
+                Ok(a) => a,
+                Err(why) => {
+                    bump(&self.stats.mismatched);
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, format!("not the answer: {why}")));
+                }
+            };
             let answer = self.vet(&query, answer, client, resolver).await;
             write_message(&mut pod, &answer).await?;
             bump(&self.stats.answers);
         }
     }
 
-    /// What the pod gets for `answer`: the answer itself once its addresses are admitted (or
-    /// when it teaches nothing), SERVFAIL when the learner failed.
+    /// A TCP connection to `resolver` from the pod's address `pod` (transparent, marked).
+    async fn connect_as(&self, pod: IpAddr, resolver: SocketAddr) -> io::Result<TcpStream> {
+        let fd = transparent_socket(SocketAddr::new(pod, 0), SockType::Stream, false, self.config.upstream_mark)?;
+        TcpSocket::from_std_stream(std::net::TcpStream::from(fd)).connect(resolver).await
+    }
+
+    /// What the pod gets for `answer` (already matched to its query): the answer itself once
+    /// its addresses are admitted (or when it teaches nothing), SERVFAIL when the learner
+    /// failed.
     async fn vet(&self, query: &[u8], answer: Vec<u8>, client: SocketAddr, resolver: SocketAddr) -> Vec<u8> {
         if !self.trusted.contains(&resolver.ip()) {
             bump(&self.stats.untrusted);

@@ -66,7 +66,10 @@ pub struct Metrics {
     dns: std::sync::Arc<super::dns_proxy::ProxyStats>,
     dns_queries: Counter,
     dns_answers: Family<Labels, Counter>,
+    dns_refused: Family<Labels, Counter>,
     dns_learned_addresses: Family<Labels, Counter>,
+    dns_learned_evictions: Counter,
+    dns_learned_held: Gauge,
 }
 
 fn duration_histogram() -> Histogram {
@@ -132,7 +135,10 @@ impl Metrics {
             dns: std::sync::Arc::default(),
             dns_queries: Counter::default(),
             dns_answers: Family::default(),
+            dns_refused: Family::default(),
             dns_learned_addresses: Family::default(),
+            dns_learned_evictions: Counter::default(),
+            dns_learned_held: Gauge::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -282,8 +288,13 @@ impl Metrics {
         r.register("dns_queries", "DNS queries the DNS proxy received from pods with domain rules", m.dns_queries.clone());
         r.register(
             "dns_answers",
-            "DNS answers by what the proxy did: learned (addresses admitted first), unusable (malformed, truncated, teaching nothing: passed on unchanged), untrusted (passed on), learn_failed (SERVFAIL), upstream_failed",
+            "DNS answers by what the proxy did: learned (addresses admitted first), unusable (teaching nothing: passed on unchanged), untrusted (passed on), learn_failed (SERVFAIL), upstream_failed (no answer in time), mismatched (not the answer to the proxy's query: another id, question or case; dropped), truncated (larger than a UDP answer may be: the pod got a truncated one)",
             m.dns_answers.clone(),
+        );
+        r.register(
+            "dns_refused",
+            "DNS queries and TCP connections the proxy refused: not_steered (not to port 53 of a trusted resolver), malformed (not a standard query with one question), pod_limit and node_limit (in flight or connections)",
+            m.dns_refused.clone(),
         );
         r.register("dns_answer_held_seconds", "How long answers were held while their addresses were admitted", m.dns.held.clone());
         r.register(
@@ -291,6 +302,12 @@ impl Metrics {
             "Addresses written into domain rules' sets, by rule (policy and rule index)",
             m.dns_learned_addresses.clone(),
         );
+        r.register(
+            "dns_learned_evictions",
+            "Learned addresses removed before their TTL to keep a domain rule's set, or the node, within its bound (those that expire first go)",
+            m.dns_learned_evictions.clone(),
+        );
+        r.register("dns_learned_held", "Learned addresses the domain rules' sets hold on this node", m.dns_learned_held.clone());
         crate::process::register_build_info(&mut r);
         Self { registry: r, ..m }
     }
@@ -306,8 +323,16 @@ impl Metrics {
             ("untrusted", &d.untrusted),
             ("learn_failed", &d.learn_failures),
             ("upstream_failed", &d.upstream_failures),
+            ("mismatched", &d.mismatched),
+            ("truncated", &d.truncated),
         ] {
             self.dns_answers.get_or_create(&label("result", result)).inner().store(load(n), std::sync::atomic::Ordering::Relaxed);
+        }
+        for why in super::dns_proxy::RefusedBy::ALL {
+            self.dns_refused
+                .get_or_create(&label("reason", why.as_str()))
+                .inner()
+                .store(d.refused(why), std::sync::atomic::Ordering::Relaxed);
         }
         crate::process::encode(&self.registry)
     }
@@ -320,6 +345,12 @@ impl Metrics {
     /// Addresses a domain rule learned.
     pub fn dns_learned(&self, rule: &str, addresses: u64) {
         self.dns_learned_addresses.get_or_create(&label("rule", rule)).inc_by(addresses);
+    }
+
+    /// Learned addresses evicted by one answer, and what the sets hold after it.
+    pub fn dns_evicted(&self, evicted: u64, held: i64) {
+        self.dns_learned_evictions.inc_by(evicted);
+        self.dns_learned_held.set(held);
     }
 
     pub fn sync(&self, applied: bool, seconds: f64) {

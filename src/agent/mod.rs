@@ -403,7 +403,8 @@ impl Agent {
         // Listening before the first sync renders a redirect to it.
         let dns = match &config.dns {
             Some(d) => {
-                let service = dns::DnsService::start(d, &config.netns, config.metrics.clone())?;
+                let remembered = config.state_dir.as_ref().map(|d| d.join(dns::RESOLVERS_FILE));
+                let service = dns::DnsService::start(d, &config.netns, config.metrics.clone(), remembered)?;
                 tracing::info!(port = d.port, resolvers = ?d.resolvers, "DNS proxy listening");
                 Some(service)
             }

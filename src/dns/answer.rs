@@ -5,8 +5,9 @@
 //! Only a response that answers this query teaches: same id, a response, exactly one
 //! question equal to the query's (name case-insensitively, type, class), not truncated,
 //! `NOERROR`. From the asked name, CNAME records are followed through the answer section
-//! (each step to a name not seen before, at most [`Limits::max_chain`] steps); the A and AAAA
-//! records owned by a name on that chain are learned, each valid for the smallest TTL along
+//! (each step to a name not seen before, at most [`Limits::max_chain`] steps); the records of
+//! the asked type (A or AAAA: any other question teaches nothing) owned by a name on that
+//! chain are learned, each valid for the smallest TTL along
 //! its path, then raised to the floor and cut to the cap. Records of other owners are
 //! ignored: a response cannot teach addresses for a name the pod did not ask for. Anything
 //! unusable — malformed, truncated, a compression-pointer loop, oversized — is reported as
@@ -17,7 +18,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
-use hickory_proto::rr::{Name, RData};
+use hickory_proto::rr::{Name, RData, RecordType};
 
 /// Bounds on what one answer teaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +78,8 @@ pub enum Unusable {
     Code(String),
     #[error("the CNAME chain from {0} is longer than {1} steps")]
     LongChain(String, usize),
+    #[error("a {0} question: only A and AAAA answers teach addresses")]
+    NotAnAddressQuestion(String),
 }
 
 /// A name as [`Learned`] writes it: lowercase, without the trailing dot (the root stays `.`).
@@ -124,6 +127,12 @@ pub fn learn(query: &[u8], response: &[u8], limits: &Limits) -> Result<Learned, 
     if r.response_code() != ResponseCode::NoError {
         return Err(Unusable::Code(r.response_code().to_string()));
     }
+    // Only the records of the asked type teach: an A record in the answer to a TXT (or AAAA)
+    // question is something the pod did not ask for.
+    let asked_type = asked.query_type();
+    if asked_type != RecordType::A && asked_type != RecordType::AAAA {
+        return Err(Unusable::NotAnAddressQuestion(asked_type.to_string()));
+    }
 
     // The chain: from the asked name through CNAMEs, each name once, with the smallest TTL
     // so far (a CNAME's validity bounds what it leads to).
@@ -149,8 +158,8 @@ pub fn learn(query: &[u8], response: &[u8], limits: &Limits) -> Result<Learned, 
     let mut dropped = 0;
     for rec in r.answers() {
         let addr = match rec.data() {
-            RData::A(a) => IpAddr::V4(a.0),
-            RData::AAAA(a) => IpAddr::V6(a.0),
+            RData::A(a) if asked_type == RecordType::A => IpAddr::V4(a.0),
+            RData::AAAA(a) if asked_type == RecordType::AAAA => IpAddr::V6(a.0),
             _ => continue,
         };
         let Some((_, chain_ttl)) = chain.iter().find(|(n, _)| n == rec.name()) else { continue };
@@ -255,17 +264,34 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn many_addresses_of_both_families() {
+    fn many_addresses_only_of_the_asked_type() {
         let q = query(1, "many.example.com.", RecordType::A);
         let mut records: Vec<Record> = (0..150u8).map(|i| a("many.example.com.", 60, [198, 18, 9, i])).collect();
         records
             .extend((0..150u16).map(|i| rec("many.example.com.", 60, RData::AAAA(AAAA(Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, i))))));
         let got = run(&q, &response(&q, records.clone())).unwrap();
-        assert_eq!((got.addresses.len(), got.dropped), (300, 0));
-        let capped =
-            learn(&q.to_vec().unwrap(), &response(&q, records).to_vec().unwrap(), &Limits { max_addresses: 100, ..Limits::default() })
-                .unwrap();
-        assert_eq!((capped.addresses.len(), capped.dropped), (100, 200));
+        assert_eq!((got.addresses.len(), got.dropped), (150, 0), "the AAAA records answer no A question");
+        assert!(got.addresses.iter().all(|(a, _)| a.is_ipv4()));
+        let capped = learn(
+            &q.to_vec().unwrap(),
+            &response(&q, records.clone()).to_vec().unwrap(),
+            &Limits { max_addresses: 100, ..Limits::default() },
+        )
+        .unwrap();
+        assert_eq!((capped.addresses.len(), capped.dropped), (100, 50));
+        let q6 = query(1, "many.example.com.", RecordType::AAAA);
+        let got = run(&q6, &response(&q6, records)).unwrap();
+        assert_eq!(got.addresses.len(), 150);
+        assert!(got.addresses.iter().all(|(a, _)| a.is_ipv6()));
+    }
+
+    /// The attack: a TXT question (a cache miss, slow) whose "answer" carries an A record of
+    /// the asked name teaches nothing.
+    #[test]
+    fn only_address_questions_teach() {
+        let q = query(2, "allowed.example.com.", RecordType::TXT);
+        let r = response(&q, vec![a("allowed.example.com.", 3600, [198, 18, 66, 6])]);
+        assert_eq!(run(&q, &r), Err(Unusable::NotAnAddressQuestion("TXT".into())));
     }
 
     #[test]

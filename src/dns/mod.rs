@@ -1,8 +1,10 @@
-//! Egress by domain name, the pure parts: the names policies write ([`name`]) and what a DNS
-//! answer teaches ([`answer`]). No sockets, no clock: the agent's DNS proxy (to come, issue
-//! "Egress by domain name") feeds them bytes.
+//! Egress by domain name, the pure parts: the names policies write ([`name`]), what a DNS
+//! answer teaches ([`answer`]) and the proxy's rewriting and matching of one exchange with a
+//! resolver ([`exchange`]). No sockets, no clock: the agent's DNS proxy
+//! (`crate::agent::dns_proxy`) feeds them bytes.
 
 pub mod answer;
+pub mod exchange;
 pub mod name;
 
 pub use answer::{Learned, Limits, Unusable, learn, response_to};

@@ -26,6 +26,9 @@
 //!   ([`crate::reference`]) on every flow ([`differential`](mod@differential) module).
 //! - [`dns_answer`]: any bytes as a resolver's response: [`crate::dns::learn`] never panics
 //!   and teaches only what the response holds ([`dns`](mod@dns) module).
+//! - [`dns_exchange`]: the DNS proxy's rewriting of a pod's query and its matching of an
+//!   answer against the outstanding query ([`crate::dns::exchange`]): no panic, only the answer
+//!   to the rewritten query is accepted, and the pod gets it back with its own id and question.
 //! - [`incremental`]: a cluster and the node's endpoints changed step by step: after each
 //!   step the incremental translator and render cache agree with the full translation and
 //!   render ([`incremental`](mod@incremental) module).
@@ -42,7 +45,7 @@ pub mod fail_closed;
 pub mod incremental;
 
 pub use differential::differential;
-pub use dns::dns_answer;
+pub use dns::{dns_answer, dns_exchange};
 pub use fail_closed::fail_closed;
 pub use incremental::incremental;
 

@@ -17,8 +17,8 @@
 
 use serde_json::{Map, Value};
 
-use super::LabelSelector;
 use super::convert::{self, ConvertError};
+use super::{LabelSelector, clip};
 
 /// The API group, version and kind.
 pub const GROUP: &str = "policy.networking.k8s.io";
@@ -130,7 +130,7 @@ fn one_of<'a>(obj: &'a Value, known: &[&str]) -> Result<(&'a str, &'a Value), St
     let Some(map) = obj.as_object() else { return Err(format!("expected an object, found {}", kind_of(obj))) };
     let set: Vec<(&String, &Value)> = map.iter().filter(|(_, v)| !v.is_null()).collect();
     if let Some((k, _)) = set.iter().find(|(k, _)| !known.contains(&k.as_str())) {
-        return Err(format!("unknown field {k:?} (flock knows {})", known.join(", ")));
+        return Err(format!("unknown field {:?} (flock knows {})", clip(k), known.join(", ")));
     }
     match set.as_slice() {
         [(k, v)] => Ok((k.as_str(), v)),
@@ -155,11 +155,11 @@ fn kind_of(v: &Value) -> &'static str {
 
 fn selector(v: &Value) -> Result<LabelSelector, String> {
     let sel: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
-        serde_json::from_value(v.clone()).map_err(|e| format!("not a label selector: {e}"))?;
+        serde_json::from_value(v.clone()).map_err(|e| format!("not a label selector: {}", clip(&e.to_string())))?;
     if let Some(map) = v.as_object()
         && let Some(k) = map.keys().find(|k| *k != "matchLabels" && *k != "matchExpressions")
     {
-        return Err(format!("unknown field {k:?} in a label selector"));
+        return Err(format!("unknown field {:?} in a label selector", clip(k)));
     }
     Ok(convert::label_selector(&sel))
 }
@@ -167,7 +167,7 @@ fn selector(v: &Value) -> Result<LabelSelector, String> {
 fn pods(v: &Value) -> Result<CnpPods, String> {
     let Some(map) = v.as_object() else { return Err(format!("expected an object, found {}", kind_of(v))) };
     if let Some(k) = map.keys().find(|k| *k != "namespaceSelector" && *k != "podSelector") {
-        return Err(format!("unknown field {k:?} (flock knows namespaceSelector, podSelector)"));
+        return Err(format!("unknown field {:?} (flock knows namespaceSelector, podSelector)", clip(k)));
     }
     let pod_selector = match map.get("podSelector") {
         Some(p) if !p.is_null() => selector(p).map_err(|e| format!("podSelector: {e}"))?,
@@ -211,7 +211,7 @@ fn peer(v: &Value) -> CnpPeer {
 fn port(v: &Value) -> CnpPort {
     let Some(map) = v.as_object() else { return CnpPort::Invalid(format!("expected an object, found {}", kind_of(v))) };
     if let Some(k) = map.keys().find(|k| *k != "destinationPort") {
-        return CnpPort::Invalid(format!("unknown field {k:?} (flock knows destinationPort)"));
+        return CnpPort::Invalid(format!("unknown field {:?} (flock knows destinationPort)", clip(k)));
     }
     let Some(dp) = map.get("destinationPort").filter(|d| !d.is_null()) else {
         return CnpPort::Invalid("destinationPort is required".into());
@@ -221,7 +221,7 @@ fn port(v: &Value) -> CnpPort {
         _ => {
             let Some(r) = v.as_object() else { return Err(format!("range: expected an object, found {}", kind_of(v))) };
             if let Some(k) = r.keys().find(|k| *k != "start" && *k != "end") {
-                return Err(format!("range: unknown field {k:?}"));
+                return Err(format!("range: unknown field {:?}", clip(k)));
             }
             let get = |f: &str| r.get(f).and_then(Value::as_i64).ok_or_else(|| format!("range.{f}: an integer is required"));
             Ok(CnpPort::Range { start: get("start")?, end: get("end")? })
@@ -264,7 +264,7 @@ fn rule(v: &Value, peers_field: &str) -> CnpRule {
         .map(|m| m.keys().filter(|k| !["name", "action", peers_field, "protocols"].contains(&k.as_str())).collect())
         .unwrap_or_default();
     let peers = if let Some(k) = unknown.first() {
-        vec![CnpPeer::Invalid(format!("unknown rule field {k:?} (flock knows name, action, {peers_field}, protocols)"))]
+        vec![CnpPeer::Invalid(format!("unknown rule field {:?} (flock knows name, action, {peers_field}, protocols)", clip(k)))]
     } else {
         peers
     };

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
     ContainerPort, LabelSelector, LabelSelectorRequirement, Namespace, NetworkPolicy, Node, Pod, PodPhase, PolicyPeer, PolicyPort,
-    PolicyRule, PortRef, Protocol, derived_uid,
+    PolicyRule, PortRef, Protocol, clip, derived_uid,
 };
 
 /// Label the API server puts on every namespace (immutable, equal to its name).
@@ -87,13 +87,13 @@ pub fn pod(pod: &core::Pod) -> Result<Pod, ConvertError> {
         let listed = status.pod_ips.as_deref().unwrap_or_default();
         for (i, ip) in listed.iter().enumerate() {
             let addr: IpAddr =
-                ip.ip.parse().map_err(|_| err(format!("status.podIPs[{i}].ip"), format!("{:?} is not an IP address", ip.ip)))?;
+                ip.ip.parse().map_err(|_| err(format!("status.podIPs[{i}].ip"), format!("{:?} is not an IP address", clip(&ip.ip))))?;
             if !ips.contains(&addr) {
                 ips.push(addr);
             }
         }
         if let Some(ip) = status.pod_ip.as_deref().filter(|s| !s.is_empty()) {
-            let addr: IpAddr = ip.parse().map_err(|_| err("status.podIP", format!("{ip:?} is not an IP address")))?;
+            let addr: IpAddr = ip.parse().map_err(|_| err("status.podIP", format!("{:?} is not an IP address", clip(ip))))?;
             if !ips.contains(&addr) {
                 ips.insert(0, addr);
             }
@@ -113,9 +113,8 @@ pub fn pod(pod: &core::Pod) -> Result<Pod, ConvertError> {
                 })?;
                 let protocol = match port.protocol.as_deref() {
                     None | Some("") => Protocol::Tcp,
-                    Some(p) => {
-                        Protocol::parse(p).ok_or_else(|| err(format!("{field}.protocol"), format!("{p:?} is not TCP, UDP or SCTP")))?
-                    }
+                    Some(p) => Protocol::parse(p)
+                        .ok_or_else(|| err(format!("{field}.protocol"), format!("{:?} is not TCP, UDP or SCTP", clip(p))))?,
                 };
                 ports.push(ContainerPort {
                     name: port.name.as_deref().filter(|n| !n.is_empty()).map(super::labels::intern),
@@ -146,13 +145,14 @@ pub fn node(node: &core::Node) -> Result<Node, ConvertError> {
     let mut pod_cidrs = Vec::new();
     if let Some(spec) = &node.spec {
         for (i, cidr) in spec.pod_cidrs.iter().flatten().enumerate() {
-            let net = cidr.parse::<ipnet::IpNet>().map_err(|_| err(format!("spec.podCIDRs[{i}]"), format!("{cidr:?} is not a CIDR")))?;
+            let net =
+                cidr.parse::<ipnet::IpNet>().map_err(|_| err(format!("spec.podCIDRs[{i}]"), format!("{:?} is not a CIDR", clip(cidr))))?;
             if !pod_cidrs.contains(&net.trunc()) {
                 pod_cidrs.push(net.trunc());
             }
         }
         if let Some(cidr) = spec.pod_cidr.as_deref().filter(|s| !s.is_empty()) {
-            let net = cidr.parse::<ipnet::IpNet>().map_err(|_| err("spec.podCIDR", format!("{cidr:?} is not a CIDR")))?;
+            let net = cidr.parse::<ipnet::IpNet>().map_err(|_| err("spec.podCIDR", format!("{:?} is not a CIDR", clip(cidr))))?;
             if !pod_cidrs.contains(&net.trunc()) {
                 pod_cidrs.insert(0, net.trunc());
             }
@@ -165,8 +165,9 @@ pub fn node(node: &core::Node) -> Result<Node, ConvertError> {
             let parsed = addr.address.parse::<IpAddr>();
             match addr.type_.as_str() {
                 "InternalIP" => {
-                    let ip = parsed
-                        .map_err(|_| err(format!("status.addresses[{i}].address"), format!("{:?} is not an IP address", addr.address)))?;
+                    let ip = parsed.map_err(|_| {
+                        err(format!("status.addresses[{i}].address"), format!("{:?} is not an IP address", clip(&addr.address)))
+                    })?;
                     internal_ips.push(ip);
                     if !addresses.contains(&ip) {
                         addresses.push(ip);

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::cnp::{self, ClusterNetworkPolicy};
 use super::convert::{self, ConvertError};
-use super::{Namespace, NetworkPolicy, Node, ObjectRef, Pod, Snapshot};
+use super::{Namespace, NetworkPolicy, Node, ObjectRef, Pod, Snapshot, clip};
 
 /// One object from a manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -368,7 +368,16 @@ pub(crate) fn from_yaml<T: DeserializeOwned>(text: &str, first_line: usize) -> R
             Some(at) if too_deep => {
                 format!("nested deeper than {MAX_DEPTH} levels at line {}, column {}", at.line() + first_line as u64, at.column())
             }
-            _ => e.render_with_options(serde_saphyr::render_options! { snippets: SnippetMode::Off, line_offset: first_line as u64 }),
+            _ => {
+                let text =
+                    e.render_with_options(serde_saphyr::render_options! { snippets: SnippetMode::Off, line_offset: first_line as u64 });
+                // The message can quote the input (a duplicate key): clipped, and so is the
+                // location after it, which is kept.
+                match text.rfind(" at line ") {
+                    Some(i) => format!("{}{}", clip(&text[..i]), clip(&text[i..])),
+                    None => clip(&text).to_string(),
+                }
+            }
         }
     })
 }
@@ -382,12 +391,31 @@ fn from_json(body: &str) -> Option<Value> {
         return None;
     }
     let mut de = serde_json::Deserializer::from_str(body);
-    let value = serde::de::DeserializeSeed::deserialize(StrictJson { depth: 1 }, &mut de).ok()?;
+    let strict = serde::de::DeserializeSeed::deserialize(StrictJson { depth: 1 }, &mut de).ok()?;
     de.end().ok()?;
-    Some(value)
+    strict.duplicate.is_none().then_some(strict.value)
 }
 
-/// A JSON value at `depth` (1 for the document's), without duplicate keys.
+/// A JSON value read without serde_json's last-wins rule for duplicate keys (its `Value`
+/// keeps the last value of a key written twice, silently: `{"name": "a", "name": "*"}`
+/// reads as `*` to flock and as `a` to a reviewer who stops at the first). Nesting deeper
+/// than [`MAX_DEPTH`] is an error.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StrictValue {
+    /// The value; where a key is duplicated, the last of its values.
+    pub value: Value,
+    /// Where the first duplicate key is, relative to the value: `.name`, `.ports[0].port`
+    /// (keys clipped: [`clip`]). A value with one is not to be trusted.
+    pub duplicate: Option<String>,
+}
+
+impl<'de> serde::Deserialize<'de> for StrictValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::DeserializeSeed::deserialize(StrictJson { depth: 1 }, d)
+    }
+}
+
+/// Reads a [`StrictValue`] at `depth` (1 for the document's).
 #[derive(Clone, Copy)]
 struct StrictJson {
     depth: usize,
@@ -404,58 +432,76 @@ impl StrictJson {
 }
 
 impl<'de> serde::de::DeserializeSeed<'de> for StrictJson {
-    type Value = Value;
+    type Value = StrictValue;
 
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<StrictValue, D::Error> {
         d.deserialize_any(self)
     }
 }
 
+fn scalar(value: Value) -> StrictValue {
+    StrictValue { value, duplicate: None }
+}
+
 impl<'de> serde::de::Visitor<'de> for StrictJson {
-    type Value = Value;
+    type Value = StrictValue;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
+    fn visit_unit<E>(self) -> Result<StrictValue, E> {
+        Ok(scalar(Value::Null))
     }
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
+    fn visit_bool<E>(self, v: bool) -> Result<StrictValue, E> {
+        Ok(scalar(Value::Bool(v)))
     }
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(v.into())
+    fn visit_i64<E>(self, v: i64) -> Result<StrictValue, E> {
+        Ok(scalar(v.into()))
     }
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(v.into())
+    fn visit_u64<E>(self, v: u64) -> Result<StrictValue, E> {
+        Ok(scalar(v.into()))
     }
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        Ok(v.into())
+    fn visit_f64<E>(self, v: f64) -> Result<StrictValue, E> {
+        Ok(scalar(v.into()))
     }
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_string()))
+    fn visit_str<E>(self, v: &str) -> Result<StrictValue, E> {
+        Ok(scalar(Value::String(v.to_string())))
     }
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
+    fn visit_string<E>(self, v: String) -> Result<StrictValue, E> {
+        Ok(scalar(Value::String(v)))
     }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<StrictValue, A::Error> {
         let inner = self.nested()?;
-        let mut items = Vec::new();
-        while let Some(v) = seq.next_element_seed(inner)? {
-            items.push(v);
+        let (mut items, mut duplicate) = (Vec::new(), None);
+        while let Some(item) = seq.next_element_seed(inner)? {
+            if duplicate.is_none() {
+                duplicate = item.duplicate.map(|d| format!("[{}]{d}", items.len()));
+            }
+            items.push(item.value);
         }
-        Ok(Value::Array(items))
+        Ok(StrictValue { value: Value::Array(items), duplicate })
     }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<StrictValue, A::Error> {
         let inner = self.nested()?;
-        let mut out = serde_json::Map::new();
+        let (mut out, mut duplicate) = (serde_json::Map::new(), None);
         while let Some(key) = map.next_key::<String>()? {
-            let v = map.next_value_seed(inner)?;
-            if out.insert(key, v).is_some() {
-                return Err(serde::de::Error::custom("duplicate key"));
+            let item = map.next_value_seed(inner)?;
+            match out.entry(key) {
+                serde_json::map::Entry::Vacant(v) => {
+                    if duplicate.is_none() {
+                        duplicate = item.duplicate.map(|d| format!(".{}{d}", clip(v.key())));
+                    }
+                    v.insert(item.value);
+                }
+                serde_json::map::Entry::Occupied(mut o) => {
+                    if duplicate.is_none() {
+                        duplicate = Some(format!(".{}", clip(o.key())));
+                    }
+                    o.insert(item.value);
+                }
             }
         }
-        Ok(Value::Object(out))
+        Ok(StrictValue { value: Value::Object(out), duplicate })
     }
 }
 
@@ -580,9 +626,10 @@ pub fn parse_value(path: &Path, at: DocRef, mut value: Value, out: &mut Manifest
         return Ok(());
     }
 
+    // The kind and name as the object gives them: clipped, like every API string quoted.
     let label = |name: Option<&str>| match name {
-        Some(n) => format!("{kind} {n}"),
-        None => kind.clone(),
+        Some(n) => format!("{} {}", clip(&kind), clip(n)),
+        None => clip(&kind).to_string(),
     };
     let obj_name = map.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).map(str::to_string);
     let in_object = |message: String| fail(format!("{}: {message}", label(obj_name.as_deref())));
@@ -599,7 +646,7 @@ pub fn parse_value(path: &Path, at: DocRef, mut value: Value, out: &mut Manifest
         ),
         (cnp::API_VERSION, cnp::KIND) => Object::ClusterNetworkPolicy(cluster_policy(&value, &mut unknown).map_err(&in_object)?),
         (_, k) if Kind::parse(k).is_some() => {
-            return Err(in_object(format!("apiVersion: {api_version:?} is not served for {kind}")));
+            return Err(in_object(format!("apiVersion: {:?} is not served for {kind}", clip(&api_version))));
         }
         _ => {
             out.warnings.push(format!(
@@ -615,7 +662,7 @@ pub fn parse_value(path: &Path, at: DocRef, mut value: Value, out: &mut Manifest
     // so they are errors, as with `kubectl apply --validate=strict`. Elsewhere (a Pod written
     // for a newer Kubernetes) they cannot change policy and are warnings.
     for field in unknown {
-        let message = format!("{field}: unknown field (not in the Kubernetes 1.33 schema of {kind})");
+        let message = format!("{}: unknown field (not in the Kubernetes 1.33 schema of {kind})", clip(&field));
         if matches!(object.kind(), Kind::NetworkPolicy | Kind::ClusterNetworkPolicy) || field.starts_with("metadata.") {
             return Err(in_object(message));
         }
@@ -656,9 +703,10 @@ fn typed<T: DeserializeOwned>(value: Value, unknown: &mut Vec<String>) -> Result
             unknown.append(&mut track.ignored.into_inner());
             Ok(obj)
         }
+        // Both can quote the input (a key in the path, a value in serde's message).
         Err(e) => Err(match track.failed_at.into_inner() {
-            Some(path) => format!("{path}: {e}"),
-            None => e.to_string(),
+            Some(path) => format!("{}: {}", clip(&path), clip(&e.to_string())),
+            None => clip(&e.to_string()).to_string(),
         }),
     }
 }
@@ -868,6 +916,78 @@ mod tests {
         assert!(e.starts_with("test.yaml: document 1: not valid YAML"), "{e}");
         let e = parse("apiVersion: extensions/v1beta1\nkind: NetworkPolicy\nmetadata: {name: p}\n").unwrap_err().to_string();
         assert!(e.contains("is not served for NetworkPolicy"), "{e}");
+    }
+
+    /// Strings of a manifest that its warnings and errors quote (a kind, a name, an unknown
+    /// field, a value serde reports) are clipped: 10 MB of them make a short message that
+    /// still names the file, the document and the object.
+    #[test]
+    fn huge_strings_are_clipped_in_warnings_and_errors() {
+        const MB10: usize = 10 << 20;
+        let huge = "v".repeat(MB10);
+        let short = |m: &str| {
+            assert!(m.len() < 1024, "{} bytes: {}", m.len(), &m[..300]);
+            // The marker of the value, or of a field path or message that quotes it.
+            assert!(m.contains("…(10485") && m.contains(" bytes)"), "{m}");
+        };
+        // A skipped kind, and a skipped object's name; a Pod's unknown field; a Pod with a
+        // 10 MB label value (read, no warning). (YAML keys are at most 1024 characters:
+        // documents with a 10 MB key are JSON.)
+        let unknown_field =
+            format!(r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "p"}}, "spec": {{"containers": [], "{huge}": 1}}}}"#);
+        let m = parse(&format!(
+            "apiVersion: v1\nkind: {huge}\nmetadata: {{name: a}}\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {huge}}}\n---\n\
+             {unknown_field}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {{name: q, labels: {{app: {huge}}}}}\n"
+        ))
+        .unwrap();
+        assert_eq!(m.objects.len(), 2);
+        assert_eq!(m.warnings.len(), 3, "{:?}", m.warnings.iter().map(|w| &w[..200]).collect::<Vec<_>>());
+        for w in &m.warnings {
+            short(w);
+        }
+        assert!(m.warnings[0].starts_with("test.yaml: document 1: skipping vvv"), "{}", &m.warnings[0][..100]);
+        assert!(m.warnings[1].starts_with("test.yaml: document 2: skipping ConfigMap vvv"), "{}", &m.warnings[1][..100]);
+        assert!(m.warnings[2].starts_with("test.yaml: document 3: Pod p: spec.vvv"), "{}", &m.warnings[2][..100]);
+        // Errors: an unknown metadata field, a value serde quotes, a bad pod IP, a name, an
+        // apiVersion; read as YAML and as JSON.
+        for text in [
+            format!(r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "a", "{huge}": 1}}}}"#),
+            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: a}}\nspec: {{hostNetwork: {huge}}}\n"),
+            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: a}}\nstatus: {{podIP: {huge}}}\n"),
+            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {huge}}}\nstatus: {{podIP: nope}}\n"),
+            format!("apiVersion: {huge}\nkind: Pod\nmetadata: {{name: a}}\n"),
+            format!(r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "a"}}, "status": {{"podIP": "{huge}"}}}}"#),
+        ] {
+            let e = parse(&text).unwrap_err().to_string();
+            short(&e);
+            assert!(e.starts_with("test.yaml: document 1: Pod "), "{}", &e[..100]);
+        }
+        // The YAML parser's own message quotes a duplicate key: clipped, its location kept.
+        let e = parse(&format!("apiVersion: v1\nkind: Pod\nmetadata:\n  ? {huge}\n  : 1\n  ? {huge}\n  : 2\n")).unwrap_err().to_string();
+        short(&e);
+        assert!(e.starts_with("test.yaml: document 1: not valid YAML: duplicate mapping key: vvv"), "{}", &e[..100]);
+        assert!(e.ends_with(" at line 6, column 5"), "{e}");
+    }
+
+    /// [`StrictValue`] reads what serde_json's `Value` reads, and says where the first
+    /// duplicate key is instead of keeping the last value silently.
+    #[test]
+    fn strict_values_locate_duplicate_keys() {
+        let read = |text: &str| serde_json::from_str::<StrictValue>(text).unwrap();
+        let plain = r#"{"a": [1, {"b": null}], "c": "d"}"#;
+        assert_eq!(read(plain), StrictValue { value: serde_json::from_str(plain).unwrap(), duplicate: None });
+        assert_eq!(read(r#"{"name": "api.example.com", "name": "*.example.com"}"#).duplicate.as_deref(), Some(".name"));
+        assert_eq!(
+            read(r#"[0, {"ports": [{"port": 1}, {"port": 2, "port": 3}], "x": 1, "x": 2}]"#).duplicate.as_deref(),
+            Some("[1].ports[1].port")
+        );
+        // Not only the first key: the first duplicate, in document order.
+        assert_eq!(read(r#"{"a": 1, "b": {"c": 1, "c": 2}, "a": 3}"#).duplicate.as_deref(), Some(".b.c"));
+        // A manifest with one is read by YAML, which names the error.
+        let e = parse(r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "name": "b"}}"#).unwrap_err().to_string();
+        assert!(e.contains("not valid YAML"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! its pods and reports the problem instead of guessing. Everything is ordered (`BTreeMap`) so
 //! no hash order can leak into rendered output.
 
+mod clip;
 pub mod cnp;
 pub mod convert;
 pub mod labels;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
+pub use clip::{Clipped, MAX_CLIP, clip};
 pub use labels::Labels;
 
 /// `namespace/name` of a namespaced object.

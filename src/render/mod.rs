@@ -83,6 +83,7 @@ pub const AUDIT_EGRESS_MAP: &str = "audit-egress-chains";
 /// to the proxy, the trusted resolvers.
 pub const DNS_STEER_CHAIN: &str = "dns-steer";
 pub const DNS_PROXY_CHAIN: &str = "dns-proxy";
+pub const DNS_UPSTREAM_CHAIN: &str = "dns-upstream";
 pub const DNS_PROXIED: &str = "dns-proxied";
 pub const DNS_RESOLVERS_V4: &str = "dns-resolvers-v4";
 pub const DNS_RESOLVERS_V6: &str = "dns-resolvers-v6";
@@ -92,6 +93,13 @@ pub const DNS_RESOLVERS_V6: &str = "dns-resolvers-v6";
 pub const DOMAIN_MARK: u32 = 0x0200_0000;
 /// The packet mark bit of admitted DNS on its way to the proxy, by default.
 pub const DNS_MARK: u32 = 0x0000_0080;
+/// The packet mark bit of the DNS proxy's upstream queries (sent as the pod), by default:
+/// chain `dns-upstream` marks their connections with [`DNS_PROXIED_MARK`] and sends those to
+/// a resolver pod of this node through its ingress policy.
+pub const DNS_UPSTREAM_MARK: u32 = 0x0000_0100;
+/// The ct mark bit of the DNS proxy's upstream connections: their answers (addressed to the
+/// pod) are marked for the proxy in `dns-proxy` and delivered to it by policy routing.
+pub const DNS_PROXIED_MARK: u32 = 0x0400_0000;
 /// Host-side pod interfaces flock owns (see `flock_cni::HOST_INTERFACE_PREFIX`).
 pub const POD_INTERFACES: &str = "flk*";
 
@@ -373,20 +381,39 @@ struct Rendered {
 /// A query of such a pod to a trusted resolver is judged by the pod's own egress policy
 /// first (chain `dns-steer`, in prerouting after the Service DNAT, jumps `from-pods` — the
 /// very chains `forward` uses): what the policy denies is dropped there, exactly as without
-/// the proxy; what it admits is marked and handed to the proxy by `tproxy` (chain
-/// `dns-proxy`), and a marked packet no proxy takes is dropped (fail closed). The agent
-/// routes marked packets to the node itself (an `ip rule` on the mark).
+/// the proxy; what it admits is marked and handed by `tproxy` to the proxy's listeners on
+/// 127.0.0.1 and ::1 (chain `dns-proxy`), and a marked packet no proxy takes is dropped (fail
+/// closed). The agent routes marked packets to the node itself (an `ip rule` on the mark).
+///
+/// The proxy asks the resolver as the pod (its source address, the upstream mark): chain
+/// `dns-upstream` (hook output) marks those connections with `proxied_mark` and sends a query
+/// to a resolver pod of this node through that pod's ingress policy (`to-pods`), as its own
+/// query would go; `dns-proxy` marks their answers for the proxy — those from a pod interface
+/// only from the resolver's own address (forged ones are dropped) — so policy routing delivers
+/// them to the proxy, not to the pod whose address they are sent to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DnsSteer {
-    /// The proxy's port (it listens transparently, on every address).
+    /// The proxy's port (on the loopback addresses; tproxy delivers there).
     pub port: u16,
     /// The packet mark bit of admitted DNS on its way to the proxy.
     pub mark: u32,
+    /// The packet mark bit of the proxy's upstream queries, and the ct mark bit of their
+    /// connections.
+    pub upstream_mark: u32,
+    pub proxied_mark: u32,
     /// Trusted resolvers' addresses as pods address them after the Service's DNAT (the DNS
     /// Service's endpoints) given as such; with those of the resolver pods the translation
     /// found ([`NodePolicy::dns_resolvers`]), only their answers teach domain rules, and only
     /// DNS to them is proxied.
     pub resolvers: Vec<ipnet::IpNet>,
+}
+
+impl DnsSteer {
+    /// The steering to a proxy on `port`, marking with `mark`, trusting `resolvers`, with the
+    /// default upstream marks ([`DNS_UPSTREAM_MARK`], [`DNS_PROXIED_MARK`]).
+    pub fn new(port: u16, mark: u32, resolvers: Vec<ipnet::IpNet>) -> Self {
+        Self { port, mark, upstream_mark: DNS_UPSTREAM_MARK, proxied_mark: DNS_PROXIED_MARK, resolvers }
+    }
 }
 
 /// Choices of shape that do not change what is enforced.
@@ -971,9 +998,12 @@ fn interval_elements(nets: &BTreeSet<ipnet::IpNet>, what: &str) -> Vec<Element> 
     kept.iter().map(|n| element_of(host_or_net(n), what)).collect()
 }
 
-/// The DNS steering base chains (see [`DnsSteer`]), after `from-pods`, which they jump to.
-fn dns_chains(dns: &DnsSteer) -> [Chain; 2] {
+/// The DNS steering base chains (see [`DnsSteer`]), after `from-pods` and `to-pods`, which
+/// they jump to.
+fn dns_chains(dns: &DnsSteer) -> [Chain; 3] {
     let bit = format!("{:#010x}", dns.mark);
+    let up = format!("{:#010x}", dns.upstream_mark);
+    let proxied = format!("{:#010x}", dns.proxied_mark);
     // One rule per family and protocol (no anonymous sets: the netlink writer encodes them).
     let steer = |fam: Family, set: &str, proto: &str| {
         format!(
@@ -981,6 +1011,29 @@ fn dns_chains(dns: &DnsSteer) -> [Chain; 2] {
             fam.proto()
         )
     };
+    let answer = format!("ct direction reply ct mark & {proxied} == {proxied}");
+    let mut proxy = Vec::new();
+    for (fam, addrs) in [(Family::V4, POD_ADDRS_V4), (Family::V6, POD_ADDRS_V6)] {
+        proxy.push(format!(
+            "{answer} iifname . {} saddr @{addrs} meta mark set meta mark | {bit} accept comment \"an answer to the DNS proxy's query from a resolver pod of this node: to the proxy\"",
+            fam.proto()
+        ));
+    }
+    proxy.push(format!(
+        "{answer} iifname \"{POD_INTERFACES}\" counter drop comment \"a forged answer to the DNS proxy's query, from a pod interface\""
+    ));
+    proxy.push(format!(
+        "{answer} meta mark set meta mark | {bit} accept comment \"an answer to the DNS proxy's query (sent as the pod): to the proxy, not the pod\""
+    ));
+    for (fam, listener) in [("ip", "127.0.0.1".to_string()), ("ip6", "[::1]".to_string())] {
+        for proto in ["udp", "tcp"] {
+            proxy.push(format!(
+                "meta mark & {bit} == {bit} meta l4proto {proto} tproxy {fam} to {listener}:{} accept comment \"to the DNS proxy\"",
+                dns.port
+            ));
+        }
+    }
+    proxy.push(format!("meta mark & {bit} == {bit} counter drop comment \"the DNS proxy is not listening: dropped (fail closed)\""));
     [
         Chain {
             name: DNS_STEER_CHAIN.into(),
@@ -997,12 +1050,19 @@ fn dns_chains(dns: &DnsSteer) -> [Chain; 2] {
         },
         Chain {
             name: DNS_PROXY_CHAIN.into(),
-            comment: "allowed DNS of pods with domain rules goes to flock-agent's DNS proxy; without the proxy it is dropped".into(),
+            comment: "allowed DNS of pods with domain rules goes to flock-agent's DNS proxy (without it: dropped), and the answers to its queries come back to it".into(),
             hook: Some(Hook { type_: "filter", hook: "prerouting", priority: "-80", policy: "accept" }),
+            rules: proxy,
+        },
+        Chain {
+            name: DNS_UPSTREAM_CHAIN.into(),
+            comment: "the DNS proxy's queries, sent as the pod: marked so their answers come back to it; to a resolver pod of this node through its ingress policy".into(),
+            hook: Some(Hook { type_: "filter", hook: "output", priority: "mangle", policy: "accept" }),
             rules: vec![
-                format!("meta mark & {bit} == {bit} meta l4proto udp tproxy to :{} accept comment \"to the DNS proxy\"", dns.port),
-                format!("meta mark & {bit} == {bit} meta l4proto tcp tproxy to :{} accept comment \"to the DNS proxy\"", dns.port),
-                format!("meta mark & {bit} == {bit} counter drop comment \"the DNS proxy is not listening: dropped (fail closed)\""),
+                format!("meta mark & {up} == {up} ct mark set ct mark | {proxied} comment \"the DNS proxy's query: its answer goes to the proxy\""),
+                format!(
+                    "meta mark & {up} == {up} oifname \"{POD_INTERFACES}\" goto {TO_PODS} comment \"to a resolver pod of this node: its ingress policy decides, as for the pod's own query\""
+                ),
             ],
         },
     ]

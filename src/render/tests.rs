@@ -286,10 +286,8 @@ fn domain_rules_render_timed_sets_and_dns_steering() {
     let text = plain.to_text();
     assert!(text.contains(&format!("ip daddr @{v4} tcp dport 443 ct mark set ct mark | 0x02000000 goto egress-allowed")), "{text}");
 
-    let options = RenderOptions {
-        dns: Some(DnsSteer { port: 15053, mark: DNS_MARK, resolvers: vec!["198.18.250.53/32".parse().unwrap()] }),
-        ..RenderOptions::DEFAULT
-    };
+    let options =
+        RenderOptions { dns: Some(DnsSteer::new(15053, DNS_MARK, vec!["198.18.250.53/32".parse().unwrap()])), ..RenderOptions::DEFAULT };
     let steered = render_with(&np, &options);
     golden("domain-rules", &steered.to_text());
     let Some(Object::Set(proxied)) = steered.object(DNS_PROXIED) else { panic!() };

@@ -116,13 +116,9 @@ impl SimOptions {
     pub fn with_cluster_dns(mut self) -> Self {
         use crate::agent::dns;
         self.dns = Some(dns::DnsConfig {
-            port: dns::DEFAULT_PROXY_PORT,
-            mark: crate::render::DNS_MARK,
-            route_table: dns::DEFAULT_ROUTE_TABLE,
-            rule_priority: dns::DEFAULT_RULE_PRIORITY,
-            resolvers: Vec::new(),
             limits: crate::dns::Limits { min_ttl: 1, ..crate::dns::Limits::default() },
             upstream_timeout: Duration::from_secs(2),
+            ..dns::DnsConfig::default()
         });
         self.translate.dns_resolvers = Some(translate::ResolverPods::cluster_dns());
         self

@@ -116,17 +116,25 @@ where
     (stop_tx, thread)
 }
 
-/// The DNS redirect as flock-agent is to program it, in `node`'s own `inet flock` table: UDP
-/// and TCP port 53 arriving on `iface` go to the proxy's `port` by tproxy (mark 0x40), what
-/// tproxy cannot deliver (no proxy listening) is dropped, and policy routing (table 140)
-/// delivers marked packets locally. `extra` is added to the table as written (sets, chains).
+/// The DNS redirect as flock-agent programs it (without the policy judgement of `dns-steer`),
+/// in `node`'s own `inet flock` table: UDP and TCP port 53 arriving on `iface` go to the
+/// proxy's listeners on 127.0.0.1 and ::1 at `port` by tproxy (mark 0x40), what tproxy cannot
+/// deliver (no proxy listening) is dropped; the proxy's upstream queries (packet mark
+/// [`crate::render::DNS_UPSTREAM_MARK`]) mark their connections, whose answers are marked 0x40
+/// too; policy routing (table 140) delivers marked packets locally. `extra` is added to the
+/// table as written (sets, chains).
 #[allow(clippy::panic)]
 pub fn redirect_dns(node: &Node, iface: &str, port: u16, extra: &str) {
     let table = crate::render::names::TABLE;
+    let (up, proxied) = (crate::render::DNS_UPSTREAM_MARK, crate::render::DNS_PROXIED_MARK);
     let script = format!(
         "table inet {table} {{\n{extra}\nchain dns-redirect {{\n type filter hook prerouting priority mangle; policy accept;\n\
-         iifname \"{iface}\" meta l4proto {{ tcp, udp }} th dport 53 tproxy to :{port} meta mark set 0x40 accept\n\
-         iifname \"{iface}\" meta l4proto {{ tcp, udp }} th dport 53 drop\n}}\n}}\n"
+         ct direction reply ct mark & {proxied:#x} == {proxied:#x} meta mark set 0x40 accept\n\
+         iifname \"{iface}\" meta l4proto {{ tcp, udp }} th dport 53 meta mark set 0x40 tproxy ip to 127.0.0.1:{port} accept\n\
+         iifname \"{iface}\" meta l4proto {{ tcp, udp }} th dport 53 meta mark set 0x40 tproxy ip6 to [::1]:{port} accept\n\
+         iifname \"{iface}\" meta l4proto {{ tcp, udp }} th dport 53 drop\n}}\n\
+         chain dns-upstream {{\n type filter hook output priority mangle; policy accept;\n\
+         meta mark & {up:#x} == {up:#x} ct mark set ct mark | {proxied:#x}\n}}\n}}\n"
     );
     let path = std::env::temp_dir().join(format!("flkt-dns-{}-{iface}.nft", std::process::id()));
     if let Err(e) = std::fs::write(&path, script) {

@@ -31,7 +31,7 @@
 use super::ir::{Action, Direction, DomainDef, IpBlockDef, NsScope, PeerDef, PolicyKind, PolicyProblem, Tier};
 use super::selector::Selector;
 use crate::model::cnp::{ClusterNetworkPolicy, CnpPeer, CnpPods, CnpPort, CnpProtocol, CnpRule, CnpSubject};
-use crate::model::{Labels, ObjectRef, Protocol};
+use crate::model::{Labels, ObjectRef, Protocol, clip};
 
 /// The highest priority the API allows.
 pub const MAX_PRIORITY: i64 = 1000;
@@ -151,7 +151,10 @@ pub fn compile(p: &ClusterNetworkPolicy, problems: &mut Vec<PolicyProblem>) -> C
         other => {
             r.report(
                 "spec.tier".into(),
-                format!("{other:?} is not Admin or Baseline; evaluated first in the Admin tier, its Accept rules match nothing and its Pass rules deny (fail closed)"),
+                format!(
+                    "{:?} is not Admin or Baseline; evaluated first in the Admin tier, its Accept rules match nothing and its Pass rules deny (fail closed)",
+                    clip(other)
+                ),
             );
             degraded = true;
             Tier::Admin
@@ -245,7 +248,7 @@ fn compile_subject(s: &CnpSubject) -> Result<Subject, FieldError> {
 
 fn compile_rule(dir: Direction, tier: Tier, index: usize, rule: &CnpRule, r: &mut Reporter<'_>) -> Option<CompiledCnpRule> {
     let base = format!("spec.{}[{index}]", dir.as_field());
-    let label = rule.name.as_deref().map(|n| format!(" ({n})")).unwrap_or_default();
+    let label = rule.name.as_deref().map(|n| format!(" ({})", clip(n))).unwrap_or_default();
     let action = match rule.action.as_str() {
         "Accept" => Some(Action::Accept),
         "Deny" => Some(Action::Deny),
@@ -257,7 +260,7 @@ fn compile_rule(dir: Direction, tier: Tier, index: usize, rule: &CnpRule, r: &mu
             format!("{base}.action"),
             format!(
                 "{:?}{label} is not Accept, Deny or Pass; this rule denies all {dir} traffic of its subject (fail closed)",
-                rule.action
+                clip(&rule.action)
             ),
         );
         return Some(CompiledCnpRule {
@@ -265,7 +268,7 @@ fn compile_rule(dir: Direction, tier: Tier, index: usize, rule: &CnpRule, r: &mu
             name: rule.name.clone(),
             action: Action::Deny,
             matches: RuleMatch::Everything,
-            fail_closed: Some(format!("unknown action {:?}", rule.action)),
+            fail_closed: Some(format!("unknown action {:?}", clip(&rule.action))),
         });
     };
     let matches = compile_matches(dir, tier, rule, action).map_err(|(field, message)| (format!("{base}{field}"), message));
@@ -340,8 +343,10 @@ fn compile_matches(dir: Direction, tier: Tier, rule: &CnpRule, action: Action) -
                 }
                 let mut patterns = Vec::with_capacity(names.len());
                 for (k, n) in names.iter().enumerate() {
-                    patterns
-                        .push(crate::dns::DomainPattern::parse(n).map_err(|m| (at(&format!(".domainNames[{k}]")), format!("{n:?}: {m}")))?);
+                    patterns.push(
+                        crate::dns::DomainPattern::parse(n)
+                            .map_err(|m| (at(&format!(".domainNames[{k}]")), format!("{:?}: {m}", clip(n))))?,
+                    );
                 }
                 peers.push(CnpPeerDef::Domains(DomainDef::new(patterns)));
                 addresses_only = true;
@@ -371,7 +376,8 @@ fn compile_matches(dir: Direction, tier: Tier, rule: &CnpRule, action: Action) -
                                 "a named port cannot be used with a networks, nodes or domainNames peer".into(),
                             ));
                         }
-                        super::compile::validate_port_name(name).map_err(|m| (at(".destinationNamedPort"), format!("{name:?}: {m}")))?;
+                        super::compile::validate_port_name(name)
+                            .map_err(|m| (at(".destinationNamedPort"), format!("{:?}: {m}", clip(name))))?;
                         CnpPortSpec::Named(name.clone())
                     }
                     CnpProtocol::Invalid(why) => return Err((at(""), why.clone())),

@@ -19,7 +19,8 @@ use ipnet::IpNet;
 
 use super::ir::{Direction, DomainDef, IpBlockDef, NsScope, PeerDef, PolicyKind, PolicyProblem};
 use super::selector::Selector;
-use crate::model::{EGRESS_DOMAINS_ANNOTATION, NetworkPolicy, ObjectRef, PolicyPeer, PolicyPort, PolicyRule, PortRef, Protocol};
+use crate::model::manifest::StrictValue;
+use crate::model::{EGRESS_DOMAINS_ANNOTATION, NetworkPolicy, ObjectRef, PolicyPeer, PolicyPort, PolicyRule, PortRef, Protocol, clip};
 
 /// One entry of a rule's `ports`, validated.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -118,7 +119,7 @@ pub fn compile(policy: &NetworkPolicy, problems: &mut Vec<PolicyProblem>) -> Com
                 other => {
                     report(
                         format!("spec.policyTypes[{i}]"),
-                        format!("{other:?} is not Ingress or Egress; isolating both directions (fail closed)"),
+                        format!("{:?} is not Ingress or Egress; isolating both directions (fail closed)", clip(other)),
                     );
                     ingress = true;
                     egress = true;
@@ -180,27 +181,36 @@ fn compile_domains(text: &str, report: &mut impl FnMut(String, String)) -> Vec<C
         end_port: Option<i64>,
     }
     let field = format!("metadata.annotations[{EGRESS_DOMAINS_ANNOTATION}]");
-    let entries: Vec<serde_json::Value> = match serde_json::from_str(text) {
+    // Each entry is read as a JSON value first (so one that is not an entry spoils only
+    // itself), without serde_json's last-wins rule for duplicate keys: in
+    // `{"name": "api.example.com", "name": "*.example.com"}` a reviewer reads the first name
+    // and serde_json's `Value` keeps the second. An entry with a duplicate key, at any depth,
+    // is not read at all.
+    let entries: Vec<StrictValue> = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => {
-            report(field, format!("not a JSON list ({e}); it allows nothing (fail closed)"));
+            report(field, format!("not a JSON list ({}); it allows nothing (fail closed)", clip(&e.to_string())));
             return Vec::new();
         }
     };
     let mut out = Vec::new();
-    for (i, value) in entries.into_iter().enumerate() {
+    for (i, StrictValue { value, duplicate }) in entries.into_iter().enumerate() {
         let at = format!("{field}[{i}]");
+        if let Some(path) = duplicate {
+            report(format!("{at}{path}"), "duplicate key (which value is meant is ambiguous); this entry allows nothing".into());
+            continue;
+        }
         let entry: Entry = match serde_json::from_value(value) {
             Ok(e) => e,
             Err(e) => {
-                report(at, format!("{e}; this entry allows nothing"));
+                report(at, format!("{}; this entry allows nothing", clip(&e.to_string())));
                 continue;
             }
         };
         let pattern = match crate::dns::DomainPattern::parse(&entry.name) {
             Ok(p) => p,
             Err(m) => {
-                report(format!("{at}.name"), format!("{:?}: {m}; this entry allows nothing", entry.name));
+                report(format!("{at}.name"), format!("{:?}: {m}; this entry allows nothing", clip(&entry.name)));
                 continue;
             }
         };
@@ -213,7 +223,12 @@ fn compile_domains(text: &str, report: &mut impl FnMut(String, String)) -> Vec<C
             };
             let number = |n: i64| u16::try_from(n).ok().filter(|n| *n != 0);
             match (protocol, number(p.port), p.end_port.map(number)) {
-                (None, _, _) => bad = Some((format!("{at}.ports[{j}].protocol"), format!("{:?} is not TCP, UDP or SCTP", p.protocol))),
+                (None, _, _) => {
+                    bad = Some((
+                        format!("{at}.ports[{j}].protocol"),
+                        format!("{:?} is not TCP, UDP or SCTP", p.protocol.as_deref().map(clip)),
+                    ))
+                }
                 (_, None, _) => bad = Some((format!("{at}.ports[{j}].port"), format!("{} is not a port number (1-65535)", p.port))),
                 (_, _, Some(None)) => bad = Some((format!("{at}.ports[{j}].endPort"), "not a port number (1-65535)".to_string())),
                 (Some(proto), Some(s), Some(Some(e))) if e >= s => ports.push(PortSpec::Range(proto, s, e)),
@@ -320,7 +335,7 @@ fn compile_peer(namespace: &str, peer: &PolicyPeer) -> Result<PeerDef, FieldErro
 /// as Kubernetes' strict CIDR validation does: it names IPv4 addresses in IPv6 syntax, which
 /// no IPv6 packet carries, so reading it as either family would be a guess.
 pub(super) fn parse_cidr(s: &str) -> Result<IpNet, String> {
-    let net = s.parse::<IpNet>().map_err(|_| format!("{s:?} is not a valid CIDR"))?;
+    let net = s.parse::<IpNet>().map_err(|_| format!("{:?} is not a valid CIDR", clip(s)))?;
     if let IpNet::V6(v6) = net
         && v6.addr().to_ipv4_mapped().is_some()
     {
@@ -332,7 +347,7 @@ pub(super) fn parse_cidr(s: &str) -> Result<IpNet, String> {
 fn compile_port(port: &PolicyPort) -> Result<PortSpec, FieldError> {
     let protocol = match port.protocol.as_deref() {
         None => Protocol::Tcp,
-        Some(p) => Protocol::parse(p).ok_or_else(|| (".protocol".to_string(), format!("{p:?} is not TCP, UDP or SCTP")))?,
+        Some(p) => Protocol::parse(p).ok_or_else(|| (".protocol".to_string(), format!("{:?} is not TCP, UDP or SCTP", clip(p))))?,
     };
     match &port.port {
         None => match port.end_port {
@@ -357,7 +372,7 @@ fn compile_port(port: &PolicyPort) -> Result<PortSpec, FieldError> {
             if port.end_port.is_some() {
                 return Err((".endPort".into(), "may not be specified when port is non-numeric".into()));
             }
-            validate_port_name(name).map_err(|m| (".port".to_string(), format!("{name:?}: {m}")))?;
+            validate_port_name(name).map_err(|m| (".port".to_string(), format!("{:?}: {m}", clip(name))))?;
             Ok(PortSpec::Named(protocol, name.clone()))
         }
     }
@@ -630,6 +645,71 @@ mod tests {
         p.egress_domains = Some(r#"[{"name": "github.com"}]"#.into());
         let (_, probs) = problems_of(&p);
         assert!(probs[0].message.contains("does not restrict egress"), "{probs:?}");
+    }
+
+    /// serde_json's `Value` keeps the last of a duplicated key: a reviewer reading the first
+    /// `name` would approve a wildcard. An entry with a duplicate key, at any depth, allows
+    /// nothing and is reported at the key; the other entries are unaffected.
+    #[test]
+    fn egress_domains_entries_with_duplicate_keys_allow_nothing() {
+        let mut p = policy();
+        p.policy_types = vec!["Egress".into()];
+        p.egress_domains = Some(
+            r#"[{"name": "api.example.com", "name": "*.example.com"},
+                {"name": "ok.example", "ports": [{"port": 443, "port": 1, "protocol": "TCP"}]},
+                {"name": "ok.example", "ports": [{"port": 443}, {"protocol": "UDP", "port": 53, "protocol": "TCP"}]},
+                {"name": "github.com", "ports": [{"port": 443}]}]"#
+                .into(),
+        );
+        let (c, probs) = problems_of(&p);
+        let got: Vec<(usize, String)> = c.egress_domains.iter().map(|d| (d.index, d.domains.short())).collect();
+        assert_eq!(got, [(3, "github.com".to_string())], "{probs:?}");
+        let fields: Vec<&str> = probs.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "metadata.annotations[flock.dev/egress-domains][0].name",
+                "metadata.annotations[flock.dev/egress-domains][1].ports[0].port",
+                "metadata.annotations[flock.dev/egress-domains][2].ports[1].protocol",
+            ]
+        );
+        assert!(probs.iter().all(|p| p.message.contains("duplicate key") && p.message.ends_with("this entry allows nothing")), "{probs:?}");
+        // The same entries without the duplicates are read (the check is not a parse failure).
+        p.egress_domains =
+            Some(r#"[{"name": "api.example.com"}, {"name": "ok.example", "ports": [{"port": 443, "protocol": "TCP"}]}]"#.into());
+        let (c, probs) = problems_of(&p);
+        assert!(probs.is_empty(), "{probs:?}");
+        assert_eq!(c.egress_domains.len(), 2);
+        // A duplicate key nested anywhere else in an entry (an unknown field's value) is one
+        // too, and a huge key is named clipped.
+        let key = "k".repeat(1 << 20);
+        p.egress_domains = Some(format!(r#"[{{"name": "a.example", "x": [{{"{key}": 1, "{key}": 2}}]}}]"#));
+        let (c, probs) = problems_of(&p);
+        assert!(c.egress_domains.is_empty());
+        assert_eq!(probs.len(), 1, "{probs:?}");
+        assert!(probs[0].field.starts_with("metadata.annotations[flock.dev/egress-domains][0].x[0].kkk"), "{}", &probs[0].field[..80]);
+        assert!(probs[0].field.ends_with("…(1048576 bytes)") && probs[0].field.len() < 400, "{}", probs[0].field.len());
+    }
+
+    /// Values of the annotation are quoted clipped in problems.
+    #[test]
+    fn egress_domains_problems_quote_values_clipped() {
+        let mut p = policy();
+        p.policy_types = vec!["Egress".into()];
+        let huge = "a".repeat(10 << 20);
+        p.egress_domains = Some(format!(
+            r#"[{{"name": "{huge}"}}, {{"name": "a.example", "ports": [{{"protocol": "{huge}", "port": 1}}]}}, {{"name": "a.example", "{huge}": 1}}]"#
+        ));
+        let (c, probs) = problems_of(&p);
+        assert!(c.egress_domains.is_empty());
+        assert_eq!(probs.len(), 3, "{probs:?}");
+        for pr in &probs {
+            assert!(pr.to_string().len() < 1024, "{}", &pr.to_string()[..200]);
+            assert!(pr.to_string().starts_with("NetworkPolicy x/p: metadata.annotations[flock.dev/egress-domains]["), "{pr}");
+        }
+        p.egress_domains = Some(format!(r#"{{"{huge}": 1}}"#));
+        let (_, probs) = problems_of(&p);
+        assert!(probs[0].message.len() < 1024 && probs[0].message.contains("allows nothing"), "{}", &probs[0].message[..200]);
     }
 
     #[test]

@@ -580,11 +580,14 @@ pub struct PolicyProblem {
     pub message: String,
 }
 
+/// The policy's name is [`clip`](crate::model::clip)ped (the field and message quote API
+/// strings clipped already).
 impl fmt::Display for PolicyProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (namespace, name) = (crate::model::clip(&self.policy.namespace), crate::model::clip(&self.policy.name));
         match self.kind {
-            PolicyKind::NetworkPolicy => write!(f, "NetworkPolicy {}: {}: {}", self.policy, self.field, self.message),
-            PolicyKind::ClusterNetworkPolicy => write!(f, "ClusterNetworkPolicy {}: {}: {}", self.policy.name, self.field, self.message),
+            PolicyKind::NetworkPolicy => write!(f, "NetworkPolicy {namespace}/{name}: {}: {}", self.field, self.message),
+            PolicyKind::ClusterNetworkPolicy => write!(f, "ClusterNetworkPolicy {name}: {}: {}", self.field, self.message),
         }
     }
 }

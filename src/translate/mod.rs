@@ -39,7 +39,7 @@ pub use compile::{CompiledPolicy, PortSpec};
 pub use incremental::{Change, Changed, Incremental};
 pub use ir::*;
 
-use crate::model::{LocalEndpoint, ObjectRef, Pod, Snapshot};
+use crate::model::{LocalEndpoint, ObjectRef, Pod, Snapshot, clip};
 
 /// The label that marks a pod of a sandboxed run (see [`Options::isolate_run_pods`]).
 pub const RUN_LABEL: &str = "flock.dev/run";
@@ -402,7 +402,7 @@ impl<'a> Translator<'a, '_> {
                         field: "spec.priority".into(),
                         message: format!(
                             "the same priority as {} in the same tier, selecting the same pods for {dir}: the API leaves their order undefined; flock takes Deny over Pass over Accept",
-                            names.iter().filter(|n| **n != p.name).copied().collect::<Vec<_>>().join(", "),
+                            names.iter().filter(|n| **n != p.name).map(|n| clip(n).to_string()).collect::<Vec<_>>().join(", "),
                         ),
                     });
                 }

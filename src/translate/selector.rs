@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use crate::model::{LabelSelector, Labels};
+use crate::model::{LabelSelector, Labels, clip};
 
 /// One requirement in canonical form. `matchLabels` entries become `In` with one value.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -55,19 +55,19 @@ impl Selector {
     pub fn compile(sel: &LabelSelector) -> Result<Self, String> {
         let mut reqs = Vec::with_capacity(sel.match_labels.len() + sel.match_expressions.len());
         for (k, v) in &sel.match_labels {
-            validate_label_key(k).map_err(|m| format!("matchLabels: key {k:?}: {m}"))?;
-            validate_label_value(v).map_err(|m| format!("matchLabels[{k}]: value {v:?}: {m}"))?;
+            validate_label_key(k).map_err(|m| format!("matchLabels: key {:?}: {m}", clip(k)))?;
+            validate_label_value(v).map_err(|m| format!("matchLabels[{k}]: value {:?}: {m}", clip(v)))?;
             reqs.push(Requirement::In(k.clone(), BTreeSet::from([v.clone()])));
         }
         for (i, e) in sel.match_expressions.iter().enumerate() {
             let at = |m: String| format!("matchExpressions[{i}].{m}");
-            validate_label_key(&e.key).map_err(|m| at(format!("key: {:?}: {m}", e.key)))?;
+            validate_label_key(&e.key).map_err(|m| at(format!("key: {:?}: {m}", clip(&e.key))))?;
             let values = || -> Result<BTreeSet<String>, String> {
                 if e.values.is_empty() {
                     return Err(at(format!("values: must be specified when operator is {}", e.operator)));
                 }
                 for (j, v) in e.values.iter().enumerate() {
-                    validate_label_value(v).map_err(|m| at(format!("values[{j}]: {v:?}: {m}")))?;
+                    validate_label_value(v).map_err(|m| at(format!("values[{j}]: {:?}: {m}", clip(v))))?;
                 }
                 Ok(e.values.iter().cloned().collect())
             };
@@ -80,7 +80,7 @@ impl Selector {
                 "Exists" => no_values().map(|()| Requirement::Exists(e.key.clone()))?,
                 "DoesNotExist" => no_values().map(|()| Requirement::DoesNotExist(e.key.clone()))?,
                 other => {
-                    return Err(at(format!("operator: {other:?} is not In, NotIn, Exists or DoesNotExist")));
+                    return Err(at(format!("operator: {:?} is not In, NotIn, Exists or DoesNotExist", clip(other))));
                 }
             };
             reqs.push(req);

@@ -632,3 +632,131 @@ spec:
     let yb = s.pod_by_name(&testkit::pod_ref("y/b")).unwrap().ips.clone();
     assert_eq!(np.dns_resolvers, yb);
 }
+
+/// The exact reviewer-bypass example: `{"name": "api.example.com", "name": "*.example.com"}`
+/// (serde_json's `Value` keeps the wildcard). The entry fails closed like any invalid one: it
+/// allows nothing and is reported at the key; so does one with a duplicate inside `ports`.
+/// The valid entry still applies.
+#[test]
+fn an_egress_domains_entry_with_a_duplicate_key_allows_nothing() {
+    let s = with(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: by-name
+  namespace: x
+  annotations:
+    flock.dev/egress-domains: '[{"name": "api.example.com", "name": "*.example.com"}, {"name": "github.com", "ports": [{"port": 22, "port": 443}]}, {"name": "pypi.org"}]'
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+"#,
+    );
+    let np = run(&s);
+    assert_eq!(summary(&np, "x/a", E), "isolated: [domains pypi.org] *");
+    let msgs: Vec<String> = np.problems.iter().map(ToString::to_string).collect();
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert!(
+        msgs[0].starts_with("NetworkPolicy x/by-name: metadata.annotations[flock.dev/egress-domains][0].name: duplicate key"),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs[1].starts_with("NetworkPolicy x/by-name: metadata.annotations[flock.dev/egress-domains][1].ports[0].port: duplicate key"),
+        "{msgs:?}"
+    );
+    assert!(msgs.iter().all(|m| m.ends_with("this entry allows nothing")), "{msgs:?}");
+}
+
+/// A 10 MB label value (and other API strings of that size) in a policy is quoted clipped in
+/// its problems: each stays short and still names the policy and the field.
+#[test]
+fn huge_api_strings_are_clipped_in_problems() {
+    const MB10: usize = 10 << 20;
+    let huge = "v".repeat(MB10);
+    let marker = format!("…({MB10} bytes)");
+    // Read from a manifest, as `flockctl` does: a selector value of 10 MB.
+    let mut s = with(&format!(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: big, namespace: x}}
+spec:
+  podSelector: {{matchLabels: {{pod: {huge}}}}}
+"
+    ));
+    // Every other quoted field, built directly.
+    let sel = |key: &str, operator: &str, values: &[&str]| crate::model::LabelSelector {
+        match_expressions: vec![crate::model::LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: values.iter().map(|v| v.to_string()).collect(),
+        }],
+        ..Default::default()
+    };
+    let peer = |p: crate::model::PolicyPeer| crate::model::PolicyRule { peers: vec![p], ports: vec![] };
+    let port = |protocol: Option<&str>, name: &str| crate::model::PolicyRule {
+        peers: vec![],
+        ports: vec![crate::model::PolicyPort {
+            protocol: protocol.map(str::to_string),
+            port: Some(crate::model::PortRef::Name(name.into())),
+            end_port: None,
+        }],
+    };
+    s.upsert_policy(crate::model::NetworkPolicy {
+        namespace: "x".into(),
+        name: "many".into(),
+        policy_types: vec!["Ingress".into(), huge.clone()],
+        ingress: vec![
+            peer(crate::model::PolicyPeer { namespace_selector: Some(sel("pod", "In", &[&huge])), ..Default::default() }),
+            peer(crate::model::PolicyPeer { pod_selector: Some(sel(&huge, "Exists", &[])), ..Default::default() }),
+            peer(crate::model::PolicyPeer { pod_selector: Some(sel("pod", &huge, &[])), ..Default::default() }),
+            peer(crate::model::PolicyPeer {
+                ip_block: Some(crate::model::IpBlock { cidr: huge.clone(), except: vec![] }),
+                ..Default::default()
+            }),
+            port(Some(&huge), "http"),
+            port(None, &huge),
+        ],
+        ..Default::default()
+    });
+    // A policy whose name is 10 MB: named, clipped.
+    s.upsert_policy(crate::model::NetworkPolicy {
+        namespace: "x".into(),
+        name: huge.clone(),
+        policy_types: vec!["Sideways".into()],
+        ..Default::default()
+    });
+    // A ClusterNetworkPolicy: its tier, a rule's action and name, a domain name, a named
+    // port and an unknown field.
+    s.upsert_cluster_policy(
+        crate::model::cnp::from_json(&serde_json::json!({
+            "metadata": {"name": "cluster"},
+            "spec": {
+                "tier": huge, "priority": 1,
+                "subject": {"namespaces": {}},
+                "egress": [
+                    {"name": huge, "action": huge, "to": [{"networks": ["10.0.0.0/8"]}]},
+                    {"action": "Accept", "to": [{"domainNames": [huge]}]},
+                    {"action": "Accept", "to": [{"namespaces": {}}], "protocols": [{"destinationNamedPort": huge}]},
+                    {"action": "Deny", "to": [{huge.clone(): {}}]},
+                ],
+            },
+        }))
+        .unwrap(),
+    );
+    let np = run(&s);
+    let msgs: Vec<String> = np.problems.iter().map(ToString::to_string).collect();
+    assert_eq!(msgs.len(), 14, "{}", msgs.iter().map(|m| &m[..m.len().min(300)]).collect::<Vec<_>>().join("\n"));
+    for m in &msgs {
+        assert!(m.len() < 1024, "{} bytes: {}", m.len(), &m[..300]);
+        assert!(m.contains(&marker), "{m}");
+        assert!(
+            m.starts_with("NetworkPolicy x/big: spec.podSelector.matchLabels[pod]: value \"vvv")
+                || m.starts_with("NetworkPolicy x/many: spec.")
+                || m.starts_with(&format!("NetworkPolicy x/{}{marker}: spec.policyTypes[0]", "v".repeat(crate::model::MAX_CLIP)))
+                || m.starts_with("ClusterNetworkPolicy cluster: spec."),
+            "{m}"
+        );
+    }
+}

@@ -3,7 +3,7 @@
 //! The grammar is the renderer's, no more: `ct state LIST`; `meta l4proto P`; `tcp|udp|sctp
 //! dport N|A-B`; `iifname|oifname "prefix*"`; `limit rate N/second [burst M packets]`; `log
 //! [prefix "P"] group G`; `icmpv6 type NAME`; `ct mark & BIT == BIT`; `meta mark & BIT == BIT`; `ct|meta mark set
-//! ct|meta mark | BIT`; `tproxy to :PORT`; `reject with tcp reset`; a field or a concatenation of fields
+//! ct|meta mark | BIT`; `ct direction DIR`; `tproxy to :PORT`, `tproxy ip|ip6 to ADDR:PORT`; `reject with tcp reset`; a field or a concatenation of fields
 //! (`iifname`, `oifname`, `ip|ip6 saddr|daddr`, `meta l4proto`, `th dport`) looked up in a
 //! named set (`@set`, `!= @set`) or verdict map (`vmap @map`); `counter`; a verdict; a
 //! comment. Anything else is an error, and the caller writes through nft instead.
@@ -63,10 +63,12 @@ const NFT_META_NFPROTO: u32 = 15;
 const NFT_META_L4PROTO: u32 = 16;
 const NFT_CT_STATE: u32 = 0;
 const NFT_CT_MARK: u32 = 3;
+const NFT_CT_DIRECTION: u32 = 1;
 const NFTA_CT_SREG: u16 = 4;
 const NFTA_META_SREG: u16 = 3;
 const NFT_META_MARK: u32 = 3;
 const NFTA_TPROXY_FAMILY: u16 = 1;
+const NFTA_TPROXY_REG_ADDR: u16 = 2;
 const NFTA_TPROXY_REG_PORT: u16 = 3;
 const NFTA_LIMIT_RATE: u16 = 1;
 const NFTA_LIMIT_UNIT: u16 = 2;
@@ -330,6 +332,50 @@ pub fn compile(rule: &str, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) 
                     u32_attr(b, NFTA_TPROXY_FAMILY, 0);
                     u32_attr(b, NFTA_TPROXY_REG_PORT, NFT_REG_1);
                 }));
+                i += 3;
+            }
+            ("tproxy", Some(fam @ ("ip" | "ip6"))) if word(i + 2) == Some("to") => {
+                // `tproxy ip to ADDR:PORT`, `tproxy ip6 to [ADDR]:PORT`: one family (a packet of
+                // the other does not match), the address in register 1, the port in 2.
+                let target = word(i + 3).ok_or("tproxy to without an address")?;
+                let (addr, p) = target.rsplit_once(':').ok_or_else(|| format!("tproxy to {target}: no port"))?;
+                let addr = addr.strip_prefix('[').and_then(|a| a.strip_suffix(']')).unwrap_or(addr);
+                let addr: std::net::IpAddr = addr.parse().map_err(|_| format!("tproxy to {target}: not an address"))?;
+                if addr.is_ipv6() != (fam == "ip6") {
+                    return Err(format!("tproxy {fam} to {target}: another family"));
+                }
+                let (family, bytes) = match addr {
+                    std::net::IpAddr::V4(a) => (NFPROTO_IPV4, a.octets().to_vec()),
+                    std::net::IpAddr::V6(a) => (NFPROTO_IPV6, a.octets().to_vec()),
+                };
+                let p = port(p)?;
+                out.exprs.push(expr("immediate", |b| {
+                    u32_attr(b, NFTA_IMMEDIATE_DREG, NFT_REG_1);
+                    nested(b, NFTA_IMMEDIATE_DATA, |d| attr(d, NFTA_DATA_VALUE, &bytes));
+                }));
+                out.exprs.push(expr("immediate", |b| {
+                    u32_attr(b, NFTA_IMMEDIATE_DREG, NFT_REG_1 + 1);
+                    nested(b, NFTA_IMMEDIATE_DATA, |d| attr(d, NFTA_DATA_VALUE, &p.to_be_bytes()));
+                }));
+                out.exprs.push(expr("tproxy", |b| {
+                    u32_attr(b, NFTA_TPROXY_FAMILY, u32::from(family));
+                    u32_attr(b, NFTA_TPROXY_REG_ADDR, NFT_REG_1);
+                    u32_attr(b, NFTA_TPROXY_REG_PORT, NFT_REG_1 + 1);
+                }));
+                i += 4;
+            }
+            ("ct", Some("direction")) => {
+                // `ct direction original|reply`.
+                let d: u8 = match word(i + 2) {
+                    Some("original") => 0,
+                    Some("reply") => 1,
+                    other => return Err(format!("ct direction {other:?}")),
+                };
+                out.exprs.push(expr("ct", |b| {
+                    u32_attr(b, NFTA_CT_DREG, NFT_REG_1);
+                    u32_attr(b, NFTA_CT_KEY, NFT_CT_DIRECTION);
+                }));
+                out.exprs.push(cmp(NFT_CMP_EQ, &[d]));
                 i += 3;
             }
             ("ct", Some("mark")) => {

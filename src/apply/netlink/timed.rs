@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::transaction::comment_udata;
 use super::{
-    Batch, NFNL_SUBSYS_NFTABLES, NFPROTO_INET, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY,
+    Batch, NFNL_SUBSYS_NFTABLES, NFPROTO_INET, NFT_MSG_DELSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY,
     NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTNL_UDATA_SET_ELEM_COMMENT,
     NLM_F_CREATE, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkError, NfSocket, attr, attributes, message, messages, nested,
     nul_terminated, push_elements,
@@ -57,10 +57,26 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// The batch that adds each set's elements to that timed set of flock's table (refreshing the
-/// timeouts of those already there, where the kernel can): one transaction for all of them.
-pub fn encode_timed<S: AsRef<str>>(sets: &[(S, Vec<TimedElement>)]) -> Result<Batch, NetlinkError> {
+/// The batch that deletes `evict`'s addresses from their timed sets, then adds each set's
+/// elements to that timed set of flock's table (refreshing the timeouts of those already there,
+/// where the kernel can): one transaction for all of them. Deleting an address the set does not
+/// hold (it expired meanwhile) fails the whole batch.
+pub fn encode_timed<S: AsRef<str>>(sets: &[(S, Vec<TimedElement>)], evict: &[(S, Vec<IpAddr>)]) -> Result<Batch, NetlinkError> {
     let mut batch = Batch::new();
+    for (set, addrs) in evict {
+        let encoded: Vec<Vec<u8>> = addrs
+            .iter()
+            .map(|a| {
+                let mut out = Vec::new();
+                let k = key(*a);
+                nested(&mut out, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &k));
+                out
+            })
+            .collect();
+        if !encoded.is_empty() {
+            push_elements(&mut batch, set.as_ref(), NFT_MSG_DELSETELEM, 0, &encoded, "evicting learned addresses from set");
+        }
+    }
     for (set, elements) in sets {
         let set = set.as_ref();
         let encoded = elements
@@ -84,9 +100,10 @@ pub fn encode_timed<S: AsRef<str>>(sets: &[(S, Vec<TimedElement>)]) -> Result<Ba
 }
 
 impl NfSocket {
-    /// Adds each set's elements to that timed set, in one batch.
-    pub fn write_timed<S: AsRef<str>>(&mut self, sets: &[(S, Vec<TimedElement>)]) -> Result<(), NetlinkError> {
-        self.send(encode_timed(sets)?)
+    /// Deletes `evict`'s addresses from their timed sets and adds each set's elements, in one
+    /// batch.
+    pub fn write_timed<S: AsRef<str>>(&mut self, sets: &[(S, Vec<TimedElement>)], evict: &[(S, Vec<IpAddr>)]) -> Result<(), NetlinkError> {
+        self.send(encode_timed(sets, evict)?)
     }
 
     /// Every element of the timed set `set`, with what is left of its timeout, by address.
@@ -192,10 +209,10 @@ mod tests {
     #[test]
     fn comments_are_made_safe_for_nft() {
         let long = format!("\"{}", "é".repeat(100));
-        let batch = encode_timed(&[(
-            "dom-x",
-            vec![TimedElement { addr: "198.18.1.10".parse().unwrap(), timeout: Duration::from_secs(1), comment: long }],
-        )]);
+        let batch = encode_timed(
+            &[("dom-x", vec![TimedElement { addr: "198.18.1.10".parse().unwrap(), timeout: Duration::from_secs(1), comment: long }])],
+            &[],
+        );
         let (buf, _) = batch.unwrap().finish();
         let msgs: Vec<_> = messages(&buf).map(Result::unwrap).collect();
         let comment = &decode_elements(&msgs[1].3[4..]).unwrap()[0].comment;
@@ -208,7 +225,7 @@ mod tests {
             TimedElement { addr: "198.18.1.10".parse().unwrap(), timeout: Duration::from_secs(30), comment: "api.example.test".into() },
             TimedElement { addr: "2001:db8:1::10".parse().unwrap(), timeout: Duration::from_millis(1500), comment: String::new() },
         ];
-        let batch = encode_timed(&[("dom-x", elements.clone()), ("dom-y", Vec::new())]).unwrap();
+        let batch = encode_timed(&[("dom-x", elements.clone()), ("dom-y", Vec::new())], &[]).unwrap();
         assert!(!batch.is_empty());
         let (buf, _) = batch.finish();
         // BATCH_BEGIN, the element message, BATCH_END: decode the middle one's elements.

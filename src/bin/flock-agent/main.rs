@@ -164,6 +164,33 @@ struct Args {
     /// A learned address is admitted for at most this long (a longer TTL is cut to it).
     #[arg(long, env = "FLOCK_DNS_MAX_TTL", default_value = "1h", value_parser = parse_duration)]
     dns_max_ttl: Duration,
+    /// How long the DNS proxy waits for a resolver's answer.
+    #[arg(long, env = "FLOCK_DNS_UPSTREAM_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    dns_upstream_timeout: Duration,
+    /// UDP queries the DNS proxy has in flight at most, per pod and on the node (beyond:
+    /// dropped and counted; the pod's resolver asks again).
+    #[arg(long, env = "FLOCK_DNS_IN_FLIGHT_PER_POD", default_value_t = flock::agent::dns_proxy::Bounds::default().in_flight_per_pod)]
+    dns_in_flight_per_pod: usize,
+    #[arg(long, env = "FLOCK_DNS_IN_FLIGHT", default_value_t = flock::agent::dns_proxy::Bounds::default().in_flight)]
+    dns_in_flight: usize,
+    /// TCP connections the DNS proxy takes at most, per pod and on the node (beyond: closed).
+    #[arg(long, env = "FLOCK_DNS_TCP_PER_POD", default_value_t = flock::agent::dns_proxy::Bounds::default().tcp_per_pod)]
+    dns_tcp_per_pod: usize,
+    #[arg(long, env = "FLOCK_DNS_TCP", default_value_t = flock::agent::dns_proxy::Bounds::default().tcp)]
+    dns_tcp: usize,
+    /// A pod's TCP connection to the DNS proxy with no complete query for this long is closed.
+    #[arg(long, env = "FLOCK_DNS_TCP_IDLE", default_value = "10s", value_parser = parse_duration)]
+    dns_tcp_idle: Duration,
+    /// The DNS proxy asks names with their letters in a random case (DNS 0x20) and takes
+    /// only answers that echo it; false for resolvers that do not keep the case.
+    #[arg(long, env = "FLOCK_DNS_RANDOMIZE_CASE", default_value_t = true, action = clap::ArgAction::Set)]
+    dns_randomize_case: bool,
+    /// Learned addresses a domain rule's set (per family), and the node, holds at most;
+    /// beyond, the addresses that expire first are evicted.
+    #[arg(long, env = "FLOCK_DNS_LEARNED_PER_SET", default_value_t = flock::agent::domains::LearnedBounds::default().per_set)]
+    dns_learned_per_set: usize,
+    #[arg(long, env = "FLOCK_DNS_LEARNED_PER_NODE", default_value_t = flock::agent::domains::LearnedBounds::default().per_node)]
+    dns_learned_per_node: usize,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
@@ -269,7 +296,17 @@ fn run(args: Args) -> anyhow::Result<()> {
                     max_ttl: secs(args.dns_max_ttl),
                     ..flock::dns::Limits::default()
                 },
-                upstream_timeout: Duration::from_secs(5),
+                upstream_timeout: args.dns_upstream_timeout,
+                bounds: flock::agent::dns_proxy::Bounds {
+                    in_flight_per_pod: args.dns_in_flight_per_pod,
+                    in_flight: args.dns_in_flight,
+                    tcp_per_pod: args.dns_tcp_per_pod,
+                    tcp: args.dns_tcp,
+                    tcp_idle: args.dns_tcp_idle,
+                    ..flock::agent::dns_proxy::Bounds::default()
+                },
+                randomize_case: args.dns_randomize_case,
+                learned: flock::agent::domains::LearnedBounds { per_set: args.dns_learned_per_set, per_node: args.dns_learned_per_node },
             });
         }
         agent.deny_log = (args.deny_log_group != 0).then_some(flock::render::log::DenyLog {
@@ -333,6 +370,10 @@ mod tests {
         assert_eq!((args.dns_proxy_port, args.dns_proxy_mark, args.dns_route_table), (15053, 0x80, 180));
         assert_eq!((args.dns_rule_priority, args.dns_resolver_pods.to_string().as_str()), (90, "kube-system/k8s-app=kube-dns"));
         assert_eq!((args.dns_min_ttl, args.dns_max_ttl), (Duration::from_secs(30), Duration::from_secs(3600)));
+        assert_eq!((args.dns_upstream_timeout, args.dns_tcp_idle), (Duration::from_secs(5), Duration::from_secs(10)));
+        assert_eq!((args.dns_in_flight_per_pod, args.dns_in_flight, args.dns_tcp_per_pod, args.dns_tcp), (32, 256, 4, 64));
+        assert!(args.dns_randomize_case);
+        assert_eq!((args.dns_learned_per_set, args.dns_learned_per_node), (2048, 16_384));
     }
 
     #[test]
