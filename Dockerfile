@@ -2,11 +2,13 @@
 #
 #   docker build --target agent -t ghcr.io/flock-cni/flock:dev --build-arg FLOCK_COMMIT=$(git rev-parse --short HEAD) .
 #   docker build --target controller -t ghcr.io/flock-cni/flock-controller:dev --build-arg FLOCK_COMMIT=$(git rev-parse --short HEAD) .
+#   docker build --target symbols --output type=local,dest=flock-symbols .
 #
 # agent (the default target): flock-agent (the DaemonSet), flock-cni (installed onto the
 # node by the DaemonSet's init container), flockctl, and nft and ip for the agent, which
 # runs as root (nftables and routes). controller: flock-controller alone, without nft, as a
-# non-root user. Images cannot be built on the development machines (no container engine):
+# non-root user. symbols: the debug info of both images' (stripped) binaries, written out
+# as files. Images cannot be built on the development machines (no container engine):
 # tests/deploy.rs checks this file's stages, tests/lint-deploy.sh lints it (hadolint).
 #
 # Debian 12 (bookworm) to build and to run: the binaries need the glibc they were built
@@ -31,8 +33,17 @@ RUN cargo chef cook --release --locked --recipe-path recipe.json -p flock -p flo
 COPY . .
 # The commit flock_build_info reports (.git is not in the build context, see .dockerignore).
 ARG FLOCK_COMMIT=unknown
+# What ships is stripped (flock-agent: 146 MB -> 21 MB); the symbols and line tables
+# go to /out/debug, kept by the `symbols` stage below.
 RUN cargo build --release --locked -p flock --bin flock-agent --bin flock-controller --bin flockctl -p flock-cni --bin flock-cni \
-    && install -D -m 0755 -t /out target/release/flock-agent target/release/flock-controller target/release/flockctl target/release/flock-cni
+    && deploy/split-debuginfo.sh target/release /out flock-agent flock-controller flockctl flock-cni
+
+# The debug files of the shipped binaries, as /usr/lib/debug/usr/local/bin/<binary>.debug
+# (where gdb looks for them), for a maintainer to resolve a backtrace or core of a release
+# (the header's `--target symbols` build writes them out): copy them into a debugging
+# container, or give them to addr2line or gdb's symbol-file.
+FROM scratch AS symbols
+COPY --from=build /out/debug/ /
 
 # flock-controller: the API server is all it talks to; no nft, no root.
 FROM debian:12.11-slim AS controller

@@ -15,33 +15,7 @@ use crate::model::{ObjectRef, Protocol};
 /// The nine base pods, in the default matrix order.
 pub const DEFAULT_ORDER: [&str; 9] = ["x/a", "x/b", "x/c", "y/a", "y/b", "y/c", "z/a", "z/b", "z/c"];
 
-/// An IP family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    pub fn of(ip: std::net::IpAddr) -> Self {
-        if ip.is_ipv4() { Self::V4 } else { Self::V6 }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::V4 => "IPv4",
-            Self::V6 => "IPv6",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "IPv4" | "ipv4" | "4" => Some(Self::V4),
-            "IPv6" | "ipv6" | "6" => Some(Self::V6),
-            _ => None,
-        }
-    }
-}
+use crate::model::Family;
 
 /// What a cell expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

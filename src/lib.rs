@@ -35,6 +35,7 @@ pub mod explain;
 pub mod fuzzing;
 pub mod model;
 pub mod nflog;
+pub mod nfnetlink;
 pub use flock_cni::netns;
 pub mod nft;
 pub mod process;

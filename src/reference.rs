@@ -18,13 +18,11 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::conformance::Family;
 use crate::model::cnp::{ClusterNetworkPolicy, CnpPeer, CnpPods, CnpPort, CnpProtocol, CnpRule, CnpSubject};
-use crate::model::{LabelSelector, Labels, NetworkPolicy, ObjectRef, Pod, PolicyPeer, PolicyPort, PolicyRule, PortRef, Protocol, Snapshot};
-
-/// The label that marks a sandboxed run's pod: egress closed while no NetworkPolicy selects
-/// it for egress, above every tier (README, "Runs").
-const RUN_LABEL: &str = "flock.dev/run";
+use crate::model::{
+    Family, LabelSelector, Labels, NetworkPolicy, ObjectRef, Pod, PolicyPeer, PolicyPort, PolicyRule, PortRef, Protocol, RUN_LABEL,
+    Snapshot,
+};
 
 /// One end of a flow.
 #[derive(Debug, Clone, PartialEq, Eq)]

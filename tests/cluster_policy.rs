@@ -150,7 +150,7 @@ fn flocks_own_isolation_is_above_every_tier() {
     );
     let uid = s.pod_by_name(&ObjectRef::new("x", "a")).unwrap().uid.clone();
     let mut pod = s.pod(&uid).unwrap().clone();
-    pod.labels.insert(translate::RUN_LABEL, "job-1");
+    pod.labels.insert(flock::model::RUN_LABEL, "job-1");
     s.upsert_pod(pod);
     let m = matrix(&s, 80);
     assert_eq!(m[0], "-00000000", "the run pod's egress is closed: {m:?}");

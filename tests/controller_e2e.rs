@@ -147,7 +147,7 @@ async fn a_runs_pod_reaches_what_its_profile_allows_and_nothing_else() {
     let mut sim = Sim::build(snapshot, opts).await.unwrap();
 
     let probe = |sim: &Sim, from: &str, to: &str, port: u16, protocol: Protocol, v6: bool| -> Outcome {
-        let family = Some(if v6 { flock::conformance::Family::V6 } else { flock::conformance::Family::V4 });
+        let family = Some(if v6 { flock::model::Family::V6 } else { flock::model::Family::V4 });
         let cells = sim.probe(ProbeSpec { port, protocol, family }, &[from.to_string()], &[to.to_string()]).unwrap();
         cells[0].outcome.unwrap_or_else(|| panic!("{from} → {to}: not probed"))
     };

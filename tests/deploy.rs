@@ -13,6 +13,7 @@
 #[path = "common/controller.rs"]
 mod common;
 use common::{grants, root, yaml_docs as docs};
+use std::path::Path;
 
 #[test]
 fn kustomization_resources_exist_and_parse() {
@@ -237,9 +238,11 @@ impl Dockerfile {
                 let words: Vec<&str> = comment.split_whitespace().collect();
                 if words.starts_with(&["docker", "build"]) && pending.is_empty() {
                     let after = |flag: &str| words.iter().position(|w| *w == flag).map(|i| words[i + 1].to_string());
-                    let image = after("-t").expect("docker build -t IMAGE");
-                    let name = image.rsplit_once(':').map_or(image.as_str(), |(n, _)| n).to_string();
-                    builds.push((name, after("--target").unwrap_or_else(|| "(default)".into())));
+                    // A build without -t writes files out (the symbols), no image.
+                    if let Some(image) = after("-t") {
+                        let name = image.rsplit_once(':').map_or(image.as_str(), |(n, _)| n).to_string();
+                        builds.push((name, after("--target").unwrap_or_else(|| "(default)".into())));
+                    }
                 }
                 continue;
             }
@@ -316,7 +319,9 @@ fn dockerfile_bases_are_pinned_and_stages_exist() {
             // An image: a version tag or a digest, never latest or none.
             let base = &stage.base;
             let tag = base.rsplit('/').next().unwrap().split_once(':').map(|(_, t)| t);
-            let pinned = base.contains("@sha256:") || tag.is_some_and(|t| t.chars().next().is_some_and(|c| c.is_ascii_digit()));
+            // `scratch` is no image, only the empty start of one.
+            let pinned =
+                base == "scratch" || base.contains("@sha256:") || tag.is_some_and(|t| t.chars().next().is_some_and(|c| c.is_ascii_digit()));
             assert!(pinned && !base.contains("latest"), "stage {}: base image {base} is not pinned to a version or digest", stage.name);
         }
         for copy in stage.all("COPY") {
@@ -363,8 +368,10 @@ fn dockerfile_builds_dependencies_before_copying_the_sources() {
         for copy in d.stage(image).all("COPY").filter(|c| c.contains(&format!("--from={from}"))) {
             for src in copy.split_whitespace().filter(|w| w.starts_with("/out/")) {
                 let bin = src.trim_start_matches("/out/");
+                // Built, and split into the shipped binary and its debug info.
+                let split = compile.split_once("deploy/split-debuginfo.sh target/release /out").map(|(_, bins)| bins);
                 assert!(
-                    compile.contains(&format!("--bin {bin}")) && compile.contains(&format!("target/release/{bin}")),
+                    compile.contains(&format!("--bin {bin}")) && split.is_some_and(|b| b.split_whitespace().any(|w| w == bin)),
                     "{bin} is not built"
                 );
             }
@@ -473,4 +480,50 @@ fn manifests_name_images_the_dockerfile_builds() {
         used.extend(names);
     }
     assert_eq!(used.len(), 2, "the agent's image and the controller's: {used:?}");
+}
+
+/// The image build ships stripped binaries and keeps their debug info apart
+/// (deploy/split-debuginfo.sh, run by the Dockerfile's build stage): here on a test build
+/// of flockctl, which carries line tables as the release profile's do.
+#[test]
+fn release_binaries_ship_stripped_with_their_debug_info_kept() {
+    let d = Dockerfile::read();
+    let build = d.stage("build");
+    assert!(build.all("RUN").any(|r| r.contains("deploy/split-debuginfo.sh target/release /out")), "the build stage splits the binaries");
+    assert!(d.stage("symbols").all("COPY").any(|c| c.contains("/out/debug/")), "the symbols stage keeps the debug files");
+
+    struct Dir(std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = Dir(std::env::temp_dir().join(format!("flock-split-{}", std::process::id())));
+    let (from, out) = (dir.0.join("from"), dir.0.join("out"));
+    std::fs::create_dir_all(&from).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_flockctl"), from.join("flockctl")).unwrap();
+    let status = std::process::Command::new(root().join("deploy/split-debuginfo.sh")).args([&from, &out]).arg("flockctl").status().unwrap();
+    assert!(status.success());
+
+    let sections = |path: &Path| -> String {
+        let o = std::process::Command::new("readelf").args(["-S", "-W"]).arg(path).output().unwrap();
+        assert!(o.status.success(), "readelf {}", path.display());
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let (shipped, debug) = (out.join("flockctl"), out.join("debug/usr/lib/debug/usr/local/bin/flockctl.debug"));
+    let s = sections(&shipped);
+    // (`.debug_gdb_scripts` is loaded data, a pointer to pretty-printers: it stays.)
+    for section in [".debug_info", ".debug_line", ".symtab"] {
+        assert!(!s.contains(section), "the shipped binary keeps {section}:\n{s}");
+    }
+    assert!(s.contains(".gnu_debuglink"), "no link to the debug file:\n{s}");
+    let link = std::process::Command::new("readelf").args(["--string-dump=.gnu_debuglink"]).arg(&shipped).output().unwrap();
+    assert!(String::from_utf8_lossy(&link.stdout).contains("flockctl.debug"));
+    let g = sections(&debug);
+    assert!(g.contains(".debug_line") && g.contains(".symtab"), "the debug file lacks line tables or symbols:\n{g}");
+    let (before, after) = (std::fs::metadata(from.join("flockctl")).unwrap().len(), std::fs::metadata(&shipped).unwrap().len());
+    assert!(after < before, "stripping did not shrink flockctl ({before} -> {after} bytes)");
+    // And it still runs.
+    let help = std::process::Command::new(&shipped).arg("--help").output().unwrap();
+    assert!(help.status.success() && String::from_utf8_lossy(&help.stdout).contains("Usage"));
 }

@@ -8,9 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
-use flock::conformance::{self, Expect, Family};
+use flock::conformance::{self, Expect};
 use flock::explain::live::LiveTable;
 use flock::explain::{self, End, Explainer, Query, Verdict};
+use flock::model::Family;
 use flock::model::Snapshot;
 use flock::render::RenderOptions;
 use flock::testkit::{TracedCluster, pod_ref};

@@ -86,19 +86,24 @@ fn measures_the_data_path_in_throwaway_namespaces() {
     assert!(dp["ratio"].as_f64().is_some_and(|r| r > 0.0), "{dp}");
     assert_eq!(dp["rounds"], 2);
     let scenarios = dp["scenarios"].as_object().unwrap();
-    assert_eq!(scenarios.keys().collect::<Vec<_>>(), ["ip_blocks", "pod_selectors", "synthetic_busiest"]);
+    assert_eq!(scenarios.keys().collect::<Vec<_>>(), ["ip_blocks", "pod_selectors", "pod_to_node", "synthetic_busiest"]);
     assert!(scenarios.contains_key(dp["worst"].as_str().unwrap()), "{dp}");
     for (name, s) in scenarios {
         for key in ["flock_conn_per_s", "conntrack_only_conn_per_s"] {
             assert!(s[key]["median"].as_f64().unwrap() > 0.0, "{name} {key}: {s}");
         }
         assert!(s["ratio"]["median"].as_f64().unwrap() > 0.0, "{name}: {s}");
-        // The client is accepted by a rule of the server's own chain, which is not empty.
-        assert!(s["ruleset"]["rules_in_server_chain"].as_u64().unwrap() > 0, "{name}: {s}");
+        // The client is admitted by a rule of the pod's own chains (the server's; the
+        // client's on the way to the node), which are not empty.
+        assert!(s["ruleset"]["rules_in_pod_chains"].as_u64().unwrap() > 0, "{name}: {s}");
         assert!(s["client"]["rule_position"].as_u64().unwrap() > 0, "{name}: {s}");
-        // The hand-built policies drop a stranger (the synthetic pod may admit every source).
-        if name != "synthetic_busiest" {
-            assert!(s["client"]["denied_source_dropped"].is_string(), "{name}: {s}");
+        assert!(s["client"]["accepted_by"].is_string(), "{name}: {s}");
+        // The hand-built policies drop a stranger, or the node's other port (the synthetic
+        // pod may admit every source).
+        match name.as_str() {
+            "synthetic_busiest" => {}
+            "pod_to_node" => assert!(s["server"]["denied_port_dropped"].is_u64(), "{name}: {s}"),
+            _ => assert!(s["client"]["denied_source_dropped"].is_string(), "{name}: {s}"),
         }
     }
     assert!(dataplane_namespaces(pid).is_empty(), "left behind: {:?}", dataplane_namespaces(pid));
@@ -114,9 +119,9 @@ fn an_interrupted_data_path_benchmark_removes_its_namespaces() {
     args.extend(["--dataplane-rounds", "1000"]);
     let mut child = flockctl_bench(&args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let pid = child.id();
-    // Interrupted once it is measuring (its last namespace exists).
+    // Interrupted once it is measuring (its last scenario's last namespace exists).
     let started = std::time::Instant::now();
-    while !dataplane_namespaces(pid).iter().any(|n| n.contains("synthetic-busiest-ct-server")) {
+    while !dataplane_namespaces(pid).iter().any(|n| n.contains("pod-to-node-ct-node")) {
         assert!(started.elapsed() < std::time::Duration::from_secs(60), "no namespaces after 60 s");
         if child.try_wait().unwrap().is_some() {
             let out = child.wait_with_output().unwrap();

@@ -31,7 +31,7 @@ for target in $(cargo fuzz list); do
   extra=()
   case $target in
     manifest) extra=(-max_len=2048) ;;
-    dns_answer) extra=(-max_len=1024) ;;
+    dns_answer | dns_exchange) extra=(-max_len=1024) ;;
   esac
   log=$work/$target.log
   if cargo fuzz run -O -s none "$target" "$work/corpus/$target" -- \

@@ -192,7 +192,16 @@ fn netlink_transactions_list_as_nft_writes_them() {
         assert!(all.contains(want), "no render has {want}");
     }
     // And domain rules with the DNS steering.
-    for want in ["flags timeout", "tproxy to :15053", "meta mark set meta mark | 0x00000080", "ct mark set ct mark | 0x02000000"] {
+    for want in [
+        "flags timeout",
+        "tproxy ip to 127.0.0.1:15053",
+        "tproxy ip6 to [::1]:15053",
+        "meta mark set meta mark | 0x00000080",
+        "ct mark set ct mark | 0x02000000",
+        "ct direction reply ct mark & 0x04000000 == 0x04000000",
+        "type filter hook output priority mangle; policy accept;",
+        "icmpv6 type nd-neighbor-solicit accept",
+    ] {
         assert!(all.contains(want), "no render has {want}");
     }
     // So are the audit mode's chains (a base chain at priority filter - 1) and log rules.
@@ -260,7 +269,7 @@ fn a_refused_full_batch_changes_nothing() {
     let Some(Object::Chain(c)) = broken.objects.iter_mut().rev().find(|o| matches!(o, Object::Chain(c) if c.hook.is_none())) else {
         panic!("no regular chain")
     };
-    c.rules.push("jump no-such-chain".into());
+    c.rules.push(flock::render::Rule::verdict(flock::render::Verdict::Jump("no-such-chain".into())));
     let name = c.name.clone();
     let e = netlink.write_full(&broken, &objects(first), &broken.to_text()).unwrap_err();
     assert!(e.to_string().contains(&name), "{e}");

@@ -10,8 +10,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use flock::conformance::{self, Expect, Family};
+use flock::conformance::{self, Expect};
 use flock::fuzzing::differential::{self, compare, compare_with, generate, seeded_bytes, snapshot};
+use flock::model::Family;
 use flock::model::Snapshot;
 use flock::reference::{End, Flow, evaluate};
 use flock::testkit::pod_ref;

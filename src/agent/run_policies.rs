@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::model::RUN_LABEL;
 use crate::model::{Change, ObjectRef, Pod, Snapshot};
-use crate::translate::RUN_LABEL;
 use crate::translate::selector::Selector;
 
 /// `namespace/name` → generation (0 when the policy has none, as in a manifest).

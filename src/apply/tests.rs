@@ -288,7 +288,12 @@ fn stale_maps_and_the_chains_they_jump_to_go_together() {
     use crate::render::{Chain, Element, Set};
     let base = ruleset(&testkit::base_cluster());
     let mut prev = base.clone();
-    prev.objects.push(Object::Chain(Chain { name: "extra-target".into(), comment: "c".into(), hook: None, rules: vec!["accept".into()] }));
+    prev.objects.push(Object::Chain(Chain {
+        name: "extra-target".into(),
+        comment: "c".into(),
+        hook: None,
+        rules: vec![crate::render::Rule::verdict(crate::render::Verdict::Accept)],
+    }));
     prev.objects.push(Object::Set(Set {
         name: "extra-map".into(),
         comment: "m".into(),

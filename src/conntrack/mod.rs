@@ -15,17 +15,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
-use crate::apply::netlink::{acks, attr, attributes, message, messages, nested};
+use crate::nfnetlink::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_MULTI, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, acks, attr, attributes, message,
+    messages, nested,
+};
 
-// From linux/netlink.h and linux/netfilter/nfnetlink_conntrack.h.
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_MULTI: u16 = 0x2;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
-const NLMSG_ERROR: u16 = 0x2;
-const NLMSG_DONE: u16 = 0x3;
+// From linux/netfilter/nfnetlink_conntrack.h.
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
 const IPCTNL_MSG_CT_GET: u16 = 1;
@@ -298,7 +293,7 @@ fn ty(msg: u16) -> u16 {
 /// Decodes one datagram of a dump answering `seq` into `out`; `true` once the dump is done.
 fn decode_dump(datagram: &[u8], seq: u32, out: &mut Dump) -> Result<bool, ConntrackError> {
     for m in messages(datagram) {
-        let (t, flags, s, body) = m.map_err(ConntrackError::Protocol)?;
+        let (t, flags, s, body) = m.map_err(|e| ConntrackError::Protocol(e.to_string()))?;
         if s != seq {
             continue;
         }

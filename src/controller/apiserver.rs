@@ -143,29 +143,17 @@ pub async fn discover(client: &Client, fixed: &BTreeSet<ApiEndpoint>, url: Optio
 /// every run off).
 pub async fn follow(client: Client, fixed: BTreeSet<ApiEndpoint>, tx: watch::Sender<ClusterConfig>) {
     let api = Api::<EndpointSlice>::namespaced(client, SLICE_NAMESPACE);
-    let mut slices: BTreeMap<String, EndpointSlice> = BTreeMap::new();
-    let mut listing: BTreeMap<String, EndpointSlice> = BTreeMap::new();
+    let mut slices = Slices::default();
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default().labels(SLICE_SELECTOR)).default_backoff());
     while let Some(event) = events.next().await {
-        match event {
-            Ok(Event::Apply(s)) => {
-                slices.insert(s.name_any(), s);
-            }
-            Ok(Event::Delete(s)) => {
-                slices.remove(&s.name_any());
-            }
-            Ok(Event::Init) => listing.clear(),
-            Ok(Event::InitApply(s)) => {
-                listing.insert(s.name_any(), s);
-            }
-            Ok(Event::InitDone) => slices = std::mem::take(&mut listing),
+        let event = match event {
+            Ok(event) => event,
             Err(e) => {
                 tracing::warn!(error = %e, "watching the EndpointSlices of default/kubernetes");
                 continue;
             }
-        }
-        let mut all = fixed.clone();
-        all.extend(from_slices(slices.values()));
+        };
+        let Some(all) = slices.on(event, &fixed) else { continue };
         if all.is_empty() {
             tracing::warn!("the API server has no endpoints; keeping the last known addresses");
             continue;
@@ -181,6 +169,42 @@ pub async fn follow(client: Client, fixed: BTreeSet<ApiEndpoint>, tx: watch::Sen
     }
 }
 
+/// The EndpointSlices [`follow`] knows, folded from the watch's events.
+#[derive(Default)]
+struct Slices {
+    known: BTreeMap<String, EndpointSlice>,
+    listing: BTreeMap<String, EndpointSlice>,
+}
+
+impl Slices {
+    /// Takes one event; the addresses (with `fixed`) when it may have changed them.
+    fn on(&mut self, event: Event<EndpointSlice>, fixed: &BTreeSet<ApiEndpoint>) -> Option<BTreeSet<ApiEndpoint>> {
+        match event {
+            Event::Apply(s) => {
+                self.known.insert(s.name_any(), s);
+            }
+            Event::Delete(s) => {
+                self.known.remove(&s.name_any());
+            }
+            // A (re-)listing changes nothing until it is complete: published before that,
+            // the addresses of a half-read listing would narrow every run's policy (the first
+            // listing, from nothing to the fixed addresses alone) for a moment.
+            Event::Init => {
+                self.listing.clear();
+                return None;
+            }
+            Event::InitApply(s) => {
+                self.listing.insert(s.name_any(), s);
+                return None;
+            }
+            Event::InitDone => self.known = std::mem::take(&mut self.listing),
+        }
+        let mut all = fixed.clone();
+        all.extend(from_slices(self.known.values()));
+        Some(all)
+    }
+}
+
 /// `198.51.100.1:443, [2001:db8::1]:6443`
 pub fn describe(endpoints: &BTreeSet<ApiEndpoint>) -> String {
     endpoints.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
@@ -189,6 +213,32 @@ pub fn describe(endpoints: &BTreeSet<ApiEndpoint>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn slice(name: &str, addr: &str) -> EndpointSlice {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [addr]}],
+            "ports": [{"port": 6443, "protocol": "TCP"}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_listing_is_published_only_once_complete() {
+        let fixed: BTreeSet<ApiEndpoint> = [ApiEndpoint { addr: "198.18.240.1".parse().unwrap(), port: 443 }].into();
+        let addrs = |v: Option<BTreeSet<ApiEndpoint>>| v.map(|s| s.iter().map(ToString::to_string).collect::<Vec<_>>());
+        let mut s = Slices::default();
+        // The first listing: nothing until it is done (not the fixed address alone).
+        assert_eq!(addrs(s.on(Event::Init, &fixed)), None);
+        assert_eq!(addrs(s.on(Event::InitApply(slice("kubernetes", "198.18.250.2")), &fixed)), None);
+        assert_eq!(addrs(s.on(Event::InitDone, &fixed)).unwrap(), ["198.18.240.1:443", "198.18.250.2:6443"]);
+        // A re-listing keeps the known addresses until it is complete, then replaces them.
+        assert_eq!(addrs(s.on(Event::Init, &fixed)), None);
+        assert_eq!(addrs(s.on(Event::InitApply(slice("kubernetes", "198.18.250.9")), &fixed)), None);
+        assert_eq!(addrs(s.on(Event::InitDone, &fixed)).unwrap(), ["198.18.240.1:443", "198.18.250.9:6443"]);
+        assert_eq!(addrs(s.on(Event::Delete(slice("kubernetes", "198.18.250.9")), &fixed)).unwrap(), ["198.18.240.1:443"]);
+    }
 
     #[test]
     fn urls() {

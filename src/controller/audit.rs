@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use super::FIELD_MANAGER;
 use super::crd::{AuditAction, AuditEvent, AuditEventSpec, AuditPolicy, AuditProfile, AuditRun, Grant, Run};
 use super::render::run_label_value;
-use crate::translate::RUN_LABEL;
+use crate::model::RUN_LABEL;
 
 /// The label holding an AuditEvent's run uid (its retention groups by it).
 pub const RUN_UID_LABEL: &str = "flock.dev/run-uid";

@@ -19,7 +19,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::dns::DomainPattern;
-use crate::translate::RUN_LABEL;
+use crate::model::RUN_LABEL;
 use crate::translate::selector::{validate_label_key, validate_label_value};
 
 /// The API group.

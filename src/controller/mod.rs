@@ -237,7 +237,7 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
     // labelled flock.dev/run (every run's pods carry it), and only while flock reports.
     let verifying = startup.verify == Verify::Flock;
     let (pods, [pod_events]) =
-        Feed::<Pod>::new(Api::all(client.clone()), watcher::Config::default().labels(crate::translate::RUN_LABEL), verifying);
+        Feed::<Pod>::new(Api::all(client.clone()), watcher::Config::default().labels(crate::model::RUN_LABEL), verifying);
     let (nodes, [node_events]) = Feed::<FlockNode>::new(Api::all(client.clone()), watcher::Config::default(), verifying);
     let (complete_tx, enforcement_complete) = watch::channel(!verifying);
     let caches = reconcile::Caches {

@@ -34,7 +34,7 @@ use super::crd::{self, PortSpec, Problem, Protocol, Run, RunProfile, Selector};
 use super::{FIELD_MANAGER, PROFILE_ANNOTATION};
 use crate::dns::DomainPattern;
 use crate::model::EGRESS_DOMAINS_ANNOTATION;
-use crate::translate::RUN_LABEL;
+use crate::model::RUN_LABEL;
 use crate::translate::selector::validate_label_value;
 
 /// Private (RFC 1918) and link-local IPv4 ranges, always excepted from the internet rule.

@@ -18,7 +18,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 use super::{End, Query, Verdict};
-use crate::conformance::Family;
+use crate::model::Family;
 use crate::model::Protocol;
 use crate::nft::table::{Ruleset, Table};
 use crate::nft::trace::{self, Ct, L4, Packet};

@@ -22,7 +22,7 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use crate::conformance::Family;
+use crate::model::Family;
 use crate::model::{LocalEndpoint, ObjectRef, Pod, Protocol, Snapshot};
 use crate::translate::{
     self, Action, AllowRule, Direction, DirectionPolicy, EndpointPolicy, Isolation, NodePolicy, PeerMatch, PortMatch, PriorityGroup, Tier,

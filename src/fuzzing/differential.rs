@@ -25,7 +25,7 @@ use std::net::IpAddr;
 
 use arbitrary::Unstructured;
 
-use crate::conformance::Family;
+use crate::model::Family;
 use crate::model::cnp::{ClusterNetworkPolicy, CnpPeer, CnpPods, CnpPort, CnpProtocol, CnpRule, CnpSubject};
 use crate::model::manifest::Object;
 use crate::model::{
@@ -429,7 +429,7 @@ pub fn generate(u: &mut Unstructured<'_>) -> R<Vec<Object>> {
         }
         let mut pod_labels = labels(u, &POD_KEYS)?;
         if chance(u, 5)? {
-            pod_labels.insert(crate::translate::RUN_LABEL, "r1");
+            pod_labels.insert(crate::model::RUN_LABEL, "r1");
         }
         let mut ports = Vec::new();
         for (name, protocol, numbers) in [

@@ -521,7 +521,7 @@ const POD_NAMES: [&str; 4] = ["a", "b", "c", "web"];
 const UIDS: u8 = 12;
 const POD_KEYS: [&str; 3] = ["pod", "app", "tier"];
 /// A relabel may also make a pod a run's pod ([`translate::Options::isolate_run_pods`]).
-const POD_RELABEL_KEYS: [&str; 4] = ["pod", "app", "tier", translate::RUN_LABEL];
+const POD_RELABEL_KEYS: [&str; 4] = ["pod", "app", "tier", crate::model::RUN_LABEL];
 const NS_KEYS: [&str; 3] = ["ns", "team", "kubernetes.io/metadata.name"];
 const NODE_KEYS: [&str; 3] = ["role", "zone", "kubernetes.io/hostname"];
 const VALUES: [&str; 5] = ["a", "b", "c", "x", "y"];

@@ -584,7 +584,14 @@ pub fn check_parsed(rs: &Ruleset, parsed: &NftRuleset) -> Result<(), String> {
                 if p.spec.hook.is_some() != c.hook.is_some() {
                     return Err(format!("chain {name}: hook {:?}", p.spec.hook));
                 }
-                if p.rules != c.rules {
+                if !p.rules.iter().map(String::as_str).eq(c
+                    .rules
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(String::as_str))
+                {
                     return Err(format!("chain {name}: rules differ:\n parsed   {:?}\n rendered {:?}", p.rules, c.rules));
                 }
             }
@@ -877,7 +884,7 @@ pub fn yaml_str(s: &str) -> String {
 const NAMESPACES: &[&str] = &["x", "y", "z", "shop", "tools", "default"];
 const POD_NAMES: &[&str] = &["a", "b", "c", "web", "db", "debug"];
 const NODES: &[&str] = &["node-1", "node-2"];
-const LABEL_KEYS: &[&str] = &["pod", "ns", "app", "team", "kubernetes.io/metadata.name", translate::RUN_LABEL];
+const LABEL_KEYS: &[&str] = &["pod", "ns", "app", "team", "kubernetes.io/metadata.name", crate::model::RUN_LABEL];
 const LABEL_VALUES: &[&str] = &["a", "b", "c", "x", "y", "z", "web", "db", "shop", ""];
 const PORT_NAMES: &[&str] = &["serve-80-tcp", "serve-81-udp", "serve-80-sctp", "http", "pg", "dns"];
 const PROTOCOLS: &[&str] = &["TCP", "UDP", "SCTP", "tcp", ""];

@@ -195,7 +195,7 @@ pub fn network_policy(np: &net::NetworkPolicy) -> Result<NetworkPolicy, ConvertE
     let namespace = namespace_of(&np.metadata);
     let spec = np.spec.clone().unwrap_or_default();
     // A sandboxed run's policy (flock-controller labels it) is never audited.
-    let run_policy = np.metadata.labels.as_ref().is_some_and(|l| l.contains_key(crate::translate::RUN_LABEL));
+    let run_policy = np.metadata.labels.as_ref().is_some_and(|l| l.contains_key(crate::model::RUN_LABEL));
     Ok(NetworkPolicy {
         audit: annotation(&np.metadata, super::ENFORCEMENT_ANNOTATION) == Some("audit") && !run_policy,
         namespace,

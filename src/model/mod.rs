@@ -54,6 +54,59 @@ impl fmt::Display for ObjectRef {
     }
 }
 
+/// An IP family: of an address, a probe, a set or a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub const BOTH: [Family; 2] = [Family::V4, Family::V6];
+
+    pub fn of(ip: IpAddr) -> Self {
+        if ip.is_ipv4() { Self::V4 } else { Self::V6 }
+    }
+
+    /// `IPv4`, `IPv6`: as the case format, reports and comments spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V4 => "IPv4",
+            Self::V6 => "IPv6",
+        }
+    }
+
+    /// `IPv4`/`ipv4`/`4`, `IPv6`/`ipv6`/`6`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "IPv4" | "ipv4" | "4" => Some(Self::V4),
+            "IPv6" | "ipv6" | "6" => Some(Self::V6),
+            _ => None,
+        }
+    }
+
+    /// `v4`, `v6`: the suffix of per-family object names.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Self::V4 => "v4",
+            Self::V6 => "v6",
+        }
+    }
+
+    /// 0 and 1: an index into per-family pairs.
+    pub fn index(self) -> usize {
+        match self {
+            Self::V4 => 0,
+            Self::V6 => 1,
+        }
+    }
+}
+
+/// The label that marks a pod of a sandboxed run: egress-isolated even while no policy
+/// selects it (`translate::Options::isolate_run_pods`); flock-controller writes its policies
+/// with it too.
+pub const RUN_LABEL: &str = "flock.dev/run";
+
 /// The annotation that puts a NetworkPolicy, a namespace's NetworkPolicies or a
 /// ClusterNetworkPolicy in audit mode: exactly `audit` (anything else enforces), and only
 /// where the agent runs with `--allow-audit-mode`.

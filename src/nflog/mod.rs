@@ -14,11 +14,9 @@ use std::time::Duration;
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
-use crate::apply::netlink::{acks, attr, attributes, message, messages};
+use crate::nfnetlink::{NLM_F_ACK, NLM_F_REQUEST, acks, attr, attributes, message, messages};
 
-// From linux/netlink.h and linux/netfilter/nfnetlink_log.h.
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
+// From linux/netfilter/nfnetlink_log.h.
 const NFNL_SUBSYS_ULOG: u16 = 4;
 const NFULNL_MSG_PACKET: u16 = 0;
 const NFULNL_MSG_CONFIG: u16 = 1;
@@ -100,7 +98,7 @@ pub fn parse(datagram: &[u8]) -> Received {
                 Err(e) => bad.push(e),
             },
             Ok(_) => {}
-            Err(e) => bad.push(e),
+            Err(e) => bad.push(e.to_string()),
         }
     }
     Received { records: out, unreadable: bad }
@@ -235,7 +233,7 @@ impl NflogSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apply::netlink::nul_terminated;
+    use crate::nfnetlink::nul_terminated;
 
     /// An NFULNL_MSG_PACKET as the kernel sends it, for `payload` with `prefix`.
     pub(crate) fn message(prefix: &str, indev: Option<u32>, outdev: Option<u32>, payload: &[u8]) -> Vec<u8> {

@@ -160,6 +160,7 @@ impl Ruleset {
 
     /// Applies one command.
     pub fn apply(&mut self, cmd: &Command) -> Result<(), TableError> {
+        check_comments(cmd)?;
         match cmd {
             Command::AddTable { family, table, comment } => {
                 self.tables.entry((family.clone(), table.clone())).or_insert_with(|| Table {
@@ -308,6 +309,40 @@ impl Ruleset {
     /// The canonical listing of every table.
     pub fn dump(&self) -> String {
         self.tables.values().map(Table::dump).collect()
+    }
+}
+
+/// The longest comment nft accepts on any object (libnftnl's `NFTNL_UDATA_COMMENT_MAXLEN`):
+/// a longer one fails the whole transaction, so the in-memory model refuses it as well.
+pub const COMMENT_MAX: usize = 128;
+
+fn check_comments(cmd: &Command) -> Result<(), TableError> {
+    let too_long = |what: String, c: Option<&str>| match c {
+        Some(c) if c.len() > COMMENT_MAX => Err(TableError::Invalid {
+            what,
+            message: format!("comment too long, {COMMENT_MAX} characters maximum allowed ({} given)", c.len()),
+        }),
+        _ => Ok(()),
+    };
+    match cmd {
+        Command::AddTable { family, table, comment } => too_long(format!("table {family} {table}"), comment.as_deref()),
+        Command::AddChain { family, table, name, spec, .. } => too_long(format!("chain {family} {table} {name}"), spec.comment.as_deref()),
+        Command::AddSet { family, table, kind, name, spec, .. } => {
+            too_long(format!("{kind} {family} {table} {name}"), spec.comment.as_deref())
+        }
+        Command::AddRule { chain, rule, .. } => {
+            let toks = parse::tokenize(rule).unwrap_or_default();
+            for w in toks.windows(2) {
+                if let [(parse::Tok::Word("comment"), _), (parse::Tok::Str(c), _)] = w {
+                    too_long(format!("rule in chain {chain}"), Some(c))?;
+                }
+            }
+            Ok(())
+        }
+        Command::AddElements { set, elements, .. } => {
+            elements.iter().try_for_each(|e| too_long(format!("element {} of {set}", e.key), e.comment.as_deref()))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -530,6 +565,23 @@ mod tests {
         r.apply_script("add rule inet t a counter comment \"@nope jump nope, @s goto b\"").unwrap();
         r.apply_script("flush chain inet t b\ndelete chain inet t b").unwrap();
         assert!(r.table("inet", "t").unwrap().chains["a"].rules[1].contains("@nope"));
+    }
+
+    #[test]
+    fn comments_longer_than_nft_allows_are_refused() {
+        let long = "x".repeat(COMMENT_MAX + 1);
+        let ok = "x".repeat(COMMENT_MAX);
+        let mut r = Ruleset::from_text("table inet t {\n\tset s {\n\t\ttype ipv4_addr\n\t}\n}\n").unwrap();
+        for script in [
+            format!("add chain inet t c {{ comment \"{long}\"; }}"),
+            format!("add set inet t s2 {{ type ipv4_addr; comment \"{long}\"; }}"),
+            format!("add rule inet t c counter comment \"{long}\""),
+            format!("add element inet t s {{ 198.18.0.1 comment \"{long}\" }}"),
+        ] {
+            let err = r.clone().apply_script(&script).unwrap_err().to_string();
+            assert!(err.contains("comment too long"), "{script}: {err}");
+        }
+        r.apply_script(&format!("add chain inet t c {{ comment \"{ok}\"; }}\nadd rule inet t c counter comment \"{ok}\"")).unwrap();
     }
 
     #[test]

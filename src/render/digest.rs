@@ -74,28 +74,28 @@ pub fn sha256(ruleset: &Ruleset) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::render::{Chain, Object};
+    use crate::render::{Chain, Object, Rule, Stmt, Verdict};
 
-    fn ruleset(rule: &str) -> Ruleset {
+    fn ruleset(rule: Rule) -> Ruleset {
         Ruleset {
             comment: "c".into(),
-            objects: vec![Object::Chain(Chain { name: "x".into(), comment: "x".into(), hook: None, rules: vec![rule.into()] })],
+            objects: vec![Object::Chain(Chain { name: "x".into(), comment: "x".into(), hook: None, rules: vec![rule] })],
         }
     }
 
     #[test]
     fn equal_rulesets_have_equal_digests_and_different_ones_differ() {
-        let a = sha256(&ruleset("accept"));
+        let a = sha256(&ruleset(Rule::verdict(Verdict::Accept)));
         assert_eq!(a.len(), 64);
         assert!(a.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{a}");
-        assert_eq!(a, sha256(&ruleset("accept")));
-        assert_ne!(a, sha256(&ruleset("drop")));
-        // Structure counts, not only the bytes: one rule "ab" is not two rules "a", "b".
-        let mut two = ruleset("a");
+        assert_eq!(a, sha256(&ruleset(Rule::verdict(Verdict::Accept))));
+        assert_ne!(a, sha256(&ruleset(Rule::verdict(Verdict::Drop))));
+        // Structure counts: one rule "counter accept" is not two rules "counter", "accept".
+        let mut two = ruleset(Rule::new(vec![Stmt::Counter], None));
         if let Object::Chain(c) = &mut two.objects[0] {
-            c.rules.push("b".into());
+            c.rules.push(Rule::verdict(Verdict::Accept));
         }
-        assert_ne!(sha256(&ruleset("ab")), sha256(&two));
+        assert_ne!(sha256(&ruleset(Rule::new(vec![Stmt::Counter], Some(Verdict::Accept)))), sha256(&two));
     }
 
     /// A change to how rulesets hash (here or in std's `Hash` for `str` and `Vec`) changes

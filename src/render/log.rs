@@ -10,6 +10,7 @@
 
 use std::fmt;
 
+use super::rule::{Rule, Stmt};
 use crate::translate::Direction;
 
 /// How denials are logged.
@@ -32,16 +33,21 @@ impl DenyLog {
         format!("logged (NFLOG group {}, {}/s, burst {}), {then}", self.group, self.rate, self.burst)
     }
 
-    /// A chain logging with `prefix` (rate-limited), then giving `verdict`.
-    pub fn chain(&self, name: String, comment: String, prefix: &LogPrefix, verdict: String) -> super::Chain {
-        super::Chain { name, comment, hook: None, rules: vec![self.rule(prefix), verdict] }
+    /// A chain logging with `prefix` (rate-limited), then giving `then` (a verdict, after a
+    /// statement such as a reset).
+    pub fn chain(&self, name: String, comment: String, prefix: &LogPrefix, then: Vec<Rule>) -> super::Chain {
+        let mut rules = vec![self.rule(prefix)];
+        rules.extend(then);
+        super::Chain { name, comment, hook: None, rules }
     }
 
-    /// The rule logging with `prefix`, as nft lists it (a burst of 5, nft's default, is not
-    /// printed).
-    pub fn rule(&self, prefix: &LogPrefix) -> String {
-        let burst = if self.burst == 5 { String::new() } else { format!(" burst {} packets", self.burst) };
-        format!("limit rate {}/second{burst} log prefix \"{prefix}\" group {}", self.rate, self.group)
+    /// The rule logging with `prefix` (rate-limited: over the rate the packet goes on, only
+    /// not logged).
+    pub fn rule(&self, prefix: &LogPrefix) -> Rule {
+        Rule::new(
+            vec![Stmt::Limit { rate: self.rate, burst: self.burst }, Stmt::Log { prefix: Some(prefix.to_string()), group: self.group }],
+            None,
+        )
     }
 }
 
@@ -143,7 +149,10 @@ mod tests {
     #[test]
     fn the_rule_is_written_as_nft_lists_it() {
         let p = LogPrefix::Spoofed;
-        assert_eq!(DenyLog::DEFAULT.rule(&p), "limit rate 10/second burst 20 packets log prefix \"flock:spoofed\" group 100");
-        assert_eq!(DenyLog { group: 7, rate: 1, burst: 5 }.rule(&p), "limit rate 1/second log prefix \"flock:spoofed\" group 7");
+        assert_eq!(DenyLog::DEFAULT.rule(&p).to_string(), "limit rate 10/second burst 20 packets log prefix \"flock:spoofed\" group 100");
+        assert_eq!(
+            DenyLog { group: 7, rate: 1, burst: 5 }.rule(&p).to_string(),
+            "limit rate 1/second log prefix \"flock:spoofed\" group 7"
+        );
     }
 }

@@ -43,17 +43,20 @@ pub mod digest;
 pub mod log;
 pub mod names;
 mod peers;
+pub mod rule;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use crate::model::Family;
 use crate::translate::{
     Action, AllowRule, Changed, Direction, DirectionPolicy, DomainDef, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef,
     PeerMatch, PortMatch, PortRanges, PriorityGroup, Tier, TierRule,
 };
 use names::{comment, quoted};
 use peers::PeerPlan;
+pub use rule::{CtState, Field, IcmpV6, Ports, Proto, Rule, Stmt, Verdict};
 
 /// The base chain and the static objects (names are part of flock's contract with operators).
 pub const BASE_CHAIN: &str = "forward";
@@ -114,13 +117,13 @@ pub struct Hook {
     pub policy: &'static str,
 }
 
-/// A chain and its rules (nft text, one statement each).
+/// A chain and its rules.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Chain {
     pub name: String,
     pub comment: String,
     pub hook: Option<Hook>,
-    pub rules: Vec<String>,
+    pub rules: Vec<Rule>,
 }
 
 /// An element of a set or map, as nft text.
@@ -320,47 +323,11 @@ fn write_chain(out: &mut String, c: &Chain) {
     out.push_str("\t}\n");
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    fn index(self) -> usize {
-        match self {
-            Self::V4 => 0,
-            Self::V6 => 1,
-        }
-    }
-
-    fn tag(self) -> &'static str {
-        match self {
-            Self::V4 => "v4",
-            Self::V6 => "v6",
-        }
-    }
-
-    /// The nft payload protocol (`ip`, `ip6`).
-    fn proto(self) -> &'static str {
-        match self {
-            Self::V4 => "ip",
-            Self::V6 => "ip6",
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::V4 => "IPv4",
-            Self::V6 => "IPv6",
-        }
-    }
-
-    fn addr_type(self) -> &'static str {
-        match self {
-            Self::V4 => "ipv4_addr",
-            Self::V6 => "ipv6_addr",
-        }
+/// The nft type of a family's addresses.
+fn addr_type(fam: Family) -> &'static str {
+    match fam {
+        Family::V4 => "ipv4_addr",
+        Family::V6 => "ipv6_addr",
     }
 }
 
@@ -589,7 +556,7 @@ impl RenderCache {
         let mut replanned = [false; 2];
         let plans = match self.plans.take() {
             Some([ingress, egress]) => {
-                let mut fresh = |plan: PeerPlan, i: usize, dir: Direction, allow: &str| {
+                let mut fresh = |plan: PeerPlan, i: usize, dir: Direction, allow: &Verdict| {
                     if plan.is_stale(np, changed, classes_from) {
                         replanned[i] = true;
                         PeerPlan::new(np, dir, allow, classes_from)
@@ -597,13 +564,13 @@ impl RenderCache {
                         plan
                     }
                 };
-                [fresh(ingress, 0, Direction::Ingress, "accept"), fresh(egress, 1, Direction::Egress, &format!("goto {EGRESS_ALLOWED}"))]
+                [fresh(ingress, 0, Direction::Ingress, &Verdict::Accept), fresh(egress, 1, Direction::Egress, &goto(EGRESS_ALLOWED))]
             }
             None => {
                 replanned = [true; 2];
                 [
-                    PeerPlan::new(np, Direction::Ingress, "accept", classes_from),
-                    PeerPlan::new(np, Direction::Egress, &format!("goto {EGRESS_ALLOWED}"), classes_from),
+                    PeerPlan::new(np, Direction::Ingress, &Verdict::Accept, classes_from),
+                    PeerPlan::new(np, Direction::Egress, &goto(EGRESS_ALLOWED), classes_from),
                 ]
             }
         };
@@ -723,9 +690,9 @@ impl RenderCache {
                 name: name.into(),
                 comment: format!(
                     "host interface and {} address of every pod on this node; other sources from a pod interface are dropped",
-                    fam.name()
+                    fam.as_str()
                 ),
-                key: vec!["ifname", fam.addr_type()],
+                key: vec!["ifname", addr_type(fam)],
                 data: None,
                 interval: false,
                 timeout: false,
@@ -791,7 +758,7 @@ impl RenderCache {
                 name: AUDIT_TO_PODS.into(),
                 comment: "audit mode: packets to a pod on this node, through its audited ingress policy".into(),
                 hook: None,
-                rules: vec![format!("oifname vmap @{AUDIT_INGRESS_MAP}"), "accept".into()],
+                rules: vec![vmap(Field::OifName, AUDIT_INGRESS_MAP), Rule::verdict(Verdict::Accept)],
             }));
         }
         objects.push(Object::Chain(egress_allowed()));
@@ -800,7 +767,7 @@ impl RenderCache {
                 name: AUDIT_EGRESS_ALLOWED.into(),
                 comment: "audit mode: egress the audited policies would allow; then the destination's audited ingress".into(),
                 hook: None,
-                rules: vec![format!("oifname \"{POD_INTERFACES}\" goto {AUDIT_TO_PODS}"), "accept".into()],
+                rules: vec![pod_interfaces(true, goto(AUDIT_TO_PODS)), Rule::verdict(Verdict::Accept)],
             }));
         }
         objects.extend(class_chains(&egress_plan.chains));
@@ -834,9 +801,9 @@ impl RenderCache {
                         .into(),
                 hook: None,
                 rules: vec![
-                    format!("iifname . ip saddr != @{POD_ADDRS_V4} accept"),
-                    format!("iifname . ip6 saddr != @{POD_ADDRS_V6} accept"),
-                    format!("iifname vmap @{AUDIT_EGRESS_MAP}"),
+                    Rule::new(vec![spoofed(Family::V4)], Some(Verdict::Accept)),
+                    Rule::new(vec![spoofed(Family::V6)], Some(Verdict::Accept)),
+                    vmap(Field::IifName, AUDIT_EGRESS_MAP),
                 ],
             }));
             objects.push(Object::Chain(Chain {
@@ -844,15 +811,15 @@ impl RenderCache {
                 comment: "audit mode, before forward: what audited policies would deny is logged and accepted; forward decides".into(),
                 hook: Some(Hook { type_: "filter", hook: "forward", priority: "filter - 1", policy: "accept" }),
                 rules: vec![
-                    "ct state established,related accept".into(),
-                    format!("iifname \"{POD_INTERFACES}\" jump {AUDIT_FROM_PODS}"),
-                    format!("oifname \"{POD_INTERFACES}\" goto {AUDIT_TO_PODS}"),
+                    established(),
+                    pod_interfaces(false, Verdict::Jump(AUDIT_FROM_PODS.into())),
+                    pod_interfaces(true, goto(AUDIT_TO_PODS)),
                 ],
             }));
-            let mut rules = vec!["ct state established,related accept".to_string()];
+            let mut rules = vec![established()];
             rules.extend(link_local());
             rules.extend(steered_dns(dns_mark));
-            rules.push(format!("iifname \"{POD_INTERFACES}\" goto {AUDIT_FROM_PODS}"));
+            rules.push(pod_interfaces(false, goto(AUDIT_FROM_PODS)));
             objects.push(Object::Chain(Chain {
                 name: AUDIT_INPUT_CHAIN.into(),
                 comment: "audit mode, before input: what audited policies would deny of pods' packets to this node is logged and accepted; input decides"
@@ -937,8 +904,8 @@ fn domain_sets<'a>(domains: impl Iterator<Item = &'a DomainDef>) -> Vec<Set> {
         for fam in [Family::V4, Family::V6] {
             out.push(Set {
                 name: domain_set_name(def, fam == Family::V6),
-                comment: comment(&format!("{} addresses learned for {def}, each until its TTL; written by the DNS proxy", fam.name())),
-                key: vec![fam.addr_type()],
+                comment: comment(&format!("{} addresses learned for {def}, each until its TTL; written by the DNS proxy", fam.as_str())),
+                key: vec![addr_type(fam)],
                 data: None,
                 interval: false,
                 timeout: true,
@@ -973,8 +940,8 @@ fn dns_sets<'a>(dns: &DnsSteer, selected: &[std::net::IpAddr], interfaces: impl 
             .collect();
         out.push(Set {
             name: if fam == Family::V6 { DNS_RESOLVERS_V6 } else { DNS_RESOLVERS_V4 }.into(),
-            comment: format!("trusted DNS resolvers ({}): their answers teach domain rules", fam.name()),
-            key: vec![fam.addr_type()],
+            comment: format!("trusted DNS resolvers ({}): their answers teach domain rules", fam.as_str()),
+            key: vec![addr_type(fam)],
             data: None,
             interval: true,
             timeout: false,
@@ -1001,39 +968,54 @@ fn interval_elements(nets: &BTreeSet<ipnet::IpNet>, what: &str) -> Vec<Element> 
 /// The DNS steering base chains (see [`DnsSteer`]), after `from-pods` and `to-pods`, which
 /// they jump to.
 fn dns_chains(dns: &DnsSteer) -> [Chain; 3] {
-    let bit = format!("{:#010x}", dns.mark);
-    let up = format!("{:#010x}", dns.upstream_mark);
-    let proxied = format!("{:#010x}", dns.proxied_mark);
+    let (bit, up, proxied) = (dns.mark, dns.upstream_mark, dns.proxied_mark);
     // One rule per family and protocol (no anonymous sets: the netlink writer encodes them).
-    let steer = |fam: Family, set: &str, proto: &str| {
-        format!(
-            "iifname @{DNS_PROXIED} {} daddr @{set} {proto} dport 53 meta mark set meta mark | {bit} jump {FROM_PODS} comment \"DNS of a pod with domain rules: its egress policy decides, then the proxy\"",
-            fam.proto()
+    let steer = |fam: Family, set: &str, proto: Proto| {
+        Rule::new(
+            vec![
+                Stmt::Lookup { fields: vec![Field::IifName], neg: false, set: DNS_PROXIED.into() },
+                Stmt::Lookup { fields: vec![Field::Daddr(fam)], neg: false, set: set.into() },
+                Stmt::Dport(proto, Ports::One(53)),
+                Stmt::SetMarkBit { ct: false, bit },
+            ],
+            Some(Verdict::Jump(FROM_PODS.into())),
         )
+        .comment("DNS of a pod with domain rules: its egress policy decides, then the proxy")
     };
-    let answer = format!("ct direction reply ct mark & {proxied} == {proxied}");
+    let answer = || vec![Stmt::CtReply(true), Stmt::MarkBit { ct: true, bit: proxied }];
     let mut proxy = Vec::new();
     for (fam, addrs) in [(Family::V4, POD_ADDRS_V4), (Family::V6, POD_ADDRS_V6)] {
-        proxy.push(format!(
-            "{answer} iifname . {} saddr @{addrs} meta mark set meta mark | {bit} accept comment \"an answer to the DNS proxy's query from a resolver pod of this node: to the proxy\"",
-            fam.proto()
-        ));
+        let mut stmts = answer();
+        stmts.push(Stmt::Lookup { fields: vec![Field::IifName, Field::Saddr(fam)], neg: false, set: addrs.into() });
+        stmts.push(Stmt::SetMarkBit { ct: false, bit });
+        proxy.push(
+            Rule::new(stmts, Some(Verdict::Accept))
+                .comment("an answer to the DNS proxy's query from a resolver pod of this node: to the proxy"),
+        );
     }
-    proxy.push(format!(
-        "{answer} iifname \"{POD_INTERFACES}\" counter drop comment \"a forged answer to the DNS proxy's query, from a pod interface\""
-    ));
-    proxy.push(format!(
-        "{answer} meta mark set meta mark | {bit} accept comment \"an answer to the DNS proxy's query (sent as the pod): to the proxy, not the pod\""
-    ));
-    for (fam, listener) in [("ip", "127.0.0.1".to_string()), ("ip6", "[::1]".to_string())] {
-        for proto in ["udp", "tcp"] {
-            proxy.push(format!(
-                "meta mark & {bit} == {bit} meta l4proto {proto} tproxy {fam} to {listener}:{} accept comment \"to the DNS proxy\"",
-                dns.port
-            ));
+    let mut stmts = answer();
+    stmts.extend([Stmt::IfName { out: false, neg: false, name: POD_INTERFACES.into() }, Stmt::Counter]);
+    proxy.push(Rule::new(stmts, Some(Verdict::Drop)).comment("a forged answer to the DNS proxy's query, from a pod interface"));
+    let mut stmts = answer();
+    stmts.push(Stmt::SetMarkBit { ct: false, bit });
+    proxy.push(
+        Rule::new(stmts, Some(Verdict::Accept)).comment("an answer to the DNS proxy's query (sent as the pod): to the proxy, not the pod"),
+    );
+    for listener in [std::net::IpAddr::from([127, 0, 0, 1]), std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST)] {
+        for proto in [Proto::Udp, Proto::Tcp] {
+            proxy.push(
+                Rule::new(
+                    vec![Stmt::MarkBit { ct: false, bit }, Stmt::L4Proto(proto), Stmt::Tproxy { addr: Some(listener), port: dns.port }],
+                    Some(Verdict::Accept),
+                )
+                .comment("to the DNS proxy"),
+            );
         }
     }
-    proxy.push(format!("meta mark & {bit} == {bit} counter drop comment \"the DNS proxy is not listening: dropped (fail closed)\""));
+    proxy.push(
+        Rule::new(vec![Stmt::MarkBit { ct: false, bit }, Stmt::Counter], Some(Verdict::Drop))
+            .comment("the DNS proxy is not listening: dropped (fail closed)"),
+    );
     [
         Chain {
             name: DNS_STEER_CHAIN.into(),
@@ -1042,27 +1024,32 @@ fn dns_chains(dns: &DnsSteer) -> [Chain; 3] {
                     .into(),
             hook: Some(Hook { type_: "filter", hook: "prerouting", priority: "dstnat + 10", policy: "accept" }),
             rules: vec![
-                steer(Family::V4, DNS_RESOLVERS_V4, "udp"),
-                steer(Family::V4, DNS_RESOLVERS_V4, "tcp"),
-                steer(Family::V6, DNS_RESOLVERS_V6, "udp"),
-                steer(Family::V6, DNS_RESOLVERS_V6, "tcp"),
+                steer(Family::V4, DNS_RESOLVERS_V4, Proto::Udp),
+                steer(Family::V4, DNS_RESOLVERS_V4, Proto::Tcp),
+                steer(Family::V6, DNS_RESOLVERS_V6, Proto::Udp),
+                steer(Family::V6, DNS_RESOLVERS_V6, Proto::Tcp),
             ],
         },
         Chain {
             name: DNS_PROXY_CHAIN.into(),
-            comment: "allowed DNS of pods with domain rules goes to flock-agent's DNS proxy (without it: dropped), and the answers to its queries come back to it".into(),
+            comment: "steered DNS to flock-agent's DNS proxy (dropped without it), and answers to the proxy's queries back to it".into(),
             hook: Some(Hook { type_: "filter", hook: "prerouting", priority: "-80", policy: "accept" }),
             rules: proxy,
         },
         Chain {
             name: DNS_UPSTREAM_CHAIN.into(),
-            comment: "the DNS proxy's queries, sent as the pod: marked so their answers come back to it; to a resolver pod of this node through its ingress policy".into(),
+            comment:
+                "the DNS proxy's queries, sent as the pod: marked for their answers; to a local resolver pod through its ingress policy"
+                    .into(),
             hook: Some(Hook { type_: "filter", hook: "output", priority: "mangle", policy: "accept" }),
             rules: vec![
-                format!("meta mark & {up} == {up} ct mark set ct mark | {proxied} comment \"the DNS proxy's query: its answer goes to the proxy\""),
-                format!(
-                    "meta mark & {up} == {up} oifname \"{POD_INTERFACES}\" goto {TO_PODS} comment \"to a resolver pod of this node: its ingress policy decides, as for the pod's own query\""
-                ),
+                Rule::new(vec![Stmt::MarkBit { ct: false, bit: up }, Stmt::SetMarkBit { ct: true, bit: proxied }], None)
+                    .comment("the DNS proxy's query: its answer goes to the proxy"),
+                Rule::new(
+                    vec![Stmt::MarkBit { ct: false, bit: up }, Stmt::IfName { out: true, neg: false, name: POD_INTERFACES.into() }],
+                    Some(goto(TO_PODS)),
+                )
+                .comment("to a resolver pod of this node: its ingress policy decides, as for the pod's own query"),
             ],
         },
     ]
@@ -1102,8 +1089,34 @@ fn egress_allowed() -> Chain {
         comment: "egress allowed by the source pod's policy: the destination's ingress policy decides (pods of this node), else accept"
             .into(),
         hook: None,
-        rules: vec![format!("oifname \"{POD_INTERFACES}\" goto {TO_PODS}"), "accept".into()],
+        rules: vec![pod_interfaces(true, goto(TO_PODS)), Rule::verdict(Verdict::Accept)],
     }
+}
+
+/// `goto chain`
+fn goto(chain: &str) -> Verdict {
+    Verdict::Goto(chain.into())
+}
+
+/// `ct state established,related accept`
+fn established() -> Rule {
+    Rule::new(vec![Stmt::CtState(vec![CtState::Established, CtState::Related])], Some(Verdict::Accept))
+}
+
+/// `iifname "flk*" VERDICT` (from a pod interface), `oifname "flk*" VERDICT` (`out`: to one).
+fn pod_interfaces(out: bool, v: Verdict) -> Rule {
+    Rule::new(vec![Stmt::IfName { out, neg: false, name: POD_INTERFACES.into() }], Some(v))
+}
+
+/// `iifname vmap @MAP`, `oifname vmap @MAP`.
+fn vmap(field: Field, map: &str) -> Rule {
+    Rule::new(vec![Stmt::Vmap { fields: vec![field], map: map.into() }], None)
+}
+
+/// `iifname . ip saddr != @pod-addrs-v4`: an unknown pod interface or a spoofed source.
+fn spoofed(fam: Family) -> Stmt {
+    let set = if fam == Family::V4 { POD_ADDRS_V4 } else { POD_ADDRS_V6 };
+    Stmt::Lookup { fields: vec![Field::IifName, Field::Saddr(fam)], neg: true, set: set.into() }
 }
 
 fn sorted(mut v: Vec<Element>) -> Vec<Element> {
@@ -1125,8 +1138,9 @@ pub const REVOKED_MARK: u32 = 0x0100_0000;
 
 /// The base chain's first rule with revocation: a connection the agent marked (`bit` of its
 /// ct mark) because the policy in force denies it goes no further, whatever its state.
-pub fn revoked_rule(bit: u32) -> String {
-    format!("ct mark & {bit:#010x} == {bit:#010x} counter goto {REVOKED} comment \"connection revoked: the policy in force denies it\"")
+pub fn revoked_rule(bit: u32) -> Rule {
+    Rule::new(vec![Stmt::MarkBit { ct: true, bit }, Stmt::Counter], Some(goto(REVOKED)))
+        .comment("connection revoked: the policy in force denies it")
 }
 
 /// What a pod sends the node to find its gateway and take part in multicast on its link,
@@ -1134,24 +1148,29 @@ pub fn revoked_rule(bit: u32) -> String {
 /// link-local or unspecified sources, which the source check would take for spoofed, and
 /// which conntrack may call invalid): before the invalid check in the chains of packets to
 /// the node.
-fn link_local() -> Vec<String> {
+fn link_local() -> Vec<Rule> {
     ICMPV6_LINK
         .iter()
-        .map(|t| format!("icmpv6 type {t} accept comment \"IPv6 neighbour discovery and multicast listeners: link-local, never policy\""))
+        .map(|t| {
+            Rule::new(vec![Stmt::IcmpV6Type(*t)], Some(Verdict::Accept))
+                .comment("IPv6 neighbour discovery and multicast listeners: link-local, never policy")
+        })
         .collect()
 }
 
 /// With the DNS proxy: DNS the steering already judged (`dns-steer` jumps `from-pods`) and
 /// marked for the proxy, accepted rather than judged again.
-fn steered_dns(dns_mark: Option<u32>) -> Option<String> {
-    let bit = format!("{:#010x}", dns_mark?);
-    Some(format!("meta mark & {bit} == {bit} accept comment \"DNS steered to the proxy: judged by the pod's egress policy in dns-steer\""))
+fn steered_dns(dns_mark: Option<u32>) -> Option<Rule> {
+    Some(
+        Rule::new(vec![Stmt::MarkBit { ct: false, bit: dns_mark? }], Some(Verdict::Accept))
+            .comment("DNS steered to the proxy: judged by the pod's egress policy in dns-steer"),
+    )
 }
 
 /// The ICMPv6 types a pod sends to its gateway (the host side of its interface) to find it
 /// and to take part in multicast on the link: neighbour discovery (RFC 4861) and MLD.
-const ICMPV6_LINK: [&str; 5] =
-    ["nd-router-solicit", "nd-neighbor-solicit", "nd-neighbor-advert", "mld-listener-report", "mld2-listener-report"];
+const ICMPV6_LINK: [IcmpV6; 5] =
+    [IcmpV6::NdRouterSolicit, IcmpV6::NdNeighborSolicit, IcmpV6::NdNeighborAdvert, IcmpV6::MldListenerReport, IcmpV6::Mld2ListenerReport];
 
 /// The static chains: dispatch (from-pods, to-pods), the forward base chain, the input base
 /// chain and the chain it sends local pods' packets to (to-node); and the chains where what
@@ -1168,23 +1187,26 @@ const ICMPV6_LINK: [&str; 5] =
 /// through hook `output` and are not policed (the documented limit); their replies are
 /// established here.
 fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>, dns_mark: Option<u32>) -> ([Chain; 5], Vec<Chain>) {
-    // As nft lists it: a TCP reset needs TCP.
-    const RESET: &str = "meta l4proto tcp reject with tcp reset";
-    let (spoofed, unknown, mut shared) = match log {
+    let (spoofed_verdict, unknown, mut shared) = match log {
         Some(log) => {
             let chain = |name: &str, what: &str, prefix: log::LogPrefix| {
-                log.chain(name.into(), comment(&format!("{what}: {}", log.describe("dropped"))), &prefix, "drop".into())
+                log.chain(
+                    name.into(),
+                    comment(&format!("{what}: {}", log.describe("dropped"))),
+                    &prefix,
+                    vec![Rule::verdict(Verdict::Drop)],
+                )
             };
             (
-                format!("goto {DENY_SPOOFED}"),
-                format!("goto {DENY_UNKNOWN_POD}"),
+                goto(DENY_SPOOFED),
+                goto(DENY_UNKNOWN_POD),
                 vec![
                     chain(DENY_SPOOFED, "spoofed source or unknown pod interface", log::LogPrefix::Spoofed),
                     chain(DENY_UNKNOWN_POD, "to a pod interface without policy yet", log::LogPrefix::UnknownPod),
                 ],
             )
         }
-        None => ("drop".to_string(), "drop".to_string(), Vec::new()),
+        None => (Verdict::Drop, Verdict::Drop, Vec::new()),
     };
     let mut base = Vec::new();
     let mut to_node = Vec::new();
@@ -1195,43 +1217,40 @@ fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>, dns_mark: Option<u3
             None => (format!("{what}: TCP reset, dropped"), Vec::new()),
         };
         let comment = comment(&text);
-        rules.extend([RESET.to_string(), "drop".to_string()]);
+        // As nft lists it: a TCP reset needs TCP.
+        rules.extend([Rule::new(vec![Stmt::L4Proto(Proto::Tcp), Stmt::RejectTcpReset], None), Rule::verdict(Verdict::Drop)]);
         shared.push(Chain { name: REVOKED.into(), comment, hook: None, rules });
         base.push(revoked_rule(bit));
         to_node.push(revoked_rule(bit));
     }
-    let [established, invalid] = ["ct state established,related accept".to_string(), "ct state invalid drop".to_string()];
-    base.extend([established.clone(), invalid.clone()]);
-    base.extend([format!("iifname \"{POD_INTERFACES}\" jump {FROM_PODS}"), format!("oifname \"{POD_INTERFACES}\" jump {TO_PODS}")]);
+    let invalid = Rule::new(vec![Stmt::CtState(vec![CtState::Invalid])], Some(Verdict::Drop));
+    base.extend([established(), invalid.clone()]);
+    base.extend([pod_interfaces(false, Verdict::Jump(FROM_PODS.into())), pod_interfaces(true, Verdict::Jump(TO_PODS.into()))]);
     // Established packets (most) decide at once; what finds the gateway before anything that
     // could take it for invalid.
-    to_node.push(established);
+    to_node.push(established());
     to_node.extend(link_local());
     to_node.push(invalid);
     to_node.extend(steered_dns(dns_mark));
-    to_node.push(format!("goto {FROM_PODS}"));
+    to_node.push(Rule::verdict(goto(FROM_PODS)));
+    let spoof_check = |fam: Family| {
+        Rule::new(vec![spoofed(fam), Stmt::Counter], Some(spoofed_verdict.clone()))
+            .comment("unknown pod interface or spoofed source address")
+    };
     let chains = [
         Chain {
             name: FROM_PODS.into(),
             comment: "packets from a pod on this node: source check, then the pod's egress policy".into(),
             hook: None,
-            rules: vec![
-                format!(
-                    "iifname . ip saddr != @{POD_ADDRS_V4} counter {spoofed} comment \"unknown pod interface or spoofed source address\""
-                ),
-                format!(
-                    "iifname . ip6 saddr != @{POD_ADDRS_V6} counter {spoofed} comment \"unknown pod interface or spoofed source address\""
-                ),
-                format!("iifname vmap @{EGRESS_MAP}"),
-            ],
+            rules: vec![spoof_check(Family::V4), spoof_check(Family::V6), vmap(Field::IifName, EGRESS_MAP)],
         },
         Chain {
             name: TO_PODS.into(),
             comment: "packets to a pod on this node: the pod's ingress policy".into(),
             hook: None,
             rules: vec![
-                format!("oifname vmap @{INGRESS_MAP}"),
-                format!("counter {unknown} comment \"unknown pod interface: no policy programmed yet\""),
+                vmap(Field::OifName, INGRESS_MAP),
+                Rule::new(vec![Stmt::Counter], Some(unknown)).comment("unknown pod interface: no policy programmed yet"),
             ],
         },
         Chain {
@@ -1252,7 +1271,7 @@ fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>, dns_mark: Option<u3
                 "packets to this node's own addresses, after DNAT: those of local pods go to to-node; the node's own traffic is not touched"
                     .into(),
             hook: Some(Hook { type_: "filter", hook: "input", priority: "filter", policy: "accept" }),
-            rules: vec![format!("iifname \"{POD_INTERFACES}\" goto {TO_NODE}")],
+            rules: vec![pod_interfaces(false, goto(TO_NODE))],
         },
     ];
     (chains, shared)
@@ -1264,9 +1283,9 @@ struct TierCtx<'a> {
     dir: Direction,
     families: &'a [Family],
     /// The verdict that allows (`accept`, or `goto egress-allowed`).
-    allow: &'a str,
+    allow: &'a Verdict,
     /// The verdict that denies (`drop`, or `goto` the pod's logging chain).
-    deny: &'a str,
+    deny: &'a Verdict,
     /// What the chain names start with (`ingress`, `audit-egress`, ...).
     purpose: &'a str,
     /// What comments start with (`audit: ` in the audited view).
@@ -1322,9 +1341,9 @@ impl Renderer<'_> {
         let chain_comment = comment(&format!("{note}{dir} policy of pod {pod} ({})", ep.interface));
         let entry = names::dynamic(&purpose, &[&ep.interface, &pod, &chain_comment], &pod);
         let mut allow = match (dir, audit) {
-            (Direction::Ingress, _) => "accept".to_string(),
-            (Direction::Egress, None) => format!("goto {EGRESS_ALLOWED}"),
-            (Direction::Egress, Some(_)) => format!("goto {AUDIT_EGRESS_ALLOWED}"),
+            (Direction::Ingress, _) => Verdict::Accept,
+            (Direction::Egress, None) => goto(EGRESS_ALLOWED),
+            (Direction::Egress, Some(_)) => goto(AUDIT_EGRESS_ALLOWED),
         };
         let families: Vec<Family> =
             [(ep.has_v4(), Family::V4), (ep.has_v6(), Family::V6)].into_iter().filter(|(has, _)| *has).map(|(_, f)| f).collect();
@@ -1335,8 +1354,8 @@ impl Renderer<'_> {
             let allow_comment = comment(&format!("{dir} of {pod} allowed: {} (flock.dev/log-allowed)", log.describe("allowed")));
             let name = names::dynamic(&format!("{purpose}-allow"), &[&ep.interface, &pod], &pod);
             let prefix = log::LogPrefix::Allow { direction: dir, interface: ep.interface.clone() };
-            chains.push(log.chain(name.clone(), allow_comment, &prefix, allow));
-            allow = format!("goto {name}");
+            chains.push(log.chain(name.clone(), allow_comment, &prefix, vec![Rule::verdict(allow)]));
+            allow = goto(&name);
         }
         // Denials go through one chain per pod and direction that logs them (rate-limited)
         // and drops — or, audited, logs them as audit and accepts — when something here
@@ -1348,17 +1367,17 @@ impl Renderer<'_> {
                 let deny_comment = comment(&format!("{dir} of {pod} denied: {}", log.describe("dropped")));
                 let name = names::dynamic(&format!("{purpose}-deny"), &[&ep.interface, &pod], &pod);
                 let prefix = log::LogPrefix::Deny { direction: dir, interface: ep.interface.clone() };
-                chains.push(log.chain(name.clone(), deny_comment, &prefix, "drop".into()));
-                format!("goto {name}")
+                chains.push(log.chain(name.clone(), deny_comment, &prefix, vec![Rule::verdict(Verdict::Drop)]));
+                goto(&name)
             }
             (_, Some(log)) if denies => {
                 let deny_comment = comment(&format!("audit: {dir} of {pod} would be denied: {}", log.describe("accepted")));
                 let name = names::dynamic(&format!("{purpose}-log"), &[&ep.interface, &pod], &pod);
                 let prefix = log::LogPrefix::Audit { direction: dir, interface: ep.interface.clone() };
-                chains.push(log.chain(name.clone(), deny_comment, &prefix, "accept".into()));
-                format!("goto {name}")
+                chains.push(log.chain(name.clone(), deny_comment, &prefix, vec![Rule::verdict(Verdict::Accept)]));
+                goto(&name)
             }
-            _ => "drop".to_string(),
+            _ => Verdict::Drop,
         };
         let ctx = TierCtx { ep, dir, families: &families, allow: &allow, deny: &deny, purpose: &purpose, note: &note };
 
@@ -1389,12 +1408,12 @@ impl Renderer<'_> {
                 let by: Vec<String> = d.isolated_by.iter().map(ToString::to_string).collect();
                 format!("{note}{dir} of {pod} not allowed (isolated by {})", by.join(", "))
             };
-            tail_rules.push(format!("counter {deny} comment \"{}\"", comment(&why)));
+            tail_rules.push(Rule::new(vec![Stmt::Counter], Some(deny.clone())).comment(comment(&why)));
         } else {
             // Baseline: a Pass hands over to the default, allow.
             self.tier_groups(&ctx, Tier::Baseline, &d.baseline, &allow, &mut tail_rules, &mut chains);
             tail_rules
-                .push(format!("{allow} comment \"{}\"", comment(&format!("{note}{dir} of {pod}: no rule decided, allowed (default)"))));
+                .push(Rule::verdict(allow.clone()).comment(comment(&format!("{note}{dir} of {pod}: no rule decided, allowed (default)"))));
         }
         if d.admin.is_empty() {
             chains.push(Chain { name: entry, comment: chain_comment, hook: None, rules: tail_rules });
@@ -1404,8 +1423,8 @@ impl Renderer<'_> {
         let tail = names::dynamic(&format!("{purpose}-np"), &[&ep.interface, &pod, &tail_comment], &pod);
         chains.push(Chain { name: tail.clone(), comment: tail_comment, hook: None, rules: tail_rules });
         let mut entry_rules = Vec::new();
-        self.tier_groups(&ctx, Tier::Admin, &d.admin, &format!("goto {tail}"), &mut entry_rules, &mut chains);
-        entry_rules.push(format!("goto {tail} comment \"{}\"", comment(&format!("{note}{dir} of {pod}: no Admin rule decided"))));
+        self.tier_groups(&ctx, Tier::Admin, &d.admin, &goto(&tail), &mut entry_rules, &mut chains);
+        entry_rules.push(Rule::verdict(goto(&tail)).comment(comment(&format!("{note}{dir} of {pod}: no Admin rule decided"))));
         let entry_comment = comment(&format!("{note}{dir} policy of pod {pod} ({}): Admin tier first", ep.interface));
         chains.push(Chain { name: entry, comment: entry_comment, hook: None, rules: entry_rules });
         chains
@@ -1421,20 +1440,21 @@ impl Renderer<'_> {
         ctx: &TierCtx<'_>,
         tier: Tier,
         groups: &[PriorityGroup],
-        pass: &str,
-        out: &mut Vec<String>,
+        pass: &Verdict,
+        out: &mut Vec<Rule>,
         chains: &mut Vec<Chain>,
     ) {
         let pod = ctx.ep.pod.to_string();
         for g in groups {
+            // A denial is counted; every verdict is final.
             let verdict = |a: Action| match (a, tier) {
-                (Action::Deny, _) => format!("counter {}", ctx.deny),
-                (Action::Accept, _) | (Action::Pass, Tier::Baseline) => ctx.allow.to_string(),
-                (Action::Pass, Tier::Admin) => pass.to_string(),
+                (Action::Deny, _) => (true, ctx.deny.clone()),
+                (Action::Accept, _) | (Action::Pass, Tier::Baseline) => (false, ctx.allow.clone()),
+                (Action::Pass, Tier::Admin) => (false, pass.clone()),
             };
             if let [policy] = g.policies.as_slice() {
                 for rule in &policy.rules {
-                    self.tier_rule(ctx, rule, &verdict(rule.action), out);
+                    self.tier_rule(ctx, rule, verdict(rule.action), out);
                 }
                 continue;
             }
@@ -1459,30 +1479,31 @@ impl Renderer<'_> {
                     let name = names::dynamic(&format!("{}-tie", ctx.purpose), &[&ctx.ep.interface, &chain_comment], &pod);
                     let mut rules = Vec::new();
                     for rule in &policy.rules {
-                        let v = if check.contains(&rule.action) { verdict(rule.action) } else { "return".to_string() };
-                        self.tier_rule(ctx, rule, &v, &mut rules);
+                        let v = if check.contains(&rule.action) { verdict(rule.action) } else { (false, Verdict::Return) };
+                        self.tier_rule(ctx, rule, v, &mut rules);
                     }
-                    out.push(format!("jump {name} comment \"{chain_comment}\""));
+                    out.push(Rule::verdict(Verdict::Jump(name.clone())).comment(chain_comment.clone()));
                     chains.push(Chain { name, comment: chain_comment, hook: None, rules });
                 }
             }
         }
     }
 
-    /// One ClusterNetworkPolicy matcher with `verdict`.
-    fn tier_rule(&mut self, ctx: &TierCtx<'_>, rule: &TierRule, verdict: &str, out: &mut Vec<String>) {
+    /// One ClusterNetworkPolicy matcher with `verdict` (counted, with `true`).
+    fn tier_rule(&mut self, ctx: &TierCtx<'_>, rule: &TierRule, verdict: (bool, Verdict), out: &mut Vec<Rule>) {
         let note = comment(&format!("{}: {}", rule.origin, rule.action));
         self.matcher(&rule.peer, &rule.ports, ctx.dir, ctx.families, verdict, &note, out);
     }
 
-    fn allow_rule(&mut self, rule: &AllowRule, dir: Direction, families: &[Family], verdict: &str, out: &mut Vec<String>) {
+    fn allow_rule(&mut self, rule: &AllowRule, dir: Direction, families: &[Family], verdict: &Verdict, out: &mut Vec<Rule>) {
         let origins: Vec<String> = rule.origins.iter().map(ToString::to_string).collect();
         let note = comment(&origins.join(", "));
-        self.matcher(&rule.peer, &rule.ports, dir, families, verdict, &note, out);
+        self.matcher(&rule.peer, &rule.ports, dir, families, (false, verdict.clone()), &note, out);
     }
 
     /// The rules matching `peer` and `ports` (one per family for address sets; none when the
-    /// peer has no address: an empty set matches nothing), each with `verdict`.
+    /// peer has no address: an empty set matches nothing), each with `verdict` (counted, with
+    /// `true`).
     #[allow(clippy::too_many_arguments)]
     fn matcher(
         &mut self,
@@ -1490,42 +1511,55 @@ impl Renderer<'_> {
         ports: &PortMatch,
         dir: Direction,
         families: &[Family],
-        verdict: &str,
+        (counted, verdict): (bool, Verdict),
         note: &str,
-        out: &mut Vec<String>,
+        out: &mut Vec<Rule>,
     ) {
         let ports = port_match(ports);
-        let addr = match dir {
-            Direction::Ingress => "saddr",
-            Direction::Egress => "daddr",
+        let addr = |fam: Family| match dir {
+            Direction::Ingress => Field::Saddr(fam),
+            Direction::Egress => Field::Daddr(fam),
+        };
+        let rule = |mut stmts: Vec<Stmt>, tail: &[Stmt]| {
+            stmts.extend(tail.iter().cloned());
+            if counted {
+                stmts.push(Stmt::Counter);
+            }
+            Rule::new(stmts, Some(verdict.clone())).comment(note)
         };
         match peer {
-            PeerMatch::Any => out.push(join(&[&ports, verdict, &format!("comment \"{note}\"")])),
+            PeerMatch::Any => out.push(rule(ports, &[])),
             PeerMatch::Addresses(def) => {
                 for fam in families {
                     if let Some(set) = self.peer_set(def, *fam) {
-                        let m = format!("{} {addr} @{set}", fam.proto());
-                        out.push(join(&[&m, &ports, verdict, &format!("comment \"{note}\"")]));
+                        let mut stmts = vec![Stmt::Lookup { fields: vec![addr(*fam)], neg: false, set }];
+                        stmts.extend(ports.iter().cloned());
+                        out.push(rule(stmts, &[]));
                     }
                 }
             }
             PeerMatch::NamedPort(def) => {
                 for fam in families {
                     if let Some(set) = self.port_set(def, *fam) {
-                        out.push(format!("{} {addr} . meta l4proto . th dport @{set} {verdict} comment \"{note}\"", fam.proto()));
+                        out.push(rule(
+                            vec![Stmt::Lookup { fields: vec![addr(*fam), Field::L4Proto, Field::ThDport], neg: false, set }],
+                            &[],
+                        ));
                     }
                 }
             }
             // Learned addresses, in sets the proxy fills. A connection one admits is marked so
             // revocation keeps it after the address's TTL (only an accepting rule has them).
             PeerMatch::Domains(def) => {
-                let mark = match self.revoked {
-                    Some(_) if dir == Direction::Egress => format!("ct mark set ct mark | {DOMAIN_MARK:#010x}"),
-                    _ => String::new(),
+                let mark: Vec<Stmt> = match self.revoked {
+                    Some(_) if dir == Direction::Egress => vec![Stmt::SetMarkBit { ct: true, bit: DOMAIN_MARK }],
+                    _ => Vec::new(),
                 };
                 for fam in families {
-                    let m = format!("{} {addr} @{}", fam.proto(), domain_set_name(def, *fam == Family::V6));
-                    out.push(join(&[&m, &ports, &mark, verdict, &format!("comment \"{note}\"")]));
+                    let set = domain_set_name(def, *fam == Family::V6);
+                    let mut stmts = vec![Stmt::Lookup { fields: vec![addr(*fam)], neg: false, set }];
+                    stmts.extend(ports.iter().cloned());
+                    out.push(rule(stmts, &mark));
                 }
             }
         }
@@ -1560,15 +1594,7 @@ impl Renderer<'_> {
         let set_comment = comment(&def.to_string());
         let name = names::dynamic(&purpose, &[&format!("{def:?}"), &set_comment], &def.short());
         // Elements stay in address order (the IR's), which is how nft lists intervals.
-        Some(Set {
-            name,
-            comment: set_comment,
-            key: vec![fam.addr_type()],
-            data: None,
-            interval,
-            timeout: false,
-            elements: elements.into(),
-        })
+        Some(Set { name, comment: set_comment, key: vec![addr_type(fam)], data: None, interval, timeout: false, elements: elements.into() })
     }
 
     fn port_set(&mut self, def: &NamedPortDef, fam: Family) -> Option<String> {
@@ -1598,7 +1624,7 @@ impl Renderer<'_> {
         Some(Set {
             name,
             comment: set_comment,
-            key: vec![fam.addr_type(), "inet_proto", "inet_service"],
+            key: vec![addr_type(fam), "inet_proto", "inet_service"],
             data: None,
             interval: false,
             timeout: false,
@@ -1617,23 +1643,19 @@ fn host_or_net(n: &ipnet::IpNet) -> String {
 }
 
 /// `tcp dport 80`, `tcp dport { 80, 8000-9000 }`, `meta l4proto udp`, or nothing.
-fn port_match(m: &PortMatch) -> String {
+fn port_match(m: &PortMatch) -> Vec<Stmt> {
     match m {
-        PortMatch::Any => String::new(),
-        PortMatch::Protocol(p, PortRanges::All) => format!("meta l4proto {}", p.as_nft()),
+        PortMatch::Any => Vec::new(),
+        PortMatch::Protocol(p, PortRanges::All) => vec![Stmt::L4Proto((*p).into())],
         PortMatch::Protocol(p, PortRanges::Ranges(rs)) => {
-            let items: Vec<String> = rs.iter().map(|(s, e)| if s == e { s.to_string() } else { format!("{s}-{e}") }).collect();
-            if items.len() == 1 {
-                format!("{} dport {}", p.as_nft(), items[0])
-            } else {
-                format!("{} dport {{ {} }}", p.as_nft(), items.join(", "))
-            }
+            let ports = match rs.as_slice() {
+                [(s, e)] if s == e => Ports::One(*s),
+                [(s, e)] => Ports::Range(*s, *e),
+                _ => Ports::Set(rs.clone()),
+            };
+            vec![Stmt::Dport((*p).into(), ports)]
         }
     }
-}
-
-fn join(parts: &[&str]) -> String {
-    parts.iter().filter(|p| !p.is_empty()).copied().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

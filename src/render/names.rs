@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 pub const FAMILY: &str = "inet";
 pub const TABLE: &str = "flock";
 
-/// nft rejects comments longer than this (bytes).
-pub const MAX_COMMENT: usize = 128;
+/// nft rejects comments longer than this (bytes); the in-memory nft holds the same limit.
+pub const MAX_COMMENT: usize = crate::nft::table::COMMENT_MAX;
 /// Human part of dynamic names is cut to this length; with the purpose and hash, names stay
 /// far below the kernel's 255 bytes and readable in `nft list`.
 pub const MAX_HUMAN: usize = 48;

@@ -30,8 +30,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::names::{self, comment, quoted};
-use super::{Chain, Element, Family, Set};
-use crate::model::Protocol;
+use super::rule::{Field, Rule, Stmt, Verdict};
+use super::{Chain, Element, Set};
+use crate::model::{Family, Protocol};
 use crate::translate::{
     AllowRule, Changed, Direction, EndpointPolicy, NamedPortDef, NodePolicy, PeerDef, PeerMatch, PortMatch, PortRanges,
 };
@@ -74,7 +75,7 @@ type Entry<'a> = (u128, u128, Member, &'a str);
 
 impl PeerPlan {
     /// Classes, maps, chains and sets for the isolated endpoints' allow rules in `dir`.
-    pub(super) fn new(np: &NodePolicy, dir: Direction, allow: &str, classes_from: usize) -> Self {
+    pub(super) fn new(np: &NodePolicy, dir: Direction, allow: &Verdict, classes_from: usize) -> Self {
         let isolated: Vec<_> = np.endpoints.iter().filter(|ep| Self::would_cover(ep, dir, classes_from)).collect();
         let covered: BTreeSet<String> = isolated.iter().map(|ep| ep.interface.clone()).collect();
 
@@ -177,7 +178,7 @@ impl PeerPlan {
             let chain_comment = comment(&format!("{dir} {} peers in: {what}", if dir == Direction::Ingress { "from" } else { "to" }));
             let purpose = format!("{}-class", dir.as_field());
             let name = names::dynamic(&purpose, &[&format!("{members:?}"), &what, &chain_comment], &class_short(members, &defs, &named));
-            let iface = if dir == Direction::Ingress { "oifname" } else { "iifname" };
+            let iface = if dir == Direction::Ingress { Field::OifName } else { Field::IifName };
             let (mut all, mut ports) = (Vec::new(), Vec::new());
             for (e, allowed) in &per_ep {
                 let ep = isolated[*e];
@@ -202,12 +203,12 @@ impl PeerPlan {
             }
             let mut rules = Vec::new();
             for (elements, suffix, key, matcher, about) in [
-                (all, "all", vec!["ifname"], iface.to_string(), "pods allowed all traffic"),
+                (all, "all", vec!["ifname"], vec![iface], "pods allowed all traffic"),
                 (
                     ports,
                     "ports",
                     vec!["ifname", "inet_proto", "inet_service"],
-                    format!("{iface} . meta l4proto . th dport"),
+                    vec![iface, Field::L4Proto, Field::ThDport],
                     "pod, protocol and ports allowed",
                 ),
             ] {
@@ -216,7 +217,7 @@ impl PeerPlan {
                 }
                 let set_comment = comment(&format!("{about}, {dir} {}: {what}", if dir == Direction::Ingress { "from" } else { "to" },));
                 let set_name = format!("{name}/{suffix}");
-                rules.push(format!("{matcher} @{set_name} {allow}"));
+                rules.push(Rule::new(vec![Stmt::Lookup { fields: matcher, neg: false, set: set_name.clone() }], Some(allow.clone())));
                 let mut elements = elements;
                 elements.sort();
                 plan.sets.push(Set {
@@ -272,9 +273,9 @@ impl PeerPlan {
                     name: map_name(dir, fam, interval),
                     comment: format!(
                         "{} {what} of each {dir} peer of this node's NetworkPolicies -> the chain of its peer class",
-                        fam.name()
+                        fam.as_str()
                     ),
-                    key: vec![fam.addr_type()],
+                    key: vec![super::addr_type(fam)],
                     data: Some("verdict"),
                     interval,
                     timeout: false,
@@ -356,27 +357,30 @@ impl PeerPlan {
     }
 
     /// The lookups of `interface`'s NetworkPolicy stage, each with verdict `allow`.
-    pub(super) fn rules(&self, interface: &str, allow: &str) -> Vec<String> {
+    pub(super) fn rules(&self, interface: &str, allow: &Verdict) -> Vec<Rule> {
         let Some(u) = self.endpoints.get(interface) else { return Vec::new() };
         let mut out = Vec::new();
-        let (iface, addr) = match self.dir {
-            Direction::Ingress => ("oifname", "saddr"),
-            Direction::Egress => ("iifname", "daddr"),
+        let iface = match self.dir {
+            Direction::Ingress => Field::OifName,
+            Direction::Egress => Field::IifName,
         };
         if u.any_peer_ports {
-            out.push(format!(
-                "{iface} . meta l4proto . th dport @{} {allow} comment \"ports allowed for any peer\"",
-                any_peer_name(self.dir)
-            ));
+            let fields = vec![iface, Field::L4Proto, Field::ThDport];
+            out.push(
+                Rule::new(vec![Stmt::Lookup { fields, neg: false, set: any_peer_name(self.dir) }], Some(allow.clone()))
+                    .comment("ports allowed for any peer"),
+            );
         }
         for (fam, interval) in &u.maps {
             let what = if *interval { "ipBlock peers" } else { "pod peers" };
-            out.push(format!(
-                "{} {addr} vmap @{} comment \"{} {what}: the peer class decides\"",
-                fam.proto(),
-                map_name(self.dir, *fam, *interval),
-                fam.name()
-            ));
+            let field = match self.dir {
+                Direction::Ingress => Field::Saddr(*fam),
+                Direction::Egress => Field::Daddr(*fam),
+            };
+            out.push(
+                Rule::new(vec![Stmt::Vmap { fields: vec![field], map: map_name(self.dir, *fam, *interval) }], None)
+                    .comment(format!("{} {what}: the peer class decides", fam.as_str())),
+            );
         }
         out
     }

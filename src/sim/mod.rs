@@ -38,7 +38,7 @@ use ipnet::IpNet;
 use serde_json::{Value, json};
 
 use crate::agent::{Agent, AgentConfig};
-use crate::conformance::Family;
+use crate::model::Family;
 use crate::model::{ObjectRef, Pod, Protocol, Snapshot};
 use crate::netns::Netns;
 use crate::source::StaticSource;

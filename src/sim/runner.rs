@@ -212,7 +212,7 @@ fn untrusted_dns(sim: &Sim, snapshot: &Snapshot, case: &Case, probes: &[conforma
     let Some(pod) = snapshot.pod_by_name(&dns.server) else {
         return Some(format!("dns.server {} is not a pod of the cluster", dns.server));
     };
-    if !pod.ips.iter().any(|ip| sim.dns_server(conformance::Family::of(*ip)).is_some()) {
+    if !pod.ips.iter().any(|ip| sim.dns_server(crate::model::Family::of(*ip)).is_some()) {
         return Some(format!("dns.server {} has no sandbox to serve DNS from", dns.server));
     }
     let trusted = sim.trusted_resolvers(snapshot);
@@ -244,7 +244,7 @@ fn explain_disagreements(
                     crate::explain::End::Pod(p) => snapshot.pod_by_name(p).and_then(|p| p.ips.first().copied()),
                     crate::explain::End::Address(a) => Some(*a),
                 };
-                let family = probe.family.or(first.map(conformance::Family::of));
+                let family = probe.family.or(first.map(crate::model::Family::of));
                 crate::explain::Query { from, to, protocol: probe.protocol, port: probe.port, family }
             }
             (Err(e), _) | (_, Err(e)) => {

@@ -16,7 +16,8 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::conformance::{self, DEFAULT_ORDER, DeleteRef, Family, Step};
+use crate::conformance::{self, DEFAULT_ORDER, DeleteRef, Step};
+use crate::model::Family;
 use crate::model::manifest::{self, DocRef, Kind, Manifests};
 use crate::model::{ObjectRef, Pod, Protocol, Snapshot};
 use crate::reference::{self, End, Flow};

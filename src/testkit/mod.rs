@@ -177,12 +177,8 @@ pub struct TracedCluster {
 }
 
 /// The address of family `family` of the pod `name` placed at `p`.
-fn address_of(p: &Placement, name: &str, family: crate::conformance::Family) -> Result<std::net::IpAddr, String> {
-    p.ips
-        .iter()
-        .copied()
-        .find(|ip| crate::conformance::Family::of(*ip) == family)
-        .ok_or(format!("{name} has no {} address", family.as_str()))
+fn address_of(p: &Placement, name: &str, family: crate::model::Family) -> Result<std::net::IpAddr, String> {
+    p.ips.iter().copied().find(|ip| crate::model::Family::of(*ip) == family).ok_or(format!("{name} has no {} address", family.as_str()))
 }
 
 /// The name of the node uplink in traced packets (anything that is not a pod interface).
@@ -243,9 +239,9 @@ impl TracedCluster {
         to: &str,
         protocol: crate::model::Protocol,
         port: u16,
-        family: Option<crate::conformance::Family>,
+        family: Option<crate::model::Family>,
     ) -> Result<bool, String> {
-        use crate::conformance::Family;
+        use crate::model::Family;
         let src = self.pods.get(from).ok_or(format!("no pod {from}"))?;
         let dst = self.pods.get(to).ok_or(format!("no pod {to}"))?;
         let fam = match family {
@@ -279,7 +275,7 @@ impl TracedCluster {
     /// network) leaves `from`'s node: only the source node's ruleset is on the path.
     pub fn reaches_address(&self, from: &str, to: std::net::IpAddr, protocol: crate::model::Protocol, port: u16) -> Result<bool, String> {
         let src = self.pods.get(from).ok_or(format!("no pod {from}"))?;
-        let s = address_of(src, from, crate::conformance::Family::of(to))?;
+        let s = address_of(src, from, crate::model::Family::of(to))?;
         let oif = (!self.is_node_address(&src.node, to)).then_some(UPLINK);
         self.passes(&src.node, &src.interface, oif, (s, to), protocol, port)
     }
@@ -294,7 +290,7 @@ impl TracedCluster {
         port: u16,
     ) -> Result<bool, String> {
         let dst = self.pods.get(to).ok_or(format!("no pod {to}"))?;
-        let d = address_of(dst, to, crate::conformance::Family::of(from))?;
+        let d = address_of(dst, to, crate::model::Family::of(from))?;
         if self.is_node_address(&dst.node, from) {
             // The node itself: not policed (hook `output`).
             return Ok(true);

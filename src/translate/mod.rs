@@ -39,10 +39,7 @@ pub use compile::{CompiledPolicy, PortSpec};
 pub use incremental::{Change, Changed, Incremental};
 pub use ir::*;
 
-use crate::model::{LocalEndpoint, ObjectRef, Pod, Snapshot, clip};
-
-/// The label that marks a pod of a sandboxed run (see [`Options::isolate_run_pods`]).
-pub const RUN_LABEL: &str = "flock.dev/run";
+use crate::model::{LocalEndpoint, ObjectRef, Pod, RUN_LABEL, Snapshot, clip};
 
 /// Translator switches.
 #[derive(Debug, Clone, PartialEq, Eq)]

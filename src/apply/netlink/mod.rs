@@ -26,6 +26,9 @@ use std::io;
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
+use crate::nfnetlink::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, attr, attributes, message, messages, nested, nul_terminated,
+};
 use crate::render::names::TABLE;
 use crate::render::{Element, Set};
 
@@ -59,19 +62,12 @@ pub enum NetlinkError {
 }
 
 // From linux/netlink.h, linux/netfilter/nfnetlink.h and linux/netfilter/nf_tables.h.
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_CREATE: u16 = 0x400;
-const NLMSG_ERROR: u16 = 0x2;
-const NLMSG_DONE: u16 = 0x3;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 pub(crate) const NFT_MSG_DELSETELEM: u16 = 14;
 const NFPROTO_INET: u8 = 1;
-const NLA_F_NESTED: u16 = 0x8000;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
@@ -205,6 +201,22 @@ fn parse_verdict(v: &str) -> Result<(i32, Option<&str>), String> {
 /// `goto`, the chain.
 fn verdict_data(v: &str) -> Result<Vec<u8>, String> {
     let (code, chain) = parse_verdict(v)?;
+    Ok(encode_verdict(code, chain))
+}
+
+/// A rule's verdict as nf_tables data (see [`verdict_data`]).
+pub(crate) fn typed_verdict_data(v: &crate::render::rule::Verdict) -> Vec<u8> {
+    use crate::render::rule::Verdict;
+    match v {
+        Verdict::Accept => encode_verdict(NF_ACCEPT, None),
+        Verdict::Drop => encode_verdict(NF_DROP, None),
+        Verdict::Return => encode_verdict(NFT_RETURN, None),
+        Verdict::Jump(c) => encode_verdict(NFT_JUMP, Some(c)),
+        Verdict::Goto(c) => encode_verdict(NFT_GOTO, Some(c)),
+    }
+}
+
+fn encode_verdict(code: i32, chain: Option<&str>) -> Vec<u8> {
     let mut out = Vec::new();
     nested(&mut out, NFTA_DATA_VERDICT, |b| {
         attr(b, NFTA_VERDICT_CODE, &code.to_be_bytes());
@@ -212,94 +224,7 @@ fn verdict_data(v: &str) -> Result<Vec<u8>, String> {
             attr(b, NFTA_VERDICT_CHAIN, &nul_terminated(chain));
         }
     });
-    Ok(out)
-}
-
-pub(crate) fn nul_terminated(s: &str) -> Vec<u8> {
-    let mut b = s.as_bytes().to_vec();
-    b.push(0);
-    b
-}
-
-/// Appends attribute `ty` holding `payload`, padded to 4 bytes.
-pub(crate) fn attr(out: &mut Vec<u8>, ty: u16, payload: &[u8]) {
-    let len = 4 + payload.len();
-    // Lengths are bounded by MAX_ELEMENTS_BYTES (checked by the caller) and the key sizes.
-    out.extend_from_slice(&(len as u16).to_ne_bytes());
-    out.extend_from_slice(&ty.to_ne_bytes());
-    out.extend_from_slice(payload);
-    out.resize(out.len().next_multiple_of(4), 0);
-}
-
-/// Appends nested attribute `ty` whose content `fill` writes.
-pub(crate) fn nested(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>)) {
-    let start = out.len();
-    out.extend_from_slice(&[0; 4]);
-    fill(out);
-    let len = (out.len() - start) as u16;
-    out[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-    out[start + 2..start + 4].copy_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
-}
-
-/// The netlink messages of one datagram: (type, flags, seq, body after the header).
-pub(crate) fn messages(mut b: &[u8]) -> impl Iterator<Item = Result<(u16, u16, u32, &[u8]), String>> {
-    std::iter::from_fn(move || {
-        if b.len() < 16 {
-            return None;
-        }
-        let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
-        if len < 16 || len > b.len() {
-            let e = format!("a message of {len} bytes in {} received", b.len());
-            b = &[];
-            return Some(Err(e));
-        }
-        let t = u16::from_ne_bytes([b[4], b[5]]);
-        let flags = u16::from_ne_bytes([b[6], b[7]]);
-        let seq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
-        let body = &b[16..len];
-        b = &b[len.next_multiple_of(4).min(b.len())..];
-        Some(Ok((t, flags, seq, body)))
-    })
-}
-
-/// The (seq, error code) of every acknowledgement or error in a datagram.
-pub(crate) fn acks(datagram: &[u8]) -> Vec<(u32, i32)> {
-    messages(datagram)
-        .filter_map(Result::ok)
-        .filter(|(t, _, _, body)| *t == NLMSG_ERROR && body.len() >= 4)
-        .map(|(_, _, seq, body)| (seq, i32::from_ne_bytes([body[0], body[1], body[2], body[3]])))
-        .collect()
-}
-
-/// The attributes of a netlink message body: (type without flags, value).
-pub(crate) fn attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if b.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
-        let ty = u16::from_ne_bytes([b[2], b[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > b.len() {
-            return None;
-        }
-        let value = &b[4..len];
-        b = &b[len.next_multiple_of(4).min(b.len())..];
-        Some((ty, value))
-    })
-}
-
-/// Appends a netlink message: header, nfgenmsg, `body`.
-pub(crate) fn message(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16, body: &[u8]) {
-    let len = 16 + 4 + body.len();
-    out.extend_from_slice(&(len as u32).to_ne_bytes());
-    out.extend_from_slice(&ty.to_ne_bytes());
-    out.extend_from_slice(&flags.to_ne_bytes());
-    out.extend_from_slice(&seq.to_ne_bytes());
-    out.extend_from_slice(&0u32.to_ne_bytes());
-    out.push(family);
-    out.push(0); // NFNETLINK_V0
-    out.extend_from_slice(&res_id.to_be_bytes());
-    out.extend_from_slice(body);
+    out
 }
 
 impl NetlinkError {
@@ -506,7 +431,7 @@ impl NfSocket {
             recv.clear();
             socket.recv(&mut recv, 0).map_err(NetlinkError::Reply)?;
             for m in messages(&recv) {
-                let (ty, _, seq, body) = m.map_err(NetlinkError::Protocol)?;
+                let (ty, _, seq, body) = m.map_err(|e| NetlinkError::Protocol(e.to_string()))?;
                 // Sequence numbers increase through the batch: find the message by position.
                 let ours = seq.wrapping_sub(base).checked_sub(1).and_then(|i| sent.get(i as usize)).filter(|s| s.seq == seq);
                 match ty {

@@ -125,7 +125,7 @@ impl NfSocket {
             recv.clear();
             self.socket.recv(&mut recv, 0).map_err(NetlinkError::Reply)?;
             for m in messages(&recv) {
-                let (ty, _, got, body) = m.map_err(NetlinkError::Protocol)?;
+                let (ty, _, got, body) = m.map_err(|e| NetlinkError::Protocol(e.to_string()))?;
                 if got != seq {
                     continue;
                 }

@@ -145,7 +145,8 @@ struct Args {
     /// Service's DNAT (not the Service's own address).
     #[arg(long, env = "FLOCK_DNS_RESOLVERS", value_delimiter = ',')]
     dns_resolvers: Vec<std::net::IpAddr>,
-    /// The DNS proxy's port on the node (transparent: packets keep their addresses).
+    /// The DNS proxy's port, on 127.0.0.1 and ::1 of the node (tproxy delivers steered DNS
+    /// there, addresses kept; no pod can address it).
     #[arg(long, env = "FLOCK_DNS_PROXY_PORT", default_value_t = flock::agent::dns::DEFAULT_PROXY_PORT)]
     dns_proxy_port: u16,
     /// The packet mark bit of DNS on its way to the proxy (one bit; routed to the node by an

@@ -398,7 +398,7 @@ fn node_status(cluster: &Cluster, rs: &Ruleset, runs: usize) -> anyhow::Result<V
     let local: Vec<Pod> = s.pods().filter(|p| p.node.as_deref() == Some(cluster.node.as_str()) && p.is_peer()).cloned().collect();
     for p in &local {
         let mut run = p.clone();
-        run.labels.insert(translate::RUN_LABEL, format!("run-{}", p.name));
+        run.labels.insert(flock::model::RUN_LABEL, format!("run-{}", p.name));
         s.upsert_pod(run);
     }
     s.record_changes();

@@ -155,6 +155,21 @@ struct Scenario {
 }
 
 pub fn run(params: &Params, args: &DataplaneArgs) -> anyhow::Result<Value> {
+    let out = measure(params, args);
+    // A signal's handler is removing the namespaces under the measurement, which fails for
+    // it: the handler's exit (128 + the signal) is the outcome, not that failure.
+    if out.is_err() && INTERRUPTED.load(Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
+    out
+}
+
+/// Set by the signal handler ([`remove_on_signal`]) before it removes anything.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+fn measure(params: &Params, args: &DataplaneArgs) -> anyhow::Result<Value> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(json!({"dataplane": {"skipped": "not root"}}));
     }
@@ -715,16 +730,17 @@ fn trace_syn(table: &Tracer, s: &Scenario, src: IpAddr, port: u16) -> anyhow::Re
 /// The 1-based position of a traced rule in its chain.
 fn position(rs: &Ruleset, step: &trace::Step) -> Option<(String, usize)> {
     let Some(Object::Chain(c)) = rs.object(&step.chain) else { return None };
-    let pos = c.rules.iter().position(|r| *r == step.rule)?;
+    let pos = c.rules.iter().position(|r| r.to_string() == step.rule)?;
     Some((step.chain.clone(), pos + 1))
 }
 
-/// The accepting rule of a trace, and its position in its chain, when it is in one of the
-/// server's chains.
+/// The rule of the pod's chains that admitted a trace (its last step in them: the accept of
+/// an ingress chain, or an egress chain's `goto egress-allowed` on the way to the node), and
+/// its position in its chain.
 fn accepting_position(rs: &Ruleset, chains: &PodChains, t: &trace::Trace) -> Option<(String, usize)> {
-    let last = t.path.last()?;
-    let (chain, pos) = position(rs, last)?;
-    chains.chains.contains(&chain).then(|| (last.to_string(), pos))
+    let step = t.path.iter().rev().find(|step| chains.chains.contains(&step.chain))?;
+    let (_, pos) = position(rs, step)?;
+    Some((step.to_string(), pos))
 }
 
 /// Rules a traced packet went through, the matching ones included: per chain on its path,
@@ -766,15 +782,10 @@ fn pod_chains(rs: &Ruleset, iface: &str, route: Route) -> PodChains {
         let Some(Object::Chain(c)) = rs.object(&name) else { continue };
         out.rules += c.rules.len();
         for rule in &c.rules {
-            // Words of the statement, not of its comment.
-            let stmt = rule.split(" comment \"").next().unwrap_or_default();
-            let words: Vec<&str> = stmt.split_whitespace().collect();
-            for w in words.windows(2) {
-                if w[0] == "jump" || w[0] == "goto" {
-                    todo.push(w[1].to_string());
-                }
+            if let Some(render::Verdict::Jump(chain) | render::Verdict::Goto(chain)) = &rule.verdict {
+                todo.push(chain.clone());
             }
-            for set in words.iter().filter_map(|w| w.strip_prefix('@')) {
+            for set in rule.sets() {
                 if out.sets.insert(set.to_string())
                     && let Some(Object::Set(s)) = rs.object(set)
                 {
@@ -1131,6 +1142,7 @@ fn remove_on_signal() -> anyhow::Result<()> {
                 _ = hup.recv() => nix::libc::SIGHUP,
             }
         });
+        INTERRUPTED.store(true, Ordering::SeqCst);
         flock::sim::fabric::kill_children();
         let mine = format!("{PREFIX}{}-dp", std::process::id());
         if let Ok(list) = sh(&["ip", "netns", "list"]) {

@@ -9,9 +9,9 @@ use clap::{Args, ValueEnum};
 
 use flock::apply::Backend;
 use flock::apply::kernel::NftCli;
-use flock::conformance::Family;
 use flock::explain::live::{self, LiveTable};
 use flock::explain::{self, End, Explainer, Query};
+use flock::model::Family;
 use flock::model::{Protocol, manifest};
 use flock::netns::Netns;
 use flock::translate::Options;

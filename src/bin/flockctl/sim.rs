@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use flock::conformance::Family;
+use flock::model::Family;
 use flock::model::{Protocol, manifest};
 use flock::sim::{Cell, HostSpec, NodeDenial, Outcome, ProbeSpec, Sim, SimOptions};
 
