@@ -14,9 +14,10 @@ use tokio::sync::watch;
 use crate::agent::http::{self, HttpState, ListenAddr};
 use crate::agent::metrics::Metrics;
 use crate::agent::{Agent, AgentConfig, cniconf};
+use crate::lease::LeaseError;
 use crate::model::Snapshot;
 use crate::report::node::{NodeStatusOptions, NodeStatusWriter};
-use crate::report::{LeaseError, ReportOptions, Reporter};
+use crate::report::{ReportOptions, Reporter};
 use crate::source::SourceWriter;
 use crate::source::kube::{ApiHealth, HealthState, SourceOptions};
 

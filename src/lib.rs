@@ -27,12 +27,14 @@ pub mod apply;
 pub mod conformance;
 pub mod conntrack;
 pub mod controller;
+pub mod crd;
 pub mod daemon;
 pub mod dns;
 pub mod explain;
 #[cfg(feature = "arbitrary")]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod lease;
 pub mod model;
 pub mod nflog;
 pub mod nfnetlink;

@@ -406,10 +406,10 @@ fn the_admission_example_binds_a_deny_policy_on_flocknodes_for_the_agent() {
 /// generation, pending until the agent reports it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_enforced_condition_follows_its_nodes_agent() {
-    use flock::controller::crd::{self, Run};
     use flock::controller::probe::EnforceMode;
     use flock::controller::render::{ClusterConfig, DnsConfig};
     use flock::controller::{self, Options};
+    use flock::crd::{self, Run};
     use k8s_openapi::jiff::{SignedDuration, Timestamp};
     use std::sync::{Arc, Mutex};
 

@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 use flock::agent::AgentConfig;
 use flock::agent::metrics::Metrics;
 use flock::daemon::{self, DaemonOptions};
+use flock::lease::LeaseSettings;
 use flock::model::Snapshot;
-use flock::report::{LeaseSettings, ReportOptions, Reporter};
+use flock::report::{ReportOptions, Reporter};
 use flock::source::SourceWriter;
 use flock::source::kube::{ApiHealth, SourceOptions};
 use flock::testkit::kernel::{Node, TempDir, require_root};
@@ -40,7 +41,7 @@ fn fast_report() -> ReportOptions {
             renew_deadline: Duration::from_secs(3),
             renew_period: Duration::from_millis(250),
             candidate_period: Duration::from_millis(300),
-            ..LeaseSettings::default()
+            ..flock::report::reporter_lease()
         },
         heartbeat: Duration::from_secs(1),
         retry: Duration::from_millis(200),

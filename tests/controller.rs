@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use flock::controller::crd;
+use flock::crd;
 
 #[path = "common/controller.rs"]
 mod common;
@@ -39,8 +39,8 @@ fn crds_are_up_to_date() {
 
 // ---- render ---------------------------------------------------------------------------
 
-use flock::controller::crd::{Run, RunProfile};
 use flock::controller::render::{self, ApiEndpoint, ClusterConfig, DnsConfig};
+use flock::crd::{Run, RunProfile};
 
 /// The test cluster (dual-stack): pods 198.18.0.0/20 and 2001:db8:1::/48, Services
 /// 198.18.240.0/20 and 2001:db8:2::/112, the API server's Service at 198.18.240.1:443 and

@@ -107,7 +107,7 @@ async fn controller_policy() -> (NetworkPolicy, ApiServer, Duration) {
     let task = tokio::spawn(async move { controller::run(client, startup, &opts, Arc::new(Metrics::new()), rx).await });
     let t0 = Instant::now();
     let run: Value = json!({"apiVersion": "flock.dev/v1alpha1", "kind": "Run", "metadata": {"name": "job-e2e", "namespace": "x"}, "spec": {"profile": "agent"}});
-    kube::Api::<flock::controller::crd::Run>::namespaced(server.client(), "x")
+    kube::Api::<flock::crd::Run>::namespaced(server.client(), "x")
         .create(&Default::default(), &serde_json::from_value(run).unwrap())
         .await
         .unwrap();

@@ -15,14 +15,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use flock::controller::crd::{self, Run, RunProfile};
 use flock::controller::enforced::Verify;
-use flock::controller::leader::{self, LeaseConfig};
 use flock::controller::metrics::{ApplyResult, Metrics};
 use flock::controller::probe::{AgentRef, EnforceMode};
 use flock::controller::reconcile::{NETWORK_POLICY_READY, READY};
 use flock::controller::render::{self, ClusterConfig, DnsConfig};
 use flock::controller::{self, Options};
+use flock::crd::{self, Run, RunProfile};
+use flock::lease::{self, Elector, LeaseSettings};
 use flock_test_apiserver::{ApiServer, FailRule};
 use hyper::Method;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -568,21 +568,20 @@ async fn leader_election_never_has_two_leaders() {
     let server = ApiServer::start_temp().await.unwrap();
     let leading = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
     let overlaps = Arc::new(AtomicUsize::new(0));
-    let cfg = |id: &str| {
-        let mut c = LeaseConfig::new("flock-system", "flock-controller", id);
-        c.lease_duration = Duration::from_millis(1500);
-        c.renew_deadline = Duration::from_millis(1000);
-        c.retry_period = Duration::from_millis(100);
-        c
+    let cfg = || LeaseSettings {
+        lease_duration: Duration::from_millis(1500),
+        renew_deadline: Duration::from_millis(1000),
+        renew_period: Duration::from_millis(100),
+        candidate_period: Duration::from_millis(100),
+        ..LeaseSettings::new("flock-system", "flock-controller")
     };
     let spawn = |i: usize| {
         let (tx, rx) = watch::channel(false);
         let (client, leading, id) = (server.client(), leading.clone(), format!("replica-{i}"));
         let task = tokio::spawn(async move {
             let l = leading.clone();
-            leader::lead(
-                client,
-                cfg(&id),
+            lease::lead(
+                Elector::new(client, cfg(), &id, "the leader").unwrap(),
                 rx,
                 |_| {},
                 move |mut stop| async move {
@@ -629,9 +628,8 @@ async fn leader_election_never_has_two_leaders() {
     let (client, l, id) = (server.client(), leading.clone(), format!("replica-{first}"));
     let again = tokio::spawn(async move {
         let l2 = l.clone();
-        leader::lead(
-            client,
-            cfg(&id),
+        lease::lead(
+            Elector::new(client, cfg(), &id, "the leader").unwrap(),
             rx,
             |_| {},
             move |mut stop| async move {
@@ -739,13 +737,16 @@ async fn rbac_grants_exactly_the_requests_the_controller_makes() {
         startup.decision.enabled = true; // nothing enforces in this cluster; enforce anyway
         startup.verify = flock::controller::enforced::Verify::Flock; // and as if flock-agent reported
         let (stop, rx) = watch::channel(false);
-        let mut lease = LeaseConfig::new("flock-system", "flock-controller", "replica-0");
-        lease.retry_period = Duration::from_millis(200);
+        let settings = LeaseSettings {
+            renew_period: Duration::from_millis(200),
+            candidate_period: Duration::from_millis(200),
+            ..LeaseSettings::new("flock-system", "flock-controller")
+        };
+        let elector = Elector::new(client.clone(), settings, "replica-0", "the leader").unwrap();
         let metrics = Arc::new(Metrics::new());
         let task = tokio::spawn(async move {
-            leader::lead(
-                client.clone(),
-                lease,
+            lease::lead(
+                elector,
                 rx,
                 |_| {},
                 move |work_stop| async move { controller::run(client, startup, &opts, metrics, work_stop).await },

@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use flock::controller::Options;
 use flock::controller::audit::{self, Retention};
-use flock::controller::crd::{self, AuditEvent, Run, RunProfile};
 use flock::controller::probe::EnforceMode;
 use flock::controller::reconcile::{ENFORCED, EXPIRED, NETWORK_POLICY_READY, READY};
 use flock::controller::render::{ClusterConfig, DnsConfig};
+use flock::crd::{self, AuditEvent, Run, RunProfile};
 use flock::model::EGRESS_DOMAINS_ANNOTATION;
 use flock_test_apiserver::ApiServer;
 use k8s_openapi::api::networking::v1::NetworkPolicy;

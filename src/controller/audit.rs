@@ -19,8 +19,8 @@ use kube::{Api, Client, ResourceExt};
 use sha2::{Digest, Sha256};
 
 use super::FIELD_MANAGER;
-use super::crd::{AuditAction, AuditEvent, AuditEventSpec, AuditPolicy, AuditProfile, AuditRun, Grant, Run};
 use super::render::run_label_value;
+use crate::crd::{AuditAction, AuditEvent, AuditEventSpec, AuditPolicy, AuditProfile, AuditRun, Grant, Run};
 use crate::model::RUN_LABEL;
 
 /// The label holding an AuditEvent's run uid (its retention groups by it).

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::crd::{FlockNodeStatus, Selector};
+use crate::crd::{FlockNodeStatus, Selector};
 use crate::model::Labels;
 use crate::model::{LabelSelector, LabelSelectorRequirement};
 use crate::translate::selector::Selector as Compiled;
@@ -55,11 +55,11 @@ pub struct Judgement {
 
 impl Judgement {
     pub fn is_true(&self) -> bool {
-        self.status == super::crd::TRUE
+        self.status == crate::crd::TRUE
     }
 
     pub fn unknown(reason: &'static str, message: String) -> Self {
-        Self { status: super::crd::UNKNOWN, reason, message, pending: Vec::new() }
+        Self { status: crate::crd::UNKNOWN, reason, message, pending: Vec::new() }
     }
 }
 
@@ -109,7 +109,7 @@ pub fn nodes<'a>(sel: &Compiled, pods: impl IntoIterator<Item = &'a Pod>) -> BTr
 pub fn judge(policy: &str, generation: i64, nodes: &BTreeSet<String>, reports: &BTreeMap<String, FlockNodeStatus>) -> Judgement {
     if nodes.is_empty() {
         return Judgement {
-            status: super::crd::TRUE,
+            status: crate::crd::TRUE,
             reason: reason::NO_PODS,
             message: format!(
                 "no pod of the run is scheduled yet (flock-agent isolates flock.dev/run pods until they are: NetworkPolicy {policy} generation {generation})"
@@ -131,7 +131,7 @@ pub fn judge(policy: &str, generation: i64, nodes: &BTreeSet<String>, reports: &
     }
     if pending.is_empty() {
         return Judgement {
-            status: super::crd::TRUE,
+            status: crate::crd::TRUE,
             reason: reason::ENFORCED,
             message: format!("{} node(s) enforce NetworkPolicy {policy} generation {generation}", nodes.len()),
             pending,
@@ -143,7 +143,7 @@ pub fn judge(policy: &str, generation: i64, nodes: &BTreeSet<String>, reports: &
     why.truncate(SHOWN);
     let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
     Judgement {
-        status: super::crd::FALSE,
+        status: crate::crd::FALSE,
         reason: reason::PENDING,
         message: format!(
             "{} of {} node(s) do not enforce NetworkPolicy {policy} generation {generation} yet: {}{tail}",
@@ -158,7 +158,7 @@ pub fn judge(policy: &str, generation: i64, nodes: &BTreeSet<String>, reports: &
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::crd::EnforcedPolicy;
+    use crate::crd::EnforcedPolicy;
 
     fn report(entries: &[(&str, i64)]) -> FlockNodeStatus {
         FlockNodeStatus {

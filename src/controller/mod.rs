@@ -1,4 +1,4 @@
-//! flock-controller: the companion controller that turns each sandboxed [`crd::Run`] into
+//! flock-controller: the companion controller that turns each sandboxed [`Run`] into
 //! its own egress policy, `<run>-egress`, which flock-agent enforces.
 //!
 //! ```text
@@ -9,11 +9,11 @@
 //!  run pods, FlockNodes ──► Enforced condition        AuditEvents (durable, per change) ◄─┘
 //! ```
 //!
-//! Modules: [`crd`] (the API types, their CRDs and checks), [`render`] (pure: run, profile,
+//! The API types, their CRDs and checks are [`crate::crd`]'s. Modules: [`render`] (pure: run, profile,
 //! cluster → policy), [`reconcile`] (one pass, as steps), [`audit`] (the AuditEvent trail and
 //! its retention), [`enforced`] (whether the run's nodes enforce its policy), [`probe`] (the enforcement decision
 //! and the policy kind, decided at start), [`apiserver`] (where the API server is),
-//! [`leader`] (Lease-based leader election), [`metrics`]. This file wires them: [`start`]
+//! [`metrics`]; leader election is [`crate::lease`]'s. This file wires them: [`start`]
 //! makes the start-up decisions (and refuses to start without an API server address),
 //! [`run`] runs the Run and RunProfile controllers until stopped: reconciles read
 //! RunProfiles from a cache that one watch fills (never a live read per reconcile), and
@@ -23,9 +23,7 @@
 
 pub mod apiserver;
 pub mod audit;
-pub mod crd;
 pub mod enforced;
-pub mod leader;
 pub mod metrics;
 pub mod probe;
 pub mod reconcile;
@@ -48,7 +46,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 
 use crate::agent::http::{Handler, json_response, metrics_response};
-use crd::{FlockNode, Run, RunProfile};
+use crate::crd::{FlockNode, Run, RunProfile};
 use enforced::Verify;
 use k8s_openapi::api::core::v1::Pod;
 use metrics::Metrics;

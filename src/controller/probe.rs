@@ -174,7 +174,7 @@ pub async fn verification(client: &Client, decision: &Decision, kind: &PolicyKin
     if let Some(p) = probe.filter(|p| !p.flock) {
         return Verify::Unknown { reason: reason::NOT_FLOCK, message: format!("the enforcer is not flock-agent ({})", p.reason) };
     }
-    let gvk = GroupVersionKind::gvk(super::crd::GROUP, super::crd::VERSION, "FlockNode");
+    let gvk = GroupVersionKind::gvk(crate::crd::GROUP, crate::crd::VERSION, "FlockNode");
     match kube::discovery::pinned_kind(client, &gvk).await {
         Ok(_) => Verify::Flock,
         Err(e) => Verify::Unknown {

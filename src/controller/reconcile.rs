@@ -57,14 +57,14 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::SignedDuration;
 
 use super::audit::{self, AuditError, Change};
-use super::crd::{
-    self, AppliedPolicy, AuditAction, AuditPolicy, AuditProfile, Enforcement, FlockNode, Run, RunProfile, RunStatus, Selector,
-};
 use super::enforced::{self, Judgement, Verify};
 use super::metrics::{ApplyResult, Metrics};
 use super::probe::{Decision, PolicyKind};
 use super::render::{self, ClusterConfig, RenderError};
 use super::{FIELD_MANAGER, WITHDRAWN_REASON};
+use crate::crd::{
+    self, AppliedPolicy, AuditAction, AuditPolicy, AuditProfile, Enforcement, FlockNode, Run, RunProfile, RunStatus, Selector,
+};
 
 /// Condition types.
 pub const NETWORK_POLICY_READY: &str = "NetworkPolicyReady";

@@ -30,8 +30,8 @@ use kube::Resource;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::crd::{self, PortSpec, Problem, Protocol, Run, RunProfile, Selector};
 use super::{FIELD_MANAGER, PROFILE_ANNOTATION};
+use crate::crd::{self, PortSpec, Problem, Protocol, Run, RunProfile, Selector};
 use crate::dns::DomainPattern;
 use crate::model::EGRESS_DOMAINS_ANNOTATION;
 use crate::model::RUN_LABEL;

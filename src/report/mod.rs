@@ -4,7 +4,7 @@
 //!
 //! Every agent watches every policy, so every agent knows every policy's problems
 //! (`translate::validate_all` over its snapshot) and exports their number,
-//! `flock_policy_problems_cluster`. Only the agent holding the reporter Lease ([`lease`])
+//! `flock_policy_problems_cluster`. Only the agent holding the reporter Lease ([`crate::lease`])
 //! publishes them as Events; when every agent published its own, one bad policy made one
 //! Event per node — a storm at scale. (flock-controller is optional, so it cannot be the
 //! reporter.) Non-holders send no request about Events at all.
@@ -38,7 +38,6 @@
 //! the holder too; every agent exports how many are enforced as written
 //! (`flock_cluster_policies_enforced`).
 
-pub mod lease;
 pub mod node;
 pub mod status;
 
@@ -55,8 +54,8 @@ use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-pub use self::lease::{Elector, LeaseError, LeaseSettings};
 use crate::agent::metrics::Metrics;
+use crate::lease::{Elector, LeaseError, LeaseSettings};
 use crate::model::Snapshot;
 use crate::source::Source;
 use crate::translate::ir::PolicyKind;
@@ -68,6 +67,12 @@ pub const REASON: &str = "PolicyNotEnforceable";
 pub const CONTROLLER: &str = "flock-agent";
 /// Where Events about cluster-scoped objects go.
 pub const CLUSTER_EVENT_NAMESPACE: &str = "default";
+
+/// The reporter Lease: `flock-system/flock-agent-reporter`, client-go's timings for the
+/// holder, and candidates every 60–90 s (every node runs one: see [`crate::lease`]).
+pub fn reporter_lease() -> LeaseSettings {
+    LeaseSettings { candidate_period: Duration::from_secs(60), ..LeaseSettings::new("flock-system", "flock-agent-reporter") }
+}
 
 /// How policy problems are reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +92,7 @@ pub struct ReportOptions {
 impl Default for ReportOptions {
     fn default() -> Self {
         Self {
-            lease: LeaseSettings::default(),
+            lease: reporter_lease(),
             heartbeat: Duration::from_secs(30 * 60),
             retry: Duration::from_secs(30),
             // 20 a second: a failover with thousands of bad policies reads their Events
@@ -142,7 +147,11 @@ pub struct Reporter {
 impl Reporter {
     /// `publish`: take part in the election and publish Events while holding the Lease.
     pub fn new(client: Client, opts: ReportOptions, instance: &str, publish: bool) -> Result<Self, LeaseError> {
-        let elector = if publish { Some(Elector::new(client.clone(), opts.lease.clone(), instance)?) } else { None };
+        let elector = if publish {
+            Some(Elector::new(client.clone(), opts.lease.clone(), instance, "the reporter of policy problems")?)
+        } else {
+            None
+        };
         Ok(Self { opts, client, instance: instance.into(), elector })
     }
 

@@ -37,7 +37,7 @@ use tokio::sync::watch;
 
 use crate::agent::SyncStatus;
 use crate::agent::metrics::Metrics;
-use crate::controller::crd::{EnforcedPolicy, FlockNode, FlockNodeSpec, FlockNodeStatus, NodeRuleset};
+use crate::crd::{EnforcedPolicy, FlockNode, FlockNodeSpec, FlockNodeStatus, NodeRuleset};
 use crate::source::kube::{ApiHealth, HealthState};
 
 /// The field manager of the status writes.

@@ -11,10 +11,11 @@ use clap::Parser;
 use flock::agent::AgentConfig;
 use flock::agent::http::ListenAddr;
 use flock::daemon::{self, DaemonOptions};
+use flock::lease::LeaseSettings;
 use flock::netns::Netns;
 use flock::process::{LogFormat, init_logging, stop_on_signals};
 use flock::report::node::NodeStatusOptions;
-use flock::report::{LeaseSettings, ReportOptions};
+use flock::report::{ReportOptions, reporter_lease};
 use flock::source::kube::SourceOptions;
 
 #[derive(Parser, Debug)]
@@ -329,7 +330,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 lease: LeaseSettings {
                     namespace: args.reporter_lease_namespace.clone(),
                     name: args.reporter_lease.clone(),
-                    ..LeaseSettings::default()
+                    ..reporter_lease()
                 },
                 ..ReportOptions::default()
             },

@@ -14,11 +14,12 @@ use anyhow::Context;
 use clap::Parser;
 use flock::agent::http::{ListenAddr, serve_with};
 use flock::controller::audit::Retention;
-use flock::controller::leader::{self, LeaseConfig};
 use flock::controller::metrics::Metrics;
 use flock::controller::probe::{AgentRef, EnforceMode};
 use flock::controller::render::{ClusterConfig, DnsConfig};
-use flock::controller::{self, Health, Options, crd};
+use flock::controller::{self, Health, Options};
+use flock::crd;
+use flock::lease::{self, Elector, LeaseSettings};
 use flock::process::{LogFormat, init_logging, stop_on_signals};
 use flock::translate::selector::{validate_label_key, validate_label_value};
 use ipnet::IpNet;
@@ -208,10 +209,15 @@ fn run(args: Args) -> anyhow::Result<()> {
             metrics.leader(true);
             controller::run(client, startup, &opts, metrics.clone(), stop).await;
         } else {
-            let mut lease = LeaseConfig::new(&args.namespace, &args.lease_name, &id);
-            lease.lease_duration = Duration::from_secs(args.lease_duration_seconds);
-            lease.renew_deadline = Duration::from_secs(args.renew_deadline_seconds);
-            lease.retry_period = Duration::from_secs(args.retry_period_seconds);
+            let retry = Duration::from_secs(args.retry_period_seconds);
+            let settings = LeaseSettings {
+                lease_duration: Duration::from_secs(args.lease_duration_seconds),
+                renew_deadline: Duration::from_secs(args.renew_deadline_seconds),
+                renew_period: retry,
+                candidate_period: retry,
+                ..LeaseSettings::new(&args.namespace, &args.lease_name)
+            };
+            let elector = Elector::new(client.clone(), settings, &id, "the leader").context("leader election")?;
             let (h, m) = (health.clone(), metrics.clone());
             let on_change = move |leading: bool| {
                 h.leading.store(leading, Ordering::SeqCst);
@@ -219,7 +225,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             };
             let work_client = client.clone();
             let work_metrics = metrics.clone();
-            leader::lead(client, lease, stop, on_change, move |work_stop| async move {
+            lease::lead(elector, stop, on_change, move |work_stop| async move {
                 controller::run(work_client, startup, &opts, work_metrics, work_stop).await;
             })
             .await

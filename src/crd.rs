@@ -1,7 +1,10 @@
 //! The `flock.dev/v1alpha1` API flock-controller serves: the cluster-scoped [`RunProfile`]
 //! (the template an administrator writes: which egress a run gets) and the namespaced
 //! [`Run`] (the request: a profile reference and the pods it covers), their statuses and
-//! conditions, and the semantic checks that mirror the CRDs' CEL rules.
+//! conditions, and the semantic checks that mirror the CRDs' CEL rules; and the
+//! [`FlockNode`] each flock-agent keeps for its node (read by the controller) and the
+//! [`AuditEvent`]s the controller writes. The agent and the controller share these types;
+//! neither owns them.
 //!
 //! The CRDs under `deploy/controller/crds/` are generated from these types ([`crd_files`]);
 //! `tests/controller.rs` fails when they are stale (`FLOCK_BLESS=1` rewrites them). The API
@@ -907,7 +910,7 @@ pub fn to_yaml<T: serde::Serialize>(value: &T) -> Result<String, serde_saphyr::S
 /// Run, AuditEvent) under `controller/crds/`, FlockNode (the agent writes it) under
 /// `agent/crds/`.
 pub fn crd_files() -> Result<Vec<(String, String)>, serde_saphyr::SerializeError> {
-    let header = "# Generated from the Rust types in src/controller/crd.rs: do not edit.\n\
+    let header = "# Generated from the Rust types in src/crd.rs: do not edit.\n\
                   # Regenerate with FLOCK_BLESS=1 cargo test --test controller crds_are_up_to_date\n\
                   # (or `flock-controller --print-crds`).\n";
     let mut out = Vec::new();

@@ -1,27 +1,26 @@
-//! The reporter Lease: which one flock-agent in the cluster publishes the cluster-wide reports.
+//! Election on a `coordination.k8s.io/v1` Lease: flock-controller's leader (two replicas
+//! never reconcile at once) and flock-agent's reporter (one agent in the cluster publishes
+//! the cluster-wide reports) are both this [`Elector`], with their own [`LeaseSettings`].
 //!
-//! The algorithm is flock-controller's (`controller/leader.rs`, client-go's): a candidate
-//! takes the Lease when it has no holder, or when its record has not changed for the lease
-//! duration *as measured by the candidate's own clock* since it last saw it change (clock skew
-//! between nodes does not matter); every write is a replace carrying the resourceVersion read
-//! (of two racing candidates exactly one wins, the other gets 409 Conflict); the holder renews
-//! every renew period and gives up when it has not renewed for the renew deadline, which is
-//! shorter than the lease duration, so it has stopped before anyone may take over; a holder
-//! that stops cleanly releases the Lease.
+//! The algorithm is client-go's: a candidate takes the Lease when it has no holder, or when
+//! its record has not changed for the lease duration *as measured by the candidate's own
+//! clock* since it last saw it change — never by comparing the record's timestamps with its
+//! clock, so clock skew between nodes does not matter. Every write is a replace carrying the
+//! resourceVersion read (optimistic concurrency): of two racing candidates exactly one wins,
+//! the other gets 409 Conflict. The holder renews every renew period and gives up when it has
+//! not renewed for the renew deadline, counted from when its last successful write was
+//! *sent*; the deadline is shorter than the lease duration, which the others count from when
+//! they *saw* that write, so the holder has stopped before anyone may take over. A holder
+//! that stops cleanly releases the Lease (no holder, 1 s), so a candidate takes over within
+//! its candidate period instead of a lease duration.
 //!
-//! Two things differ, because every node runs a candidate:
-//! - Candidates poll every `candidate_period` (jittered, default 60 s) and read from the API
-//!   server's cache (`resourceVersion=0`), not every renew period with a quorum read: 5,000
-//!   agents polling every 2 s would be 2,500 etcd reads a second; at 60 s it is about 80 cached
-//!   reads a second, well under the 500 writes a second of those nodes' own kubelet Leases. A
-//!   stale cached read is harmless: the replace that follows fails with 409. The price is
-//!   failover time: up to the lease duration plus the candidate period.
-//! - Losing the Lease is not fatal: the agent enforces policy either way, and becomes a
-//!   candidate again.
-//!
-//! (The controller's `Elector` has one retry period for both renewals and candidates, and is
-//! the controller's; one shared helper with a candidate period would serve both.)
+//! Candidates poll every candidate period (plus up to half as much, at random) and read from
+//! the API server's cache (`resourceVersion=0`): with a candidate on every node, 5,000 agents
+//! reading with quorum every 2 s would be 2,500 etcd reads a second; every 60 s from the
+//! cache is about 80 cached reads a second. A stale cached read is harmless: the replace that
+//! follows fails with 409. The holder renews with quorum reads.
 
+use std::future::Future;
 use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
@@ -39,31 +38,31 @@ pub struct LeaseSettings {
     pub name: String,
     /// How long a Lease not renewed stays with its holder.
     pub lease_duration: Duration,
-    /// How long the holder keeps publishing without a successful renewal.
+    /// How long the holder keeps working without a successful renewal.
     pub renew_deadline: Duration,
     /// How often the holder renews.
     pub renew_period: Duration,
-    /// How often a candidate looks at the Lease (plus up to half as much, at random, so
-    /// thousands of agents spread out).
+    /// How often a candidate looks at the Lease (plus up to half as much, at random, so many
+    /// candidates spread out).
     pub candidate_period: Duration,
 }
 
-impl Default for LeaseSettings {
-    /// `flock-system/flock-agent-reporter`; client-go's 15 s, 10 s, 2 s for the holder;
-    /// candidates every 60–90 s.
-    fn default() -> Self {
+impl LeaseSettings {
+    /// client-go's timings: a 15 s Lease, a 10 s renew deadline, renewals and candidates
+    /// every 2 s.
+    pub fn new(namespace: &str, name: &str) -> Self {
         Self {
-            namespace: "flock-system".into(),
-            name: "flock-agent-reporter".into(),
+            namespace: namespace.into(),
+            name: name.into(),
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             renew_period: Duration::from_secs(2),
-            candidate_period: Duration::from_secs(60),
+            candidate_period: Duration::from_secs(2),
         }
     }
 }
 
-/// Why the Lease cannot be used.
+/// Why the Lease cannot be used, or was lost.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     #[error(
@@ -77,28 +76,32 @@ pub enum LeaseError {
 /// What one attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Attempt {
-    /// This agent holds the Lease (taken or renewed).
+    /// This candidate holds the Lease (taken or renewed).
     Held,
-    /// Another agent holds it (its identity).
+    /// Another holds it (its identity).
     Other(String),
 }
 
 /// What identifies one state of the Lease: holder, renew time, transitions.
 type Record = (Option<String>, Option<MicroTime>, Option<i32>);
 
-/// One agent's part in the election.
+/// One candidate.
 pub struct Elector {
     api: Api<Lease>,
     cfg: LeaseSettings,
     identity: String,
+    /// What holding the Lease makes this process, for the logs ("the leader", "the reporter").
+    role: &'static str,
     /// The last record seen and when it was first seen.
     observed: Option<(Record, Instant)>,
-    /// When the last successful write of this agent's claim was sent.
+    /// When the last successful write of this candidate's claim was sent.
     renewed: Instant,
 }
 
 impl Elector {
-    pub fn new(client: Client, cfg: LeaseSettings, identity: &str) -> Result<Self, LeaseError> {
+    /// A candidate `identity` (its pod's name) for the Lease of `cfg`; holding it makes it
+    /// `role`.
+    pub fn new(client: Client, cfg: LeaseSettings, identity: &str, role: &'static str) -> Result<Self, LeaseError> {
         if cfg.renew_period >= cfg.renew_deadline || cfg.renew_deadline >= cfg.lease_duration || cfg.candidate_period.is_zero() {
             return Err(LeaseError::Settings {
                 namespace: cfg.namespace,
@@ -109,7 +112,8 @@ impl Elector {
                 candidate: cfg.candidate_period,
             });
         }
-        Ok(Self { api: Api::namespaced(client, &cfg.namespace), cfg, identity: identity.into(), observed: None, renewed: Instant::now() })
+        let api = Api::namespaced(client, &cfg.namespace);
+        Ok(Self { api, cfg, identity: identity.into(), role, observed: None, renewed: Instant::now() })
     }
 
     fn lease(&self) -> String {
@@ -124,7 +128,8 @@ impl Elector {
         i32::try_from(self.cfg.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)
     }
 
-    /// One read and, when allowed, one write. Candidates read from the API server's cache.
+    /// One read and, when allowed, one write. API errors are returned to the caller, which
+    /// retries. Candidates read from the API server's cache.
     async fn attempt(&mut self, candidate: bool) -> Result<Attempt, kube::Error> {
         let now = MicroTime(Timestamp::now());
         let read = if candidate { GetParams::any() } else { GetParams::default() };
@@ -172,7 +177,7 @@ impl Elector {
             if seen_at.elapsed() < duration {
                 return Ok(Attempt::Other(other.clone()));
             }
-            tracing::info!(lease = %self.lease(), previous = %other, "the reporter Lease expired; taking it");
+            tracing::info!(lease = %self.lease(), previous = %other, "the Lease expired; taking it");
         }
         let mut next = lease;
         next.spec = Some(LeaseSpec {
@@ -197,7 +202,7 @@ impl Elector {
         }
     }
 
-    /// Waits until this agent holds the Lease; `false` when `stop` came first.
+    /// Waits until this candidate holds the Lease; `false` when `stop` came first.
     pub async fn acquire(&mut self, stop: &mut watch::Receiver<bool>) -> bool {
         let mut last_holder = None;
         loop {
@@ -206,16 +211,16 @@ impl Elector {
             }
             match self.attempt(true).await {
                 Ok(Attempt::Held) => {
-                    tracing::info!(lease = %self.lease(), identity = %self.identity, "this agent now reports policy problems for the cluster");
+                    tracing::info!(lease = %self.lease(), identity = %self.identity, "holding the Lease: this process is now {}", self.role);
                     return true;
                 }
                 Ok(Attempt::Other(h)) => {
                     if last_holder.as_ref() != Some(&h) {
-                        tracing::debug!(lease = %self.lease(), holder = %h, "another agent reports policy problems");
+                        tracing::info!(lease = %self.lease(), holder = %h, "another process is {}; waiting", self.role);
                         last_holder = Some(h);
                     }
                 }
-                Err(e) => tracing::warn!(lease = %self.lease(), error = %e, "cannot read the reporter Lease"),
+                Err(e) => tracing::warn!(lease = %self.lease(), error = %e, "cannot read the Lease"),
             }
             let wait = self.cfg.candidate_period + jitter(self.cfg.candidate_period / 2);
             tokio::select! {
@@ -234,14 +239,12 @@ impl Elector {
                 _ = tokio::time::sleep(self.cfg.renew_period) => {}
                 _ = stop.wait_for(|s| *s) => return Ok(()),
             }
-            // A renewal that hangs must not outlive the deadline. The deadline counts from
-            // when the last successful write was *sent*: other agents count the lease
-            // duration from when they see it, which is later.
+            // A renewal that hangs must not outlive the deadline.
             let left = self.cfg.renew_deadline.saturating_sub(self.renewed.elapsed());
             match tokio::time::timeout(left, self.attempt(false)).await {
                 Ok(Ok(Attempt::Held)) => {}
                 Ok(Ok(Attempt::Other(h))) => return Err(self.lost(format!("now held by {h:?}"))),
-                Ok(Err(e)) => tracing::warn!(lease = %self.lease(), error = %e, "cannot renew the reporter Lease"),
+                Ok(Err(e)) => tracing::warn!(lease = %self.lease(), error = %e, "cannot renew the Lease"),
                 Err(_) => {}
             }
             if self.renewed.elapsed() >= self.cfg.renew_deadline {
@@ -250,7 +253,7 @@ impl Elector {
         }
     }
 
-    /// Gives the Lease up (when this agent holds it), so a candidate need not wait out the
+    /// Gives the Lease up (when this candidate holds it), so another need not wait out the
     /// lease duration.
     pub async fn release(&mut self) {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.name).await else { return };
@@ -262,9 +265,41 @@ impl Elector {
         spec.lease_duration_seconds = Some(1);
         spec.renew_time = Some(MicroTime(Timestamp::now()));
         match self.api.replace(&self.cfg.name, &PostParams::default(), &lease).await {
-            Ok(_) => tracing::info!(lease = %self.lease(), "released the reporter Lease"),
-            Err(e) => tracing::warn!(lease = %self.lease(), error = %e, "cannot release the reporter Lease"),
+            Ok(_) => tracing::info!(lease = %self.lease(), "released the Lease"),
+            Err(e) => tracing::warn!(lease = %self.lease(), error = %e, "cannot release the Lease"),
         }
+    }
+}
+
+/// Runs `work` while holding the Lease: waits for it, starts `work` with a stop signal of
+/// its own, renews, and when `stop` turns true or the Lease is lost, stops `work`, waits for
+/// it to end and (on `stop`) releases the Lease. `on_change` is told when holding starts and
+/// ends. A lost Lease is an error: the process should exit (and be restarted as a
+/// candidate), as client-go's users do.
+pub async fn lead<W, F>(elector: Elector, mut stop: watch::Receiver<bool>, on_change: impl Fn(bool), work: W) -> Result<(), LeaseError>
+where
+    W: FnOnce(watch::Receiver<bool>) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let mut elector = elector;
+    if !elector.acquire(&mut stop).await {
+        return Ok(());
+    }
+    on_change(true);
+    let (work_stop_tx, work_stop) = watch::channel(false);
+    let task = tokio::spawn(work(work_stop));
+    let held = elector.hold(&mut stop).await;
+    let _ = work_stop_tx.send(true);
+    if let Err(e) = task.await {
+        tracing::error!(error = %e, "the work under the Lease panicked");
+    }
+    on_change(false);
+    match held {
+        Ok(()) => {
+            elector.release().await;
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
 }
 
