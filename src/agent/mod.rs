@@ -28,6 +28,7 @@ mod registry;
 pub mod revocation;
 pub mod routes;
 pub mod run_policies;
+mod sync_state;
 mod translation;
 
 use std::collections::BTreeMap;
@@ -48,6 +49,7 @@ use crate::netns::Netns;
 use crate::render::{self, Stats};
 use crate::source::Source;
 use crate::translate;
+use sync_state::{Commit, LoopState, SweepOutcome, Wake};
 
 pub use digest::RulesetDigest;
 
@@ -582,28 +584,15 @@ async fn watch_source(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// What woke the sync loop and has not been served yet.
-#[derive(Default)]
-struct Pending {
-    /// The periodic drift check is due.
-    periodic: bool,
-    /// A full sync was asked for (the API came back after failing).
-    forced: bool,
-}
-
+/// The sync loop: waits for an event, does the work it calls for, and keeps its state and
+/// decisions in a [`LoopState`] (`sync_state`, unit-tested event by event).
 async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop: watch::Receiver<bool>) {
     let cfg = shared.config.clone();
     // The drift baseline (a full JSON listing: ~0.1 s for a 150k-pod cluster's table) is
     // read once changes have been quiet for a moment, never on a pod's path.
     let backend = NftCli::new(cfg.netns.clone()).with_program(cfg.nft.clone()).with_netlink(!cfg.nft_transactions);
     let mut applier = Some(Applier::new(backend).defer_baseline());
-    let mut baseline_at: Option<tokio::time::Instant> = None;
     let mut baseline_job: Option<tokio::task::JoinHandle<BaselineRead>> = None;
-    // Since when a committed table has had no baseline (see the drift check below).
-    let mut unverified_since: Option<Instant> = None;
-    let mut last_observed = 0u64;
-    let mut last_generation = 0u64;
-    let mut reported: Vec<translate::PolicyProblem> = Vec::new();
     // Kept from one sync to the next: each translates only what changed since the last.
     let render_options = render::RenderOptions {
         log: cfg.deny_log,
@@ -613,63 +602,44 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     };
     let mut translation = Some(translation::Translation::new(cfg.translate.clone(), render_options));
     let mut run_policies = Some(run_policies::RunPolicies::new(&cfg.node));
-    // Whether a ruleset was left for hashing yet (the first commit's is, changed or not).
-    let mut digest_owed = true;
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     let mut full_resync = cfg.full_resync.clone();
-    let mut backoff = backoff::Backoff::from_entropy();
-    // While failing syncs back off: when the next attempt is due.
-    let mut retry_at: Option<tokio::time::Instant> = None;
-    let mut pending = Pending::default();
-    // A revocation sweep is owed: the first commit of this agent (connections may predate a
-    // change committed before a restart), or the last sweep failed.
-    let mut sweep_owed = cfg.revoke.is_some();
+    let mut state = LoopState::new(cfg.revoke.is_some(), backoff::Backoff::from_entropy());
     let mut sweep_job: Option<tokio::task::JoinHandle<SweepRun>> = None;
-    let mut stale_streak = 0u32;
-    // When the owed sweep starts, and when the last one did (sweeps start at most every
-    // SWEEP_INTERVAL: a burst of commits, ADDs, makes a few, not one each).
-    let mut sweep_at: Option<tokio::time::Instant> = None;
-    let mut last_sweep: Option<tokio::time::Instant> = None;
-    // The source version the table holds, while the last sync committed (`None` after a
-    // failed one: the kept translation is then ahead of the table, and nothing is judged
-    // with it until a commit).
-    let mut committed_version: Option<u64> = None;
     // Counts commits a sweep must reflect: a sweep that sees it move on is stale.
     let commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let at = |t: Option<Instant>| t.map(tokio::time::Instant::from_std);
     loop {
-        let sweeping_idle = sweep_job.is_none();
-        tokio::select! {
-            _ = shared.wake.notified() => {}
-            _ = tick.tick() => pending.periodic = true,
-            Ok(()) = async { match full_resync.as_mut() { Some(r) => r.changed().await, None => std::future::pending().await } } => pending.forced = true,
-            () = async { match retry_at { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => retry_at = None,
-            () = async { match baseline_at { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
-                baseline_at = None;
+        let wake = tokio::select! {
+            _ = shared.wake.notified() => Wake::Changed,
+            _ = tick.tick() => Wake::Tick,
+            Ok(()) = async { match full_resync.as_mut() { Some(r) => r.changed().await, None => std::future::pending().await } } => Wake::FullResync,
+            () = sleep_until(at(state.retry_at())) => Wake::RetryDue,
+            () = sleep_until(at(state.baseline_at())) => {
                 // Listing a large table takes seconds (3 s for 225k set elements): it runs
                 // beside the loop so that a CNI ADD meanwhile is not kept waiting.
-                if baseline_job.is_none()
+                if state.baseline_due()
                     && let Some((commit, mut backend)) = applier.as_ref().and_then(Applier::baseline_reader)
                 {
                     baseline_job = Some(tokio::task::spawn_blocking(move || (commit, crate::apply::Backend::read_state(&mut backend))));
+                    state.baseline_started();
                 }
                 continue;
             }
             done = async { match baseline_job.as_mut() { Some(job) => job.await, None => std::future::pending().await } } => {
                 baseline_job = None;
                 match done {
-                    Ok((commit, Ok(state))) => {
-                        if let Some(ap) = applier.as_mut() {
-                            if ap.accept_baseline(commit, state) {
-                                unverified_since = None;
-                            } else if ap.needs_baseline() {
-                                // A transaction committed during the read: read again once quiet.
-                                baseline_at = Some(tokio::time::Instant::now() + BASELINE_QUIET);
-                            }
-                        }
+                    Ok((commit, Ok(table))) => {
+                        let accepted = applier.as_mut().is_some_and(|ap| ap.accept_baseline(commit, table));
+                        let still_needed = applier.as_ref().is_some_and(Applier::needs_baseline);
+                        state.baseline_read(accepted, still_needed, Instant::now());
                     }
-                    Ok((_, Err(e))) => tracing::warn!(error = %e, "cannot read the table for the drift baseline; the next drift check reads it"),
+                    Ok((_, Err(e))) => {
+                        tracing::warn!(error = %e, "cannot read the table for the drift baseline; the next drift check reads it");
+                        state.baseline_read(false, false, Instant::now());
+                    }
                     Err(e) => {
                         shared.crash(format!("reading the drift baseline panicked: {e}"));
                         return;
@@ -679,45 +649,32 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             }
             done = async { match sweep_job.as_mut() { Some(job) => job.await, None => std::future::pending().await } } => {
                 sweep_job = None;
-                let Some(mut outcome) = sweep_done(&shared, done, (committed_version, commits.load(Ordering::SeqCst))) else { return };
-                // Owed already when a commit came while this one ran.
-                sweep_owed |= outcome.owed;
-                let Some(version) = committed_version else { continue };
-                // Commits kept outdating the sweep (changes faster than a sweep): this one
-                // holds the loop until it is done, so no commit can outdate it.
-                while sweep_owed && !*stop.borrow() && outcome.stale_streak(&mut stale_streak) >= STALE_SWEEPS {
-                    let Some(job) = start_sweep(&cfg, translation.as_ref(), &commits, version) else { break };
-                    last_sweep = Some(tokio::time::Instant::now());
-                    let Some(o) = sweep_done(&shared, job.await, (committed_version, commits.load(Ordering::SeqCst))) else { return };
-                    (outcome, sweep_owed) = (o, false);
-                    sweep_owed |= outcome.owed;
-                }
-                if sweep_owed {
-                    sweep_at = Some(next_sweep(last_sweep));
+                let Some(outcome) = sweep_done(&shared, done, (state.committed_version(), commits.load(Ordering::SeqCst))) else { return };
+                let mut hold = state.sweep_finished(outcome, *stop.borrow(), Instant::now());
+                while let Some(version) = hold {
+                    let Some(job) = start_sweep(&cfg, translation.as_ref(), &commits, version) else {
+                        state.sweep_not_started(Instant::now());
+                        break;
+                    };
+                    let Some(o) = sweep_done(&shared, job.await, (state.committed_version(), commits.load(Ordering::SeqCst))) else { return };
+                    hold = state.sweep_finished(o, *stop.borrow(), Instant::now());
                 }
                 continue;
             }
-            () = async { match sweep_at.filter(|_| sweeping_idle) { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
-                sweep_at = None;
-                if let Some(version) = committed_version
-                    && sweep_owed
-                    && !*stop.borrow()
-                {
+            () = sleep_until(at(state.sweep_at())) => {
+                if let Some(version) = state.sweep_due(*stop.borrow()) {
                     sweep_job = start_sweep(&cfg, translation.as_ref(), &commits, version);
-                    last_sweep = Some(tokio::time::Instant::now());
-                    sweep_owed = sweep_job.is_none();
+                    state.sweep_started(sweep_job.is_some(), Instant::now());
                 }
                 continue;
             }
             _ = stop.changed() => return,
-        }
+        };
+        state.wake(wake);
         if *stop.borrow() {
             return;
         }
-        // Backing off, only a CNI request goes ahead: the rest waits for the deadline, and
-        // the attempt then takes in everything that changed meanwhile (level-triggered).
-        let urgent = shared.urgent.swap(false, Ordering::SeqCst);
-        if retry_at.is_some() && !urgent {
+        if !state.may_sync(shared.urgent.swap(false, Ordering::SeqCst)) {
             continue;
         }
         let first = Instant::now();
@@ -734,26 +691,28 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             tracing::debug!("source not complete yet: nothing programmed");
             continue;
         }
-        let (periodic, forced) = (std::mem::take(&mut pending.periodic), std::mem::take(&mut pending.forced));
+        let attempt = state.start();
         let (endpoints, generation) = {
             let inner = shared.lock();
             (inner.endpoints.values().cloned().collect::<Vec<_>>(), inner.generation)
         };
         let started = Instant::now();
-        let span = tracing::info_span!("sync", node = %cfg.node, generation, endpoints = endpoints.len(), periodic);
+        let span = tracing::info_span!("sync", node = %cfg.node, generation, endpoints = endpoints.len(), periodic = attempt.periodic);
         let _enter = span.enter();
         // The snapshot is taken and the lock released at once: the watcher keeps writing
         // while this sync translates (see `crate::source`).
         let (source_version, snapshot) = shared.source.snapshot();
         let changes: Vec<Instant> = {
-            let state = shared.source.read();
-            state.changed_at.iter().filter(|(v, _)| *v > last_observed && *v <= source_version).map(|(_, t)| *t).collect()
+            let observed = state.last_observed();
+            let source = shared.source.read();
+            source.changed_at.iter().filter(|(v, _)| *v > observed && *v <= source_version).map(|(_, t)| *t).collect()
         };
         let Some(mut tr) = translation.take() else { return };
         let Some(mut rp) = run_policies.take() else { return };
         let journal = tr.version().and_then(|v| shared.source.changes(v, source_version));
         let node = cfg.node.clone();
         let hook = cfg.sync_hook.clone();
+        let periodic = attempt.periodic;
         let render_job = tokio::task::spawn_blocking(move || {
             if let Some(h) = &hook {
                 (h.0)(SyncStage::Render);
@@ -787,15 +746,13 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         }
         let (ruleset, problems) = (translated.ruleset, translated.problems);
         // Each problem is logged when it appears, not on every sync.
-        for p in problems.iter().filter(|p| reported.binary_search(p).is_err()) {
+        for p in state.new_problems(&problems) {
             tracing::warn!(problem = %p, "policy cannot be enforced as written");
         }
-        reported.clone_from(&problems);
         cfg.metrics.problems(problems.len());
-        cfg.metrics.coalesced(generation.saturating_sub(last_generation).saturating_sub(1));
-        last_generation = generation;
+        cfg.metrics.coalesced(state.coalesced(generation));
         let Some(mut ap) = applier.take() else { return };
-        let (unverified_for, resync) = (unverified_since.map_or(Duration::ZERO, |t: Instant| t.elapsed()), cfg.resync);
+        let (unverified_for, resync) = (state.unverified_for(Instant::now()), cfg.resync);
         let stats = ruleset.stats();
         let rendered = started.elapsed();
         let hook = cfg.sync_hook.clone();
@@ -804,18 +761,18 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                 (h.0)(SyncStage::Apply);
             }
             let mut repaired = false;
-            if forced {
+            if attempt.forced {
                 ap.invalidate();
             }
             // Changes never went quiet long enough to read a baseline for a whole resync
             // period: what the kernel holds cannot be vouched for, so the drift check rewrites
             // the table and reads it back. A baseline merely still to come (the last change
             // was moments ago) defers the check to the next tick instead.
-            let unverified = periodic && ap.needs_baseline() && unverified_for >= resync;
+            let unverified = attempt.periodic && ap.needs_baseline() && unverified_for >= resync;
             let mut checked = false;
             if unverified {
                 ap.invalidate();
-            } else if periodic && !ap.needs_baseline() {
+            } else if attempt.periodic && !ap.needs_baseline() {
                 checked = true;
                 match ap.check_drift() {
                     Ok(Drift::InSync | Drift::NotApplied) => {}
@@ -845,7 +802,8 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                 return;
             }
         };
-        unverified_since = if ap.needs_baseline() { unverified_since.or_else(|| Some(Instant::now())) } else { None };
+        let needs_baseline = ap.needs_baseline();
+        state.applied(needs_baseline, Instant::now());
         applier = Some(ap);
         if let Some(r) = &router {
             match r.sync(wanted_routes).await {
@@ -861,13 +819,10 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         match result {
             Ok(outcome) => {
                 tracing::debug!(?outcome, ?elapsed, ?rendered, rules = stats.rules, elements = stats.elements, "sync committed");
-                backoff.reset();
-                retry_at = None;
-                if applier.as_ref().is_some_and(Applier::needs_baseline) {
-                    baseline_at = Some(tokio::time::Instant::now() + BASELINE_QUIET);
-                }
+                let applied = matches!(outcome, Outcome::Applied { .. });
+                let after = state.committed(Commit { attempt, applied, needs_baseline, source_version }, Instant::now());
                 let m = &cfg.metrics;
-                m.sync(matches!(outcome, Outcome::Applied { .. }), elapsed.as_secs_f64());
+                m.sync(applied, elapsed.as_secs_f64());
                 m.ruleset(stats.rules, stats.elements);
                 m.tracked(counts.0, counts.1, counts.2);
                 m.cluster_policies_tracked(counts.3);
@@ -878,14 +833,12 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                 for t in &changes {
                     m.enforced("source", now.duration_since(*t).as_secs_f64());
                 }
-                last_observed = source_version;
                 // The learner feeds the sets of what is committed now (a set it names exists).
                 if let (Some(d), Some(np)) = (&shared.dns, translation.as_ref().and_then(translation::Translation::shared_policy)) {
                     d.set_rules(&np);
                 }
                 // Hashed beside the loop; only a ruleset the table changed to is new.
-                let hash = std::mem::take(&mut digest_owed) || matches!(outcome, Outcome::Applied { .. });
-                if hash {
+                if after.hash {
                     shared.digests.submit(digest::Job { generation, ruleset, endpoints: counts.2 });
                 }
                 shared.status.send_modify(|s| {
@@ -914,36 +867,27 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     s.consecutive_failures = 0;
                     s.retry_at = None;
                     s.run_policies = runs;
-                    if hash {
+                    if after.hash {
                         s.last_applied = generation;
                     }
-                });
-                // Beside the loop (a large conntrack table takes a while to judge): the
-                // translation just committed, shared, not copied.
-                if cfg.revoke.is_some() && (periodic || matches!(outcome, Outcome::Applied { .. })) {
-                    sweep_owed = true;
-                    commits.fetch_add(1, Ordering::SeqCst);
-                }
-                committed_version = Some(source_version);
-                if cfg.revoke.is_some() && !sweep_owed && sweep_job.is_none() {
                     // Nothing changed the table since the last sweep: it holds.
-                    shared.status.send_modify(|s| s.swept_source_version = s.swept_source_version.max(source_version));
-                }
-                if sweep_owed && sweep_job.is_none() {
-                    sweep_at = Some(next_sweep(last_sweep));
+                    if after.swept_holds {
+                        s.swept_source_version = s.swept_source_version.max(source_version);
+                    }
+                });
+                // Sweeps run beside the loop (a large conntrack table takes a while to
+                // judge), with the translation just committed, shared, not copied.
+                if after.count_for_sweeps {
+                    commits.fetch_add(1, Ordering::SeqCst);
                 }
             }
             Err(e) => {
-                committed_version = None;
-                let delay = backoff.fail();
-                retry_at = Some(tokio::time::Instant::now() + delay);
-                // A forced or periodic sync that failed is still owed.
-                pending.forced |= forced;
-                pending.periodic |= periodic;
-                tracing::error!(error = %e, failures = backoff.failures(), retry_in = ?delay, "sync failed; the previous ruleset stays in force");
+                let delay = state.failed(attempt, Instant::now());
+                tracing::error!(error = %e, failures = state.failures(), retry_in = ?delay, "sync failed; the previous ruleset stays in force");
                 publish_failure(&shared, generation, e.metric_label(), e.to_string());
+                let failures = state.failures();
                 shared.status.send_modify(|s| {
-                    s.consecutive_failures = backoff.failures();
+                    s.consecutive_failures = failures;
                     s.retry_at = Some(Instant::now() + delay);
                 });
             }
@@ -951,29 +895,11 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     }
 }
 
-/// The shortest time between the starts of two revocation sweeps.
-const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
-
-/// When the next sweep may start.
-fn next_sweep(last: Option<tokio::time::Instant>) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
-    last.map_or(now, |l| (l + SWEEP_INTERVAL).max(now))
-}
-
-/// Sweeps outdated in a row after which the next one holds the sync loop.
-const STALE_SWEEPS: u32 = 3;
-
-/// What the loop makes of a finished sweep.
-struct SweepOutcome {
-    /// Another sweep is owed (this one was outdated, failed, or left connections unmarked).
-    owed: bool,
-    stale: bool,
-}
-
-impl SweepOutcome {
-    fn stale_streak(&self, streak: &mut u32) -> u32 {
-        *streak = if self.stale { *streak + 1 } else { 0 };
-        *streak
+/// Sleeps until `t`; forever when there is none.
+async fn sleep_until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -1042,9 +968,6 @@ fn start_sweep(
 
 /// A drift baseline read beside the sync loop: the commit it followed and what it read.
 type BaselineRead = (u64, Result<Option<crate::apply::state::TableState>, crate::apply::ApplyError>);
-
-/// How long after the last transaction the drift baseline is read (see `sync_loop`).
-const BASELINE_QUIET: Duration = Duration::from_secs(1);
 
 fn publish_failure(shared: &Shared, generation: u64, reason: &str, error: String) {
     shared.config.metrics.sync_failed(reason);
