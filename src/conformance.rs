@@ -28,8 +28,6 @@ pub enum Expect {
 /// A case folder that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CaseError {
-    #[error("cannot read {path}: {error}")]
-    Read { path: PathBuf, error: std::io::Error },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
     #[error(transparent)]
@@ -353,51 +351,6 @@ fn parse_dns(raw: RawDns, invalid: &dyn Fn(String) -> CaseError) -> Result<DnsSp
     Ok(DnsSpec { server, records })
 }
 
-/// Case folders under `dirs`: each dir is a case (has `case.yaml`) or holds case folders.
-pub fn find_cases(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, CaseError> {
-    let mut out = Vec::new();
-    for d in dirs {
-        if d.join("case.yaml").is_file() {
-            out.push(d.clone());
-            continue;
-        }
-        let read = std::fs::read_dir(d).map_err(|error| CaseError::Read { path: d.clone(), error })?;
-        let mut sub: Vec<PathBuf> = read.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("case.yaml").is_file()).collect();
-        sub.sort();
-        if sub.is_empty() {
-            return Err(CaseError::Invalid { path: d.clone(), message: "no case.yaml here or in its folders".into() });
-        }
-        out.extend(sub);
-    }
-    Ok(out)
-}
-
-/// The ClusterNetworkPolicy cases to run on the IPv6 base (`tests/conformance-v6/`): that
-/// folder's own (IPv6 copies of the cases that write IPv4 addresses, the domain cases
-/// among them) and every case of `v4_root`
-/// that applies a ClusterNetworkPolicy and writes no IPv4 address, as is.
-pub fn ipv6_cluster_policy_cases(v4_root: &Path, v6_root: &Path) -> Result<Vec<PathBuf>, CaseError> {
-    let mut out = Vec::new();
-    for dir in find_cases(&[v4_root.to_path_buf()])? {
-        let path = dir.join("case.yaml");
-        let text = std::fs::read_to_string(&path).map_err(|error| CaseError::Read { path, error })?;
-        let ipv4 = text.split(|c: char| !(c.is_ascii_digit() || c == '.')).any(|w| w.parse::<std::net::Ipv4Addr>().is_ok());
-        if text.contains("kind: ClusterNetworkPolicy") && !ipv4 {
-            out.push(dir);
-        }
-    }
-    out.extend(find_cases(&[v6_root.to_path_buf()])?);
-    Ok(out)
-}
-
-/// Reads `<dir>/case.yaml`.
-pub fn load_case(dir: &Path) -> Result<Case, CaseError> {
-    let path = dir.join("case.yaml");
-    let text = std::fs::read_to_string(&path).map_err(|error| CaseError::Read { path: path.clone(), error })?;
-    let dir_name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-    parse_case(&path, &dir_name, &text)
-}
-
 /// Parses a case's text; `path` names it in errors.
 pub fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseError> {
     let invalid = |message: String| CaseError::Invalid { path: path.to_path_buf(), message };
@@ -605,9 +558,9 @@ mod tests {
     #[test]
     fn parses_the_shared_examples() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
-        let cases = find_cases(&[root]).unwrap();
+        let cases = crate::source::files::find_cases(&[root]).unwrap();
         assert!(cases.len() >= 2);
-        let c = load_case(&cases[1]).unwrap();
+        let c = crate::source::files::load_case(&cases[1]).unwrap();
         assert_eq!(c.name, "allow-from-namespace-y-on-81");
         assert_eq!(c.steps.len(), 2);
         assert_eq!(c.steps[0].apply.len(), 1);

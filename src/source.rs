@@ -16,6 +16,7 @@
 //! cluster and the conformance runner apply and delete objects through it); the Kubernetes
 //! informer source ([`kube`]) writes through the same [`SourceWriter`].
 
+pub mod files;
 pub mod kube;
 
 use std::collections::VecDeque;

@@ -232,17 +232,17 @@ fn every_cluster_policy_case_renders_rules_nft_accepts() {
     use flock::apply::kernel::NftCli;
     use flock::testkit::kernel::{NetnsGuard, require_root};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let v6_base = flock::model::manifest::load_paths(&[root.join("conformance-v6/base-cluster.yaml")]).unwrap().to_snapshot();
-    let v4_cases: Vec<_> = flock::conformance::find_cases(&[root.join("conformance")])
+    let v6_base = flock::source::files::load_manifests(&[root.join("conformance-v6/base-cluster.yaml")]).unwrap().to_snapshot();
+    let v4_cases: Vec<_> = flock::source::files::find_cases(&[root.join("conformance")])
         .unwrap()
         .into_iter()
         .filter(|d| std::fs::read_to_string(d.join("case.yaml")).unwrap().contains("kind: ClusterNetworkPolicy"))
         .collect();
-    let v6_cases = flock::conformance::ipv6_cluster_policy_cases(&root.join("conformance"), &root.join("conformance-v6")).unwrap();
+    let v6_cases = flock::source::files::ipv6_cluster_policy_cases(&root.join("conformance"), &root.join("conformance-v6")).unwrap();
     let mut renders = std::collections::BTreeSet::new();
     for (base, cases) in [(base_cluster(), &v4_cases), (v6_base, &v6_cases)] {
         for dir in cases {
-            let case = flock::conformance::load_case(dir).unwrap();
+            let case = flock::source::files::load_case(dir).unwrap();
             let mut s = base.clone();
             for step in &case.steps {
                 flock::conformance::apply_step(&mut s, step);

@@ -455,7 +455,7 @@ fn the_runprofile_domain_cases_apply_what_the_controller_writes() {
     let written = flock::testkit::parse_manifests(&text).objects;
     assert_eq!(written.len(), 1, "{text}");
     for dir in ["conformance", "conformance-v6"] {
-        let case = flock::conformance::load_case(&root().join("tests").join(dir).join("308-dns-runprofile-egress-domains")).unwrap();
+        let case = flock::source::files::load_case(&root().join("tests").join(dir).join("308-dns-runprofile-egress-domains")).unwrap();
         let applied: Vec<_> =
             case.steps[0].apply.iter().filter(|o| matches!(o, flock::model::manifest::Object::NetworkPolicy(_))).cloned().collect();
         assert_eq!(applied, written, "{dir}: the case's NetworkPolicy is not the controller's:\n{text}");

@@ -25,7 +25,7 @@ fn root() -> PathBuf {
 fn cells(base: &Snapshot, cases: &[PathBuf]) -> (usize, usize, Vec<String>) {
     let (mut n, mut bad, mut named) = (0, Vec::new(), 0usize);
     for dir in cases {
-        let case = conformance::load_case(dir).unwrap();
+        let case = flock::source::files::load_case(dir).unwrap();
         let mut s = base.clone();
         for (i, step) in case.steps.iter().enumerate() {
             conformance::apply_step(&mut s, step);
@@ -119,12 +119,12 @@ fn listing(text: &str) -> String {
 
 #[test]
 fn explain_agrees_with_the_enforced_rulesets_on_every_conformance_cell() {
-    let cases = conformance::find_cases(&[root().join("conformance")]).unwrap();
+    let cases = flock::source::files::find_cases(&[root().join("conformance")]).unwrap();
     let (n, named, bad) = cells(&flock::testkit::base_cluster(), &cases);
     assert!(bad.is_empty(), "{} of {n} cells:\n{}", bad.len(), bad.join("\n"));
     let v6 = root().join("conformance-v6");
-    let base = flock::model::manifest::load_paths(&[v6.join("base-cluster.yaml")]).unwrap().to_snapshot();
-    let v6_cases = conformance::ipv6_cluster_policy_cases(&root().join("conformance"), &v6).unwrap();
+    let base = flock::source::files::load_manifests(&[v6.join("base-cluster.yaml")]).unwrap().to_snapshot();
+    let v6_cases = flock::source::files::ipv6_cluster_policy_cases(&root().join("conformance"), &v6).unwrap();
     let (n6, named6, bad) = cells(&base, &v6_cases);
     assert!(bad.is_empty(), "IPv6: {} of {n6} cells:\n{}", bad.len(), bad.join("\n"));
     eprintln!(

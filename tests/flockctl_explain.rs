@@ -78,7 +78,7 @@ const BASE: &str = "tests/conformance/base-cluster.yaml";
 
 fn snapshot(scratch: &Scratch) -> flock::model::Snapshot {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    flock::model::manifest::load_paths(&[root.join(BASE), PathBuf::from(scratch.policies())]).unwrap().to_snapshot()
+    flock::source::files::load_manifests(&[root.join(BASE), PathBuf::from(scratch.policies())]).unwrap().to_snapshot()
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn renders_the_quickstart_like_the_library() {
     let out = flockctl(&["render", "--manifests", "deploy/examples/quickstart", "--node", "node-1"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    let m = flock::model::manifest::load_paths(&[Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/quickstart")]).unwrap();
+    let m = flock::source::files::load_manifests(&[Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/quickstart")]).unwrap();
     let s = m.to_snapshot();
     let want = flock::render::render(&flock::translate::translate(&s, &s.derived_endpoints("node-1"), &Default::default())).to_text();
     assert_eq!(stdout, want);

@@ -125,9 +125,9 @@ fn write_seeds() {
             _ => true,
         })
         .collect();
-    let cases = flock::conformance::find_cases(&[Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance")]).unwrap();
+    let cases = flock::source::files::find_cases(&[Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance")]).unwrap();
     for dir in cases {
-        let case = flock::conformance::load_case(&dir).unwrap();
+        let case = flock::source::files::load_case(&dir).unwrap();
         let mut objects = small.clone();
         for (i, step) in case.steps.iter().enumerate() {
             objects.extend(step.apply.iter().cloned());

@@ -101,9 +101,9 @@ fn renders() -> Vec<(String, Ruleset)> {
         ("rules", RenderOptions { peer_classes_from: usize::MAX, ..RenderOptions::DEFAULT }),
         ("classes", RenderOptions { peer_classes_from: 0, ..RenderOptions::DEFAULT }),
     ];
-    let cases = flock::conformance::find_cases(&[Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance")]).unwrap();
+    let cases = flock::source::files::find_cases(&[Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance")]).unwrap();
     for dir in cases {
-        let case = flock::conformance::load_case(&dir).unwrap();
+        let case = flock::source::files::load_case(&dir).unwrap();
         let mut s = flock::testkit::base_cluster();
         for (i, step) in case.steps.iter().enumerate() {
             flock::conformance::apply_step(&mut s, step);

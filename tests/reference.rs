@@ -25,7 +25,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 fn reference_mismatches(base: &Snapshot, cases: &[std::path::PathBuf]) -> (usize, Vec<String>) {
     let (mut cells, mut mismatches) = (0, Vec::new());
     for dir in cases {
-        let case = conformance::load_case(dir).unwrap();
+        let case = flock::source::files::load_case(dir).unwrap();
         let mut s = base.clone();
         for (i, step) in case.steps.iter().enumerate() {
             conformance::apply_step(&mut s, step);
@@ -67,12 +67,12 @@ fn reference_mismatches(base: &Snapshot, cases: &[std::path::PathBuf]) -> (usize
 #[test]
 fn the_reference_agrees_with_every_conformance_case() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let cases = conformance::find_cases(&[root.join("conformance")]).unwrap();
+    let cases = flock::source::files::find_cases(&[root.join("conformance")]).unwrap();
     let (cells, mismatches) = reference_mismatches(&flock::testkit::base_cluster(), &cases);
     assert!(mismatches.is_empty(), "{} of {cells} cells:\n{}", mismatches.len(), mismatches.join("\n"));
     let v6 = root.join("conformance-v6");
-    let base = flock::model::manifest::load_paths(&[v6.join("base-cluster.yaml")]).unwrap().to_snapshot();
-    let v6_cases = conformance::ipv6_cluster_policy_cases(&root.join("conformance"), &v6).unwrap();
+    let base = flock::source::files::load_manifests(&[v6.join("base-cluster.yaml")]).unwrap().to_snapshot();
+    let v6_cases = flock::source::files::ipv6_cluster_policy_cases(&root.join("conformance"), &v6).unwrap();
     let (v6_cells, mismatches) = reference_mismatches(&base, &v6_cases);
     assert!(mismatches.is_empty(), "IPv6: {} of {v6_cells} cells:\n{}", mismatches.len(), mismatches.join("\n"));
     eprintln!("reference: {cells} IPv4 cells of {} cases and {v6_cells} IPv6 cells of {} cases as expected", cases.len(), v6_cases.len());

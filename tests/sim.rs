@@ -95,7 +95,7 @@ fn the_cluster_policy_cases_pass_on_an_ipv6_cluster() {
         return;
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let cases = flock::conformance::ipv6_cluster_policy_cases(&root.join("conformance"), &root.join("conformance-v6")).unwrap();
+    let cases = flock::source::files::ipv6_cluster_policy_cases(&root.join("conformance"), &root.join("conformance-v6")).unwrap();
     let mut args: Vec<String> = vec!["conformance".into(), "--base".into(), "tests/conformance-v6/base-cluster.yaml".into()];
     args.extend(cases.iter().map(|c| c.display().to_string()));
     let out = flockctl(&args.iter().map(String::as_str).collect::<Vec<_>>());

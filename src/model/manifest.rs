@@ -111,8 +111,6 @@ impl Object {
 /// Why a manifest could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    #[error("cannot read {path}: {error}")]
-    Read { path: PathBuf, error: std::io::Error },
     /// `message` names the line and column in the file.
     #[error("{path}: {doc}: not valid YAML: {message}")]
     Yaml { path: PathBuf, doc: DocRef, message: String },
@@ -182,42 +180,6 @@ pub fn add_implicit_namespaces(snapshot: &mut Snapshot) {
     for ns in missing {
         snapshot.upsert_namespace(convert::implicit_namespace(&ns));
     }
-}
-
-/// Reads every manifest under `paths` (files, or directories walked recursively).
-pub fn load_paths(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
-    let mut out = Manifests::default();
-    for path in paths {
-        for file in manifest_files(path)? {
-            let text = std::fs::read_to_string(&file).map_err(|error| ManifestError::Read { path: file.clone(), error })?;
-            let parsed = parse_str(&file, &text)?;
-            out.objects.extend(parsed.objects);
-            out.warnings.extend(parsed.warnings);
-        }
-    }
-    Ok(out)
-}
-
-fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
-    let meta = std::fs::metadata(path).map_err(|error| ManifestError::Read { path: path.to_path_buf(), error })?;
-    if !meta.is_dir() {
-        return Ok(vec![path.to_path_buf()]);
-    }
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|error| ManifestError::Read { path: path.to_path_buf(), error })?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()
-        .map_err(|error| ManifestError::Read { path: path.to_path_buf(), error })?;
-    entries.sort();
-    let mut files = Vec::new();
-    for entry in entries {
-        if entry.is_dir() {
-            files.extend(manifest_files(&entry)?);
-        } else if matches!(entry.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")) {
-            files.push(entry);
-        }
-    }
-    Ok(files)
 }
 
 /// Parses one manifest text; `path` only names it in errors.
@@ -1295,7 +1257,7 @@ mod tests {
     #[test]
     fn reads_the_shared_base_cluster() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/base-cluster.yaml");
-        let m = load_paths(&[path]).unwrap();
+        let m = crate::source::files::load_manifests(&[path]).unwrap();
         let s = m.to_snapshot();
         assert_eq!(s.pod_count(), 9);
         assert_eq!(s.nodes().count(), 2);

@@ -197,10 +197,10 @@ fn hostile_strings_never_become_syntax() {
 fn conformance_cases_hold_through_the_tracer() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
     let base = testkit::base_cluster();
-    let cases = crate::conformance::find_cases(&[root]).unwrap();
+    let cases = crate::source::files::find_cases(&[root]).unwrap();
     let mut failures = Vec::new();
     for dir in &cases {
-        let case = crate::conformance::load_case(dir).unwrap();
+        let case = crate::source::files::load_case(dir).unwrap();
         for shape in [RenderOptions::default(), CLASSES] {
             match TracedCluster::run_case_with(&base, &case, &shape) {
                 Ok(m) if m.is_empty() => {}
@@ -234,13 +234,13 @@ fn generated_cases_hold_through_the_tracer() {
 fn cluster_policy_cases_hold_on_the_ipv6_base_through_the_tracer() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
     let v6 = root.join("conformance-v6");
-    let base = crate::model::manifest::load_paths(&[v6.join("base-cluster.yaml")]).unwrap().to_snapshot();
+    let base = crate::source::files::load_manifests(&[v6.join("base-cluster.yaml")]).unwrap().to_snapshot();
     assert!(base.pods().all(|p| p.ips.iter().all(|ip| ip.is_ipv6())));
-    let cases = crate::conformance::ipv6_cluster_policy_cases(&root.join("conformance"), &v6).unwrap();
+    let cases = crate::source::files::ipv6_cluster_policy_cases(&root.join("conformance"), &v6).unwrap();
     assert!(cases.len() >= 25, "{cases:?}");
     let mut failures = Vec::new();
     for dir in &cases {
-        let case = crate::conformance::load_case(dir).unwrap();
+        let case = crate::source::files::load_case(dir).unwrap();
         for shape in [RenderOptions::default(), CLASSES] {
             match TracedCluster::run_case_with(&base, &case, &shape) {
                 Ok(m) if m.is_empty() => {}

@@ -8,8 +8,6 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use flock::conformance;
-use flock::model::manifest;
 use flock::sim::Sim;
 use flock::sim::runner::{self, CaseOutcome, Verdict};
 
@@ -37,7 +35,7 @@ pub struct ConformanceArgs {
 
 pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
     let opts = preflight(&args.common)?;
-    let dirs = conformance::find_cases(&args.dirs)?;
+    let dirs = flock::source::files::find_cases(&args.dirs)?;
     let base_path = match &args.base {
         Some(b) => b.clone(),
         None => {
@@ -50,9 +48,10 @@ pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
     if !base_path.is_file() {
         bail!("base cluster {} not found (pass --base FILE)", base_path.display());
     }
-    let base =
-        manifest::load_paths(std::slice::from_ref(&base_path)).with_context(|| format!("reading {}", base_path.display()))?.to_snapshot();
-    let mut cases = dirs.iter().map(|d| conformance::load_case(d)).collect::<Result<Vec<_>, _>>()?;
+    let base = flock::source::files::load_manifests(std::slice::from_ref(&base_path))
+        .with_context(|| format!("reading {}", base_path.display()))?
+        .to_snapshot();
+    let mut cases = dirs.iter().map(|d| flock::source::files::load_case(d)).collect::<Result<Vec<_>, _>>()?;
     if let Some(seed) = args.shuffle {
         flock::synth::Rng::new(seed).shuffle(&mut cases);
         eprintln!("{} cases in an order shuffled with seed {seed}", cases.len());

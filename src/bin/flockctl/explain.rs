@@ -12,7 +12,7 @@ use flock::apply::kernel::NftCli;
 use flock::explain::live::{self, LiveTable};
 use flock::explain::{self, End, Explainer, Query};
 use flock::model::Family;
-use flock::model::{Protocol, manifest};
+use flock::model::Protocol;
 use flock::netns::Netns;
 use flock::translate::Options;
 
@@ -100,7 +100,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             Output::Table => live::to_text(&e),
         }
     } else {
-        let m = manifest::load_paths(&args.manifests).context("reading manifests")?;
+        let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
         for w in &m.warnings {
             eprintln!("warning: {w}");
         }

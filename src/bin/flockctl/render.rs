@@ -9,7 +9,6 @@ use clap::Args;
 
 use flock::apply::Backend;
 use flock::apply::kernel::NftCli;
-use flock::model::manifest;
 use flock::netns::Netns;
 use flock::translate::{self, Options};
 
@@ -34,7 +33,7 @@ pub struct RenderArgs {
 }
 
 pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
-    let m = manifest::load_paths(&args.manifests).context("reading manifests")?;
+    let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
     for w in &m.warnings {
         eprintln!("warning: {w}");
     }

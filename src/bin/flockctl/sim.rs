@@ -11,7 +11,7 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use flock::model::Family;
-use flock::model::{Protocol, manifest};
+use flock::model::Protocol;
 use flock::sim::{Cell, HostSpec, NodeDenial, Outcome, ProbeSpec, Sim, SimOptions};
 
 #[derive(Args)]
@@ -190,7 +190,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut opts = preflight(&args.common)?;
-    let m = manifest::load_paths(&args.manifests).context("reading manifests")?;
+    let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
     for w in &m.warnings {
         eprintln!("warning: {w}");
     }
