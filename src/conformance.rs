@@ -1,5 +1,5 @@
-//! The conformance case format (the design notes' `conformance/FORMAT.md`, plus flock's
-//! `cname` records; README, `flockctl conformance`): reading cases and comparing observed
+//! The conformance case format (docs/development.md, "Conformance case format", plus flock's
+//! `cname` records; docs/development.md, "Conformance case format"): reading cases and comparing observed
 //! reachability with their matrices. Pure; runners (the packet tracer in unit tests,
 //! `flockctl conformance` on real kernels) supply the observations.
 

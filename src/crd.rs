@@ -323,7 +323,7 @@ pub struct RunSpec {
     #[schemars(length(min = 1, max = 253))]
     pub profile: String,
     /// The run's pods. Default: the pods labelled `flock.dev/run: <run name>` (names longer
-    /// than 63 characters are shortened with a hash, see `flock.dev/run` in the README). A
+    /// than 63 characters are shortened with a hash, see `flock.dev/run` in docs/reference.md). A
     /// custom selector must select only pods carrying the `flock.dev/run` label (in
     /// `matchLabels`, or a `matchExpressions` entry `In` or `Exists` on it): flock-agent
     /// isolates such pods from their creation, so none is open before the policy exists.

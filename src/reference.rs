@@ -2,7 +2,7 @@
 //!
 //! NetworkPolicy v1 (`k8s.io/api/networking/v1/types.go` and the NetworkPolicy concept page)
 //! and ClusterNetworkPolicy v1alpha2 (network-policy-api `clusternetworkpolicy_types.go`),
-//! plus flock's documented readings where the API leaves a choice or says nothing (README,
+//! plus flock's documented readings where the API leaves a choice or says nothing (docs/policy.md,
 //! "Fail closed" and "ClusterNetworkPolicy"): what an invalid object means, the tie-break of
 //! equal priorities, run pods without a policy. It walks every policy for every flow — no
 //! sets, no indexes, no canonical forms — and shares no code with `translate/` or `render/`
@@ -111,8 +111,8 @@ impl<'s> Evaluator<'s> {
         // Each end that is a pod flock enforces applies its own direction; the other end is
         // the peer, known by its address (and the pod that owns it, if any).
         let egress = src_pod.filter(|p| enforced(p)).map(|p| self.direction(p, Dir::Egress, dst_addr, owner(s, dst_addr), f));
-        // What a pod's own node sends it (kubelet probes) is not policed (README, "Fail
-        // closed"): the Kubernetes documentation's limit, and flock's.
+        // What a pod's own node sends it (kubelet probes) is not policed (docs/policy.md, "Traffic
+        // to the node and host-network pods"): the Kubernetes documentation's limit, and flock's.
         let from_own_node = |p: &Pod| {
             p.node.as_deref().and_then(|n| s.node(n)).is_some_and(|n| n.addresses.contains(&src_addr) || n.internal_ips.contains(&src_addr))
         };
@@ -509,7 +509,7 @@ fn cnp_rule_valid(r: &CnpRule, dir: Dir, tier: &str) -> bool {
                 dir == Dir::Egress && selector_valid(sel)
             }
             // NPEP-133: egress only; flock reads them in Accept rules of the Admin tier
-            // alone (README, "Egress by domain name"), anything else fails closed.
+            // alone (docs/policy.md, "Egress by domain name"), anything else fails closed.
             CnpPeer::DomainNames(names) => {
                 addresses_only = true;
                 dir == Dir::Egress && tier == "Admin" && r.action == "Accept" && !names.is_empty() && names.iter().all(|n| domain_name(n))

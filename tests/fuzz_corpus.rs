@@ -103,7 +103,7 @@ fn repro_timed_set_renders_a_timed_set_and_passes_the_check() {
 /// Writes seed inputs to `fuzz/target/seeds/<target>/` (not committed): the conformance
 /// cases and the quickstart as manifests, each base cluster for the structured targets.
 /// Run `cargo test --test fuzz_corpus -- --ignored write_seeds`, then give the directory to
-/// `cargo fuzz run` or `cargo fuzz cmin` next to the corpus (README.md, "Fuzzing").
+/// `cargo fuzz run` or `cargo fuzz cmin` next to the corpus (docs/development.md, "Fuzzing").
 #[test]
 #[ignore = "writes seed files; run by hand when reseeding the corpora"]
 fn write_seeds() {

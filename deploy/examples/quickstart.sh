@@ -5,7 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tests/setup.sh
-cargo build --quiet --release --bin flockctl -p flock --bin flock-cni -p flock-cni
+# Not --quiet: a first build compiles about 240 crates and takes minutes (11.5 min on a
+# 2-core VM shared with other jobs), and cargo's progress shows it is under way.
+echo "== building flockctl and flock-cni (release): the first build takes several minutes,"
+echo "   later runs reuse it; cargo shows its progress"
+cargo build --release --bin flockctl -p flock --bin flock-cni -p flock-cni
 flockctl=target/release/flockctl
 ex=deploy/examples/quickstart
 probes=(--probe 5432/TCP --probe 8080/TCP)

@@ -34,7 +34,7 @@
 //!   up after 1 s). One request per connection (no keep-alive, so no idle connections).
 //!
 //! What a pod can read: it reaches the port unless a NetworkPolicy denies its egress to the
-//! node (flock polices pod-to-node traffic: README, "Traffic to the node"). `/metrics` names
+//! node (flock polices pod-to-node traffic: docs/policy.md, "Traffic to the node and host-network pods"). `/metrics` names
 //! namespaces and policies in its labels and counts pods, denials and syncs, and `/healthz`
 //! shows the last sync and API errors: the shape of the cluster's policy, nothing secret (no
 //! tokens, no keys, no payloads). That is acceptable for the default. Operators who do not

@@ -83,7 +83,7 @@ pub struct AgentConfig {
     /// The `nft` binary.
     pub nft: PathBuf,
     /// Write every transaction through `nft` instead of as nf_tables netlink batches: a way
-    /// back should a kernel refuse what the batches encode (slower; see the README).
+    /// back should a kernel refuse what the batches encode (slower; docs/reference.md, `--nft-transactions`).
     pub nft_transactions: bool,
     /// Denied packets logged by the kernel (NFLOG) and read back as structured logs and
     /// metrics ([`denials`]); `None`: only dropped.

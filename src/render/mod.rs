@@ -6,7 +6,7 @@
 //! it), and it is what the applier sends. Text rather than nft's JSON: nft 1.0.6's JSON input
 //! drops table, chain and set comments, which are half of the point of this ruleset.
 //!
-//! The ruleset (design.md §2):
+//! The ruleset (docs/troubleshooting.md, "Reading the ruleset"):
 //!
 //! ```text
 //! chain forward            filter hook forward, priority filter (after kube-proxy's DNAT)

@@ -1,5 +1,5 @@
-//! Random conformance cases on the x/y/z model (`tests/conformance/FORMAT.md` in the shared
-//! notes): NetworkPolicies and ClusterNetworkPolicies drawn from a pool of selectors, peers
+//! Random conformance cases on the x/y/z model (docs/development.md, "Conformance case
+//! format"): NetworkPolicies and ClusterNetworkPolicies drawn from a pool of selectors, peers
 //! and ports, then changed — replaced, deleted, pods and namespaces relabelled — over two or
 //! three steps, each probed on one port and protocol over every pair of the nine pods. The
 //! expectations come from the reference evaluator ([`crate::reference`]), which shares no code

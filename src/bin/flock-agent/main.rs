@@ -158,6 +158,7 @@ struct Args {
     /// node itself.
     #[arg(long, env = "FLOCK_DNS_ROUTE_TABLE", default_value_t = flock::agent::dns::DEFAULT_ROUTE_TABLE)]
     dns_route_table: u32,
+    /// Priority of the `ip rule` that sends marked DNS to that table.
     #[arg(long, env = "FLOCK_DNS_RULE_PRIORITY", default_value_t = flock::agent::dns::DEFAULT_RULE_PRIORITY)]
     dns_rule_priority: u32,
     /// A learned address is admitted for at least this long (a shorter TTL is raised to it).
@@ -173,11 +174,13 @@ struct Args {
     /// dropped and counted; the pod's resolver asks again).
     #[arg(long, env = "FLOCK_DNS_IN_FLIGHT_PER_POD", default_value_t = flock::agent::dns_proxy::Bounds::default().in_flight_per_pod)]
     dns_in_flight_per_pod: usize,
+    /// Queries the DNS proxy has upstream at once on the node (beyond: dropped and counted).
     #[arg(long, env = "FLOCK_DNS_IN_FLIGHT", default_value_t = flock::agent::dns_proxy::Bounds::default().in_flight)]
     dns_in_flight: usize,
     /// TCP connections the DNS proxy takes at most, per pod and on the node (beyond: closed).
     #[arg(long, env = "FLOCK_DNS_TCP_PER_POD", default_value_t = flock::agent::dns_proxy::Bounds::default().tcp_per_pod)]
     dns_tcp_per_pod: usize,
+    /// TCP connections the DNS proxy takes at most on the node (beyond: closed).
     #[arg(long, env = "FLOCK_DNS_TCP", default_value_t = flock::agent::dns_proxy::Bounds::default().tcp)]
     dns_tcp: usize,
     /// A pod's TCP connection to the DNS proxy with no complete query for this long is closed.
@@ -191,6 +194,8 @@ struct Args {
     /// beyond, the addresses that expire first are evicted.
     #[arg(long, env = "FLOCK_DNS_LEARNED_PER_SET", default_value_t = flock::agent::domains::LearnedBounds::default().per_set)]
     dns_learned_per_set: usize,
+    /// Learned addresses held at most in all domain sets of the node; beyond, the addresses
+    /// that expire first are evicted.
     #[arg(long, env = "FLOCK_DNS_LEARNED_PER_NODE", default_value_t = flock::agent::domains::LearnedBounds::default().per_node)]
     dns_learned_per_node: usize,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
@@ -393,7 +398,7 @@ mod tests {
 
     #[test]
     fn the_flocknode_is_written_at_most_every_10_seconds_by_default() {
-        // The README says 10 s; the flag and NodeStatusOptions::default must agree.
+        // docs/reference.md says 10 s; the flag and NodeStatusOptions::default must agree.
         let args = Args::try_parse_from(["flock-agent", "--node-name", "n1"]).unwrap();
         assert_eq!(args.node_status_interval, Duration::from_secs(10));
         assert_eq!(node_status_options(&args), Some(NodeStatusOptions::default()));

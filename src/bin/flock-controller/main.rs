@@ -78,10 +78,14 @@ struct Args {
     /// The leader Lease (in --namespace).
     #[arg(long, env = "FLOCK_LEASE_NAME", default_value = "flock-controller")]
     lease_name: String,
+    /// How long a Lease not renewed stays with its holder.
     #[arg(long, env = "FLOCK_LEASE_DURATION_SECONDS", default_value_t = 15)]
     lease_duration_seconds: u64,
+    /// The leader stops reconciling when it has not renewed for this long (shorter than the
+    /// lease duration).
     #[arg(long, env = "FLOCK_RENEW_DEADLINE_SECONDS", default_value_t = 10)]
     renew_deadline_seconds: u64,
+    /// The leader renews, and candidates try, this often (shorter than the renew deadline).
     #[arg(long, env = "FLOCK_RETRY_PERIOD_SECONDS", default_value_t = 2)]
     retry_period_seconds: u64,
     /// The controller's namespace (downward API).
@@ -251,7 +255,7 @@ mod tests {
 
     #[test]
     fn defaults_of_the_enforcement_timeout_and_the_audit_retention() {
-        // What the README states: 60 s, 90 days, 100 per run; the same as the library's
+        // What docs/controller.md states: 60 s, 90 days, 100 per run; the same as the library's
         // defaults (Options::new, Retention::default), which tests start from.
         let args = Args::try_parse_from(["flock-controller"]).unwrap();
         assert_eq!((args.enforced_timeout_seconds, args.audit_max_age_days, args.audit_max_per_run), (60, 90, 100));
