@@ -80,7 +80,13 @@ pub fn acks(datagram: &[u8]) -> Vec<(u32, i32)> {
 }
 
 /// The attributes of a netlink message body: (type without flags, value).
-pub fn attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub fn attributes(b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    raw_attributes(b).map(|(ty, _, value)| (ty, value))
+}
+
+/// The attributes of a body as (type without flags, the whole attribute with its padding,
+/// its value): what a reader that keeps attributes as they came needs.
+pub fn raw_attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8], &[u8])> {
     std::iter::from_fn(move || {
         if b.len() < 4 {
             return None;
@@ -90,9 +96,10 @@ pub fn attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
         if len < 4 || len > b.len() {
             return None;
         }
-        let value = &b[4..len];
-        b = &b[len.next_multiple_of(4).min(b.len())..];
-        Some((ty, value))
+        let padded = len.next_multiple_of(4).min(b.len());
+        let (raw, value) = (&b[..padded], &b[4..len]);
+        b = &b[padded..];
+        Some((ty, raw, value))
     })
 }
 

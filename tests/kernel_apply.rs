@@ -125,6 +125,43 @@ fn apply_readback_noop_update_drift_and_failure() {
     a.apply(&rs1).unwrap();
     assert_eq!(a.check_drift().unwrap(), Drift::InSync);
 
+    // Every kind of edit is found and named — read over netlink, less handles and counters:
+    // an exact set's element gone, a verdict map emptied, a base chain's policy (a rule added
+    // is above). Each is repaired by a full sync.
+    let set = rs1
+        .objects
+        .iter()
+        .find_map(|o| match o {
+            flock::render::Object::Set(s) if s.data.is_none() && !s.interval && !s.timeout && !s.elements.is_empty() => Some(s),
+            _ => None,
+        })
+        .unwrap();
+    let map = rs1
+        .objects
+        .iter()
+        .find_map(|o| match o {
+            flock::render::Object::Set(s) if s.data.is_some() && !s.elements.is_empty() => Some(s),
+            _ => None,
+        })
+        .unwrap();
+    let element = format!("delete element inet flock {} {{ {} }}", set.name, set.elements[0].key);
+    let flush = format!("flush map inet flock {}", map.name);
+    let policy = format!("add chain inet flock {BASE_CHAIN} {{ policy drop; }}");
+    for (edit, named) in [
+        (element, format!("set {} differs: {} elements, flock applied {}", set.name, set.elements.len() - 1, set.elements.len())),
+        (flush, format!("map {} differs: 0 elements", map.name)),
+        (policy, format!("chain {BASE_CHAIN} differs: its declaration changed")),
+    ] {
+        ns.exec(&["nft", &edit]);
+        match a.check_drift().unwrap() {
+            Drift::Changed { first_difference } => assert!(first_difference.starts_with(&named), "{edit}: {first_difference}"),
+            other => panic!("{edit}: {other:?}"),
+        }
+        a.invalidate();
+        a.apply(&rs1).unwrap();
+        assert_eq!(a.check_drift().unwrap(), Drift::InSync, "{edit}");
+    }
+
     // Other tables are never touched.
     ns.exec(&["nft", "add", "table", "ip", "someone-else"]);
     a.apply(&rs2).unwrap();

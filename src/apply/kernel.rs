@@ -3,8 +3,9 @@
 //! encode and for listings.
 //!
 //! Scripts go to `nft -f -` on stdin (one atomic transaction per call); listings come from
-//! `nft -s list table inet flock` (text, for drift comparison) and `list chains/sets/maps`
-//! in terse JSON (read with the `nftables` crate's schema types, for object names and
+//! netlink dumps (for drift comparison, [`super::netlink::dump`]; `nft -j -s list table inet
+//! flock` when transactions go through nft), `nft -s list table inet flock` (text, for
+//! operators' tools) and `list chains/sets/maps` in terse JSON (read with the `nftables` crate's schema types, for object names and
 //! handles). Errors carry nft's own message.
 
 use std::io::Write as _;
@@ -145,15 +146,24 @@ impl NftCli {
         }
     }
 
-    /// Sends `batch` on the kept socket, first opening one in the namespace when there is
-    /// none or the namespace is no longer the one the socket was opened in (a path may come
-    /// to name another namespace; the current namespace is the calling thread's).
+    /// Sends `batch` on the kept socket ([`Self::with_socket`]).
     fn netlink_send(&mut self, batch: super::netlink::Batch) -> Result<Result<(), NetlinkError>, ApplyError> {
+        self.with_socket(|s| s.send(batch))
+    }
+
+    /// Runs `f` on the kept socket, first opening one in the namespace when there is none or
+    /// the namespace is no longer the one the socket was opened in (a path may come to name
+    /// another namespace; the current namespace is the calling thread's). A failure may leave
+    /// replies behind: the socket is kept only after a success.
+    fn with_socket<T: Send>(
+        &mut self,
+        f: impl FnOnce(&mut NfSocket) -> Result<T, NetlinkError> + Send,
+    ) -> Result<Result<T, NetlinkError>, ApplyError> {
         let here = match &self.netns {
             Netns::Current => netns::identity(Path::new(netns::OWN_NETNS)),
             Netns::Path(path) => netns::identity(path),
             Netns::Fresh => {
-                return Ok(netns::run_in(&self.netns, || NfSocket::open().and_then(|mut s| s.send(batch)))?);
+                return Ok(netns::run_in(&self.netns, || NfSocket::open().and_then(|mut s| f(&mut s)))?);
             }
         };
         let here = match here {
@@ -167,8 +177,7 @@ impl NftCli {
                 Err(e) => return Ok(Err(e)),
             },
         };
-        let result = socket.send(batch);
-        // A failed batch may leave replies behind: the socket is kept only after a success.
+        let result = f(&mut socket);
         if result.is_ok() {
             self.socket = Some(socket);
         }
@@ -223,13 +232,29 @@ impl Backend for NftCli {
         String::from_utf8(out.stdout).map(Some).map_err(|e| ApplyError::List(e.to_string()))
     }
 
+    /// Over netlink ([`super::netlink::dump`]: timed sets' elements are not read), or from
+    /// `nft -j` when transactions go through nft.
     fn read_state(&mut self) -> Result<Option<super::state::TableState>, ApplyError> {
+        if self.netlink {
+            let read = self.with_socket(NfSocket::read_table)?;
+            return read
+                .map(|s| s.map(super::state::TableState::Netlink))
+                .map_err(|e| ApplyError::List(format!("over netlink in {}: {e}", self.netns.describe())));
+        }
         let out = self.exec(&["-j", "-s", "list", "table", FAMILY, TABLE], None)?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             return if is_missing_table(&stderr) { Ok(None) } else { Err(ApplyError::List(stderr.trim().to_string())) };
         }
         super::state::TableState::from_json(&out.stdout).map(Some).map_err(ApplyError::List)
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, ApplyError> {
+        if !self.netlink {
+            return Ok(None);
+        }
+        let read = self.with_socket(NfSocket::generation)?;
+        read.map(Some).map_err(|e| ApplyError::List(format!("the ruleset generation in {}: {e}", self.netns.describe())))
     }
 
     fn list_objects(&mut self) -> Result<Vec<ObjectInfo>, ApplyError> {

@@ -87,6 +87,11 @@ pub trait Backend {
     fn list_table(&mut self) -> Result<Option<String>, ApplyError>;
     /// What table `inet flock` holds, typed ([`state`]), or `None` when it does not exist.
     fn read_state(&mut self) -> Result<Option<state::TableState>, ApplyError>;
+    /// The ruleset's generation, bumped by every committed transaction, when the backend can
+    /// read it: a table read at a generation is still what it was while the generation is.
+    fn generation(&mut self) -> Result<Option<u32>, ApplyError> {
+        Ok(None)
+    }
     /// The chains, sets and maps of table `inet flock` (empty when it does not exist).
     fn list_objects(&mut self) -> Result<Vec<ObjectInfo>, ApplyError>;
     /// Deletes and adds elements of exact sets and maps, as one atomic transaction
@@ -330,6 +335,12 @@ impl<B: Backend> Applier<B> {
     pub fn check_drift(&mut self) -> Result<Drift, ApplyError> {
         if self.last.is_none() {
             return Ok(Drift::NotApplied);
+        }
+        // Nothing committed since the baseline was read: the table is what it was.
+        if let Some(state::TableState::Netlink(baseline)) = &self.baseline
+            && self.backend.generation()? == Some(baseline.generation)
+        {
+            return Ok(Drift::InSync);
         }
         let Some(now) = self.backend.read_state()? else { return Ok(Drift::Missing) };
         let Some(baseline) = &self.baseline else { return Ok(Drift::Unverified) };

@@ -1,6 +1,8 @@
-//! What the kernel holds in table `inet flock`, as typed objects, for drift detection.
+//! What the kernel holds in table `inet flock`, for drift detection.
 //!
-//! Read from `nft -j -s list table inet flock`: chains (with their rules), sets and maps,
+//! The kernel backend reads it over netlink ([`NetlinkState`], from
+//! [`crate::apply::netlink::dump`]); with transactions through nft (flock-agent `--nft-transactions`) it reads
+//! `nft -j -s list table inet flock`: chains (with their rules), sets and maps,
 //! each decoded on its own with the `nftables` crate's schema types, handles cleared,
 //! elements in a canonical order. Comparing two such states compares what nft *means*, not
 //! how its text listing is formatted, so an nft upgrade that prints the same table
@@ -32,12 +34,45 @@ pub enum ObjectState {
     Raw(serde_json::Value),
 }
 
-/// The table's objects by kind and name, or — from the in-memory backend — its canonical
-/// dump.
+/// The table's objects by kind and name — decoded from nft's JSON listing, or as netlink
+/// attributes — or, from the in-memory backend, its canonical dump.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TableState {
     Typed(BTreeMap<(Kind, String), ObjectState>),
+    Netlink(NetlinkState),
     Canonical(String),
+}
+
+/// The table as the kernel reports it over netlink ([`crate::apply::netlink::dump`]).
+///
+/// Two states are equal when their table and objects are: the generation says when a state
+/// was read, not what it holds.
+#[derive(Debug, Clone, Default)]
+pub struct NetlinkState {
+    /// The ruleset's generation, read before the table: while it stays the same, the table
+    /// is still this.
+    pub generation: u32,
+    /// The table's own attributes (flags, comment).
+    pub table: Vec<u8>,
+    pub objects: BTreeMap<(Kind, String), NetlinkObject>,
+}
+
+impl PartialEq for NetlinkState {
+    fn eq(&self, other: &Self) -> bool {
+        self.table == other.table && self.objects == other.objects
+    }
+}
+
+impl Eq for NetlinkState {}
+
+/// One chain, set or map as netlink attributes, less what the kernel assigns or counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetlinkObject {
+    pub declaration: Vec<u8>,
+    /// A chain's rules, in order.
+    pub rules: Vec<Vec<u8>>,
+    /// A set's or map's elements, sorted; none for a timed set (not read).
+    pub elements: Vec<Vec<u8>>,
 }
 
 impl TableState {
@@ -146,6 +181,25 @@ impl TableState {
                 }
                 None
             }
+            (Self::Netlink(now), Self::Netlink(then)) => {
+                if now.table != then.table {
+                    return Some("table inet flock's flags or comment changed".into());
+                }
+                for key in then.objects.keys() {
+                    if !now.objects.contains_key(key) {
+                        return Some(format!("{} {} is gone", kind_name(key.0), key.1));
+                    }
+                }
+                for (key, obj) in &now.objects {
+                    let what = format!("{} {}", kind_name(key.0), key.1);
+                    match then.objects.get(key) {
+                        None => return Some(format!("{what} was added")),
+                        Some(o) if o != obj => return Some(format!("{what} differs: {}", describe_netlink(key.0, obj, o))),
+                        Some(_) => {}
+                    }
+                }
+                None
+            }
             (Self::Canonical(now), Self::Canonical(then)) => (now != then).then(|| {
                 now.lines()
                     .zip(then.lines())
@@ -187,6 +241,28 @@ fn describe(now: &ObjectState, then: &ObjectState) -> String {
             if na != nb { format!("{na} elements, flock applied {nb}") } else { "its elements or declaration changed".into() }
         }
         _ => "its content changed".into(),
+    }
+}
+
+fn describe_netlink(kind: Kind, now: &NetlinkObject, then: &NetlinkObject) -> String {
+    if now.declaration != then.declaration {
+        let a: Vec<_> = crate::nfnetlink::raw_attributes(&now.declaration).collect();
+        let b: Vec<_> = crate::nfnetlink::raw_attributes(&then.declaration).collect();
+        match a.iter().zip(&b).find(|(x, y)| x != y) {
+            Some((x, _)) => format!("its declaration changed (netlink attribute {})", x.0),
+            None => format!("its declaration changed ({} attributes, flock applied {})", a.len(), b.len()),
+        }
+    } else if kind == Kind::Chain {
+        if now.rules.len() != then.rules.len() {
+            format!("{} rules, flock applied {}", now.rules.len(), then.rules.len())
+        } else {
+            let i = now.rules.iter().zip(&then.rules).position(|(x, y)| x != y).unwrap_or(0);
+            format!("rule {} changed", i + 1)
+        }
+    } else if now.elements.len() != then.elements.len() {
+        format!("{} elements, flock applied {}", now.elements.len(), then.elements.len())
+    } else {
+        "its elements changed".into()
     }
 }
 

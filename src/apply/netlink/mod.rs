@@ -18,6 +18,7 @@
 //! elements are ranges, split as nft splits them ([`transaction`]); an element change of an
 //! interval set rewrites the whole set (an incremental transaction).
 
+pub mod dump;
 mod rule;
 pub mod timed;
 pub mod transaction;

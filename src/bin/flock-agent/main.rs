@@ -91,7 +91,8 @@ struct Args {
     #[arg(long, env = "FLOCK_NFT", default_value = "nft")]
     nft: PathBuf,
     /// Write every nftables transaction through the nft binary instead of as nf_tables
-    /// netlink batches (a way back should a kernel refuse the batches; slower).
+    /// netlink batches, and read the table back for the drift check through it too (a way
+    /// back should a kernel refuse the batches; slower).
     #[arg(long, env = "FLOCK_NFT_TRANSACTIONS")]
     nft_transactions: bool,
     /// NFLOG group the kernel logs denied packets to, which the agent reads (structured log
