@@ -508,7 +508,11 @@ fn element_batches_over_netlink_list_as_nft_writes_them() {
 
         // Refused: an element to delete that is not there. The batch's additions are not
         // committed either.
-        let missing = flock::render::Element { key: "\"flk000000000000\" . 198.18.1.250".into(), comment: String::new(), verdict: None };
+        let key = flock::render::Key(vec![
+            flock::render::KeyPart::Ifname("flk000000000000".into()),
+            flock::render::KeyPart::Addr("198.18.1.250".parse().unwrap()),
+        ]);
+        let missing = flock::render::Element { key, comment: String::new(), verdict: None };
         let pod_set = rs2.objects.iter().find_map(|o| match o {
             flock::render::Object::Set(s) if s.name == "pod-addrs-v4" => Some(s),
             _ => None,

@@ -549,10 +549,10 @@ fn element_difference<'a>(
     after: &'a crate::render::Set,
 ) -> (Vec<&'a crate::render::Element>, Vec<&'a crate::render::Element>) {
     use std::collections::BTreeMap;
-    let was: BTreeMap<&str, &crate::render::Element> = before.elements.iter().map(|e| (e.key.as_str(), e)).collect();
-    let now: BTreeMap<&str, &crate::render::Element> = after.elements.iter().map(|e| (e.key.as_str(), e)).collect();
-    let gone = before.elements.iter().filter(|e| now.get(e.key.as_str()) != Some(e)).collect();
-    let new = after.elements.iter().filter(|e| was.get(e.key.as_str()) != Some(e)).collect();
+    let was: BTreeMap<&crate::render::Key, &crate::render::Element> = before.elements.iter().map(|e| (&e.key, e)).collect();
+    let now: BTreeMap<&crate::render::Key, &crate::render::Element> = after.elements.iter().map(|e| (&e.key, e)).collect();
+    let gone = before.elements.iter().filter(|e| now.get(&e.key) != Some(e)).collect();
+    let new = after.elements.iter().filter(|e| was.get(&e.key) != Some(e)).collect();
     (gone, new)
 }
 
@@ -589,7 +589,7 @@ fn write_elements<'a>(out: &mut String, verb: &str, set: &crate::render::Set, el
         if verb == "add" {
             e.write(out);
         } else {
-            out.push_str(&e.key);
+            let _ = write!(out, "{}", e.key);
         }
         n += 1;
         if n % 1000 == 0 {

@@ -301,7 +301,12 @@ fn stale_maps_and_the_chains_they_jump_to_go_together() {
         data: Some("verdict"),
         interval: false,
         timeout: false,
-        elements: vec![Element { key: "\"flk0\"".into(), comment: "e".into(), verdict: Some("jump extra-target".into()) }].into(),
+        elements: vec![Element {
+            key: crate::render::Key::one(crate::render::KeyPart::Ifname("flk0".into())),
+            comment: "e".into(),
+            verdict: Some(crate::render::Verdict::Jump("extra-target".into())),
+        }]
+        .into(),
     }));
     let mut a = Applier::new(FakeNft::new());
     a.apply(&prev).unwrap();

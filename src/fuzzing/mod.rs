@@ -611,8 +611,9 @@ pub fn check_parsed(rs: &Ruleset, parsed: &NftRuleset) -> Result<(), String> {
                     return Err(format!("set {name}: {} elements parsed, {} rendered", p.elements.len(), s.elements.len()));
                 }
                 for e in s.elements.iter() {
-                    let pe = p.elements.get(&e.key).ok_or_else(|| format!("set {name}: element {:?} is missing", e.key))?;
-                    if pe.comment.as_deref() != Some(e.comment.as_str()) || pe.verdict != e.verdict {
+                    let key = e.key.to_string();
+                    let pe = p.elements.get(&key).ok_or_else(|| format!("set {name}: element {key:?} is missing"))?;
+                    if pe.comment.as_deref() != Some(e.comment.as_str()) || pe.verdict != e.verdict.as_ref().map(ToString::to_string) {
                         return Err(format!("set {name}: element {:?} parsed as {pe:?}", e.key));
                     }
                 }

@@ -40,6 +40,7 @@
 //! `egress-allowed`, egress chains, their map, `from-pods`, `forward`).
 
 pub mod digest;
+pub mod element;
 pub mod log;
 pub mod names;
 mod peers;
@@ -54,7 +55,8 @@ use crate::translate::{
     Action, AllowRule, Changed, Direction, DirectionPolicy, DomainDef, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef,
     PeerMatch, PortMatch, PortRanges, PriorityGroup, Tier, TierRule,
 };
-use names::{comment, quoted};
+pub use element::{Element, Key, KeyPart};
+use names::comment;
 use peers::PeerPlan;
 pub use rule::{CtState, Field, IcmpV6, Ports, Proto, Rule, Stmt, Verdict};
 
@@ -124,26 +126,6 @@ pub struct Chain {
     pub comment: String,
     pub hook: Option<Hook>,
     pub rules: Vec<Rule>,
-}
-
-/// An element of a set or map, as nft text.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Element {
-    pub key: String,
-    pub comment: String,
-    /// For verdict maps: `accept`, `jump <chain>`, `goto <chain>`.
-    pub verdict: Option<String>,
-}
-
-impl Element {
-    /// The element as nft writes it inside `elements = { ... }` or `add element`.
-    pub fn write(&self, out: &mut String) {
-        out.push_str(&self.key);
-        let _ = write!(out, " comment \"{}\"", self.comment);
-        if let Some(v) = &self.verdict {
-            let _ = write!(out, " : {v}");
-        }
-    }
 }
 
 /// A named set, or a verdict map when `data` is set.
@@ -631,23 +613,22 @@ impl RenderCache {
             let ingress = rendered(&ep.ingress).then(|| chains_of(&mut r, ep, Direction::Ingress));
             if dispatch.is_none() {
                 let pod = ep.pod.to_string();
-                let iface = quoted(&ep.interface);
+                let iface = KeyPart::Ifname(ep.interface.clone());
                 for ip in &ep.addrs {
                     let slot = usize::from(ip.is_ipv6());
-                    addrs[slot].push(Element { key: format!("{iface} . {ip}"), comment: comment(&pod), verdict: None });
+                    addrs[slot].push(Element { key: Key(vec![iface.clone(), KeyPart::Addr(*ip)]), comment: comment(&pod), verdict: None });
                 }
-                let element = |verdict: String| Element { key: iface.clone(), comment: comment(&pod), verdict: Some(verdict) };
+                let element = |verdict: Verdict| Element { key: Key::one(iface.clone()), comment: comment(&pod), verdict: Some(verdict) };
                 if let Some(entry) = egress.as_ref().and_then(|e| e.entry.as_ref()) {
-                    egress_map.push(element(format!("jump {entry}")));
+                    egress_map.push(element(Verdict::Jump(entry.clone())));
                 }
                 if let Some(entry) = egress.as_ref().and_then(|e| e.audit_entry.as_ref()) {
-                    audit_egress_map.push(element(format!("jump {entry}")));
+                    audit_egress_map.push(element(Verdict::Jump(entry.clone())));
                 }
                 if let Some(entry) = ingress.as_ref().and_then(|e| e.audit_entry.as_ref()) {
-                    audit_ingress_map.push(element(format!("goto {entry}")));
+                    audit_ingress_map.push(element(Verdict::Goto(entry.clone())));
                 }
-                let verdict =
-                    ingress.as_ref().and_then(|e| e.entry.as_ref()).map_or_else(|| "accept".to_string(), |entry| format!("goto {entry}"));
+                let verdict = ingress.as_ref().and_then(|e| e.entry.as_ref()).map_or(Verdict::Accept, |entry| Verdict::Goto(entry.clone()));
                 ingress_map.push(element(verdict));
             }
             let keyed = |r: Rendered| (r.entry.or(r.audit_entry).unwrap_or_default(), r.chains);
@@ -919,7 +900,8 @@ fn domain_sets<'a>(domains: impl Iterator<Item = &'a DomainDef>) -> Vec<Set> {
 /// The pod interfaces whose DNS goes through the proxy, and the trusted resolvers.
 fn dns_sets<'a>(dns: &DnsSteer, selected: &[std::net::IpAddr], interfaces: impl Iterator<Item = &'a str>) -> Vec<Set> {
     let interfaces: BTreeSet<&str> = interfaces.collect();
-    let proxied: Vec<Element> = interfaces.into_iter().map(|i| element_of(quoted(i), "egress by domain name")).collect();
+    let proxied: Vec<Element> =
+        interfaces.into_iter().map(|i| element_of(Key::one(KeyPart::Ifname(i.to_string())), "egress by domain name")).collect();
     let mut out = vec![Set {
         name: DNS_PROXIED.into(),
         comment: "pod interfaces with domain rules: their DNS to trusted resolvers goes through the DNS proxy".into(),
@@ -962,7 +944,7 @@ fn interval_elements(nets: &BTreeSet<ipnet::IpNet>, what: &str) -> Vec<Element> 
         }
     }
     kept.sort();
-    kept.iter().map(|n| element_of(host_or_net(n), what)).collect()
+    kept.iter().map(|n| element_of(Key::one(KeyPart::Net(*n)), what)).collect()
 }
 
 /// The DNS steering base chains (see [`DnsSteer`]), after `from-pods` and `to-pods`, which
@@ -1120,7 +1102,7 @@ fn spoofed(fam: Family) -> Stmt {
 }
 
 fn sorted(mut v: Vec<Element>) -> Vec<Element> {
-    v.sort();
+    element::sort_as_written(&mut v);
     v.dedup_by(|a, b| a.key == b.key);
     v
 }
@@ -1583,8 +1565,8 @@ impl Renderer<'_> {
     fn new_peer_set(np: &NodePolicy, def: &PeerDef, fam: Family) -> Option<Set> {
         let addrs = np.peer_sets.get(def)?;
         let elements: Vec<Element> = match fam {
-            Family::V4 => addrs.v4.iter().map(|(n, c)| element_of(host_or_net(&(*n).into()), c)).collect(),
-            Family::V6 => addrs.v6.iter().map(|(n, c)| element_of(host_or_net(&(*n).into()), c)).collect(),
+            Family::V4 => addrs.v4.iter().map(|(n, c)| element_of(Key::one(KeyPart::Net((*n).into())), c)).collect(),
+            Family::V6 => addrs.v6.iter().map(|(n, c)| element_of(Key::one(KeyPart::Net((*n).into())), c)).collect(),
         };
         if elements.is_empty() {
             return None;
@@ -1613,8 +1595,8 @@ impl Renderer<'_> {
     fn new_port_set(np: &NodePolicy, def: &NamedPortDef, fam: Family) -> Option<Set> {
         let set = np.port_sets.get(def)?;
         let elements: Vec<Element> = match fam {
-            Family::V4 => set.v4.iter().map(|((a, p, n), c)| element_of(format!("{a} . {} . {n}", p.as_nft()), c)).collect(),
-            Family::V6 => set.v6.iter().map(|((a, p, n), c)| element_of(format!("{a} . {} . {n}", p.as_nft()), c)).collect(),
+            Family::V4 => set.v4.iter().map(|((a, p, n), c)| element_of(port_key((*a).into(), *p, *n), c)).collect(),
+            Family::V6 => set.v6.iter().map(|((a, p, n), c)| element_of(port_key((*a).into(), *p, *n), c)).collect(),
         };
         if elements.is_empty() {
             return None;
@@ -1633,13 +1615,13 @@ impl Renderer<'_> {
     }
 }
 
-fn element_of(key: String, c: &str) -> Element {
+fn element_of(key: Key, c: &str) -> Element {
     Element { key, comment: comment(c), verdict: None }
 }
 
-/// A host prefix prints as its address (as nft lists it); others as CIDR.
-fn host_or_net(n: &ipnet::IpNet) -> String {
-    if n.prefix_len() == n.max_prefix_len() { n.addr().to_string() } else { n.to_string() }
+/// A named port's element: the pod's address, the protocol and the port number.
+fn port_key(addr: std::net::IpAddr, p: crate::model::Protocol, port: u16) -> Key {
+    Key(vec![KeyPart::Addr(addr), KeyPart::Proto(p.into()), KeyPart::Ports(port, port)])
 }
 
 /// `tcp dport 80`, `tcp dport { 80, 8000-9000 }`, `meta l4proto udp`, or nothing.

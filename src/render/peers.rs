@@ -23,15 +23,13 @@
 //! packet still says which rule allowed it.
 
 use std::collections::{BTreeMap, BTreeSet};
-#[cfg(test)]
-use std::net::IpAddr;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::names::{self, comment, quoted};
+use super::names::{self, comment};
 use super::rule::{Field, Rule, Stmt, Verdict};
-use super::{Chain, Element, Set};
+use super::{Chain, Element, Key, KeyPart, Set};
 use crate::model::{Family, Protocol};
 use crate::translate::{
     AllowRule, Changed, Direction, EndpointPolicy, NamedPortDef, NodePolicy, PeerDef, PeerMatch, PortMatch, PortRanges,
@@ -185,7 +183,7 @@ impl PeerPlan {
                 let pod = ep.pod.to_string();
                 if let Some(origins) = &allowed.all {
                     all.push(Element {
-                        key: quoted(&ep.interface),
+                        key: Key::one(KeyPart::Ifname(ep.interface.clone())),
                         comment: comment(&format!("{pod}: {}", origins.join(", "))),
                         verdict: None,
                     });
@@ -194,7 +192,7 @@ impl PeerPlan {
                 for (p, union) in &allowed.ports {
                     for (range, origins) in union.ranges() {
                         ports.push(Element {
-                            key: format!("{} . {} . {}", quoted(&ep.interface), p.as_nft(), range),
+                            key: Key(vec![KeyPart::Ifname(ep.interface.clone()), KeyPart::Proto((*p).into()), range]),
                             comment: comment(&format!("{pod}: {}", origins.join(", "))),
                             verdict: None,
                         });
@@ -219,7 +217,7 @@ impl PeerPlan {
                 let set_name = format!("{name}/{suffix}");
                 rules.push(Rule::new(vec![Stmt::Lookup { fields: matcher, neg: false, set: set_name.clone() }], Some(allow.clone())));
                 let mut elements = elements;
-                elements.sort();
+                super::element::sort_as_written(&mut elements);
                 plan.sets.push(Set {
                     name: set_name,
                     comment: set_comment,
@@ -242,17 +240,21 @@ impl PeerPlan {
                 let mut served: BTreeSet<usize> = BTreeSet::new();
                 for run in &list {
                     let Some(Some(chain)) = class_chain.get(&run.members) else { continue };
-                    let verdict = Some(format!("jump {chain}"));
+                    let verdict = Some(Verdict::Jump(chain.clone()));
                     if interval {
                         for net in prefixes(run.start, run.end, fam) {
                             elements.push(Element {
-                                key: super::host_or_net(&net),
+                                key: Key::one(KeyPart::Net(net)),
                                 comment: comment(run.comment),
                                 verdict: verdict.clone(),
                             });
                         }
                     } else {
-                        elements.push(Element { key: address(run.start, fam), comment: comment(run.comment), verdict });
+                        elements.push(Element {
+                            key: Key::one(KeyPart::Addr(address(run.start, fam))),
+                            comment: comment(run.comment),
+                            verdict,
+                        });
                     }
                     for m in &run.members {
                         let rules = match m {
@@ -300,14 +302,14 @@ impl PeerPlan {
                 let pod = ep.pod.to_string();
                 for (range, origins) in union.ranges() {
                     elements.push(Element {
-                        key: format!("{} . {} . {}", quoted(&ep.interface), p.as_nft(), range),
+                        key: Key(vec![KeyPart::Ifname(ep.interface.clone()), KeyPart::Proto((*p).into()), range]),
                         comment: comment(&format!("{pod}: {}", origins.join(", "))),
                         verdict: None,
                     });
                 }
                 plan.endpoints.entry(ep.interface.clone()).or_default().any_peer_ports = true;
             }
-            elements.sort();
+            super::element::sort_as_written(&mut elements);
             plan.sets.push(Set {
                 name: any_peer_name(dir),
                 comment: format!("pod, protocol and ports whose {dir} NetworkPolicy allows any peer"),
@@ -390,10 +392,10 @@ fn map_name(dir: Direction, fam: Family, interval: bool) -> String {
     format!("{}-peer-{}-{}", dir.as_field(), if interval { "nets" } else { "addrs" }, fam.tag())
 }
 
-fn address(a: u128, fam: Family) -> String {
+fn address(a: u128, fam: Family) -> IpAddr {
     match fam {
-        Family::V4 => Ipv4Addr::from(u32::try_from(a).unwrap_or(u32::MAX)).to_string(),
-        Family::V6 => Ipv6Addr::from(a).to_string(),
+        Family::V4 => Ipv4Addr::from(u32::try_from(a).unwrap_or(u32::MAX)).into(),
+        Family::V6 => Ipv6Addr::from(a).into(),
     }
 }
 
@@ -471,7 +473,7 @@ impl<'a> PortUnion<'a> {
 
     /// Disjoint ranges (`80`, `80-90`) covering the union, each with the origins of the rules
     /// whose ranges overlap it (nft rejects overlapping elements in a concatenated set).
-    fn ranges(&self) -> Vec<(String, Vec<String>)> {
+    fn ranges(&self) -> Vec<(KeyPart, Vec<String>)> {
         let mut parts = self.parts.clone();
         parts.sort_by_key(|(s, e, _)| (*s, *e));
         let mut merged: Vec<(u16, u16, Vec<String>)> = Vec::new();
@@ -489,7 +491,7 @@ impl<'a> PortUnion<'a> {
                 _ => merged.push((s, e, origins.collect())),
             }
         }
-        merged.into_iter().map(|(s, e, o)| (if s == e { s.to_string() } else { format!("{s}-{e}") }, o)).collect()
+        merged.into_iter().map(|(s, e, o)| (KeyPart::Ports(s, e), o)).collect()
     }
 }
 

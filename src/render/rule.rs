@@ -62,6 +62,15 @@ impl Proto {
             Self::Sctp => "sctp",
         }
     }
+
+    /// The IANA protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Self::Tcp => 6,
+            Self::Udp => 17,
+            Self::Sctp => 132,
+        }
+    }
 }
 
 impl From<crate::model::Protocol> for Proto {

@@ -24,6 +24,7 @@ pub mod timed;
 pub mod transaction;
 
 use std::io;
+use std::net::IpAddr;
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
@@ -31,7 +32,7 @@ use crate::nfnetlink::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, attr, attributes, message, messages, nested, nul_terminated,
 };
 use crate::render::names::TABLE;
-use crate::render::{Element, Set};
+use crate::render::{Element, Key, KeyPart, Set};
 
 /// The elements of one set to delete and to add (deletions go first).
 #[derive(Debug, Clone)]
@@ -83,7 +84,6 @@ const NFTA_VERDICT_CODE: u16 = 1;
 const NFTA_VERDICT_CHAIN: u16 = 2;
 const NF_DROP: i32 = 0;
 const NF_ACCEPT: i32 = 1;
-const NFT_CONTINUE: i32 = -1;
 const NFT_JUMP: i32 = -3;
 const NFT_GOTO: i32 = -4;
 const NFT_RETURN: i32 = -5;
@@ -100,13 +100,13 @@ pub const MAX_BATCH_BYTES: usize = 256 * 1024 * 1024;
 
 /// One element's encoded attributes (an `NFTA_LIST_ELEM`).
 fn encode_element(set: &Set, e: &Element, with_data: bool) -> Result<Vec<u8>, NetlinkError> {
-    let err = |why: String| NetlinkError::Encode { set: set.name.clone(), key: e.key.clone(), why };
+    let err = |why: String| NetlinkError::Encode { set: set.name.clone(), key: e.key.to_string(), why };
     let mut out = Vec::new();
     let key = encode_key(&set.key, &e.key).map_err(err)?;
     nested(&mut out, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &key));
     if with_data && set.data.is_some() {
         let Some(verdict) = &e.verdict else { return Err(err("a verdict map's element without a verdict".into())) };
-        let data = verdict_data(verdict).map_err(err)?;
+        let data = verdict_data(verdict);
         nested(&mut out, NFTA_SET_ELEM_DATA, |b| b.extend_from_slice(&data));
     }
     if with_data && !e.comment.is_empty() {
@@ -115,98 +115,63 @@ fn encode_element(set: &Set, e: &Element, with_data: bool) -> Result<Vec<u8>, Ne
     Ok(out)
 }
 
-/// The key's bytes for a set of `types` (concatenated when more than one).
-pub fn encode_key(types: &[&str], key: &str) -> Result<Vec<u8>, String> {
-    let parts = split_key(key)?;
-    if parts.len() != types.len() {
-        return Err(format!("{} parts for a key of type {}", parts.len(), types.join(" . ")));
+/// The key's bytes for an exact set of `types` (concatenated when more than one): every part
+/// one value, not a range.
+pub fn encode_key(types: &[&str], key: &Key) -> Result<Vec<u8>, String> {
+    let (start, end) = key_range(types, key)?;
+    if start != end {
+        return Err(format!("{key} is a range, in a set of single values"));
+    }
+    Ok(start)
+}
+
+/// The first and last key bytes `key` covers in a set of `types`: the same for single
+/// values; a prefix covers its network to its broadcast address, a port range its ends.
+/// Each part must be of the type at its position; in a concatenation every part fills
+/// whole 32-bit registers.
+pub fn key_range(types: &[&str], key: &Key) -> Result<(Vec<u8>, Vec<u8>), String> {
+    if key.0.len() != types.len() {
+        return Err(format!("{} parts for a key of type {}", key.0.len(), types.join(" . ")));
     }
     let concat = types.len() > 1;
-    let mut out = Vec::new();
-    for (ty, part) in types.iter().zip(parts) {
-        let bytes = match *ty {
-            "ifname" => {
-                let name = part
-                    .strip_prefix('"')
-                    .and_then(|p| p.strip_suffix('"'))
-                    .ok_or_else(|| format!("interface name {part} is not quoted"))?;
-                if name.len() >= IFNAMSIZ || name.contains('\0') || name.contains('*') {
+    let (mut start, mut end) = (Vec::new(), Vec::new());
+    let octets = |ip: IpAddr| match ip {
+        IpAddr::V4(v) => v.octets().to_vec(),
+        IpAddr::V6(v) => v.octets().to_vec(),
+    };
+    for (ty, part) in types.iter().zip(&key.0) {
+        let (a, b) = match (*ty, part) {
+            ("ifname", KeyPart::Ifname(name)) => {
+                // The printed name must be the name itself, so that text and batch agree.
+                if name.len() >= IFNAMSIZ || name.contains(['\0', '*']) || crate::render::names::comment(name) != *name {
                     return Err(format!("{part} is not an interface name"));
                 }
                 let mut b = name.as_bytes().to_vec();
                 b.resize(IFNAMSIZ, 0);
-                b
+                (b.clone(), b)
             }
-            "ipv4_addr" => part.parse::<std::net::Ipv4Addr>().map_err(|e| format!("{part}: {e}"))?.octets().to_vec(),
-            "ipv6_addr" => part.parse::<std::net::Ipv6Addr>().map_err(|e| format!("{part}: {e}"))?.octets().to_vec(),
-            "inet_proto" => vec![protocol_number(part)?],
-            "inet_service" => part.parse::<u16>().map_err(|_| format!("{part} is not a port"))?.to_be_bytes().to_vec(),
-            other => return Err(format!("key type {other}")),
+            ("ipv4_addr", KeyPart::Addr(a @ IpAddr::V4(_))) | ("ipv6_addr", KeyPart::Addr(a @ IpAddr::V6(_))) => (octets(*a), octets(*a)),
+            ("ipv4_addr", KeyPart::Net(n @ ipnet::IpNet::V4(_))) | ("ipv6_addr", KeyPart::Net(n @ ipnet::IpNet::V6(_))) => {
+                (octets(n.network()), octets(n.broadcast()))
+            }
+            ("inet_proto", KeyPart::Proto(p)) => (vec![p.number()], vec![p.number()]),
+            ("inet_service", KeyPart::Ports(lo, hi)) if lo <= hi => (lo.to_be_bytes().to_vec(), hi.to_be_bytes().to_vec()),
+            ("inet_service", KeyPart::Ports(..)) => return Err(format!("{part}: an empty range")),
+            (ty, part) => return Err(format!("{part} in a key part of type {ty}")),
         };
-        out.extend_from_slice(&bytes);
+        start.extend_from_slice(&a);
+        end.extend_from_slice(&b);
         if concat {
-            // Every part of a concatenation fills whole 32-bit registers.
-            out.resize(out.len().next_multiple_of(4), 0);
+            start.resize(start.len().next_multiple_of(4), 0);
+            end.resize(end.len().next_multiple_of(4), 0);
         }
     }
-    Ok(out)
-}
-
-/// The parts of a key as flock writes it: ` . `-separated, interface names quoted.
-fn split_key(key: &str) -> Result<Vec<&str>, String> {
-    let mut parts = Vec::new();
-    let mut rest = key;
-    loop {
-        let end = if let Some(quoted) = rest.strip_prefix('"') {
-            quoted.find('"').map(|i| i + 2).ok_or_else(|| format!("unterminated quote in {key}"))?
-        } else {
-            rest.find(" . ").unwrap_or(rest.len())
-        };
-        parts.push(&rest[..end]);
-        rest = &rest[end..];
-        if rest.is_empty() {
-            return Ok(parts);
-        }
-        rest = rest.strip_prefix(" . ").ok_or_else(|| format!("unexpected {rest:?} in {key}"))?;
-    }
-}
-
-fn protocol_number(name: &str) -> Result<u8, String> {
-    Ok(match name {
-        "tcp" => 6,
-        "udp" => 17,
-        "sctp" => 132,
-        "icmp" => 1,
-        "ipv6-icmp" | "icmpv6" => 58,
-        n => n.parse().map_err(|_| format!("protocol {n}"))?,
-    })
-}
-
-/// A verdict as flock writes it: its code and chain.
-fn parse_verdict(v: &str) -> Result<(i32, Option<&str>), String> {
-    Ok(match v.split_once(' ') {
-        None => match v {
-            "accept" => (NF_ACCEPT, None),
-            "drop" => (NF_DROP, None),
-            "return" => (NFT_RETURN, None),
-            "continue" => (NFT_CONTINUE, None),
-            other => return Err(format!("verdict {other}")),
-        },
-        Some(("jump", chain)) => (NFT_JUMP, Some(chain)),
-        Some(("goto", chain)) => (NFT_GOTO, Some(chain)),
-        Some(_) => return Err(format!("verdict {v}")),
-    })
+    Ok((start, end))
 }
 
 /// A verdict as nf_tables data: `NFTA_DATA_VERDICT` holding its code and, for `jump` and
 /// `goto`, the chain.
-fn verdict_data(v: &str) -> Result<Vec<u8>, String> {
-    let (code, chain) = parse_verdict(v)?;
-    Ok(encode_verdict(code, chain))
-}
-
-/// A rule's verdict as nf_tables data (see [`verdict_data`]).
-pub(crate) fn typed_verdict_data(v: &crate::render::rule::Verdict) -> Vec<u8> {
+pub(crate) fn verdict_data(v: &crate::render::rule::Verdict) -> Vec<u8> {
     use crate::render::rule::Verdict;
     match v {
         Verdict::Accept => encode_verdict(NF_ACCEPT, None),
@@ -489,36 +454,72 @@ pub fn write(changes: &[ElementChange<'_>]) -> Result<(), NetlinkError> {
 mod tests {
     use super::*;
 
+    fn key(parts: &[KeyPart]) -> Key {
+        Key(parts.to_vec())
+    }
+
     #[test]
     fn keys_are_encoded_as_nft_encodes_them() {
-        assert_eq!(encode_key(&["ipv4_addr"], "198.18.0.1").unwrap(), [198, 18, 0, 1]);
-        assert_eq!(encode_key(&["inet_service"], "443").unwrap(), [1, 187]);
-        assert_eq!(encode_key(&["inet_proto"], "udp").unwrap(), [17]);
+        use crate::render::Proto;
+        let addr = |a: &str| KeyPart::Addr(a.parse().unwrap());
+        assert_eq!(encode_key(&["ipv4_addr"], &key(&[addr("198.18.0.1")])).unwrap(), [198, 18, 0, 1]);
+        assert_eq!(encode_key(&["inet_service"], &key(&[KeyPart::Ports(443, 443)])).unwrap(), [1, 187]);
+        assert_eq!(encode_key(&["inet_proto"], &key(&[KeyPart::Proto(Proto::Udp)])).unwrap(), [17]);
         let mut ifname = b"flk0a".to_vec();
         ifname.resize(16, 0);
-        assert_eq!(encode_key(&["ifname"], "\"flk0a\"").unwrap(), ifname);
+        let flk0a = KeyPart::Ifname("flk0a".into());
+        assert_eq!(encode_key(&["ifname"], &key(std::slice::from_ref(&flk0a))).unwrap(), ifname);
         // A concatenation: every part padded to 4 bytes.
-        let k = encode_key(&["ifname", "inet_proto", "inet_service"], "\"flk0a\" . tcp . 8080").unwrap();
+        let k = encode_key(
+            &["ifname", "inet_proto", "inet_service"],
+            &key(&[flk0a.clone(), KeyPart::Proto(Proto::Tcp), KeyPart::Ports(8080, 8080)]),
+        )
+        .unwrap();
         assert_eq!(k.len(), 16 + 4 + 4);
         assert_eq!(&k[16..], [6, 0, 0, 0, 0x1f, 0x90, 0, 0]);
-        let k = encode_key(&["ipv6_addr", "inet_proto", "inet_service"], "2001:db8::1 . sctp . 5").unwrap();
+        let k = encode_key(
+            &["ipv6_addr", "inet_proto", "inet_service"],
+            &key(&[addr("2001:db8::1"), KeyPart::Proto(Proto::Sctp), KeyPart::Ports(5, 5)]),
+        )
+        .unwrap();
         assert_eq!(k.len(), 24);
         for bad in [
-            (&["ifname"][..], "flk0a"),
-            (&["ifname"], "\"a-name-much-too-long\""),
-            (&["ipv4_addr"], "2001:db8::1"),
-            (&["inet_service"], "1-2"),
+            (&["ifname"][..], key(&[addr("198.18.0.1")])),
+            (&["ifname"], key(&[KeyPart::Ifname("a-name-much-too-long".into())])),
+            (&["ifname"], key(&[KeyPart::Ifname("flk\"0".into())])),
+            (&["ipv4_addr"], key(&[addr("2001:db8::1")])),
+            (&["inet_service"], key(&[KeyPart::Ports(1, 2)])),
+            (&["ipv4_addr", "inet_service"], key(&[addr("198.18.0.1")])),
         ] {
-            assert!(encode_key(bad.0, bad.1).is_err(), "{bad:?}");
+            assert!(encode_key(bad.0, &bad.1).is_err(), "{bad:?}");
         }
-        assert!(encode_key(&["ipv4_addr", "inet_service"], "198.18.0.1").is_err());
+    }
+
+    #[test]
+    fn ranges_and_their_ends() {
+        use crate::render::Proto;
+        let (a, b) = key_range(&["ipv4_addr"], &key(&[KeyPart::Net("198.18.0.0/23".parse().unwrap())])).unwrap();
+        assert_eq!((a, b), (vec![198, 18, 0, 0], vec![198, 18, 1, 255]));
+        let k = key(&[KeyPart::Ifname("flk0a".into()), KeyPart::Proto(Proto::Tcp), KeyPart::Ports(8000, 8099)]);
+        let (a, b) = key_range(&["ifname", "inet_proto", "inet_service"], &k).unwrap();
+        assert_eq!(a.len(), 24);
+        assert_eq!(&a[16..], [6, 0, 0, 0, 0x1f, 0x40, 0, 0]);
+        assert_eq!(&b[20..22], [0x1f, 0xa3]);
+        assert!(key_range(&["ipv4_addr"], &key(&[KeyPart::Net("2001:db8::/32".parse().unwrap())])).is_err());
+        assert!(key_range(&["inet_service"], &key(&[KeyPart::Ports(90, 80)])).is_err());
     }
 
     #[test]
     fn verdicts() {
-        assert_eq!(parse_verdict("accept").unwrap(), (NF_ACCEPT, None));
-        assert_eq!(parse_verdict("goto ingress-X-ns/pod").unwrap(), (NFT_GOTO, Some("ingress-X-ns/pod")));
-        assert_eq!(parse_verdict("jump c").unwrap(), (NFT_JUMP, Some("c")));
-        assert!(parse_verdict("queue").is_err());
+        use crate::render::Verdict;
+        let code = |v: &Verdict| {
+            let data = verdict_data(v);
+            let inner = crate::nfnetlink::attributes(&data).next().unwrap().1;
+            let code = crate::nfnetlink::attributes(inner).find(|(t, _)| *t == NFTA_VERDICT_CODE).unwrap().1;
+            i32::from_be_bytes(code.try_into().unwrap())
+        };
+        assert_eq!(code(&Verdict::Accept), NF_ACCEPT);
+        assert_eq!(code(&Verdict::Goto("ingress-X-ns/pod".into())), NFT_GOTO);
+        assert_eq!(code(&Verdict::Jump("c".into())), NFT_JUMP);
     }
 }

@@ -17,11 +17,13 @@
 
 use std::collections::HashMap;
 
-use super::{NFTA_DATA_VALUE, attr, nested, nul_terminated, protocol_number, typed_verdict_data};
+use super::{NFTA_DATA_VALUE, attr, nested, nul_terminated, verdict_data};
 use crate::model::Family;
 use crate::render::Set;
 use crate::render::rule::{CtState, Field as RuleField, Ports, Proto, Rule, Stmt};
 
+/// ICMPv6's protocol number.
+const IPPROTO_ICMPV6: u8 = 58;
 const NFTA_EXPR_NAME: u16 = 1;
 const NFTA_EXPR_DATA: u16 = 2;
 const NFTA_META_DREG: u16 = 1;
@@ -271,11 +273,11 @@ pub fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32)
             Stmt::SetMarkBit { ct, bit } => out.exprs.extend(mark_or(*ct, *bit)),
             Stmt::L4Proto(p) => {
                 out.exprs.push(load(L4PROTO, NFT_REG_1));
-                out.exprs.push(cmp(NFT_CMP_EQ, &[protocol_number(p.keyword())?]));
+                out.exprs.push(cmp(NFT_CMP_EQ, &[p.number()]));
             }
             Stmt::Dport(p, ports) => {
                 out.exprs.push(load(L4PROTO, NFT_REG_1));
-                out.exprs.push(cmp(NFT_CMP_EQ, &[protocol_number(p.keyword())?]));
+                out.exprs.push(cmp(NFT_CMP_EQ, &[p.number()]));
                 out.exprs.push(load(DPORT, NFT_REG_1));
                 match ports {
                     Ports::One(n) => out.exprs.push(cmp(NFT_CMP_EQ, &n.to_be_bytes())),
@@ -313,7 +315,7 @@ pub fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32)
                 out.exprs.push(load(Load::Meta { key: NFT_META_NFPROTO, len: 1 }, NFT_REG_1));
                 out.exprs.push(cmp(NFT_CMP_EQ, &[NFPROTO_IPV6]));
                 out.exprs.push(load(L4PROTO, NFT_REG_1));
-                out.exprs.push(cmp(NFT_CMP_EQ, &[protocol_number("icmpv6")?]));
+                out.exprs.push(cmp(NFT_CMP_EQ, &[IPPROTO_ICMPV6]));
                 out.exprs.push(load(Load::Payload { base: NFT_PAYLOAD_TRANSPORT_HEADER, offset: 0, len: 1, family: None }, NFT_REG_1));
                 out.exprs.push(cmp(NFT_CMP_EQ, &[t.number()]));
             }
@@ -374,7 +376,7 @@ pub fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32)
         }
     }
     if let Some(v) = &rule.verdict {
-        let data = typed_verdict_data(v);
+        let data = verdict_data(v);
         out.exprs.push(expr("immediate", |b| {
             u32_attr(b, NFTA_IMMEDIATE_DREG, NFT_REG_VERDICT);
             nested(b, NFTA_IMMEDIATE_DATA, |d| d.extend_from_slice(&data));

@@ -767,14 +767,14 @@ struct PodChains {
 
 fn pod_chains(rs: &Ruleset, iface: &str, route: Route) -> PodChains {
     let mut out = PodChains::default();
-    let key = render::names::quoted(iface);
+    let key = render::Key::one(render::KeyPart::Ifname(iface.to_string()));
     let map = if route == Route::Forward { render::INGRESS_MAP } else { render::EGRESS_MAP };
     let entry = rs.objects.iter().find_map(|o| match o {
         Object::Set(m) if m.name == map => m.elements.iter().find(|e| e.key == key).and_then(|e| e.verdict.clone()),
         _ => None,
     });
     let skeleton = [render::BASE_CHAIN, render::FROM_PODS, render::TO_PODS, render::EGRESS_ALLOWED, render::INPUT_CHAIN, render::TO_NODE];
-    let mut todo: Vec<String> = entry.iter().filter_map(|v| target(v)).collect();
+    let mut todo: Vec<String> = entry.iter().filter_map(target).collect();
     while let Some(name) = todo.pop() {
         if skeleton.contains(&name.as_str()) || !out.chains.insert(name.clone()) {
             continue;
@@ -782,15 +782,13 @@ fn pod_chains(rs: &Ruleset, iface: &str, route: Route) -> PodChains {
         let Some(Object::Chain(c)) = rs.object(&name) else { continue };
         out.rules += c.rules.len();
         for rule in &c.rules {
-            if let Some(render::Verdict::Jump(chain) | render::Verdict::Goto(chain)) = &rule.verdict {
-                todo.push(chain.clone());
-            }
+            todo.extend(rule.verdict.as_ref().and_then(target));
             for set in rule.sets() {
                 if out.sets.insert(set.to_string())
                     && let Some(Object::Set(s)) = rs.object(set)
                 {
                     out.elements += s.elements.len();
-                    todo.extend(s.elements.iter().filter_map(|e| e.verdict.as_deref().and_then(target)));
+                    todo.extend(s.elements.iter().filter_map(|e| e.verdict.as_ref().and_then(target)));
                 }
             }
         }
@@ -799,9 +797,11 @@ fn pod_chains(rs: &Ruleset, iface: &str, route: Route) -> PodChains {
 }
 
 /// The chain of a `jump`/`goto` verdict.
-fn target(verdict: &str) -> Option<String> {
-    let (kind, chain) = verdict.split_once(' ')?;
-    matches!(kind, "jump" | "goto").then(|| chain.trim().to_string())
+fn target(verdict: &render::Verdict) -> Option<String> {
+    match verdict {
+        render::Verdict::Jump(chain) | render::Verdict::Goto(chain) => Some(chain.clone()),
+        _ => None,
+    }
 }
 
 // ---------------------------------------------------------------------------------------

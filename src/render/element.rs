@@ -1,0 +1,120 @@
+//! Elements of flock's sets and verdict maps, typed: each key part is an interface name, an
+//! address or prefix, a protocol or a port range, and a map's data is a [`Verdict`]. The
+//! printer ([`Element::write`]) writes them as nft text; the netlink encoder
+//! (`crate::apply::netlink`) turns the same values into key bytes, without reading text.
+
+use std::fmt::{self, Write as _};
+use std::net::IpAddr;
+
+use super::names::quoted;
+use super::rule::{Proto, Verdict};
+
+/// One part of an element's key, of the set's key type at its position.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KeyPart {
+    /// A pod's host interface (`ifname`), written quoted.
+    Ifname(String),
+    /// An address (`ipv4_addr`, `ipv6_addr`).
+    Addr(IpAddr),
+    /// A prefix of an interval set; a host prefix is written as its address, as nft lists it.
+    Net(ipnet::IpNet),
+    /// A transport protocol (`inet_proto`).
+    Proto(Proto),
+    /// A port, or in an interval set an inclusive range of them (`inet_service`).
+    Ports(u16, u16),
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ifname(name) => f.write_str(&quoted(name)),
+            Self::Addr(a) => write!(f, "{a}"),
+            Self::Net(n) if n.prefix_len() == n.max_prefix_len() => write!(f, "{}", n.addr()),
+            Self::Net(n) => write!(f, "{n}"),
+            Self::Proto(p) => f.write_str(p.keyword()),
+            Self::Ports(a, b) if a == b => write!(f, "{a}"),
+            Self::Ports(a, b) => write!(f, "{a}-{b}"),
+        }
+    }
+}
+
+/// An element's key: its parts, concatenated (` . `) when the set's key has more than one.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key(pub Vec<KeyPart>);
+
+impl Key {
+    pub fn one(part: KeyPart) -> Self {
+        Self(vec![part])
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, part) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" . ")?;
+            }
+            write!(f, "{part}")?;
+        }
+        Ok(())
+    }
+}
+
+/// An element of a set or map.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Element {
+    pub key: Key,
+    pub comment: String,
+    /// For verdict maps: `accept`, `jump <chain>`, `goto <chain>`.
+    pub verdict: Option<Verdict>,
+}
+
+impl Element {
+    /// The element as nft writes it inside `elements = { ... }` or `add element`.
+    pub fn write(&self, out: &mut String) {
+        let _ = write!(out, "{} comment \"{}\"", self.key, self.comment);
+        if let Some(v) = &self.verdict {
+            let _ = write!(out, " : {v}");
+        }
+    }
+}
+
+/// Sorts `v` in the order of its elements' text — key, comment, verdict: the order flock has
+/// always written exact sets in, which the goldens keep.
+pub fn sort_as_written(v: &mut Vec<Element>) {
+    let mut keyed: Vec<(String, Element)> = v.drain(..).map(|e| (e.key.to_string(), e)).collect();
+    keyed
+        .sort_by(|(ka, a), (kb, b)| ka.cmp(kb).then_with(|| a.comment.cmp(&b.comment)).then_with(|| verdict_text(a).cmp(&verdict_text(b))));
+    v.extend(keyed.into_iter().map(|(_, e)| e));
+}
+
+fn verdict_text(e: &Element) -> Option<String> {
+    e.verdict.as_ref().map(ToString::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_written_as_nft_lists_them() {
+        let k = Key(vec![KeyPart::Ifname("flk0a".into()), KeyPart::Proto(Proto::Tcp), KeyPart::Ports(8000, 8099)]);
+        assert_eq!(k.to_string(), "\"flk0a\" . tcp . 8000-8099");
+        assert_eq!(KeyPart::Ports(80, 80).to_string(), "80");
+        assert_eq!(KeyPart::Net("198.18.1.7/32".parse().unwrap()).to_string(), "198.18.1.7");
+        assert_eq!(KeyPart::Net("2001:db8::/32".parse().unwrap()).to_string(), "2001:db8::/32");
+        let mut out = String::new();
+        Element { key: Key::one(KeyPart::Ifname("flk1".into())), comment: "x/a".into(), verdict: Some(Verdict::Goto("c".into())) }
+            .write(&mut out);
+        assert_eq!(out, "\"flk1\" comment \"x/a\" : goto c");
+    }
+
+    #[test]
+    fn sorting_follows_the_text() {
+        let e = |a: &str, c: &str| Element { key: Key::one(KeyPart::Addr(a.parse().unwrap())), comment: c.into(), verdict: None };
+        let mut v = vec![e("198.18.1.10", "b"), e("198.18.1.9", "a"), e("198.18.1.10", "a")];
+        sort_as_written(&mut v);
+        // As text, "198.18.1.10" < "198.18.1.9".
+        assert_eq!(v, vec![e("198.18.1.10", "a"), e("198.18.1.10", "b"), e("198.18.1.9", "a")]);
+    }
+}
