@@ -36,7 +36,7 @@ struct Timed {
 }
 
 impl Learner for Timed {
-    async fn learn(&self, client: IpAddr, resolver: SocketAddr, learned: &Learned) -> Result<(), String> {
+    async fn learn(&self, client: IpAddr, resolver: SocketAddr, learned: &Learned) -> Result<(), flock::apply::netlink::NetlinkError> {
         let start = Instant::now();
         let r = self.inner.learn(client, resolver, learned).await;
         self.held.lock().unwrap().push(start.elapsed());

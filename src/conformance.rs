@@ -315,7 +315,7 @@ struct RawProbe {
 /// A DNS name as a case writes one, checked as policies' names are (`crate::dns::name`) but
 /// never a `*.` pattern: lowercase, without the trailing dot.
 fn dns_name(name: &str) -> Result<String, String> {
-    let p = crate::dns::DomainPattern::parse(name)?;
+    let p = crate::dns::DomainPattern::parse(name).map_err(|e| e.to_string())?;
     if p.is_wildcard() {
         return Err("one name, not a pattern".into());
     }

@@ -17,12 +17,15 @@
 //! Around the pipeline: [`source`] (the static and the Kubernetes informer sources),
 //! [`agent`] (the node agent core: endpoint registry, CNI socket, sync loop), [`daemon`]
 //! (flock-agent wired), [`report`] (a policy's problems reported once for the cluster),
-//! [`controller`] (flock-controller) and [`process`] (what both daemons share). flockctl's simulated cluster, synthetic clusters and conformance runner are
-//! modules of this crate too, hidden from its documentation: they are the tool's, not a
+//! [`controller`] (flock-controller) and [`process`] (what both daemons share). flockctl's
+//! simulated cluster, synthetic clusters and conformance runner are modules of this crate
+//! only with the `tool` feature (on by default, which flockctl requires; the agent and the
+//! controller build without it), hidden from its documentation: they are the tool's, not a
 //! library API.
 
 pub mod agent;
 pub mod apply;
+#[cfg(feature = "tool")]
 #[doc(hidden)]
 pub mod conformance;
 pub mod conntrack;
@@ -47,9 +50,11 @@ pub mod reference;
 pub mod render;
 pub mod report;
 pub mod revoke;
+#[cfg(feature = "tool")]
 #[doc(hidden)]
 pub mod sim;
 pub mod source;
+#[cfg(feature = "tool")]
 #[doc(hidden)]
 pub mod synth;
 #[cfg(any(test, feature = "testkit"))]

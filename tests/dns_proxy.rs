@@ -29,10 +29,10 @@ struct Recorder {
 }
 
 impl Learner for Recorder {
-    async fn learn(&self, client: IpAddr, resolver: SocketAddr, learned: &Learned) -> Result<(), String> {
+    async fn learn(&self, client: IpAddr, resolver: SocketAddr, learned: &Learned) -> Result<(), flock::apply::netlink::NetlinkError> {
         tokio::time::sleep(HOLD).await;
         if learned.name.starts_with("fail.") {
-            return Err("the set is full".into());
+            return Err(flock::apply::netlink::NetlinkError::Protocol("the set is full".into()));
         }
         self.seen.lock().unwrap().push((client, resolver, learned.clone(), Instant::now()));
         Ok(())

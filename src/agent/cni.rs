@@ -240,7 +240,7 @@ async fn add_endpoint(shared: &Arc<Shared>, ep: LocalEndpoint) -> Reply {
         shared.wait_committed(generation, cfg.ack_timeout).await?;
         match tokio::time::timeout(cfg.ack_timeout, shared.persister.wait(generation)).await {
             Ok(r) => r,
-            Err(_) => Err(format!("the endpoint registry was not written within {:?}", cfg.ack_timeout)),
+            Err(_) => Err(super::WaitError::NotPersisted { timeout: cfg.ack_timeout }),
         }
     };
     match durable.await {
@@ -248,7 +248,7 @@ async fn add_endpoint(shared: &Arc<Shared>, ep: LocalEndpoint) -> Reply {
             tracing::info!(%pod, interface = %iface, generation = generation, "endpoint programmed");
             Reply::ok()
         }
-        Err(e) => Reply::refused(e),
+        Err(e) => Reply::refused(e.to_string()),
     }
 }
 

@@ -126,7 +126,12 @@ impl ProxyConfig {
 pub trait Learner: Send + Sync + 'static {
     /// Admits `learned` for the pod at `client`, which asked `resolver`. Returns once the
     /// addresses are admitted (or with why they could not be).
-    fn learn(&self, client: IpAddr, resolver: SocketAddr, learned: &Learned) -> impl Future<Output = Result<(), String>> + Send;
+    fn learn(
+        &self,
+        client: IpAddr,
+        resolver: SocketAddr,
+        learned: &Learned,
+    ) -> impl Future<Output = Result<(), crate::apply::netlink::NetlinkError>> + Send;
 }
 
 /// Why the proxy could not start.
@@ -759,8 +764,8 @@ mod tests {
     struct Refuse;
 
     impl Learner for Refuse {
-        async fn learn(&self, _: IpAddr, _: SocketAddr, _: &Learned) -> Result<(), String> {
-            Err("refused".into())
+        async fn learn(&self, _: IpAddr, _: SocketAddr, _: &Learned) -> Result<(), crate::apply::netlink::NetlinkError> {
+            Err(crate::apply::netlink::NetlinkError::Protocol("refused".into()))
         }
     }
 

@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use super::dns_proxy::Learner;
-use crate::apply::netlink::NfSocket;
 use crate::apply::netlink::timed::TimedElement;
+use crate::apply::netlink::{NetlinkError, NfSocket};
 use crate::dns::{DomainPattern, Learned};
 
 /// One domain rule on this node.
@@ -64,9 +64,9 @@ pub const EVICT_MARGIN: Duration = Duration::from_secs(2);
 pub trait TimedWriter: Send + 'static {
     /// In one transaction: deletes `evict`'s addresses from their sets, then adds `sets`'
     /// elements.
-    fn write_timed(&mut self, sets: &[(String, Vec<TimedElement>)], evict: &[(String, Vec<IpAddr>)]) -> Result<(), String>;
+    fn write_timed(&mut self, sets: &[(String, Vec<TimedElement>)], evict: &[(String, Vec<IpAddr>)]) -> Result<(), NetlinkError>;
     /// What timed set `set` holds: each address and what is left of its timeout.
-    fn read_timed(&mut self, set: &str) -> Result<Vec<(IpAddr, Duration)>, String>;
+    fn read_timed(&mut self, set: &str) -> Result<Vec<(IpAddr, Duration)>, NetlinkError>;
 }
 
 /// Opens its socket on first use, in the namespace of the thread that writes first (the
@@ -77,29 +77,29 @@ pub struct KernelWriter {
 }
 
 impl KernelWriter {
-    fn socket(&mut self) -> Result<&mut NfSocket, String> {
+    fn socket(&mut self) -> Result<&mut NfSocket, NetlinkError> {
         match self.socket {
             Some(ref mut s) => Ok(s),
-            None => Ok(self.socket.insert(NfSocket::open().map_err(|e| e.to_string())?)),
+            None => Ok(self.socket.insert(NfSocket::open()?)),
         }
     }
 }
 
 impl TimedWriter for KernelWriter {
-    fn write_timed(&mut self, sets: &[(String, Vec<TimedElement>)], evict: &[(String, Vec<IpAddr>)]) -> Result<(), String> {
+    fn write_timed(&mut self, sets: &[(String, Vec<TimedElement>)], evict: &[(String, Vec<IpAddr>)]) -> Result<(), NetlinkError> {
         let written = self.socket()?.write_timed(sets, evict);
         if written.is_err() {
             self.socket = None;
         }
-        written.map_err(|e| e.to_string())
+        written
     }
 
-    fn read_timed(&mut self, set: &str) -> Result<Vec<(IpAddr, Duration)>, String> {
+    fn read_timed(&mut self, set: &str) -> Result<Vec<(IpAddr, Duration)>, NetlinkError> {
         let read = self.socket()?.dump_timed(set);
         if read.is_err() {
             self.socket = None;
         }
-        Ok(read.map_err(|e| e.to_string())?.into_iter().map(|e| (e.addr, e.expires_in)).collect())
+        Ok(read?.into_iter().map(|e| (e.addr, e.expires_in)).collect())
     }
 }
 
@@ -242,7 +242,7 @@ impl<W: TimedWriter> DomainLearner<W> {
     /// Writes `elements` within the bounds: each set's new addresses beyond its bound (and the
     /// node's) evict those that expire first. Returns how many were evicted and how many of
     /// the answer's own were not learned (an answer alone larger than a set's bound).
-    fn write_bounded(&self, mut elements: Vec<(String, Vec<TimedElement>)>) -> Result<(usize, usize), String> {
+    fn write_bounded(&self, mut elements: Vec<(String, Vec<TimedElement>)>) -> Result<(usize, usize), NetlinkError> {
         let mut guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (writer, held) = &mut *guard;
         let now = Instant::now();
@@ -320,7 +320,7 @@ impl<W: TimedWriter> DomainLearner<W> {
 }
 
 impl<W: TimedWriter> Learner for DomainLearner<W> {
-    async fn learn(&self, client: IpAddr, _resolver: SocketAddr, learned: &Learned) -> Result<(), String> {
+    async fn learn(&self, client: IpAddr, _resolver: SocketAddr, learned: &Learned) -> Result<(), NetlinkError> {
         let elements = self.elements(client, learned);
         if elements.is_empty() {
             return Ok(());
@@ -349,13 +349,13 @@ mod tests {
     }
 
     impl TimedWriter for Fake {
-        fn write_timed(&mut self, sets: &[(String, Vec<TimedElement>)], evict: &[(String, Vec<IpAddr>)]) -> Result<(), String> {
+        fn write_timed(&mut self, sets: &[(String, Vec<TimedElement>)], evict: &[(String, Vec<IpAddr>)]) -> Result<(), NetlinkError> {
             self.written.push(sets.to_vec());
             self.evicted.push(evict.to_vec());
             Ok(())
         }
 
-        fn read_timed(&mut self, _set: &str) -> Result<Vec<(IpAddr, Duration)>, String> {
+        fn read_timed(&mut self, _set: &str) -> Result<Vec<(IpAddr, Duration)>, NetlinkError> {
             Ok(self.in_kernel.clone())
         }
     }

@@ -362,16 +362,35 @@ impl Shared {
     }
 
     /// Waits until a sync including generation `generation` committed; the error of a failed one.
-    async fn wait_committed(&self, generation: u64, timeout: Duration) -> Result<(), String> {
+    async fn wait_committed(&self, generation: u64, timeout: Duration) -> Result<(), WaitError> {
         let mut rx = self.status.subscribe();
         let wait = rx.wait_for(|s| s.committed >= generation || (s.attempted >= generation && s.error.is_some()));
         match tokio::time::timeout(timeout, wait).await {
             Ok(Ok(s)) if s.committed >= generation => Ok(()),
-            Ok(Ok(s)) => Err(format!("the sync failed: {}", s.error.clone().unwrap_or_default())),
-            Ok(Err(_)) => Err("the agent is shutting down".into()),
-            Err(_) => Err(format!("no sync committed within {timeout:?}")),
+            Ok(Ok(s)) => Err(WaitError::SyncFailed(s.error.clone().unwrap_or_default())),
+            Ok(Err(_)) => Err(WaitError::Stopped),
+            Err(_) => Err(WaitError::NotCommitted { timeout }),
         }
     }
+}
+
+/// Why waiting for the agent's work ended without it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    #[error("the agent stopped")]
+    Stopped,
+    #[error("the sync failed: {0}")]
+    SyncFailed(String),
+    #[error("no sync committed within {timeout:?}")]
+    NotCommitted { timeout: Duration },
+    #[error("node {node}: source version {version} not committed (and swept) within {timeout:?} (last error: {last_error})")]
+    SourceNotCommitted { node: String, version: u64, timeout: Duration, last_error: String },
+    #[error("cannot persist the endpoint registry in {dir}: {error}")]
+    Persist { dir: String, error: String },
+    #[error("the endpoint registry was not written within {timeout:?}")]
+    NotPersisted { timeout: Duration },
+    #[error("the registry writer stopped")]
+    WriterStopped,
 }
 
 /// A running node agent.
@@ -468,20 +487,21 @@ impl Agent {
     /// Waits until a committed sync includes source version `version` and, with revocation,
     /// a sweep has judged the node's connections against it (before that, a connection the
     /// change denies may still pass, or one it admits again still be stopped).
-    pub async fn wait_source(&self, version: u64, timeout: Duration) -> Result<(), String> {
+    pub async fn wait_source(&self, version: u64, timeout: Duration) -> Result<(), WaitError> {
         let mut rx = self.shared.status.subscribe();
         let revoke = self.shared.config.revoke.is_some();
         let done = |s: &SyncStatus| s.source_version >= version && (!revoke || s.swept_source_version >= version);
         match tokio::time::timeout(timeout, rx.wait_for(done)).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err("the agent stopped".into()),
+            Ok(Err(_)) => Err(WaitError::Stopped),
             Err(_) => {
                 let s = self.shared.status.borrow().clone();
-                Err(format!(
-                    "node {}: source version {version} not committed (and swept) within {timeout:?} (last error: {})",
-                    self.shared.config.node,
-                    s.error.unwrap_or_default()
-                ))
+                Err(WaitError::SourceNotCommitted {
+                    node: self.shared.config.node.clone(),
+                    version,
+                    timeout,
+                    last_error: s.error.unwrap_or_default(),
+                })
             }
         }
     }

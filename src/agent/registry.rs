@@ -134,17 +134,17 @@ impl Persister {
     }
 
     /// Waits until `generation` (or a later one) is durable; the write error otherwise.
-    pub async fn wait(&self, generation: u64) -> Result<(), String> {
+    pub async fn wait(&self, generation: u64) -> Result<(), super::WaitError> {
         let mut rx = self.persisted.subscribe();
         match rx.wait_for(|p| p.generation >= generation).await {
             Ok(p) => match &p.error {
                 None => Ok(()),
-                Some(e) => Err(format!(
-                    "cannot persist the endpoint registry in {}: {e}",
-                    self.dir.as_deref().map(|d| d.display().to_string()).unwrap_or_default()
-                )),
+                Some(e) => Err(super::WaitError::Persist {
+                    dir: self.dir.as_deref().map(|d| d.display().to_string()).unwrap_or_default(),
+                    error: e.to_string(),
+                }),
             },
-            Err(_) => Err("the registry writer stopped".into()),
+            Err(_) => Err(super::WaitError::WriterStopped),
         }
     }
 
@@ -232,7 +232,7 @@ mod tests {
         let p = Persister::start(Some(file.clone())).unwrap();
         p.submit(1, &BTreeMap::from([ep("a")]));
         let e = p.wait(1).await.unwrap_err();
-        assert!(e.contains("cannot persist the endpoint registry"), "{e}");
+        assert!(matches!(e, crate::agent::WaitError::Persist { .. }), "{e}");
         p.stop();
         let _ = std::fs::remove_file(&file);
     }

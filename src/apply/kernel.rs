@@ -246,7 +246,7 @@ impl Backend for NftCli {
             let stderr = String::from_utf8_lossy(&out.stderr);
             return if is_missing_table(&stderr) { Ok(None) } else { Err(ApplyError::List(stderr.trim().to_string())) };
         }
-        super::state::TableState::from_json(&out.stdout).map(Some).map_err(ApplyError::List)
+        super::state::TableState::from_json(&out.stdout).map(Some)
     }
 
     fn generation(&mut self) -> Result<Option<u32>, ApplyError> {

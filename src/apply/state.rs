@@ -77,7 +77,11 @@ pub struct NetlinkObject {
 
 impl TableState {
     /// Parses `nft -j -s list table inet flock` output.
-    pub fn from_json(json: &[u8]) -> Result<Self, String> {
+    pub fn from_json(json: &[u8]) -> Result<Self, super::ApplyError> {
+        Self::from_json_inner(json).map_err(super::ApplyError::List)
+    }
+
+    fn from_json_inner(json: &[u8]) -> Result<Self, String> {
         #[derive(serde::Deserialize)]
         struct Listing {
             nftables: Vec<serde_json::Value>,

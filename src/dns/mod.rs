@@ -8,4 +8,4 @@ pub mod exchange;
 pub mod name;
 
 pub use answer::{Learned, Limits, Unusable, learn, response_to};
-pub use name::DomainPattern;
+pub use name::{DomainPattern, PatternError};

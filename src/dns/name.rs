@@ -23,26 +23,47 @@ pub struct DomainPattern {
 pub const MAX_NAME: usize = 253;
 const MAX_LABEL: usize = 63;
 
+/// What is wrong with a domain-name pattern.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error("a domain name is required")]
+    Empty,
+    #[error("longer than {MAX_NAME} characters")]
+    TooLong,
+    #[error("'*' may only be the first label, followed by '.' (\"*.example.com\")")]
+    Wildcard,
+    #[error("at least two labels are required (\"example.com\", not \"com\")")]
+    OneLabel,
+    #[error("an empty label (\"..\")")]
+    EmptyLabel,
+    #[error("the label {0:?} is longer than {MAX_LABEL} characters")]
+    LongLabel(String),
+    #[error("the label {0:?} has a character other than letters, digits, '-' and '_'")]
+    Character(String),
+    #[error("the label {0:?} starts or ends with '-'")]
+    Hyphen(String),
+}
+
 impl DomainPattern {
     /// Parses and validates `text`; the error says what is wrong with it.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, PatternError> {
         let (wildcard, rest) = match text.strip_prefix("*.") {
             Some(rest) => (true, rest),
             None => (false, text),
         };
         let rest = rest.strip_suffix('.').unwrap_or(rest);
         if rest.is_empty() {
-            return Err("a domain name is required".into());
+            return Err(PatternError::Empty);
         }
         if rest.len() > MAX_NAME {
-            return Err(format!("longer than {MAX_NAME} characters"));
+            return Err(PatternError::TooLong);
         }
         if rest.contains('*') {
-            return Err("'*' may only be the first label, followed by '.' (\"*.example.com\")".into());
+            return Err(PatternError::Wildcard);
         }
         let labels: Vec<&str> = rest.split('.').collect();
         if labels.len() < 2 {
-            return Err("at least two labels are required (\"example.com\", not \"com\")".into());
+            return Err(PatternError::OneLabel);
         }
         for label in &labels {
             check_label(label)?;
@@ -79,18 +100,18 @@ impl fmt::Display for DomainPattern {
     }
 }
 
-fn check_label(label: &str) -> Result<(), String> {
+fn check_label(label: &str) -> Result<(), PatternError> {
     if label.is_empty() {
-        return Err("an empty label (\"..\")".into());
+        return Err(PatternError::EmptyLabel);
     }
     if label.len() > MAX_LABEL {
-        return Err(format!("the label {label:?} is longer than {MAX_LABEL} characters"));
+        return Err(PatternError::LongLabel(label.to_string()));
     }
     if !label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        return Err(format!("the label {label:?} has a character other than letters, digits, '-' and '_'"));
+        return Err(PatternError::Character(label.to_string()));
     }
     if label.starts_with('-') || label.ends_with('-') {
-        return Err(format!("the label {label:?} starts or ends with '-'"));
+        return Err(PatternError::Hyphen(label.to_string()));
     }
     Ok(())
 }
@@ -143,10 +164,10 @@ mod tests {
             ("exämple.com", "character"),
         ] {
             let e = DomainPattern::parse(bad).unwrap_err();
-            assert!(e.contains(why), "{bad:?}: {e}");
+            assert!(e.to_string().contains(why), "{bad:?}: {e}");
         }
-        assert!(DomainPattern::parse(&format!("{}.com", "a".repeat(64))).unwrap_err().contains("longer than 63"));
+        assert!(DomainPattern::parse(&format!("{}.com", "a".repeat(64))).unwrap_err().to_string().contains("longer than 63"));
         let long = vec!["a".repeat(60); 5].join(".");
-        assert!(DomainPattern::parse(&long).unwrap_err().contains("253"));
+        assert!(DomainPattern::parse(&long).unwrap_err().to_string().contains("253"));
     }
 }

@@ -436,7 +436,7 @@ impl Sim {
         for n in self.nodes.values() {
             // An interrupt removes the namespaces, so the agents cannot commit: stop waiting.
             tokio::select! {
-                r = n.agent.wait_source(version, self.opts.sync_timeout) => r.map_err(SimError::Other)?,
+                r = n.agent.wait_source(version, self.opts.sync_timeout) => r.map_err(|e| SimError::Other(e.to_string()))?,
                 () = async { while fabric::interrupted().is_none() { tokio::time::sleep(Duration::from_millis(50)).await } } => {
                     return Err(SimError::Interrupted);
                 }

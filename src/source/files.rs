@@ -1,10 +1,12 @@
 //! The file edge: manifests and conformance cases read from disk, for the static source,
 //! flockctl and the tests. What a file's text means is the pure parsers' business
 //! ([`crate::model::manifest::parse_str`], [`crate::conformance::parse_case`]); here are
-//! the reads, the directory walks and the errors that name the file.
+//! the reads, the directory walks and the errors that name the file. Cases are flockctl's
+//! (the `tool` feature).
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "tool")]
 use crate::conformance::{self, Case, CaseError};
 use crate::model::manifest::{self, ManifestError, Manifests};
 
@@ -15,6 +17,7 @@ pub enum FileError {
     Read { path: PathBuf, error: std::io::Error },
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    #[cfg(feature = "tool")]
     #[error(transparent)]
     Case(#[from] CaseError),
     #[error("{path}: no case.yaml here or in its folders")]
@@ -59,6 +62,7 @@ fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, FileError> {
     Ok(files)
 }
 
+#[cfg(feature = "tool")]
 /// Case folders under `dirs`: each dir is a case (has `case.yaml`) or holds case folders.
 pub fn find_cases(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, FileError> {
     let mut out = Vec::new();
@@ -78,6 +82,7 @@ pub fn find_cases(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, FileError> {
     Ok(out)
 }
 
+#[cfg(feature = "tool")]
 /// The ClusterNetworkPolicy cases to run on the IPv6 base (`tests/conformance-v6/`): that
 /// folder's own (IPv6 copies of the cases that write IPv4 addresses, the domain cases
 /// among them) and every case of `v4_root` that applies a ClusterNetworkPolicy and writes no
@@ -95,6 +100,7 @@ pub fn ipv6_cluster_policy_cases(v4_root: &Path, v6_root: &Path) -> Result<Vec<P
     Ok(out)
 }
 
+#[cfg(feature = "tool")]
 /// Reads `<dir>/case.yaml`.
 pub fn load_case(dir: &Path) -> Result<Case, FileError> {
     let path = dir.join("case.yaml");

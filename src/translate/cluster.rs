@@ -220,10 +220,7 @@ fn degrade(mut rule: CompiledCnpRule, degraded: bool) -> Option<CompiledCnpRule>
 type FieldError = (String, String);
 
 fn selector(sel: &crate::model::LabelSelector, field: &str) -> Result<Selector, FieldError> {
-    Selector::compile(sel).map_err(|m| {
-        let (f, msg) = m.split_once(": ").unwrap_or(("", m.as_str()));
-        (format!("{field}.{f}"), msg.to_string())
-    })
+    Selector::compile(sel).map_err(|e| (format!("{field}.{}", e.field), e.message))
 }
 
 fn compile_pods(p: &CnpPods, field: &str) -> Result<(Selector, Selector), FieldError> {

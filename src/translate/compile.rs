@@ -92,10 +92,10 @@ pub fn compile(policy: &NetworkPolicy, problems: &mut Vec<PolicyProblem>) -> Com
 
     let (selector, selector_valid) = match Selector::compile(&policy.pod_selector) {
         Ok(s) => (s, true),
-        Err(m) => {
+        Err(e) => {
             report(
-                format!("spec.podSelector.{}", field_of(&m)),
-                format!("{}; isolating every pod in the namespace and allowing nothing (fail closed)", message_of(&m)),
+                format!("spec.podSelector.{}", e.field),
+                format!("{}; isolating every pod in the namespace and allowing nothing (fail closed)", e.message),
             );
             (Selector::everything(), false)
         }
@@ -250,15 +250,6 @@ fn compile_domains(text: &str, report: &mut impl FnMut(String, String)) -> Vec<C
     out
 }
 
-/// Splits a selector error `"field: message"` (see [`Selector::compile`]).
-fn field_of(m: &str) -> &str {
-    m.split_once(": ").map_or("", |(f, _)| f)
-}
-
-fn message_of(m: &str) -> &str {
-    m.split_once(": ").map_or(m, |(_, msg)| msg)
-}
-
 type FieldError = (String, String);
 
 fn compile_rule(namespace: &str, dir: Direction, index: usize, rule: &PolicyRule) -> Result<CompiledRule, FieldError> {
@@ -316,14 +307,12 @@ fn compile_peer(namespace: &str, peer: &PolicyPeer) -> Result<PeerDef, FieldErro
     }
     let namespaces = match &peer.namespace_selector {
         None => NsScope::Named(namespace.to_string()),
-        Some(s) => NsScope::Matching(
-            Selector::compile(s).map_err(|m| (format!(".namespaceSelector.{}", field_of(&m)), message_of(&m).to_string()))?,
-        ),
+        Some(s) => NsScope::Matching(Selector::compile(s).map_err(|e| (format!(".namespaceSelector.{}", e.field), e.message))?),
     };
     let pods = match &peer.pod_selector {
         None => None,
         Some(s) => {
-            let sel = Selector::compile(s).map_err(|m| (format!(".podSelector.{}", field_of(&m)), message_of(&m).to_string()))?;
+            let sel = Selector::compile(s).map_err(|e| (format!(".podSelector.{}", e.field), e.message))?;
             (!sel.is_everything()).then_some(sel)
         }
     };

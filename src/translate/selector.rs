@@ -52,27 +52,32 @@ impl Selector {
 
     /// Validates and canonicalises `sel`. The error names the offending sub-field
     /// (`matchExpressions[1].operator: ...`), relative to the selector.
-    pub fn compile(sel: &LabelSelector) -> Result<Self, String> {
+    pub fn compile(sel: &LabelSelector) -> Result<Self, SelectorError> {
+        let err = |field: String, message: String| SelectorError { field, message };
         let mut reqs = Vec::with_capacity(sel.match_labels.len() + sel.match_expressions.len());
         for (k, v) in &sel.match_labels {
-            validate_label_key(k).map_err(|m| format!("matchLabels: key {:?}: {m}", clip(k)))?;
-            validate_label_value(v).map_err(|m| format!("matchLabels[{k}]: value {:?}: {m}", clip(v)))?;
+            validate_label_key(k).map_err(|m| err("matchLabels".into(), format!("key {:?}: {m}", clip(k))))?;
+            validate_label_value(v).map_err(|m| err(format!("matchLabels[{k}]"), format!("value {:?}: {m}", clip(v))))?;
             reqs.push(Requirement::In(k.clone(), BTreeSet::from([v.clone()])));
         }
         for (i, e) in sel.match_expressions.iter().enumerate() {
-            let at = |m: String| format!("matchExpressions[{i}].{m}");
-            validate_label_key(&e.key).map_err(|m| at(format!("key: {:?}: {m}", clip(&e.key))))?;
-            let values = || -> Result<BTreeSet<String>, String> {
+            let at = |field: &str, message: String| err(format!("matchExpressions[{i}].{field}"), message);
+            validate_label_key(&e.key).map_err(|m| at("key", format!("{:?}: {m}", clip(&e.key))))?;
+            let values = || -> Result<BTreeSet<String>, SelectorError> {
                 if e.values.is_empty() {
-                    return Err(at(format!("values: must be specified when operator is {}", e.operator)));
+                    return Err(at("values", format!("must be specified when operator is {}", e.operator)));
                 }
                 for (j, v) in e.values.iter().enumerate() {
-                    validate_label_value(v).map_err(|m| at(format!("values[{j}]: {:?}: {m}", clip(v))))?;
+                    validate_label_value(v).map_err(|m| at(&format!("values[{j}]"), format!("{:?}: {m}", clip(v))))?;
                 }
                 Ok(e.values.iter().cloned().collect())
             };
-            let no_values = || -> Result<(), String> {
-                if e.values.is_empty() { Ok(()) } else { Err(at(format!("values: may not be specified when operator is {}", e.operator))) }
+            let no_values = || -> Result<(), SelectorError> {
+                if e.values.is_empty() {
+                    Ok(())
+                } else {
+                    Err(at("values", format!("may not be specified when operator is {}", e.operator)))
+                }
             };
             let req = match e.operator.as_str() {
                 "In" => Requirement::In(e.key.clone(), values()?),
@@ -80,7 +85,7 @@ impl Selector {
                 "Exists" => no_values().map(|()| Requirement::Exists(e.key.clone()))?,
                 "DoesNotExist" => no_values().map(|()| Requirement::DoesNotExist(e.key.clone()))?,
                 other => {
-                    return Err(at(format!("operator: {:?} is not In, NotIn, Exists or DoesNotExist", clip(other))));
+                    return Err(at("operator", format!("{:?} is not In, NotIn, Exists or DoesNotExist", clip(other))));
                 }
             };
             reqs.push(req);
@@ -127,39 +132,57 @@ impl fmt::Display for Selector {
     }
 }
 
+/// Why a selector is invalid: the sub-field, relative to the selector
+/// (`matchExpressions[1].operator`), and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SelectorError {
+    pub field: String,
+    pub message: String,
+}
+
+/// Why a label key or value is invalid (the API server's messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("prefix part must be non-empty")]
+    EmptyPrefix,
+    #[error("prefix part must be a DNS subdomain (lowercase alphanumerics, '-', '.')")]
+    Prefix,
+    #[error("name part must be non-empty")]
+    EmptyName,
+    #[error("name part must be at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric")]
+    Name,
+    #[error("must be empty or at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric")]
+    Value,
+}
+
 /// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63
 /// characters (alphanumerics, `-`, `_`, `.`; alphanumeric at both ends).
-pub fn validate_label_key(key: &str) -> Result<(), String> {
+pub fn validate_label_key(key: &str) -> Result<(), LabelError> {
     let (prefix, name) = match key.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
     };
     if let Some(p) = prefix {
         if p.is_empty() {
-            return Err("prefix part must be non-empty".into());
+            return Err(LabelError::EmptyPrefix);
         }
         if p.len() > 253 || !p.split('.').all(is_subdomain_part) {
-            return Err("prefix part must be a DNS subdomain (lowercase alphanumerics, '-', '.')".into());
+            return Err(LabelError::Prefix);
         }
     }
     if name.is_empty() {
-        return Err("name part must be non-empty".into());
+        return Err(LabelError::EmptyName);
     }
     if !is_label_name(name) {
-        return Err(
-            "name part must be at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric".into()
-        );
+        return Err(LabelError::Name);
     }
     Ok(())
 }
 
 /// A label value: empty, or at most 63 characters like a key's name part.
-pub fn validate_label_value(value: &str) -> Result<(), String> {
-    if value.is_empty() || is_label_name(value) {
-        Ok(())
-    } else {
-        Err("must be empty or at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric".into())
-    }
+pub fn validate_label_value(value: &str) -> Result<(), LabelError> {
+    if value.is_empty() || is_label_name(value) { Ok(()) } else { Err(LabelError::Value) }
 }
 
 fn is_label_name(s: &str) -> bool {
@@ -191,7 +214,7 @@ mod tests {
         LabelSelectorRequirement { key: key.into(), operator: op.into(), values: values.iter().map(|s| s.to_string()).collect() }
     }
 
-    fn sel(ml: &[(&str, &str)], me: Vec<LabelSelectorRequirement>) -> Result<Selector, String> {
+    fn sel(ml: &[(&str, &str)], me: Vec<LabelSelectorRequirement>) -> Result<Selector, SelectorError> {
         Selector::compile(&LabelSelector { match_labels: labels(ml).to_map(), match_expressions: me })
     }
 
@@ -245,11 +268,14 @@ mod tests {
     #[test]
     fn invalid_selectors_are_rejected_with_the_field() {
         let e = sel(&[], vec![expr("a", "Equals", &["1"])]).unwrap_err();
-        assert!(e.starts_with("matchExpressions[0].operator"), "{e}");
+        assert_eq!(e.field, "matchExpressions[0].operator", "{e}");
         let e = sel(&[], vec![expr("a", "In", &[])]).unwrap_err();
-        assert!(e.contains("values: must be specified"), "{e}");
+        assert!(e.to_string().contains("values: must be specified"), "{e}");
+        assert_eq!((e.field.as_str(), e.message.as_str()), ("matchExpressions[0].values", "must be specified when operator is In"));
         let e = sel(&[], vec![expr("a", "Exists", &["x"])]).unwrap_err();
-        assert!(e.contains("may not be specified"), "{e}");
+        assert!(e.message.contains("may not be specified"), "{e}");
+        let e = sel(&[("k", "bad value!")], vec![]).unwrap_err();
+        assert_eq!(e.field, "matchLabels[k]", "{e}");
         assert!(sel(&[("bad key", "v")], vec![]).is_err());
         assert!(sel(&[("k", "bad value!")], vec![]).is_err());
         assert!(sel(&[("Example.COM/k", "v")], vec![]).is_err());

@@ -237,7 +237,7 @@ fn register(slot: usize) -> u32 {
 
 /// Compiles one rule as the renderer built it; `sets` are the named sets it may look up,
 /// `next_id` the batch's next set id (taken by the rule's anonymous sets).
-pub fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) -> Result<Compiled, String> {
+pub(super) fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) -> Result<Compiled, String> {
     let mut out = Compiled { exprs: Vec::new(), comment: rule.comment.clone(), anonymous: Vec::new() };
     for stmt in &rule.stmts {
         match stmt {
