@@ -119,6 +119,59 @@ fn offline_json_and_text_name_the_deciding_rules() {
     assert!(!out.status.success(), "manifests or --live are required");
 }
 
+/// What a new user hit (issue #34): several paths after one `--manifests`, named ports,
+/// an exit status that says the verdict, typos with suggestions, and plain messages.
+#[test]
+fn what_a_new_user_hit() {
+    let s = Scratch::new("ux");
+    // `--manifests a b`, as the synopsis `PATH...` reads; the same answer as `-f a -f b`.
+    let one = flockctl(&["explain", "-f", BASE, "-f", &s.policies(), "--from", "z/b", "--to", "x/a", "--port", "80", "-o", "json"]);
+    let two = flockctl(&["explain", "--manifests", BASE, &s.policies(), "--from", "z/b", "--to", "x/a", "--port", "80", "-o", "json"]);
+    assert!(two.status.success(), "{}", text(&two.stderr));
+    assert_eq!(one.stdout, two.stdout);
+
+    // A named port is resolved on the destination pod, per protocol.
+    let named =
+        flockctl(&["explain", "-f", BASE, "-f", &s.policies(), "--from", "z/b", "--to", "x/a", "--port", "serve-80-tcp", "-o", "json"]);
+    assert!(named.status.success(), "{}", text(&named.stderr));
+    assert_eq!(named.stdout, one.stdout);
+    let v: serde_json::Value = serde_json::from_slice(&named.stdout).unwrap();
+    assert_eq!(v["port"], 80);
+    let wrong = flockctl(&["explain", "-f", BASE, "--from", "z/b", "--to", "x/a", "--port", "serve-80-tcp", "--protocol", "UDP"]);
+    assert_eq!(wrong.status.code(), Some(2));
+    let e = text(&wrong.stderr);
+    assert!(e.contains("pod x/a declares no UDP port of that name") && e.contains("serve-80-udp (UDP 80)"), "{e}");
+    let zero = flockctl(&["explain", "-f", BASE, "--from", "z/b", "--to", "x/a", "--port", "0"]);
+    assert!(text(&zero.stderr).contains("a port is 1 to 65535"), "{}", text(&zero.stderr));
+
+    // --exit-code: 1 on Deny, 0 on Allow; errors exit 2 either way.
+    let deny = flockctl(&["explain", "-f", BASE, "-f", &s.policies(), "--from", "z/b", "--to", "x/a", "--port", "80", "--exit-code"]);
+    assert_eq!(deny.status.code(), Some(1), "{}", text(&deny.stderr));
+    assert!(text(&deny.stdout).starts_with("Deny"));
+    let plain = flockctl(&["explain", "-f", BASE, "-f", &s.policies(), "--from", "z/b", "--to", "x/a", "--port", "80"]);
+    assert_eq!(plain.status.code(), Some(0));
+    let allow = flockctl(&["explain", "-f", BASE, "-f", &s.policies(), "--from", "y/b", "--to", "x/a", "--port", "80", "--exit-code"]);
+    assert_eq!(allow.status.code(), Some(0), "{}", text(&allow.stderr));
+    let bad = flockctl(&["explain", "-f", BASE, "--from", "x/nope", "--to", "x/a", "--port", "80", "--exit-code"]);
+    assert_eq!(bad.status.code(), Some(2));
+
+    // A destination that is no pod: its ingress is not enforced, said as such.
+    let out = flockctl(&["explain", "-f", BASE, "--from", "x/a", "--to", "198.19.255.1", "--port", "80"]);
+    let t = text(&out.stdout);
+    assert!(t.contains("ingress: not enforced (Allow)"), "{t}");
+
+    // Typos get a suggestion.
+    let out = flockctl(&["explian"]);
+    assert!(text(&out.stderr).contains("a similar subcommand exists: 'explain'"), "{}", text(&out.stderr));
+    let out = flockctl(&["explain", "-f", BASE, "--from", "x/a", "--to", "x/b", "--prot", "80"]);
+    assert!(text(&out.stderr).contains("a similar argument exists: '--port'"), "{}", text(&out.stderr));
+
+    // render --node on manifests that name no node.
+    let out = flockctl(&["render", "-f", &s.policies(), "--node", "node-1"]);
+    let e = text(&out.stderr);
+    assert!(e.contains("the manifests name no node") && !e.contains("known nodes: )"), "{e}");
+}
+
 #[test]
 fn live_explains_from_the_table_in_the_kernel() {
     if !require_root("live_explains_from_the_table_in_the_kernel") {

@@ -162,6 +162,27 @@ fn apply_readback_noop_update_drift_and_failure() {
         assert_eq!(a.check_drift().unwrap(), Drift::InSync, "{edit}");
     }
 
+    // A rule's inline set (an anonymous set) replaced by one with other ports: the kernel may
+    // give the new set the old one's name, so the rule's own bytes stay the same; the set's
+    // elements do not. (The baseline here includes the rule, as if flock had written it.)
+    ns.exec(&["nft", "add rule inet flock forward tcp dport { 7001, 7002 } counter drop"]);
+    a.record_baseline().unwrap();
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+    let listing = String::from_utf8_lossy(&ns.exec(&["nft", "-a", "list", "chain", "inet", "flock", "forward"]).stdout).to_string();
+    let handle = listing
+        .lines()
+        .find(|l| l.contains("7001"))
+        .and_then(|l| l.rsplit_once("# handle ").map(|(_, h)| h.trim().to_string()))
+        .unwrap_or_else(|| panic!("{listing}"));
+    ns.exec(&["nft", &format!("replace rule inet flock forward handle {handle} tcp dport {{ 7003, 7004 }} counter drop")]);
+    match a.check_drift().unwrap() {
+        Drift::Changed { first_difference } => assert!(first_difference.starts_with("set __set"), "{first_difference}"),
+        other => panic!("an inline set replaced: {other:?}"),
+    }
+    a.invalidate();
+    a.apply(&rs1).unwrap();
+    assert_eq!(a.check_drift().unwrap(), Drift::InSync);
+
     // Other tables are never touched.
     ns.exec(&["nft", "add", "table", "ip", "someone-else"]);
     a.apply(&rs2).unwrap();

@@ -311,6 +311,18 @@ fn sim_keep_is_left_by_later_runs_until_cleanup() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("table inet flock"));
     let kept = leftovers(pid);
     assert!(kept.len() >= 12, "{kept:?}");
+    // It says which namespace is which: every kept one, with its node, pod or host.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for ns in &kept {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.ends_with(&format!(": {ns}"))
+                    && ["node ", "pod ", "host ", "fabric"].iter().any(|r| l.trim_start().starts_with(r))),
+            "{ns}: {stderr}"
+        );
+    }
+    assert!(stderr.contains("  node node-1: ") && stderr.contains("  pod x/a: "), "{stderr}");
     let out = flockctl(&["sim", "-f", "tests/conformance/base-cluster.yaml", "--probe", "81/UDP"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(leftovers(pid), kept, "the next run swept a kept simulation");

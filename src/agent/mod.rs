@@ -368,7 +368,7 @@ impl Shared {
         match tokio::time::timeout(timeout, wait).await {
             Ok(Ok(s)) if s.committed >= generation => Ok(()),
             Ok(Ok(s)) => Err(WaitError::SyncFailed(s.error.clone().unwrap_or_default())),
-            Ok(Err(_)) => Err(WaitError::Stopped),
+            Ok(Err(_)) => Err(WaitError::ShuttingDown),
             Err(_) => Err(WaitError::NotCommitted { timeout }),
         }
     }
@@ -379,6 +379,8 @@ impl Shared {
 pub enum WaitError {
     #[error("the agent stopped")]
     Stopped,
+    #[error("the agent is shutting down")]
+    ShuttingDown,
     #[error("the sync failed: {0}")]
     SyncFailed(String),
     #[error("no sync committed within {timeout:?}")]
@@ -802,7 +804,11 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                         ap.invalidate();
                         repaired = true;
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot read the table back for the drift check"),
+                    // Fail closed: a table flock cannot vouch for is rewritten.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the table back for the drift check; rewriting it");
+                        ap.invalidate();
+                    }
                 }
             }
             let r = ap.apply(&ruleset);

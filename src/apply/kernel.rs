@@ -249,7 +249,7 @@ impl Backend for NftCli {
         super::state::TableState::from_json(&out.stdout).map(Some)
     }
 
-    fn generation(&mut self) -> Result<Option<u32>, ApplyError> {
+    fn generation(&mut self) -> Result<Option<super::state::Generation>, ApplyError> {
         if !self.netlink {
             return Ok(None);
         }

@@ -89,7 +89,7 @@ pub trait Backend {
     fn read_state(&mut self) -> Result<Option<state::TableState>, ApplyError>;
     /// The ruleset's generation, bumped by every committed transaction, when the backend can
     /// read it: a table read at a generation is still what it was while the generation is.
-    fn generation(&mut self) -> Result<Option<u32>, ApplyError> {
+    fn generation(&mut self) -> Result<Option<state::Generation>, ApplyError> {
         Ok(None)
     }
     /// The chains, sets and maps of table `inet flock` (empty when it does not exist).

@@ -51,10 +51,19 @@ pub enum TableState {
 pub struct NetlinkState {
     /// The ruleset's generation, read before the table: while it stays the same, the table
     /// is still this.
-    pub generation: u32,
+    pub generation: Generation,
     /// The table's own attributes (flags, comment).
     pub table: Vec<u8>,
     pub objects: BTreeMap<(Kind, String), NetlinkObject>,
+}
+
+/// A ruleset generation, in the network namespace it counts (a path may come to name another
+/// namespace, whose count says nothing of this one's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Generation {
+    /// The namespace's identity (device and inode of its nsfs file).
+    pub netns: (u64, u64),
+    pub id: u32,
 }
 
 impl PartialEq for NetlinkState {

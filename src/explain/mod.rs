@@ -678,7 +678,11 @@ pub fn to_text(e: &Explanation) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{} {}/{} {}: {} -> {}", e.verdict, e.protocol, e.port, e.family, end(&e.from), end(&e.to));
     for (name, d) in [("egress", &e.egress), ("ingress", &e.ingress)] {
-        let _ = writeln!(s, "  {name}: {} by {}", d.verdict, d.decided_by);
+        if d.decided_by == Decider::NotEnforced {
+            let _ = writeln!(s, "  {name}: not enforced ({})", d.verdict);
+        } else {
+            let _ = writeln!(s, "  {name}: {} by {}", d.verdict, d.decided_by);
+        }
         let _ = writeln!(s, "    {}", d.reason);
         if !d.isolated_by.is_empty() {
             let _ = writeln!(s, "    isolated by: {}", d.isolated_by.join(", "));

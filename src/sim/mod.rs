@@ -334,6 +334,20 @@ impl Sim {
         self.fabric.namespaces()
     }
 
+    /// What each network namespace of the simulation is — `node node-1`, `pod shop/db`,
+    /// `host <name>`, `fabric` — with its name, nodes first, then pods, hosts and the fabric.
+    pub fn netns_roles(&self) -> Vec<(String, String)> {
+        let nodes = self.nodes.iter().map(|(name, n)| (format!("node {name}"), n.ns.clone()));
+        let mut pods: Vec<(String, String)> = self.pods.values().map(|p| (format!("pod {}", p.key), p.ns.clone())).collect();
+        pods.sort();
+        let hosts = self.hosts.iter().map(|(name, h)| (format!("host {name}"), h.ns.clone()));
+        let mut out: Vec<(String, String)> = nodes.chain(pods).chain(hosts).collect();
+        // The rest is the fabric's own (the network joining the nodes).
+        let named: BTreeSet<String> = out.iter().map(|(_, ns)| ns.clone()).collect();
+        out.extend(self.fabric.namespaces().into_iter().filter(|ns| !named.contains(ns)).map(|ns| ("fabric".to_string(), ns)));
+        out
+    }
+
     /// The node namespace of `node`.
     pub fn node_netns(&self, node: &str) -> Option<String> {
         self.nodes.get(node).map(|n| n.ns.clone())

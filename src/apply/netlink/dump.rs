@@ -12,14 +12,21 @@
 //! stateful expressions (a rule's `counter` values). Comparing two reads compares what flock
 //! wrote; the kernel's own bytes mean nothing formats them differently across nft versions.
 //!
-//! Each read starts with the ruleset's generation (`NFT_MSG_GETGEN`): every committed
-//! transaction, anyone's, bumps it, so a generation equal to the one read before a baseline
-//! proves the table unchanged since without reading it ([`super::super::Applier::check_drift`]).
+//! Anonymous sets (a rule's `{ 80, 443 }`) are read with their elements too: the kernel
+//! names them `__set<n>`, reusing the lowest free number, so a rule replaced by one with
+//! other ports can carry the same bytes and set name.
+//!
+//! Each read starts with the ruleset's generation (`NFT_MSG_GETGEN`) and the namespace's
+//! identity: every committed transaction, anyone's, bumps the generation, so the same
+//! generation in the same namespace as the one read before a baseline proves the table
+//! unchanged since without reading it ([`super::super::Applier::check_drift`]). A read that a
+//! transaction tore (a dump flagged interrupted, a set or chain gone or new between two
+//! dumps) is read again.
 
 use std::collections::BTreeMap;
 
 use super::{NFNL_SUBSYS_NFTABLES, NFPROTO_INET, NFTA_LIST_ELEM, NetlinkError, NfSocket, attr, message, messages, nul_terminated};
-use crate::apply::state::{NetlinkObject, NetlinkState};
+use crate::apply::state::{Generation, NetlinkObject, NetlinkState};
 use crate::nfnetlink::{NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, raw_attributes as raw_attrs};
 use crate::nft::parse::Kind;
 use crate::render::names::TABLE;
@@ -68,17 +75,23 @@ const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
 const NFTA_EXPR_NAME: u16 = 1;
 const NFTA_GEN_ID: u16 = 1;
+const NFT_SET_ANONYMOUS: u32 = 0x1;
 const NFT_SET_MAP: u32 = 0x8;
 const NFT_SET_TIMEOUT: u32 = 0x10;
 /// A dump the generation changed under (linux/netlink.h): its parts may not fit together.
 const NLM_F_DUMP_INTR: u16 = 0x10;
 /// What the kernel answers for a table or set that does not exist.
 const ENOENT: i32 = 2;
-/// Expressions whose attributes are state the kernel keeps, not configuration flock wrote.
-const STATEFUL_EXPRESSIONS: [&[u8]; 4] = [b"counter", b"quota", b"last", b"connlimit"];
-/// Reads torn by a concurrent transaction are retried this often before one is kept as it
-/// is (the drift check reads again before it reports anything).
-const READ_ATTEMPTS: usize = 3;
+/// Expressions whose data is all state the kernel keeps (packets and bytes; when last seen).
+const STATE_ONLY_EXPRESSIONS: [&[u8]; 2] = [b"counter", b"last"];
+/// `quota`: its limit and flags are configuration, what it consumed is state.
+const NFTA_QUOTA_CONSUMED: u16 = 4;
+const NFTA_QUOTA_PAD: u16 = 3;
+const NFTA_EXPR_DATA: u16 = 2;
+/// Reads torn by a concurrent transaction (the DNS proxy commits once per answer it learns
+/// from) are retried this often; then the read fails, and the drift check with it (the
+/// agent rewrites a table it cannot vouch for).
+const READ_ATTEMPTS: usize = 8;
 
 /// Why a reply did not decode, or a dump was torn.
 enum ReadError {
@@ -93,8 +106,13 @@ impl From<NetlinkError> for ReadError {
 }
 
 impl NfSocket {
-    /// The ruleset's generation: bumped by every committed transaction.
-    pub fn generation(&mut self) -> Result<u32, NetlinkError> {
+    /// The ruleset's generation (bumped by every committed transaction) in the socket's
+    /// namespace.
+    pub fn generation(&mut self) -> Result<Generation, NetlinkError> {
+        Ok(Generation { netns: self.netns, id: self.generation_id()? })
+    }
+
+    fn generation_id(&mut self) -> Result<u32, NetlinkError> {
         let replies = match self.request(NFT_MSG_GETGEN, 0, &[], "reading", "the ruleset generation") {
             Ok(r) => r,
             Err(ReadError::Netlink(e)) => return Err(e),
@@ -153,9 +171,8 @@ impl NfSocket {
                 continue;
             }
             let chain = string(&body, NFTA_RULE_CHAIN).ok_or_else(|| protocol("a rule without its chain"))?;
-            let object = objects
-                .get_mut(&(Kind::Chain, chain.clone()))
-                .ok_or_else(|| protocol(&format!("a rule of chain {chain}, which the chain listing did not hold")))?;
+            // A chain created since the chain listing: a transaction came between the two.
+            let object = objects.get_mut(&(Kind::Chain, chain)).ok_or(ReadError::Interrupted)?;
             object.rules.push(rule(&body));
         }
 
@@ -172,9 +189,8 @@ impl NfSocket {
                 .and_then(|(_, v)| <[u8; 4]>::try_from(v).ok())
                 .map_or(0, u32::from_be_bytes);
             let kind = if flags & NFT_SET_MAP != 0 { Kind::Map } else { Kind::Set };
-            // Anonymous sets belong to the rule that uses them (its expressions name them).
-            if name.starts_with("__") {
-                continue;
+            if flags & NFT_SET_ANONYMOUS != 0 && flags & NFT_SET_TIMEOUT != 0 {
+                return Err(protocol(&format!("anonymous set {name} has timeouts")));
             }
             if flags & NFT_SET_TIMEOUT == 0 {
                 with_elements.push((kind, name.clone()));
@@ -241,7 +257,18 @@ impl NfSocket {
                 }
                 interrupted |= got_flags & NLM_F_DUMP_INTR != 0;
                 match got_ty {
-                    NLMSG_DONE => return if interrupted { Err(ReadError::Interrupted) } else { Ok(out) },
+                    NLMSG_DONE => {
+                        // A dump that ended early says why in its DONE (an error code).
+                        let code = reply.get(..4).and_then(|b| <[u8; 4]>::try_from(b).ok()).map_or(0, i32::from_ne_bytes);
+                        if interrupted || code == -ENOENT {
+                            return Err(ReadError::Interrupted);
+                        }
+                        if code < 0 {
+                            let error = std::io::Error::from_raw_os_error(-code);
+                            return Err(NetlinkError::Refused { what, object: object.to_string(), error }.into());
+                        }
+                        return Ok(out);
+                    }
                     NLMSG_ERROR if reply.len() >= 4 => {
                         let code = i32::from_ne_bytes([reply[0], reply[1], reply[2], reply[3]]);
                         if code != 0 {
@@ -282,30 +309,46 @@ fn rule(body: &[u8]) -> Vec<u8> {
     for (ty, raw, value) in raw_attrs(body) {
         match ty {
             NFTA_RULE_HANDLE | NFTA_RULE_POSITION | NFTA_RULE_ID | NFTA_RULE_POSITION_ID | NFTA_RULE_CHAIN_ID => {}
-            NFTA_RULE_EXPRESSIONS => {
-                out.extend_from_slice(&raw[..4]);
-                let start = out.len() - 4;
-                for (ety, eraw, evalue) in raw_attrs(value) {
+            NFTA_RULE_EXPRESSIONS => nest(&mut out, raw, |out| {
+                for (_, eraw, evalue) in raw_attrs(value) {
                     let name = attrs(evalue).find(|(t, _)| *t == NFTA_EXPR_NAME).map(|(_, v)| v.strip_suffix(b"\0").unwrap_or(v));
-                    if ety == NFTA_LIST_ELEM && name.is_some_and(|n| STATEFUL_EXPRESSIONS.contains(&n)) {
+                    match name {
                         // The expression's name alone: `counter` is configuration, its
                         // packets and bytes are not.
-                        out.extend_from_slice(&eraw[..4]);
-                        let at = out.len() - 4;
-                        attr(&mut out, NFTA_EXPR_NAME, &nul_terminated(&String::from_utf8_lossy(name.unwrap_or_default())));
-                        let len = (out.len() - at) as u16;
-                        out[at..at + 2].copy_from_slice(&len.to_ne_bytes());
-                    } else {
-                        out.extend_from_slice(eraw);
+                        Some(n) if STATE_ONLY_EXPRESSIONS.contains(&n) => nest(out, eraw, |out| {
+                            for (t, a, _) in raw_attrs(evalue) {
+                                if t != NFTA_EXPR_DATA {
+                                    out.extend_from_slice(a);
+                                }
+                            }
+                        }),
+                        Some(b"quota") => nest(out, eraw, |out| {
+                            for (t, a, v) in raw_attrs(evalue) {
+                                if t == NFTA_EXPR_DATA {
+                                    nest(out, a, |out| out.extend_from_slice(&strip(v, &[NFTA_QUOTA_CONSUMED, NFTA_QUOTA_PAD])));
+                                } else {
+                                    out.extend_from_slice(a);
+                                }
+                            }
+                        }),
+                        _ => out.extend_from_slice(eraw),
                     }
                 }
-                let len = (out.len() - start) as u16;
-                out[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-            }
+            }),
             _ => out.extend_from_slice(raw),
         }
     }
     out
+}
+
+/// Writes a nested attribute with `raw`'s header (type and flags) and the content `fill`
+/// writes, its length set to what it holds.
+fn nest(out: &mut Vec<u8>, raw: &[u8], fill: impl FnOnce(&mut Vec<u8>)) {
+    let start = out.len();
+    out.extend_from_slice(&raw[..4]);
+    fill(out);
+    let len = u16::try_from(out.len() - start).unwrap_or(u16::MAX);
+    out[start..start + 2].copy_from_slice(&len.to_ne_bytes());
 }
 
 /// `body`'s attributes without those of the types in `drop`, as they were (headers, flags

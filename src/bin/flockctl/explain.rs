@@ -12,7 +12,7 @@ use flock::apply::kernel::NftCli;
 use flock::explain::live::{self, LiveTable};
 use flock::explain::{self, End, Explainer, Query};
 use flock::model::Family;
-use flock::model::Protocol;
+use flock::model::{Protocol, Snapshot};
 use flock::netns::Netns;
 use flock::translate::Options;
 
@@ -24,8 +24,9 @@ enum Output {
 
 #[derive(Args)]
 pub struct ExplainArgs {
-    /// Manifest file or directory (multi-document YAML, List kinds); repeatable. Not with --live.
-    #[arg(long = "manifests", short = 'f', value_name = "PATH", required_unless_present = "live", conflicts_with = "live")]
+    /// Manifest files or directories (multi-document YAML, List kinds): one or more, and
+    /// repeatable. Not with --live.
+    #[arg(long = "manifests", short = 'f', value_name = "PATH", num_args = 1.., required_unless_present = "live", conflicts_with = "live")]
     manifests: Vec<PathBuf>,
     /// Explain from this node's live table (`nft -s list table inet flock`; root) instead of
     /// manifests: what the kernel enforces now, for the part of the flow on this node.
@@ -37,9 +38,10 @@ pub struct ExplainArgs {
     /// The destination: namespace/pod or an address.
     #[arg(long, value_name = "NS/POD|ADDRESS")]
     to: String,
-    /// Destination port.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
-    port: u16,
+    /// Destination port: a number, or the name of a port the destination pod declares for
+    /// --protocol (as policies name them; with --manifests).
+    #[arg(long, value_name = "PORT|NAME")]
+    port: String,
     /// TCP, UDP or SCTP.
     #[arg(long, default_value = "TCP", value_parser = parse_protocol)]
     protocol: Protocol,
@@ -57,6 +59,34 @@ pub struct ExplainArgs {
     /// are not enforced; the explanation also says what they would decide.
     #[arg(long)]
     allow_audit_mode: bool,
+    /// Exit with status 1 when the verdict is Deny (0 when Allow; errors exit 2), for scripts.
+    #[arg(long)]
+    exit_code: bool,
+}
+
+/// A destination port: a number from 1 to 65535, or the name of a port the destination pod
+/// declares for `protocol` (resolved on `snapshot`; a live table holds no pod specs).
+fn resolve_port(spec: &str, snapshot: Option<&Snapshot>, to: (&End, &str), protocol: Protocol) -> anyhow::Result<u16> {
+    let (to, to_text) = to;
+    if let Ok(n) = spec.parse::<u32>() {
+        return u16::try_from(n).ok().filter(|n| *n > 0).ok_or_else(|| anyhow::anyhow!("--port {spec}: a port is 1 to 65535"));
+    }
+    let Some(snapshot) = snapshot else {
+        bail!("--port {spec:?}: a named port is resolved on the destination pod's spec, which --live does not have; give its number")
+    };
+    let pod = match to {
+        End::Pod(r) => snapshot.pod_by_name(r),
+        End::Address(ip) => snapshot.peer_owning(ip),
+    };
+    let Some(pod) = pod else { bail!("--port {spec:?}: a named port needs a destination pod, and --to {to_text} is none") };
+    if let Some(p) = pod.ports.iter().find(|p| p.name.as_deref() == Some(spec) && p.protocol == protocol) {
+        return Ok(p.port);
+    }
+    let mut named: Vec<String> =
+        pod.ports.iter().filter_map(|p| p.name.as_ref().map(|n| format!("{n} ({} {})", p.protocol, p.port))).collect();
+    named.sort();
+    let named = if named.is_empty() { "none".to_string() } else { named.join(", ") };
+    bail!("--port {spec:?}: pod {} declares no {protocol} port of that name (its named ports: {named})", pod.key())
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
@@ -68,9 +98,15 @@ fn parse_family(s: &str) -> Result<Family, String> {
 }
 
 pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
-    let query =
-        Query { from: End::parse(&args.from)?, to: End::parse(&args.to)?, protocol: args.protocol, port: args.port, family: args.family };
-    let text = if args.live {
+    let (from, to) = (End::parse(&args.from)?, End::parse(&args.to)?);
+    let (text, allowed) = if args.live {
+        let query = Query {
+            port: resolve_port(&args.port, None, (&to, &args.to), args.protocol)?,
+            from,
+            to,
+            protocol: args.protocol,
+            family: args.family,
+        };
         let listing = NftCli::new(Netns::Current).list_table().context("listing table inet flock (are you root, on a node?)")?;
         let Some(listing) = listing else { bail!("there is no table inet flock here: is flock-agent running on this node?") };
         let node = flock::agent::revocation::node_addresses().context("listing this node's addresses")?;
@@ -95,23 +131,34 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             }
         }
         let e = table.explain(&query)?;
-        match args.output {
+        let allowed = e.verdict == explain::Verdict::Allow;
+        let text = match args.output {
             Output::Json => serde_json::to_string_pretty(&e)?,
             Output::Table => live::to_text(&e),
-        }
+        };
+        (text, allowed)
     } else {
         let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
         for w in &m.warnings {
             eprintln!("warning: {w}");
         }
         let snapshot = m.into_snapshot();
+        let query = Query {
+            port: resolve_port(&args.port, Some(&snapshot), (&to, &args.to), args.protocol)?,
+            from,
+            to,
+            protocol: args.protocol,
+            family: args.family,
+        };
         let options = Options { isolate_run_pods: !args.no_run_pod_isolation, audit_mode: args.allow_audit_mode, dns_resolvers: None };
         let e = Explainer::new(&snapshot, options).explain(&query)?;
-        match args.output {
+        let allowed = e.verdict == explain::Verdict::Allow;
+        let text = match args.output {
             Output::Json => serde_json::to_string_pretty(&e)?,
             Output::Table => explain::to_text(&e),
-        }
+        };
+        (text, allowed)
     };
     println!("{}", text.trim_end());
-    Ok(ExitCode::SUCCESS)
+    Ok(if args.exit_code && !allowed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

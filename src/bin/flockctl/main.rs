@@ -59,9 +59,11 @@ fn main() -> ExitCode {
     }
     match result {
         Ok(code) => code,
+        // 2, as grep and diff: 1 is an answer (a Deny with `explain --exit-code`, failing
+        // conformance cases).
         Err(e) => {
             eprintln!("error: {}", flock::process::error_chain(&*e));
-            ExitCode::FAILURE
+            ExitCode::from(2)
         }
     }
 }

@@ -14,8 +14,9 @@ use flock::translate::{self, Options};
 
 #[derive(Args)]
 pub struct RenderArgs {
-    /// Manifest file or directory (multi-document YAML, List kinds); repeatable.
-    #[arg(long = "manifests", short = 'f', required = true, value_name = "PATH")]
+    /// Manifest files or directories (multi-document YAML, List kinds): one or more, and
+    /// repeatable.
+    #[arg(long = "manifests", short = 'f', required = true, value_name = "PATH", num_args = 1..)]
     manifests: Vec<PathBuf>,
     /// The node to render for: its pods (by spec.nodeName) are the local endpoints.
     #[arg(long, value_name = "NAME")]
@@ -44,7 +45,8 @@ pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
             snapshot.nodes().map(|n| n.name.clone()).chain(snapshot.pods().filter_map(|p| p.node.clone())).collect();
         nodes.sort();
         nodes.dedup();
-        bail!("node {:?} is neither a Node in the manifests nor the spec.nodeName of a pod (known nodes: {})", args.node, nodes.join(", "));
+        let known = if nodes.is_empty() { "the manifests name no node".to_string() } else { format!("known nodes: {}", nodes.join(", ")) };
+        bail!("node {:?} is neither a Node in the manifests nor the spec.nodeName of a pod ({known})", args.node);
     }
     for p in translate::validate_all(&snapshot) {
         eprintln!("warning: {p}");

@@ -16,9 +16,9 @@ use flock::sim::{Cell, HostSpec, NodeDenial, Outcome, ProbeSpec, Sim, SimOptions
 
 #[derive(Args)]
 pub struct SimArgs {
-    /// Manifest file or directory (Nodes with podCIDRs and InternalIPs, Namespaces, Pods,
-    /// NetworkPolicies); repeatable.
-    #[arg(long = "manifests", short = 'f', value_name = "PATH", required_unless_present = "cleanup")]
+    /// Manifest files or directories (Nodes with podCIDRs and InternalIPs, Namespaces, Pods,
+    /// NetworkPolicies): one or more, and repeatable.
+    #[arg(long = "manifests", short = 'f', value_name = "PATH", num_args = 1.., required_unless_present = "cleanup")]
     manifests: Vec<PathBuf>,
     /// A probe `PORT/PROTO[/FAMILY]` (e.g. `80/TCP`, `53/UDP/IPv6`; without FAMILY, each
     /// destination's primary address); repeatable. Default: every declared container port,
@@ -276,11 +276,14 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
             }
         }
         if args.keep {
-            eprintln!(
-                "kept: namespaces {}; inspect with e.g. `ip netns exec {} nft list ruleset`; later simulations leave them; remove with `flockctl sim --cleanup`",
-                sim.namespaces().join(" "),
-                sim.node_netns(&sim.snapshot().nodes().next().map(|n| n.name.clone()).unwrap_or_default()).unwrap_or_default()
-            );
+            let roles = sim.netns_roles();
+            eprintln!("kept: these network namespaces; later simulations leave them; remove with `flockctl sim --cleanup`");
+            for (role, ns) in &roles {
+                eprintln!("  {role}: {ns}");
+            }
+            if let Some((role, ns)) = roles.first() {
+                eprintln!("inspect with e.g. `ip netns exec {ns} nft list ruleset` ({role})");
+            }
         }
         sim.teardown().await?;
         anyhow::Ok(())
