@@ -178,40 +178,12 @@ impl TableState {
     /// Where `self` (the kernel now) first differs from `applied`, readably.
     pub fn first_difference(&self, applied: &Self) -> Option<String> {
         match (self, applied) {
-            (Self::Typed(now), Self::Typed(then)) => {
-                for key in then.keys() {
-                    if !now.contains_key(key) {
-                        return Some(format!("{} {} is gone", kind_name(key.0), key.1));
-                    }
-                }
-                for (key, obj) in now {
-                    let what = format!("{} {}", kind_name(key.0), key.1);
-                    match then.get(key) {
-                        None => return Some(format!("{what} was added")),
-                        Some(o) if o != obj => return Some(format!("{what} differs: {}", describe(obj, o))),
-                        Some(_) => {}
-                    }
-                }
-                None
-            }
+            (Self::Typed(now), Self::Typed(then)) => object_difference(now, then, |_, a, b| describe(a, b)),
             (Self::Netlink(now), Self::Netlink(then)) => {
                 if now.table != then.table {
                     return Some("table inet flock's flags or comment changed".into());
                 }
-                for key in then.objects.keys() {
-                    if !now.objects.contains_key(key) {
-                        return Some(format!("{} {} is gone", kind_name(key.0), key.1));
-                    }
-                }
-                for (key, obj) in &now.objects {
-                    let what = format!("{} {}", kind_name(key.0), key.1);
-                    match then.objects.get(key) {
-                        None => return Some(format!("{what} was added")),
-                        Some(o) if o != obj => return Some(format!("{what} differs: {}", describe_netlink(key.0, obj, o))),
-                        Some(_) => {}
-                    }
-                }
-                None
+                object_difference(&now.objects, &then.objects, describe_netlink)
             }
             (Self::Canonical(now), Self::Canonical(then)) => (now != then).then(|| {
                 now.lines()
@@ -223,6 +195,27 @@ impl TableState {
             _ => Some("the listings are of different kinds".into()),
         }
     }
+}
+
+/// The first object gone from `then`, added in `now` or different between them, named;
+/// `describe` says how one differs.
+fn object_difference<V: PartialEq>(
+    now: &BTreeMap<(Kind, String), V>,
+    then: &BTreeMap<(Kind, String), V>,
+    describe: impl Fn(Kind, &V, &V) -> String,
+) -> Option<String> {
+    if let Some(key) = then.keys().find(|k| !now.contains_key(*k)) {
+        return Some(format!("{} {} is gone", kind_name(key.0), key.1));
+    }
+    for (key, obj) in now {
+        let what = format!("{} {}", kind_name(key.0), key.1);
+        match then.get(key) {
+            None => return Some(format!("{what} was added")),
+            Some(o) if o != obj => return Some(format!("{what} differs: {}", describe(key.0, obj, o))),
+            Some(_) => {}
+        }
+    }
+    None
 }
 
 fn name_of(body: &serde_json::Value) -> Result<String, String> {

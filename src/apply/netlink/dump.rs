@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use super::{NFNL_SUBSYS_NFTABLES, NFPROTO_INET, NFTA_LIST_ELEM, NetlinkError, NfSocket, attr, message, messages, nul_terminated};
 use crate::apply::state::{Generation, NetlinkObject, NetlinkState};
-use crate::nfnetlink::{NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, raw_attributes as raw_attrs};
+use crate::nfnetlink::{NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, attributes as attrs, nested, raw_attributes as raw_attrs};
 use crate::nft::parse::Kind;
 use crate::render::names::TABLE;
 
@@ -232,6 +232,22 @@ impl NfSocket {
         Ok(Some(NetlinkState { generation, table, objects }))
     }
 
+    /// One dump of `ty` (its reply bodies after nfgenmsg), read again when a transaction
+    /// tore it.
+    pub(super) fn dump(&mut self, ty: u16, body: &[u8], what: &'static str, object: &str) -> Result<Vec<Vec<u8>>, NetlinkError> {
+        for _ in 1..READ_ATTEMPTS {
+            match self.request(ty, NLM_F_DUMP, body, what, object) {
+                Err(ReadError::Interrupted) => continue,
+                Err(ReadError::Netlink(e)) => return Err(e),
+                Ok(bodies) => return Ok(bodies),
+            }
+        }
+        self.request(ty, NLM_F_DUMP, body, what, object).map_err(|e| match e {
+            ReadError::Netlink(e) => e,
+            ReadError::Interrupted => NetlinkError::Protocol(format!("every dump {what} {object} was torn by a transaction")),
+        })
+    }
+
     /// Sends one request of `ty` (a dump when `flags` says so) and collects the bodies (after
     /// nfgenmsg) of the replies to it.
     fn request(&mut self, ty: u16, flags: u16, body: &[u8], what: &'static str, object: &str) -> Result<Vec<Vec<u8>>, ReadError> {
@@ -303,29 +319,26 @@ fn protocol(what: &str) -> ReadError {
 }
 
 /// A rule's attributes without what the kernel assigns, its stateful expressions without
-/// their state.
+/// their state. (Both sides of a comparison are read through here, so rewritten nests need
+/// only be consistent, not byte for byte the kernel's.)
 fn rule(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     for (ty, raw, value) in raw_attrs(body) {
         match ty {
             NFTA_RULE_HANDLE | NFTA_RULE_POSITION | NFTA_RULE_ID | NFTA_RULE_POSITION_ID | NFTA_RULE_CHAIN_ID => {}
-            NFTA_RULE_EXPRESSIONS => nest(&mut out, raw, |out| {
-                for (_, eraw, evalue) in raw_attrs(value) {
+            NFTA_RULE_EXPRESSIONS => nested(&mut out, ty, |out| {
+                for (ety, eraw, evalue) in raw_attrs(value) {
                     let name = attrs(evalue).find(|(t, _)| *t == NFTA_EXPR_NAME).map(|(_, v)| v.strip_suffix(b"\0").unwrap_or(v));
                     match name {
                         // The expression's name alone: `counter` is configuration, its
                         // packets and bytes are not.
-                        Some(n) if STATE_ONLY_EXPRESSIONS.contains(&n) => nest(out, eraw, |out| {
-                            for (t, a, _) in raw_attrs(evalue) {
-                                if t != NFTA_EXPR_DATA {
-                                    out.extend_from_slice(a);
-                                }
-                            }
-                        }),
-                        Some(b"quota") => nest(out, eraw, |out| {
+                        Some(n) if STATE_ONLY_EXPRESSIONS.contains(&n) => {
+                            nested(out, ety, |out| out.extend_from_slice(&strip(evalue, &[NFTA_EXPR_DATA])));
+                        }
+                        Some(b"quota") => nested(out, ety, |out| {
                             for (t, a, v) in raw_attrs(evalue) {
                                 if t == NFTA_EXPR_DATA {
-                                    nest(out, a, |out| out.extend_from_slice(&strip(v, &[NFTA_QUOTA_CONSUMED, NFTA_QUOTA_PAD])));
+                                    nested(out, t, |out| out.extend_from_slice(&strip(v, &[NFTA_QUOTA_CONSUMED, NFTA_QUOTA_PAD])));
                                 } else {
                                     out.extend_from_slice(a);
                                 }
@@ -341,16 +354,6 @@ fn rule(body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Writes a nested attribute with `raw`'s header (type and flags) and the content `fill`
-/// writes, its length set to what it holds.
-fn nest(out: &mut Vec<u8>, raw: &[u8], fill: impl FnOnce(&mut Vec<u8>)) {
-    let start = out.len();
-    out.extend_from_slice(&raw[..4]);
-    fill(out);
-    let len = u16::try_from(out.len() - start).unwrap_or(u16::MAX);
-    out[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-}
-
 /// `body`'s attributes without those of the types in `drop`, as they were (headers, flags
 /// and padding included).
 fn strip(body: &[u8], drop: &[u16]) -> Vec<u8> {
@@ -361,10 +364,6 @@ fn strip(body: &[u8], drop: &[u16]) -> Vec<u8> {
         }
     }
     out
-}
-
-fn attrs(b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    raw_attrs(b).map(|(ty, _, value)| (ty, value))
 }
 
 /// A NUL-terminated string attribute.

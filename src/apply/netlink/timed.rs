@@ -13,15 +13,13 @@ use std::time::Duration;
 
 use super::transaction::comment_udata;
 use super::{
-    Batch, NFNL_SUBSYS_NFTABLES, NFPROTO_INET, NFT_MSG_DELSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY,
-    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTNL_UDATA_SET_ELEM_COMMENT,
-    NLM_F_CREATE, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkError, NfSocket, attr, attributes, message, messages, nested,
-    nul_terminated, push_elements,
+    Batch, NFT_MSG_DELSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_ELEMENTS,
+    NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTNL_UDATA_SET_ELEM_COMMENT, NLM_F_CREATE, NetlinkError,
+    NfSocket, attr, attributes, nested, nul_terminated, push_elements,
 };
 use crate::render::names::{self, TABLE};
 
 const NFT_MSG_GETSETELEM: u16 = 13;
-const NLM_F_DUMP: u16 = 0x300;
 const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
 
@@ -111,47 +109,13 @@ impl NfSocket {
         let mut body = Vec::new();
         attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &nul_terminated(TABLE));
         attr(&mut body, NFTA_SET_ELEM_LIST_SET, &nul_terminated(set));
-        let seq = self.seq;
-        self.seq = self.seq.wrapping_add(1);
-        let mut request = Vec::new();
-        message(&mut request, (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM, NLM_F_REQUEST | NLM_F_DUMP, seq, NFPROTO_INET, 0, &body);
-        let n = self.socket.send(&request, 0).map_err(NetlinkError::Socket)?;
-        if n != request.len() {
-            return Err(NetlinkError::Protocol(format!("sent {n} of {} bytes", request.len())));
-        }
         let mut out = Vec::new();
-        let mut recv: Vec<u8> = Vec::with_capacity(64 * 1024);
-        loop {
-            recv.clear();
-            self.socket.recv(&mut recv, 0).map_err(NetlinkError::Reply)?;
-            for m in messages(&recv) {
-                let (ty, _, got, body) = m.map_err(|e| NetlinkError::Protocol(e.to_string()))?;
-                if got != seq {
-                    continue;
-                }
-                match ty {
-                    NLMSG_DONE => {
-                        // A hash set lists in no stable order.
-                        out.sort_by_key(|e: &LearnedEntry| e.addr);
-                        return Ok(out);
-                    }
-                    NLMSG_ERROR if body.len() >= 4 => {
-                        let code = i32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
-                        if code != 0 {
-                            return Err(NetlinkError::Refused {
-                                what: "listing set",
-                                object: set.to_string(),
-                                error: std::io::Error::from_raw_os_error(-code),
-                            });
-                        }
-                    }
-                    t if t == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM && body.len() >= 4 => {
-                        out.extend(decode_elements(&body[4..]).map_err(NetlinkError::Protocol)?);
-                    }
-                    other => return Err(NetlinkError::Protocol(format!("message type {other:#x} in a set listing"))),
-                }
-            }
+        for reply in self.dump(NFT_MSG_GETSETELEM, &body, "listing set", set)? {
+            out.extend(decode_elements(&reply).map_err(NetlinkError::Protocol)?);
         }
+        // A hash set lists in no stable order.
+        out.sort_by_key(|e: &LearnedEntry| e.addr);
+        Ok(out)
     }
 }
 
@@ -205,6 +169,7 @@ fn be_u64(v: &[u8]) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nfnetlink::messages;
 
     #[test]
     fn comments_are_made_safe_for_nft() {
