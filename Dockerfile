@@ -63,4 +63,6 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends nftables iproute2 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/flock-agent /out/flock-cni /out/flockctl /usr/local/bin/
+# kubectl's plugin name for the same binary: `kubectl flock explain …`.
+RUN ln -s flockctl /usr/local/bin/kubectl-flock
 ENTRYPOINT ["/usr/local/bin/flock-agent"]

@@ -13,7 +13,7 @@ use crate::model::manifest::{self, DocRef, Manifests, Object};
 use crate::model::{ObjectRef, Protocol};
 
 /// The nine base pods, in the default matrix order.
-pub const DEFAULT_ORDER: [&str; 9] = ["x/a", "x/b", "x/c", "y/a", "y/b", "y/c", "z/a", "z/b", "z/c"];
+pub(crate) const DEFAULT_ORDER: [&str; 9] = ["x/a", "x/b", "x/c", "y/a", "y/b", "y/c", "z/a", "z/b", "z/c"];
 
 use crate::model::Family;
 
@@ -39,14 +39,14 @@ pub enum CaseError {
 pub struct Probe {
     pub port: u16,
     pub protocol: Protocol,
-    pub port_name: Option<String>,
-    pub kernel_optional: bool,
+    pub(crate) port_name: Option<String>,
+    pub(crate) kernel_optional: bool,
     /// `None`: each destination's primary address (its first pod IP) decides the family.
     pub family: Option<Family>,
     /// Rows and columns.
     pub order: Vec<String>,
     /// row → expectations by column.
-    pub matrix: BTreeMap<String, Vec<Expect>>,
+    pub(crate) matrix: BTreeMap<String, Vec<Expect>>,
 }
 
 impl Probe {
@@ -73,21 +73,21 @@ impl Probe {
 /// then connects to the first address of the answer (of the probe's family, by default the
 /// source's first pod IP's).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostProbe {
+pub(crate) struct HostProbe {
     /// The name as the case writes it (asked as written: resolvers and flock ignore case).
-    pub host: String,
-    pub port: u16,
-    pub protocol: Protocol,
-    pub family: Option<Family>,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) protocol: Protocol,
+    pub(crate) family: Option<Family>,
     /// Source → what its one cell expects.
-    pub cells: BTreeMap<String, HostExpect>,
+    pub(crate) cells: BTreeMap<String, HostExpect>,
 }
 
 /// What the cell of a probe by name expects: the format's `1`, `0` and `-`, and flock's
 /// narrower `B` (the name resolved, the connection did not succeed) and `N` (the name did not
 /// resolve: no answer, or none with an address of the family).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostExpect {
+pub(crate) enum HostExpect {
     Connect,
     NoConnection,
     Blocked,
@@ -130,7 +130,7 @@ impl HostExpect {
 
 /// What a probe by name saw from one source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostSeen {
+pub(crate) enum HostSeen {
     Connected,
     /// The name resolved; the connection to its first address did not succeed.
     Blocked,
@@ -149,7 +149,7 @@ impl HostSeen {
 
 impl HostProbe {
     /// A human label: `api.example.test TCP/80` (with the family when given).
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         let mut s = format!("{} {}/{}", self.host, self.protocol, self.port);
         if let Some(f) = self.family {
             s.push_str(&format!(" {}", f.as_str()));
@@ -158,14 +158,14 @@ impl HostProbe {
     }
 
     /// The sources whose cell is checked.
-    pub fn checked(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn checked(&self) -> impl Iterator<Item = &str> {
         self.cells.iter().filter(|(_, e)| **e != HostExpect::Unchecked).map(|(s, _)| s.as_str())
     }
 }
 
 /// What a name of the case's DNS answers (the format's `dns.records`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RecordData {
+pub(crate) enum RecordData {
     /// Addresses: those of a pod (whichever it has when asked, of the asked family) first,
     /// then fixed ones.
     Addresses { pod: Option<ObjectRef>, fixed: Vec<std::net::IpAddr> },
@@ -175,39 +175,39 @@ pub enum RecordData {
 
 /// One record of the case's DNS.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DnsRecord {
+pub(crate) struct DnsRecord {
     /// Lowercase, without a trailing dot.
-    pub name: String,
-    pub ttl: u32,
-    pub data: RecordData,
+    pub(crate) name: String,
+    pub(crate) ttl: u32,
+    pub(crate) data: RecordData,
 }
 
 /// The case's cluster DNS: the pod that serves it and what it answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DnsSpec {
-    pub server: ObjectRef,
-    pub records: Vec<DnsRecord>,
+pub(crate) struct DnsSpec {
+    pub(crate) server: ObjectRef,
+    pub(crate) records: Vec<DnsRecord>,
 }
 
 /// A record's TTL when the case gives none (seconds).
-pub const DEFAULT_TTL: u32 = 30;
+pub(crate) const DEFAULT_TTL: u32 = 30;
 
 /// A deletion of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeleteRef {
-    pub kind: manifest::Kind,
-    pub key: ObjectRef,
+pub(crate) struct DeleteRef {
+    pub(crate) kind: manifest::Kind,
+    pub(crate) key: ObjectRef,
 }
 
 /// One step: a wait, changes, then probes (by name first, then by address).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Step {
     /// How long to wait before the step's changes (e.g. for a record's TTL to pass).
-    pub wait: std::time::Duration,
+    pub(crate) wait: std::time::Duration,
     pub apply: Vec<Object>,
-    pub delete: Vec<DeleteRef>,
+    pub(crate) delete: Vec<DeleteRef>,
     pub probes: Vec<Probe>,
-    pub host_probes: Vec<HostProbe>,
+    pub(crate) host_probes: Vec<HostProbe>,
 }
 
 /// A case.
@@ -215,10 +215,10 @@ pub struct Step {
 pub struct Case {
     /// The folder name (with its `NNN-` prefix).
     pub dir_name: String,
-    pub name: String,
-    pub source: String,
-    pub notes: String,
-    pub dns: Option<DnsSpec>,
+    pub(crate) name: String,
+    pub(crate) source: String,
+    pub(crate) notes: String,
+    pub(crate) dns: Option<DnsSpec>,
     pub steps: Vec<Step>,
 }
 
@@ -352,9 +352,9 @@ fn parse_dns(raw: RawDns, invalid: &dyn Fn(String) -> CaseError) -> Result<DnsSp
 }
 
 /// Parses a case's text; `path` names it in errors.
-pub fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseError> {
+pub(crate) fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseError> {
     let invalid = |message: String| CaseError::Invalid { path: path.to_path_buf(), message };
-    let raw: RawCase = manifest::from_yaml(text, 0).map_err(invalid)?;
+    let raw: RawCase = manifest::from_yaml(text, 0).map_err(|e| invalid(e.to_string()))?;
     let bare = dir_name.split_once('-').filter(|(n, _)| n.chars().all(|c| c.is_ascii_digit())).map_or(dir_name, |(_, rest)| rest);
     if !dir_name.is_empty() && raw.name != bare {
         return Err(invalid(format!("name {:?} does not match the folder name {dir_name:?}", raw.name)));
@@ -447,13 +447,13 @@ pub fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case, CaseE
 /// One checked cell that did not match.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch {
-    pub step: usize,
-    pub probe: String,
-    pub from: String,
-    pub to: String,
-    pub expected: Expect,
+    pub(crate) step: usize,
+    pub(crate) probe: String,
+    pub(crate) from: String,
+    pub(crate) to: String,
+    pub(crate) expected: Expect,
     /// What was expected and seen, where `expected` does not say it (probes by name).
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
 }
 
 impl std::fmt::Display for Mismatch {
@@ -468,7 +468,7 @@ impl std::fmt::Display for Mismatch {
 }
 
 /// Compares observations (`(from, to) → connected`) with a probe's matrix.
-pub fn compare(step: usize, probe: &Probe, observed: &BTreeMap<(String, String), bool>) -> Vec<Mismatch> {
+pub(crate) fn compare(step: usize, probe: &Probe, observed: &BTreeMap<(String, String), bool>) -> Vec<Mismatch> {
     let mut out = Vec::new();
     for from in &probe.order {
         for to in &probe.order {
@@ -488,7 +488,7 @@ pub fn compare(step: usize, probe: &Probe, observed: &BTreeMap<(String, String),
 
 /// Compares what probes by name saw (source → outcome; a source missing was not probed)
 /// with their cells.
-pub fn compare_host(step: usize, probe: &HostProbe, observed: &BTreeMap<String, HostSeen>) -> Vec<Mismatch> {
+pub(crate) fn compare_host(step: usize, probe: &HostProbe, observed: &BTreeMap<String, HostSeen>) -> Vec<Mismatch> {
     let mut out = Vec::new();
     for (from, expected) in &probe.cells {
         if *expected == HostExpect::Unchecked {

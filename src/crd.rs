@@ -13,6 +13,11 @@
 //! CRD upgrade and because a test API server runs no CEL. Everything the controller renders
 //! is derived from checked input only.
 
+// KubeSchema's derive copies each schema struct into a private scope with its visibility: the
+// copies of the `pub` specs (pub because CustomResource gives the resource types their
+// visibility, and tests name `Run`) would trip the lint.
+#![allow(unreachable_pub)]
+
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
@@ -26,9 +31,9 @@ use crate::model::RUN_LABEL;
 use crate::translate::selector::{validate_label_key, validate_label_value};
 
 /// The API group.
-pub const GROUP: &str = "flock.dev";
+pub(crate) const GROUP: &str = "flock.dev";
 /// The API version.
-pub const VERSION: &str = "v1alpha1";
+pub(crate) const VERSION: &str = "v1alpha1";
 
 /// Which egress (and optionally ingress) a run gets: the template. Cluster-scoped, written
 /// by administrators. Rules are rendered in a fixed order: DNS, internet, API server,
@@ -55,36 +60,36 @@ pub struct RunProfileSpec {
     /// Egress to the cluster DNS pods only (UDP and TCP 53, to the pods the controller is
     /// configured with, kube-system/k8s-app=kube-dns by default). Default true.
     #[serde(default = "default_true")]
-    pub dns: bool,
+    pub(crate) dns: bool,
     /// Egress to the internet (0.0.0.0/0 and ::/0) on the listed ports, except private and
     /// link-local ranges and the cluster's pod and service CIDRs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub internet: Option<InternetEgress>,
+    pub(crate) internet: Option<InternetEgress>,
     /// Egress to the Kubernetes API server: its Service address and its endpoints'
     /// addresses, each on its own port. Default false.
     #[serde(default)]
-    pub api_server: bool,
+    pub(crate) api_server: bool,
     /// Egress to in-cluster services, named by the pods behind them (policies match after
     /// the Service's DNAT, so the pods are what counts).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(validation = kube::core::Rule::new("self.all(s, self.exists_one(t, t.name == s.name))").message("service names must be unique"))]
     #[schemars(length(max = 64))]
-    pub services: Vec<ServiceEgress>,
+    pub(crate) services: Vec<ServiceEgress>,
     /// Egress to extra CIDRs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
-    pub cidrs: Vec<CidrEgress>,
+    pub(crate) cidrs: Vec<CidrEgress>,
     /// Egress to domain names (NPEP-133), each on its ports. Needs `dns`: the addresses are
     /// the ones the run's DNS answers give for the names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(validation = kube::core::Rule::new("self.all(d, self.exists_one(e, e.name == d.name))").message("domain names must be unique"))]
     #[schemars(length(max = 64))]
-    pub domains: Vec<DomainEgress>,
+    pub(crate) domains: Vec<DomainEgress>,
     /// Ingress to the run's pods. Absent: ingress is not restricted. Present: only these
     /// peers may connect (an empty list admits nobody).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    pub ingress: Option<Vec<IngressPeer>>,
+    pub(crate) ingress: Option<Vec<IngressPeer>>,
 }
 
 fn default_true() -> bool {
@@ -94,117 +99,117 @@ fn default_true() -> bool {
 /// Internet egress.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct InternetEgress {
+pub(crate) struct InternetEgress {
     /// The ports allowed (at least one).
     #[schemars(length(min = 1, max = 64))]
-    pub ports: Vec<PortSpec>,
+    pub(crate) ports: Vec<PortSpec>,
     /// More ranges to except, besides the private, link-local and cluster ranges the
     /// controller always excepts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 64)))]
     #[x_kube(validation = kube::core::Rule::new("self.all(c, isCIDR(c) && cidr(c).prefixLength() > 0)").message("every except entry must be a CIDR narrower than /0"))]
-    pub except: Vec<String>,
+    pub(crate) except: Vec<String>,
 }
 
 /// Egress to the pods behind an in-cluster service.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct ServiceEgress {
+pub(crate) struct ServiceEgress {
     /// A name for this entry (unique in the profile), for people reading the policy.
     #[schemars(length(min = 1, max = 63))]
-    pub name: String,
+    pub(crate) name: String,
     /// The service's namespace. Absent: the run's own namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// The service's pods (its selector). Empty: every pod of the namespace.
     #[serde(default)]
-    pub pod_selector: Selector,
+    pub(crate) pod_selector: Selector,
     /// The ports allowed (the pods' ports, i.e. the Service's targetPorts; at least one).
     #[schemars(length(min = 1, max = 64))]
-    pub ports: Vec<PortSpec>,
+    pub(crate) ports: Vec<PortSpec>,
 }
 
 /// Egress to a CIDR.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("!has(self.except) || self.except.all(e, isCIDR(e) && cidr(self.cidr).containsCIDR(e))").message("every except entry must be a CIDR inside cidr"))]
-pub struct CidrEgress {
+pub(crate) struct CidrEgress {
     /// An IPv4 or IPv6 CIDR.
     #[x_kube(validation = kube::core::Rule::new("isCIDR(self)").message("must be a CIDR such as 198.51.100.0/24 or 2001:db8::/32"))]
     #[schemars(length(min = 1, max = 64))]
-    pub cidr: String,
+    pub(crate) cidr: String,
     /// Ranges inside `cidr` to except.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 64)))]
-    pub except: Vec<String>,
+    pub(crate) except: Vec<String>,
     /// The ports allowed. Empty: every port of every protocol.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
-    pub ports: Vec<PortSpec>,
+    pub(crate) ports: Vec<PortSpec>,
 }
 
 /// The shape of a domain name as the schema checks it (the controller parses it with
 /// [`crate::dns::DomainPattern`], which also bounds the name to 253 characters): an optional
 /// `*.`, two or more labels of letters, digits, `-` and `_` (1–63, not starting or ending
 /// with `-`), an optional trailing dot.
-pub const DOMAIN_NAME_PATTERN: &str =
+pub(crate) const DOMAIN_NAME_PATTERN: &str =
     r"^(\*\.)?([a-zA-Z0-9_]([-a-zA-Z0-9_]{0,61}[a-zA-Z0-9_])?\.)+[a-zA-Z0-9_]([-a-zA-Z0-9_]{0,61}[a-zA-Z0-9_])?\.?$";
 
 /// Egress to a domain name.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct DomainEgress {
+pub(crate) struct DomainEgress {
     /// An exact name (`github.com`) or `*.` and a name (`*.pypi.org`: one or more whole
     /// labels before `pypi.org`, never `pypi.org` itself). Case-insensitive; a trailing dot
     /// is ignored. Unique in the profile.
     #[schemars(length(min = 1, max = 256), pattern(DOMAIN_NAME_PATTERN))]
-    pub name: String,
+    pub(crate) name: String,
     /// The ports allowed (at least one: there is no "every port" for names).
     #[schemars(length(min = 1, max = 64))]
-    pub ports: Vec<PortSpec>,
+    pub(crate) ports: Vec<PortSpec>,
 }
 
 /// Pods allowed to connect to the run's pods.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct IngressPeer {
+pub(crate) struct IngressPeer {
     /// A name for this entry, for people reading the policy.
     #[schemars(length(min = 1, max = 63))]
-    pub name: String,
+    pub(crate) name: String,
     /// The peers' namespace. Absent: the run's own namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// The peer pods. Empty: every pod of the namespace.
     #[serde(default)]
-    pub pod_selector: Selector,
+    pub(crate) pod_selector: Selector,
     /// The run's ports they may connect to. Empty: every port.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
-    pub ports: Vec<PortSpec>,
+    pub(crate) ports: Vec<PortSpec>,
 }
 
 /// A port or a range of ports of one protocol.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("!has(self.endPort) || self.endPort >= self.port").message("endPort must not be below port"))]
-pub struct PortSpec {
+pub(crate) struct PortSpec {
     /// TCP (default), UDP or SCTP.
     #[serde(default)]
-    pub protocol: Protocol,
+    pub(crate) protocol: Protocol,
     /// The port (1–65535).
     #[schemars(range(min = 1, max = 65535))]
-    pub port: i32,
+    pub(crate) port: i32,
     /// The last port of a range (inclusive).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
-    pub end_port: Option<i32>,
+    pub(crate) end_port: Option<i32>,
 }
 
 /// A transport protocol.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     #[default]
     #[serde(rename = "TCP")]
     Tcp,
@@ -216,7 +221,7 @@ pub enum Protocol {
 
 impl Protocol {
     /// The name NetworkPolicy and CiliumNetworkPolicy use.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Tcp => "TCP",
             Self::Udp => "UDP",
@@ -228,19 +233,19 @@ impl Protocol {
 /// A label selector (the Kubernetes `LabelSelector`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct Selector {
+pub(crate) struct Selector {
     /// Labels the pods must carry.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub match_labels: BTreeMap<String, String>,
+    pub(crate) match_labels: BTreeMap<String, String>,
     /// Requirements the pods' labels must meet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
-    pub match_expressions: Vec<SelectorRequirement>,
+    pub(crate) match_expressions: Vec<SelectorRequirement>,
 }
 
 impl Selector {
     /// Whether the selector selects everything.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.match_labels.is_empty() && self.match_expressions.is_empty()
     }
 }
@@ -249,21 +254,21 @@ impl Selector {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)").message("In and NotIn need values; Exists and DoesNotExist take none"))]
-pub struct SelectorRequirement {
+pub(crate) struct SelectorRequirement {
     /// The label key.
     #[schemars(length(min = 1, max = 317))]
-    pub key: String,
+    pub(crate) key: String,
     /// In, NotIn, Exists or DoesNotExist.
-    pub operator: SelectorOperator,
+    pub(crate) operator: SelectorOperator,
     /// The values (In, NotIn).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 63)))]
-    pub values: Vec<String>,
+    pub(crate) values: Vec<String>,
 }
 
 /// A selector requirement's operator.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SelectorOperator {
+pub(crate) enum SelectorOperator {
     In,
     NotIn,
     Exists,
@@ -271,7 +276,7 @@ pub enum SelectorOperator {
 }
 
 impl SelectorOperator {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::In => "In",
             Self::NotIn => "NotIn",
@@ -287,7 +292,7 @@ impl SelectorOperator {
 pub struct RunProfileStatus {
     /// The generation the conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
+    pub(crate) observed_generation: Option<i64>,
     /// `Ready`: whether runs can use the profile, and why not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -329,13 +334,13 @@ pub struct RunSpec {
     /// isolates such pods from their creation, so none is open before the policy exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("(has(self.matchLabels) && 'flock.dev/run' in self.matchLabels) || (has(self.matchExpressions) && self.matchExpressions.exists(e, e.key == 'flock.dev/run' && (e.operator == 'In' || e.operator == 'Exists')))").message("podSelector must require the flock.dev/run label (pods without it would be open until the run's policy exists)"))]
-    pub pod_selector: Option<Selector>,
+    pub(crate) pod_selector: Option<Selector>,
     /// How long the run may use its egress, in seconds from its creation. When it passes,
     /// the controller rewrites the run's policy to allow nothing (its pods stay isolated,
     /// both ways) and sets `Expired`. Raising it extends the run, also after expiry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
-    pub active_deadline_seconds: Option<i64>,
+    pub(crate) active_deadline_seconds: Option<i64>,
 }
 
 /// What the controller reports about a run.
@@ -385,7 +390,7 @@ pub struct Grant {
     /// The expiry then in force.
     #[serde(default)]
     #[schemars(length(max = 64))]
-    pub expires_at: Option<String>,
+    pub(crate) expires_at: Option<String>,
 }
 
 /// The pinned enforcement decision.
@@ -399,7 +404,7 @@ pub struct Enforcement {
     pub mode: String,
     /// Why (the mode, or what the auto probe found).
     #[schemars(length(max = 1024))]
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// The policy object applied for a run.
@@ -407,10 +412,10 @@ pub struct Enforcement {
 #[serde(rename_all = "camelCase")]
 pub struct AppliedPolicy {
     /// `networking.k8s.io/v1` or `cilium.io/v2`.
-    pub api_version: String,
+    pub(crate) api_version: String,
     /// `NetworkPolicy` or `CiliumNetworkPolicy`.
     pub kind: String,
-    pub name: String,
+    pub(crate) name: String,
     pub uid: String,
     /// The policy's `metadata.generation` as applied (what nodes must report enforcing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -442,53 +447,53 @@ pub struct AppliedPolicy {
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
-pub struct FlockNodeSpec {}
+pub(crate) struct FlockNodeSpec {}
 
 /// What a node's agent reports.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct FlockNodeStatus {
+pub(crate) struct FlockNodeStatus {
     /// flock-agent's version.
     #[schemars(length(max = 64))]
-    pub version: String,
+    pub(crate) version: String,
     /// The API server as the agent sees it: Connected, Degraded or Disconnected.
     #[schemars(length(max = 32))]
-    pub api: String,
+    pub(crate) api: String,
     /// The ruleset of the last committed sync.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ruleset: Option<NodeRuleset>,
+    pub(crate) ruleset: Option<NodeRuleset>,
     /// Why the last sync failed (empty when it committed; the last committed ruleset stays).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 4096))]
-    pub last_error: String,
+    pub(crate) last_error: String,
     /// The NetworkPolicies that select a run pod (labelled `flock.dev/run`) scheduled on this
     /// node, each with the `metadata.generation` the last committed sync enforces.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
-    pub run_policies: Vec<EnforcedPolicy>,
+    pub(crate) run_policies: Vec<EnforcedPolicy>,
 }
 
 /// The last committed ruleset of a node.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct NodeRuleset {
+pub(crate) struct NodeRuleset {
     /// SHA-256 of the ruleset (its structure, as rendered; equal rulesets, equal hashes).
     #[schemars(length(max = 64))]
-    pub hash: String,
-    pub rules: i64,
-    pub set_elements: i64,
+    pub(crate) hash: String,
+    pub(crate) rules: i64,
+    pub(crate) set_elements: i64,
     /// Local pod endpoints the ruleset covers.
-    pub local_endpoints: i64,
+    pub(crate) local_endpoints: i64,
 }
 
 /// A policy a node enforces, at a generation.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "camelCase")]
-pub struct EnforcedPolicy {
+pub(crate) struct EnforcedPolicy {
     /// `namespace/name`.
     #[schemars(length(min = 1, max = 317))]
-    pub name: String,
-    pub generation: i64,
+    pub(crate) name: String,
+    pub(crate) generation: i64,
 }
 
 /// AuditEvent: one grant, change, withdrawal or expiry of a run's egress, written by
@@ -540,7 +545,7 @@ pub struct AuditEventSpec {
     pub expires_at: Option<String>,
     /// When the controller recorded it (RFC 3339).
     #[schemars(length(min = 1, max = 64))]
-    pub time: String,
+    pub(crate) time: String,
 }
 
 /// The run an `AuditEvent` is about.
@@ -568,9 +573,9 @@ pub struct AuditProfile {
 #[serde(rename_all = "camelCase")]
 pub struct AuditPolicy {
     #[schemars(length(max = 64))]
-    pub kind: String,
+    pub(crate) kind: String,
     #[schemars(length(max = 253))]
-    pub name: String,
+    pub(crate) name: String,
     /// Its generation after the change (absent when the change was recorded before it was
     /// applied: grants are recorded first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -593,7 +598,7 @@ pub enum AuditAction {
 }
 
 impl AuditAction {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Granted => "Granted",
             Self::Changed => "Changed",
@@ -611,7 +616,7 @@ pub struct Condition {
     /// `Ready`, `NetworkPolicyReady`.
     #[serde(rename = "type")]
     #[schemars(length(min = 1, max = 316))]
-    pub type_: String,
+    pub(crate) type_: String,
     /// True, False or Unknown.
     #[schemars(length(min = 1, max = 7))]
     pub status: String,
@@ -624,20 +629,20 @@ pub struct Condition {
     pub message: String,
     /// When the status last changed (RFC 3339).
     #[schemars(length(min = 1, max = 64))]
-    pub last_transition_time: String,
+    pub(crate) last_transition_time: String,
     /// The generation the condition describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
+    pub(crate) observed_generation: Option<i64>,
 }
 
 /// Condition status strings.
-pub const TRUE: &str = "True";
-pub const FALSE: &str = "False";
-pub const UNKNOWN: &str = "Unknown";
+pub(crate) const TRUE: &str = "True";
+pub(crate) const FALSE: &str = "False";
+pub(crate) const UNKNOWN: &str = "Unknown";
 
 /// Sets condition `type_` in `conditions`: `lastTransitionTime` changes only when the status
 /// does (a reason or message change keeps it), so a no-op pass leaves the list equal.
-pub fn set_condition(
+pub(crate) fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: &str,
     status: bool,
@@ -650,7 +655,7 @@ pub fn set_condition(
 }
 
 /// [`set_condition`] with the status as a string (`True`, `False`, `Unknown`).
-pub fn set_condition_status(
+pub(crate) fn set_condition_status(
     conditions: &mut Vec<Condition>,
     type_: &str,
     status: &str,
@@ -688,8 +693,8 @@ pub fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Con
 /// One thing wrong with a spec: the field (a JSON path from `spec`) and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
-    pub field: String,
-    pub message: String,
+    pub(crate) field: String,
+    pub(crate) message: String,
 }
 
 impl std::fmt::Display for Problem {
@@ -699,14 +704,14 @@ impl std::fmt::Display for Problem {
 }
 
 /// Problems joined for a condition message.
-pub fn describe(problems: &[Problem]) -> String {
+pub(crate) fn describe(problems: &[Problem]) -> String {
     problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 impl RunProfileSpec {
     /// A profile that grants nothing (what an expired run's policy is rendered from when its
     /// own profile is gone or invalid).
-    pub fn withdrawn() -> Self {
+    pub(crate) fn withdrawn() -> Self {
         Self {
             dns: false,
             internet: None,
@@ -829,7 +834,7 @@ impl RunSpec {
 }
 
 /// Whether every pod `sel` selects carries the `flock.dev/run` label.
-pub fn requires_run_label(sel: &Selector) -> bool {
+pub(crate) fn requires_run_label(sel: &Selector) -> bool {
     sel.match_labels.contains_key(RUN_LABEL)
         || sel.match_expressions.iter().any(|e| e.key == RUN_LABEL && matches!(e.operator, SelectorOperator::In | SelectorOperator::Exists))
 }
@@ -840,7 +845,7 @@ fn problem(field: impl Into<String>, message: impl Into<String>) -> Problem {
 
 /// A CIDR in canonical form (`198.51.100.0/24`); host bits set are rejected as the API
 /// server's `isCIDR` accepts them but NetworkPolicy validation does not.
-pub fn parse_cidr(s: &str) -> Option<IpNet> {
+pub(crate) fn parse_cidr(s: &str) -> Option<IpNet> {
     let net: IpNet = s.parse().ok()?;
     (net.trunc() == net).then_some(net)
 }

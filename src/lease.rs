@@ -203,7 +203,7 @@ impl Elector {
     }
 
     /// Waits until this candidate holds the Lease; `false` when `stop` came first.
-    pub async fn acquire(&mut self, stop: &mut watch::Receiver<bool>) -> bool {
+    pub(crate) async fn acquire(&mut self, stop: &mut watch::Receiver<bool>) -> bool {
         let mut last_holder = None;
         loop {
             if *stop.borrow() {
@@ -233,7 +233,7 @@ impl Elector {
     /// Renews until `stop` (then `Ok`) or until the Lease is lost: another holder, or no
     /// successful renewal for the renew deadline. Returns by that deadline at the latest, so a
     /// caller that stops its work on return has stopped before anyone else may take over.
-    pub async fn hold(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), LeaseError> {
+    pub(crate) async fn hold(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), LeaseError> {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.cfg.renew_period) => {}
@@ -255,7 +255,7 @@ impl Elector {
 
     /// Gives the Lease up (when this candidate holds it), so another need not wait out the
     /// lease duration.
-    pub async fn release(&mut self) {
+    pub(crate) async fn release(&mut self) {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.name).await else { return };
         let Some(spec) = lease.spec.as_mut() else { return };
         if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {

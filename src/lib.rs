@@ -23,6 +23,8 @@
 //! controller build without it), hidden from its documentation: they are the tool's, not a
 //! library API.
 
+#![warn(unreachable_pub)]
+
 pub mod agent;
 pub mod apply;
 #[cfg(feature = "tool")]
@@ -40,7 +42,7 @@ pub mod fuzzing;
 pub mod lease;
 pub mod model;
 pub mod nflog;
-pub mod nfnetlink;
+pub(crate) mod nfnetlink;
 pub use flock_cni::netns;
 pub mod nft;
 pub mod process;

@@ -4,33 +4,33 @@
 //! kernel's acknowledgements, each way. Pure: bytes in, bytes out.
 
 // From linux/netlink.h.
-pub const NLM_F_REQUEST: u16 = 0x1;
-pub const NLM_F_MULTI: u16 = 0x2;
-pub const NLM_F_ACK: u16 = 0x4;
-pub const NLM_F_EXCL: u16 = 0x200;
-pub const NLM_F_DUMP: u16 = 0x300;
-pub const NLM_F_CREATE: u16 = 0x400;
-pub const NLMSG_ERROR: u16 = 0x2;
-pub const NLMSG_DONE: u16 = 0x3;
+pub(crate) const NLM_F_REQUEST: u16 = 0x1;
+pub(crate) const NLM_F_MULTI: u16 = 0x2;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
+pub(crate) const NLM_F_EXCL: u16 = 0x200;
+pub(crate) const NLM_F_DUMP: u16 = 0x300;
+pub(crate) const NLM_F_CREATE: u16 = 0x400;
+pub(crate) const NLMSG_ERROR: u16 = 0x2;
+pub(crate) const NLMSG_DONE: u16 = 0x3;
 const NLA_F_NESTED: u16 = 0x8000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// A datagram whose message header claims more bytes than arrived (or fewer than a header).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("a netlink message of {claimed} bytes in {received} received")]
-pub struct Malformed {
-    pub claimed: usize,
-    pub received: usize,
+pub(crate) struct Malformed {
+    pub(crate) claimed: usize,
+    pub(crate) received: usize,
 }
 
-pub fn nul_terminated(s: &str) -> Vec<u8> {
+pub(crate) fn nul_terminated(s: &str) -> Vec<u8> {
     let mut b = s.as_bytes().to_vec();
     b.push(0);
     b
 }
 
 /// Appends attribute `ty` holding `payload`, padded to 4 bytes.
-pub fn attr(out: &mut Vec<u8>, ty: u16, payload: &[u8]) {
+pub(crate) fn attr(out: &mut Vec<u8>, ty: u16, payload: &[u8]) {
     let len = 4 + payload.len();
     // Callers bound their payloads far below 64 KiB (nf_tables' element lists, keys, names).
     out.extend_from_slice(&(len as u16).to_ne_bytes());
@@ -40,7 +40,7 @@ pub fn attr(out: &mut Vec<u8>, ty: u16, payload: &[u8]) {
 }
 
 /// Appends nested attribute `ty` whose content `fill` writes.
-pub fn nested(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn nested(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     fill(out);
@@ -50,7 +50,7 @@ pub fn nested(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>)) {
 }
 
 /// The netlink messages of one datagram: (type, flags, seq, body after the header).
-pub fn messages(mut b: &[u8]) -> impl Iterator<Item = Result<(u16, u16, u32, &[u8]), Malformed>> {
+pub(crate) fn messages(mut b: &[u8]) -> impl Iterator<Item = Result<(u16, u16, u32, &[u8]), Malformed>> {
     std::iter::from_fn(move || {
         if b.len() < 16 {
             return None;
@@ -71,7 +71,7 @@ pub fn messages(mut b: &[u8]) -> impl Iterator<Item = Result<(u16, u16, u32, &[u
 }
 
 /// The (seq, error code) of every acknowledgement or error in a datagram.
-pub fn acks(datagram: &[u8]) -> Vec<(u32, i32)> {
+pub(crate) fn acks(datagram: &[u8]) -> Vec<(u32, i32)> {
     messages(datagram)
         .filter_map(Result::ok)
         .filter(|(t, _, _, body)| *t == NLMSG_ERROR && body.len() >= 4)
@@ -80,13 +80,13 @@ pub fn acks(datagram: &[u8]) -> Vec<(u32, i32)> {
 }
 
 /// The attributes of a netlink message body: (type without flags, value).
-pub fn attributes(b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub(crate) fn attributes(b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     raw_attributes(b).map(|(ty, _, value)| (ty, value))
 }
 
 /// The attributes of a body as (type without flags, the whole attribute with its padding,
 /// its value): what a reader that keeps attributes as they came needs.
-pub fn raw_attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8], &[u8])> {
+pub(crate) fn raw_attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8], &[u8])> {
     std::iter::from_fn(move || {
         if b.len() < 4 {
             return None;
@@ -104,7 +104,7 @@ pub fn raw_attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8], &[u8])>
 }
 
 /// Appends a netlink message: header, nfgenmsg, `body`.
-pub fn message(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16, body: &[u8]) {
+pub(crate) fn message(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16, body: &[u8]) {
     let len = 16 + 4 + body.len();
     out.extend_from_slice(&(len as u32).to_ne_bytes());
     out.extend_from_slice(&ty.to_ne_bytes());

@@ -21,7 +21,7 @@ pub const COMMIT: &str = env!("FLOCK_COMMIT");
 /// for build metadata: join other series on it to see which build produced them), in
 /// `registry`. flock-agent and flock-controller register it in their root registries,
 /// prefixed `flock`, so it reads `flock_build_info` in both.
-pub fn register_build_info(registry: &mut Registry) {
+pub(crate) fn register_build_info(registry: &mut Registry) {
     let info = Family::<MetricLabels, Gauge>::default();
     info.get_or_create(&vec![("version".to_string(), VERSION.to_string()), ("commit".to_string(), COMMIT.to_string())]).set(1);
     registry.register("build_info", "The version and git commit of this build (always 1)", info);
@@ -83,20 +83,20 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A metric family's label set.
-pub type MetricLabels = Vec<(String, String)>;
+pub(crate) type MetricLabels = Vec<(String, String)>;
 
 /// One label.
-pub fn metric_label(k: &str, v: &str) -> MetricLabels {
+pub(crate) fn metric_label(k: &str, v: &str) -> MetricLabels {
     vec![(k.to_string(), v.to_string())]
 }
 
 /// Duration buckets from 1 ms, doubling, `count` of them.
-pub fn duration_histogram(count: u16) -> Histogram {
+pub(crate) fn duration_histogram(count: u16) -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, count))
 }
 
 /// The text exposition of `registry`.
-pub fn encode(registry: &Registry) -> String {
+pub(crate) fn encode(registry: &Registry) -> String {
     let mut s = String::new();
     let _ = prometheus_client::encoding::text::encode(&mut s, registry);
     s

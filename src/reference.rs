@@ -66,7 +66,7 @@ pub fn evaluate(s: &Snapshot, flow: &Flow) -> Result<Verdict, String> {
 /// Evaluates flows on one snapshot. The API server's rules (which policy, rule and selector
 /// is valid) are checked once per policy here, by the same functions, and their answers
 /// kept: they are what every flow asks first, and they do not depend on the flow.
-pub struct Evaluator<'s> {
+pub(crate) struct Evaluator<'s> {
     s: &'s Snapshot,
     valid: Validity<'s>,
 }
@@ -84,7 +84,7 @@ struct Validity<'s> {
 }
 
 impl<'s> Evaluator<'s> {
-    pub fn new(s: &'s Snapshot) -> Self {
+    pub(crate) fn new(s: &'s Snapshot) -> Self {
         let np = s
             .policies()
             .map(|p| {
@@ -103,7 +103,7 @@ impl<'s> Evaluator<'s> {
     }
 
     /// The verdict for `flow` (see [`evaluate`]).
-    pub fn evaluate(&self, flow: &Flow) -> Result<Verdict, String> {
+    pub(crate) fn evaluate(&self, flow: &Flow) -> Result<Verdict, String> {
         let s = self.s;
         let (src_addr, src_pod) = resolve(s, &flow.from, flow.family)?;
         let (dst_addr, dst_pod) = resolve(s, &flow.to, flow.family)?;

@@ -34,28 +34,28 @@ use crate::translate::{Direction, EndpointPolicy, NodePolicy};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Revocation {
     /// The connection as policy judges it (after DNAT).
-    pub flow: Tuple,
+    pub(crate) flow: Tuple,
     /// Why (shared by the connections of one pod, peer and port).
-    pub why: Arc<Why>,
+    pub(crate) why: Arc<Why>,
 }
 
 /// What denies a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Why {
+pub(crate) struct Why {
     /// The pod whose policy denies it, `namespace/name`.
-    pub pod: String,
-    pub namespace: String,
-    pub direction: Direction,
-    pub decided_by: Decider,
+    pub(crate) pod: String,
+    pub(crate) namespace: String,
+    pub(crate) direction: Direction,
+    pub(crate) decided_by: Decider,
     /// The rules or isolating policies that deny it.
-    pub deciding: Vec<PolicyRef>,
+    pub(crate) deciding: Vec<PolicyRef>,
     /// A sentence for people.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl Why {
     /// What denies, for logs: each deciding policy, or the tier when none is named.
-    pub fn cause(&self) -> String {
+    pub(crate) fn cause(&self) -> String {
         if self.deciding.is_empty() {
             return self.decided_by.to_string();
         }
@@ -79,7 +79,8 @@ impl<'a> Judge<'a> {
     }
 
     /// `None`: the policy admits the connection, or does not police it.
-    pub fn judge(&self, flow: &Tuple) -> Option<Revocation> {
+    #[cfg(test)]
+    pub(crate) fn judge(&self, flow: &Tuple) -> Option<Revocation> {
         self.why(flow, false).map(|why| Revocation { flow: *flow, why: Arc::new(why) })
     }
 
@@ -94,7 +95,7 @@ impl<'a> Judge<'a> {
     /// Whether the policy denies the connection (nothing allocated). `domain_admitted`: a
     /// domain rule admitted it (its ct mark has `render::DOMAIN_MARK`): the domain rules that
     /// still exist keep it, whatever the TTL of the address it went to (NPEP-133).
-    pub fn denied(&self, flow: &Tuple, domain_admitted: bool) -> bool {
+    pub(crate) fn denied(&self, flow: &Tuple, domain_admitted: bool) -> bool {
         let transport = transport(flow);
         self.ends(flow).any(|(ep, dir, peer)| denies_flow(self.np, ep, dir, peer, transport, domain_admitted && dir == Direction::Egress))
     }
@@ -169,7 +170,7 @@ pub struct Sweep<'e> {
 }
 
 /// A batch of revocations summed up for one log line: how many connections each cause cut.
-pub fn by_cause(revocations: &[Revocation]) -> BTreeMap<String, usize> {
+pub(crate) fn by_cause(revocations: &[Revocation]) -> BTreeMap<String, usize> {
     let mut causes: BTreeMap<*const Why, String> = BTreeMap::new();
     let mut out = BTreeMap::new();
     for r in revocations {

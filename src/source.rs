@@ -34,11 +34,11 @@ pub struct Versioned {
     pub snapshot: Arc<Snapshot>,
     /// When recent versions were made (bounded), so consumers can measure how long a change
     /// took to be enforced.
-    pub changed_at: VecDeque<(u64, Instant)>,
+    pub(crate) changed_at: VecDeque<(u64, Instant)>,
     /// The objects each recent version changed (bounded: see [`Self::journal_from`]).
-    pub changes: VecDeque<(u64, Vec<Change>)>,
+    pub(crate) changes: VecDeque<(u64, Vec<Change>)>,
     /// The journal holds every change of the versions after this one.
-    pub journal_from: u64,
+    pub(crate) journal_from: u64,
     /// Changes in the journal.
     journal_len: usize,
 }
@@ -74,7 +74,7 @@ impl Source {
 
     /// Every object changed after version `after` up to version `upto`, in order; `None` when
     /// the journal no longer reaches back to `after` (translate in full).
-    pub fn changes(&self, after: u64, upto: u64) -> Option<Vec<Change>> {
+    pub(crate) fn changes(&self, after: u64, upto: u64) -> Option<Vec<Change>> {
         let g = self.read();
         if after < g.journal_from {
             return None;
@@ -123,7 +123,7 @@ impl SourceWriter {
     }
 
     /// Changes the snapshot with `f`; publishes the new version if the source is complete.
-    pub fn update<T>(&self, f: impl FnOnce(&mut Snapshot) -> T) -> (u64, T) {
+    pub(crate) fn update<T>(&self, f: impl FnOnce(&mut Snapshot) -> T) -> (u64, T) {
         let (version, out) = {
             let mut g = self.write();
             let snapshot = Arc::make_mut(&mut g.snapshot);
@@ -163,7 +163,7 @@ impl SourceWriter {
     }
 
     /// Marks the source complete (every initial list done) and publishes.
-    pub fn set_complete(&self) {
+    pub(crate) fn set_complete(&self) {
         let v = match self.state.read() {
             Ok(g) => g.version,
             Err(p) => p.into_inner().version,
@@ -171,7 +171,7 @@ impl SourceWriter {
         self.tx.send_replace(Some(v));
     }
 
-    pub fn reader(&self) -> Source {
+    pub(crate) fn reader(&self) -> Source {
         Source { state: self.state.clone(), rx: self.tx.subscribe() }
     }
 }
@@ -197,7 +197,8 @@ impl StaticSource {
     }
 
     /// A copy of the current snapshot and its version.
-    pub fn current(&self) -> (u64, Snapshot) {
+    #[cfg(feature = "tool")]
+    pub(crate) fn current(&self) -> (u64, Snapshot) {
         let g = self.writer.reader();
         let r = g.read();
         (r.version, Snapshot::clone(&r.snapshot))

@@ -75,7 +75,7 @@ pub struct Cluster {
     /// The node benchmarks render for (`node-0`, with `pods_per_node` pods).
     pub node: String,
     pub nodes: usize,
-    pub pods_per_node: usize,
+    pub(crate) pods_per_node: usize,
     pub ipv6: bool,
 }
 
@@ -114,7 +114,7 @@ impl Rng {
         Self(seed)
     }
 
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -229,15 +229,17 @@ fn documented_flags(reference: &str, title: &str) -> Result<BTreeMap<String, Doc
 
 /// The programs and subcommands whose flags the reference documents: the heading, the
 /// binary and its arguments.
-fn programs() -> Vec<(String, &'static str, Vec<String>)> {
+fn programs() -> Vec<(String, String, Vec<String>)> {
     let flockctl = env!("CARGO_BIN_EXE_flockctl");
+    let apiserver = flock::testkit::kernel::workspace_binary("flock-test-apiserver", "flock-test-apiserver");
     let mut out = vec![
-        ("flock-agent flags".to_string(), env!("CARGO_BIN_EXE_flock-agent"), vec![]),
-        ("flock-controller flags".to_string(), env!("CARGO_BIN_EXE_flock-controller"), vec![]),
-        ("flockctl flags".to_string(), flockctl, vec![]),
+        ("flock-agent flags".to_string(), env!("CARGO_BIN_EXE_flock-agent").to_string(), vec![]),
+        ("flock-controller flags".to_string(), env!("CARGO_BIN_EXE_flock-controller").to_string(), vec![]),
+        ("flockctl flags".to_string(), flockctl.to_string(), vec![]),
+        ("flock-test-apiserver flags".to_string(), apiserver.to_string_lossy().into_owned(), vec![]),
     ];
     for sub in subcommands(&help(flockctl, &[])) {
-        out.push((format!("flockctl {sub}"), flockctl, vec![sub]));
+        out.push((format!("flockctl {sub}"), flockctl.to_string(), vec![sub]));
     }
     out
 }
@@ -248,9 +250,9 @@ fn reference_documents_every_flag_of_every_program_and_no_other() {
     let mut problems = Vec::new();
     for (title, bin, args) in programs() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let program = format!("{} {}", Path::new(bin).file_name().unwrap().to_string_lossy(), args.join(" "));
+        let program = format!("{} {}", Path::new(&bin).file_name().unwrap().to_string_lossy(), args.join(" "));
         let program = program.trim();
-        let opts = options(&help(bin, &args));
+        let opts = options(&help(&bin, &args));
         let documented = match documented_flags(&reference, &title) {
             Ok(d) => d,
             Err(e) => {

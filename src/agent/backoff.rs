@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 /// First retry after this long...
-pub const BASE: Duration = Duration::from_secs(1);
+pub(crate) const BASE: Duration = Duration::from_secs(1);
 /// ...doubling up to this (the delay, before jitter).
-pub const CAP: Duration = Duration::from_secs(300);
+pub(crate) const CAP: Duration = Duration::from_secs(300);
 
 /// Consecutive failures and the jitter source.
 #[derive(Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     failures: u32,
     /// xorshift64 state: jitter needs no quality, only spread between nodes.
     rng: u64,
@@ -20,24 +20,24 @@ pub struct Backoff {
 
 impl Backoff {
     /// `seed` spreads nodes' retries (any value but 0 works; 0 is replaced).
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Self { failures: 0, rng: seed.max(1) }
     }
 
     /// Seeded from the process id and the clock, so nodes that failed together do not retry
     /// together.
-    pub fn from_entropy() -> Self {
+    pub(crate) fn from_entropy() -> Self {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         Self::new((u64::from(std::process::id()) << 32) ^ u64::from(nanos))
     }
 
-    pub fn failures(&self) -> u32 {
+    pub(crate) fn failures(&self) -> u32 {
         self.failures
     }
 
     /// Records a failure; the delay before the next attempt: `BASE · 2^(n-1)`, capped at
     /// [`CAP`], then scaled by a random factor in [0.8, 1.2).
-    pub fn fail(&mut self) -> Duration {
+    pub(crate) fn fail(&mut self) -> Duration {
         self.failures = self.failures.saturating_add(1);
         let exp = self.failures.saturating_sub(1).min(16);
         let delay = BASE.saturating_mul(1 << exp).min(CAP);
@@ -50,7 +50,7 @@ impl Backoff {
     }
 
     /// A sync committed: the next failure starts over.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.failures = 0;
     }
 }

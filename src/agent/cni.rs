@@ -35,7 +35,7 @@ use crate::model::{LocalEndpoint, ObjectRef};
 /// bytes longer: both must fit a unix socket address (107 bytes).
 ///
 /// Errors name the file or directory that failed.
-pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+pub(crate) fn bind(path: &Path) -> std::io::Result<UnixListener> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let Some(name) = path.file_name() else {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} names no file", path.display())));

@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use serde_json::json;
 
 /// The conflist content for `pod_cidrs`.
-pub fn render(name: &str, pod_cidrs: &[IpNet], socket: &Path, pending_del_dir: &Path, mtu: Option<u32>) -> String {
+pub(crate) fn render(name: &str, pod_cidrs: &[IpNet], socket: &Path, pending_del_dir: &Path, mtu: Option<u32>) -> String {
     let ranges: Vec<serde_json::Value> = pod_cidrs.iter().map(|c| json!([{"subnet": c.to_string()}])).collect();
     let mut plugin = json!({
         "type": "flock-cni",
@@ -36,23 +36,23 @@ pub fn render(name: &str, pod_cidrs: &[IpNet], socket: &Path, pending_del_dir: &
 /// Writes the conflist when its content changes (atomically: a temporary file, then
 /// rename).
 #[derive(Debug)]
-pub struct Writer {
-    pub path: PathBuf,
-    pub network: String,
-    pub socket: PathBuf,
-    pub pending_del_dir: PathBuf,
-    pub mtu: Option<u32>,
+pub(crate) struct Writer {
+    pub(crate) path: PathBuf,
+    pub(crate) network: String,
+    pub(crate) socket: PathBuf,
+    pub(crate) pending_del_dir: PathBuf,
+    pub(crate) mtu: Option<u32>,
     last: Option<String>,
 }
 
 impl Writer {
-    pub fn new(dir: &Path, file: &str, socket: PathBuf, pending_del_dir: PathBuf, mtu: Option<u32>) -> Self {
+    pub(crate) fn new(dir: &Path, file: &str, socket: PathBuf, pending_del_dir: PathBuf, mtu: Option<u32>) -> Self {
         Self { path: dir.join(file), network: "flock".into(), socket, pending_del_dir, mtu, last: None }
     }
 
     /// Writes the config for `pod_cidrs`; `Ok(true)` when the file changed. Nothing is
     /// written without a pod CIDR (IPAM would have nothing to allocate from).
-    pub fn write(&mut self, pod_cidrs: &[IpNet]) -> std::io::Result<bool> {
+    pub(crate) fn write(&mut self, pod_cidrs: &[IpNet]) -> std::io::Result<bool> {
         if pod_cidrs.is_empty() {
             return Ok(false);
         }

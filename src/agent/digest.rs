@@ -15,7 +15,7 @@ use super::Shared;
 use crate::render::{Ruleset, Stats};
 
 /// The shortest time between the starts of two hashes.
-pub const INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const INTERVAL: Duration = Duration::from_secs(1);
 
 /// A committed ruleset's digest, with what else FlockNode reports of that ruleset.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,9 +31,9 @@ pub struct RulesetDigest {
 
 /// A committed ruleset waiting to be hashed.
 pub(crate) struct Job {
-    pub generation: u64,
-    pub ruleset: Ruleset,
-    pub endpoints: usize,
+    pub(crate) generation: u64,
+    pub(crate) ruleset: Ruleset,
+    pub(crate) endpoints: usize,
 }
 
 /// Where the loop leaves rulesets for the hasher: the newest wins.
@@ -44,7 +44,7 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    pub fn submit(&self, job: Job) {
+    pub(crate) fn submit(&self, job: Job) {
         *self.job.lock().unwrap_or_else(PoisonError::into_inner) = Some(job);
         self.wake.notify_one();
     }

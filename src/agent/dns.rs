@@ -23,7 +23,7 @@ use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute};
 use rtnetlink::{Handle, RouteMessageBuilder};
 use tokio::sync::watch;
 
-use super::dns_proxy::{DnsProxy, Listeners, ProxyConfig, ProxyError, ProxyStats};
+use super::dns_proxy::{DnsProxy, Listeners, ProxyConfig, ProxyError};
 use super::domains::{DomainLearner, DomainRule, KernelWriter};
 use crate::netns::{self, Netns};
 use crate::render::{self, DnsSteer};
@@ -80,7 +80,7 @@ impl Default for DnsConfig {
 
 impl DnsConfig {
     /// The steering the renderer writes for this proxy.
-    pub fn steer(&self) -> DnsSteer {
+    pub(crate) fn steer(&self) -> DnsSteer {
         DnsSteer::new(self.port, self.mark, self.resolvers.iter().map(|a| ipnet::IpNet::from(*a)).collect())
     }
 }
@@ -98,17 +98,16 @@ pub enum DnsError {
 
 /// The file in the agent's state directory that remembers the trusted resolvers the last
 /// committed translation found.
-pub const RESOLVERS_FILE: &str = "dns-resolvers";
+pub(crate) const RESOLVERS_FILE: &str = "dns-resolvers";
 
 /// The running proxy.
-pub struct DnsService {
+pub(crate) struct DnsService {
     learner: Arc<DomainLearner<KernelWriter>>,
     trusted: super::dns_proxy::Trusted,
     /// Trusted whatever the translation finds.
     configured: Vec<IpAddr>,
     /// Where the trusted resolvers are remembered across restarts, and what was written last.
     remembered: Option<(PathBuf, std::sync::Mutex<BTreeSet<IpAddr>>)>,
-    stats: Arc<ProxyStats>,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -149,7 +148,7 @@ impl DnsService {
     /// `remembered`: where the trusted resolvers the translation found are remembered, so that
     /// after a restart, while the API does not answer yet, the proxy still serves the pods the
     /// table (which outlives the agent) steers to it.
-    pub fn start(
+    pub(crate) fn start(
         config: &DnsConfig,
         ns: &Netns,
         metrics: Arc<super::metrics::Metrics>,
@@ -162,7 +161,6 @@ impl DnsService {
         proxy_config.bounds = config.bounds;
         proxy_config.randomize_case = config.randomize_case;
         let proxy = DnsProxy::with_stats(proxy_config, learner.clone(), metrics.dns_stats());
-        let stats = proxy.stats();
         let trusted = proxy.trusted();
         let remembered = remembered.map(|path| {
             let addrs = read_remembered(&path);
@@ -215,22 +213,15 @@ impl DnsService {
             })
             .map_err(|e| DnsError::Thread { netns: ns.describe(), message: e.to_string() })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => {
-                Ok(Self { learner, trusted, configured: config.resolvers.clone(), remembered, stats, stop, thread: Some(thread) })
-            }
+            Ok(Ok(())) => Ok(Self { learner, trusted, configured: config.resolvers.clone(), remembered, stop, thread: Some(thread) }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(DnsError::Thread { netns: ns.describe(), message: "the proxy thread ended before it was ready".into() }),
         }
     }
 
-    /// The proxy's counters.
-    pub fn stats(&self) -> Arc<ProxyStats> {
-        self.stats.clone()
-    }
-
     /// The domain rules and trusted resolvers of a committed translation, for the learner
     /// and the proxy.
-    pub fn set_rules(&self, np: &NodePolicy) {
+    pub(crate) fn set_rules(&self, np: &NodePolicy) {
         self.trusted.set(self.configured.iter().chain(&np.dns_resolvers).copied().collect());
         self.learner.set_rules(domain_rules(np));
         if let Some((path, last)) = &self.remembered {

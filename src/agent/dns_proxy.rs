@@ -87,23 +87,23 @@ impl Default for Bounds {
 pub struct ProxyConfig {
     /// The port the proxy listens on, on 127.0.0.1 and ::1 (UDP and TCP; tproxy delivers
     /// there).
-    pub port: u16,
+    pub(crate) port: u16,
     /// Resolvers whose answers teach addresses at first ([`DnsProxy::trusted`] replaces
     /// them); queries to others are not steered here and are dropped if they come.
-    pub trusted: Vec<IpAddr>,
+    pub(crate) trusted: Vec<IpAddr>,
     /// Bounds on what an answer teaches.
     pub limits: Limits,
     /// How long to wait for the resolver's answer.
-    pub upstream_timeout: Duration,
+    pub(crate) upstream_timeout: Duration,
     /// Listen on IPv6 too.
     pub ipv6: bool,
     /// The packet mark of the proxy's upstream sockets (`SO_MARK`): the rendered table marks
     /// their connections so that answers come back to the proxy (0: unmarked, for tests
     /// without the rendered table).
-    pub upstream_mark: u32,
+    pub(crate) upstream_mark: u32,
     /// The letters of an asked name go upstream in a random case (DNS 0x20): the answer must
     /// echo them. Off for a resolver that does not keep the case.
-    pub randomize_case: bool,
+    pub(crate) randomize_case: bool,
     pub bounds: Bounds,
 }
 
@@ -155,9 +155,9 @@ pub enum RefusedBy {
 }
 
 impl RefusedBy {
-    pub const ALL: [Self; 4] = [Self::NotSteered, Self::Malformed, Self::PodLimit, Self::NodeLimit];
+    pub(crate) const ALL: [Self; 4] = [Self::NotSteered, Self::Malformed, Self::PodLimit, Self::NodeLimit];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::NotSteered => "not_steered",
             Self::Malformed => "malformed",
@@ -193,13 +193,13 @@ pub struct ProxyStats {
     /// (another id, another question or case): dropped (forgeries, or stale answers).
     pub mismatched: AtomicU64,
     /// UDP answers larger than [`Bounds::max_udp_answer`]: the pod got a truncated answer.
-    pub truncated: AtomicU64,
+    pub(crate) truncated: AtomicU64,
     /// Queries and TCP connections refused, by [`RefusedBy`].
-    pub refused: [AtomicU64; 4],
+    pub(crate) refused: [AtomicU64; 4],
     /// Total time answers were held for the learner, microseconds (with `learned`: the mean).
-    pub held_micros: AtomicU64,
+    pub(crate) held_micros: AtomicU64,
     /// The same, per answer (seconds; the agent exports it as a histogram).
-    pub held: prometheus_client::metrics::histogram::Histogram,
+    pub(crate) held: prometheus_client::metrics::histogram::Histogram,
 }
 
 impl Default for ProxyStats {
@@ -285,7 +285,7 @@ impl Drop for Slot {
 
 /// The proxy's sockets, bound in the network namespace that was current when
 /// [`Listeners::bind`] ran (the agent's: the node's).
-pub struct Listeners {
+pub(crate) struct Listeners {
     udp: Vec<UdpSocket>,
     tcp: Vec<TcpListener>,
 }
@@ -293,7 +293,7 @@ pub struct Listeners {
 impl Listeners {
     /// Binds the transparent listeners on 127.0.0.1 (and ::1) at `config.port`. Needs a
     /// tokio runtime (the sockets register with it) and CAP_NET_ADMIN (transparent sockets).
-    pub fn bind(config: &ProxyConfig) -> Result<Self, ProxyError> {
+    pub(crate) fn bind(config: &ProxyConfig) -> Result<Self, ProxyError> {
         let mut addrs = vec![SocketAddr::from((Ipv4Addr::LOCALHOST, config.port))];
         if config.ipv6 {
             addrs.push(SocketAddr::from((Ipv6Addr::LOCALHOST, config.port)));
@@ -373,14 +373,14 @@ fn randomness() -> io::Result<(u16, u64)> {
 /// The resolvers whose answers teach, replaceable while the proxy serves (resolver pods come
 /// and go): the configured ones, then as the agent's translation finds them.
 #[derive(Debug, Clone, Default)]
-pub struct Trusted(Arc<std::sync::RwLock<Arc<std::collections::BTreeSet<IpAddr>>>>);
+pub(crate) struct Trusted(Arc<std::sync::RwLock<Arc<std::collections::BTreeSet<IpAddr>>>>);
 
 impl Trusted {
-    pub fn set(&self, addrs: std::collections::BTreeSet<IpAddr>) {
+    pub(crate) fn set(&self, addrs: std::collections::BTreeSet<IpAddr>) {
         *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(addrs);
     }
 
-    pub fn contains(&self, addr: &IpAddr) -> bool {
+    pub(crate) fn contains(&self, addr: &IpAddr) -> bool {
         self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(addr)
     }
 }
@@ -421,18 +421,18 @@ impl<L: Learner> DnsProxy<L> {
     }
 
     /// A proxy counting into `stats` (the agent's metrics hold them).
-    pub fn with_stats(config: ProxyConfig, learner: Arc<L>, stats: Arc<ProxyStats>) -> Self {
+    pub(crate) fn with_stats(config: ProxyConfig, learner: Arc<L>, stats: Arc<ProxyStats>) -> Self {
         let trusted = Trusted::default();
         trusted.set(config.trusted.iter().copied().collect());
         Self { config: Arc::new(config), trusted, learner, stats, in_flight: Arc::default(), connections: Arc::default() }
     }
 
     /// The trusted resolvers, to replace while serving.
-    pub fn trusted(&self) -> Trusted {
+    pub(crate) fn trusted(&self) -> Trusted {
         self.trusted.clone()
     }
 
-    pub fn config(&self) -> &ProxyConfig {
+    pub(crate) fn config(&self) -> &ProxyConfig {
         &self.config
     }
 
@@ -442,7 +442,7 @@ impl<L: Learner> DnsProxy<L> {
 
     /// Serves until `stop` turns true (or its sender is gone). Each query is served on a
     /// task of its own.
-    pub async fn serve(self, listeners: Listeners, stop: watch::Receiver<bool>) {
+    pub(crate) async fn serve(self, listeners: Listeners, stop: watch::Receiver<bool>) {
         let mut tasks = tokio::task::JoinSet::new();
         for sock in listeners.udp {
             tasks.spawn(self.clone().serve_udp(sock, stop.clone()));

@@ -58,7 +58,7 @@ impl Default for LearnedBounds {
 
 /// An address this close to its expiry is left to expire rather than deleted to make room:
 /// the kernel may already have dropped it, and deleting what is gone fails the batch.
-pub const EVICT_MARGIN: Duration = Duration::from_secs(2);
+pub(crate) const EVICT_MARGIN: Duration = Duration::from_secs(2);
 
 /// Writes learned elements into timed sets (the kernel's: [`NfSocket`]; a fake in tests).
 pub trait TimedWriter: Send + 'static {
@@ -182,13 +182,13 @@ impl<W: TimedWriter> DomainLearner<W> {
     }
 
     /// With other bounds on what the sets hold.
-    pub fn with_bounds(mut self, bounds: LearnedBounds) -> Self {
+    pub(crate) fn with_bounds(mut self, bounds: LearnedBounds) -> Self {
         self.bounds = bounds;
         self
     }
 
     /// Counting what each rule learns in `metrics`.
-    pub fn with_metrics(mut self, metrics: Arc<super::metrics::Metrics>) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: Arc<super::metrics::Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -205,7 +205,7 @@ impl<W: TimedWriter> DomainLearner<W> {
 
     /// The elements `learned` adds for the pod at `client`, per set (none when no rule of the
     /// pod matches the name).
-    pub fn elements(&self, client: IpAddr, learned: &Learned) -> Vec<(String, Vec<TimedElement>)> {
+    pub(crate) fn elements(&self, client: IpAddr, learned: &Learned) -> Vec<(String, Vec<TimedElement>)> {
         let comment = match learned.chain.last() {
             Some(last) => format!("{} (via {last})", learned.name),
             None => learned.name.clone(),
@@ -235,7 +235,7 @@ impl<W: TimedWriter> DomainLearner<W> {
     }
 
     /// The addresses held now, in all sets (what expired up to a second ago may count).
-    pub fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).1.total
     }
 

@@ -84,20 +84,20 @@ impl std::str::FromStr for ListenAddr {
 
 /// What the endpoints read.
 #[derive(Clone)]
-pub struct HttpState {
-    pub metrics: Arc<Metrics>,
-    pub status: watch::Receiver<SyncStatus>,
-    pub source: Source,
-    pub health: Option<Arc<ApiHealth>>,
+pub(crate) struct HttpState {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) status: watch::Receiver<SyncStatus>,
+    pub(crate) source: Source,
+    pub(crate) health: Option<Arc<ApiHealth>>,
     /// `/healthz` fails when the last committed sync is older than this.
-    pub max_sync_age: Duration,
+    pub(crate) max_sync_age: Duration,
     /// Before the first sync, `/healthz` passes for this long (caches are loading).
-    pub startup_grace: Duration,
-    pub started: Instant,
+    pub(crate) startup_grace: Duration,
+    pub(crate) started: Instant,
 }
 
 /// A JSON response.
-pub fn json_response(code: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
+pub(crate) fn json_response(code: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
     *r.status_mut() = code;
     r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
@@ -105,7 +105,7 @@ pub fn json_response(code: StatusCode, body: serde_json::Value) -> Response<Full
 }
 
 /// A Prometheus (OpenMetrics text) response.
-pub fn metrics_response(text: String) -> Response<Full<Bytes>> {
+pub(crate) fn metrics_response(text: String) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(text)));
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -115,7 +115,7 @@ pub fn metrics_response(text: String) -> Response<Full<Bytes>> {
 }
 
 /// Answers one request.
-pub fn respond(state: &HttpState, path: &str) -> Response<Full<Bytes>> {
+pub(crate) fn respond(state: &HttpState, path: &str) -> Response<Full<Bytes>> {
     let st = state.status.borrow().clone();
     let report = state.health.as_ref().map(|h| h.report());
     let api = report.as_ref().map(|r| r.state.as_str());
@@ -161,7 +161,7 @@ pub fn respond(state: &HttpState, path: &str) -> Response<Full<Bytes>> {
 }
 
 /// Serves the agent's endpoints until `stop`.
-pub async fn serve(addr: ListenAddr, state: HttpState, stop: watch::Receiver<bool>) -> std::io::Result<()> {
+pub(crate) async fn serve(addr: ListenAddr, state: HttpState, stop: watch::Receiver<bool>) -> std::io::Result<()> {
     let handler: Handler = Arc::new(move |path: &str| respond(&state, path));
     serve_with(addr, handler, stop).await
 }
@@ -171,22 +171,22 @@ pub async fn serve(addr: ListenAddr, state: HttpState, stop: watch::Receiver<boo
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// A connection's request headers must arrive within this.
-    pub header_read: Duration,
+    pub(crate) header_read: Duration,
     /// A connection (request, handler and response, written to a client that may read slowly)
     /// is cut after this.
-    pub connection: Duration,
+    pub(crate) connection: Duration,
     /// Connections served at once from the shared pool: every peer that is not local, and
     /// local ones when their reserve is busy.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// Connections served at once from one remote peer address (in the shared pool).
-    pub per_peer: usize,
+    pub(crate) per_peer: usize,
     /// Connections reserved for local peers ([`LocalPeers`]) and unix-socket clients: no other
     /// peer can take them.
-    pub local_connections: usize,
+    pub(crate) local_connections: usize,
     /// Which TCP peers are local.
-    pub local_peers: LocalPeers,
+    pub(crate) local_peers: LocalPeers,
     /// The node's addresses are listed again when the last listing is older than this.
-    pub node_address_refresh: Duration,
+    pub(crate) node_address_refresh: Duration,
 }
 
 impl Default for Limits {
@@ -205,16 +205,17 @@ impl Default for Limits {
 
 /// Which TCP peers are the node itself, served from [`Limits::local_connections`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum LocalPeers {
+pub(crate) enum LocalPeers {
     /// Loopback and the node's own addresses, on every interface ([`node_addresses`]).
     #[default]
     Node,
     /// Exactly these addresses (tests, which tell local from remote peers on 127.0.0.0/8).
+    #[cfg(test)]
     Listed(BTreeSet<IpAddr>),
 }
 
 /// Answers a request path with a response (no bodies are read: every endpoint is a GET).
-pub type Handler = Arc<dyn Fn(&str) -> Response<Full<Bytes>> + Send + Sync>;
+pub(crate) type Handler = Arc<dyn Fn(&str) -> Response<Full<Bytes>> + Send + Sync>;
 
 /// A small HTTP/1 server for health and metrics endpoints (shared by flock-agent and
 /// flock-controller), on TCP or a unix socket, until `stop`.
@@ -223,7 +224,7 @@ pub async fn serve_with(addr: ListenAddr, handler: Handler, stop: watch::Receive
 }
 
 /// [`serve_with`] with explicit [`Limits`].
-pub async fn serve_limited(addr: ListenAddr, handler: Handler, limits: Limits, stop: watch::Receiver<bool>) -> std::io::Result<()> {
+pub(crate) async fn serve_limited(addr: ListenAddr, handler: Handler, limits: Limits, stop: watch::Receiver<bool>) -> std::io::Result<()> {
     let listener = match &addr {
         ListenAddr::Tcp(a) => Listener::Tcp(tokio::net::TcpListener::bind(a).await?),
         ListenAddr::Unix(p) => {
@@ -263,6 +264,7 @@ enum Conn {
 async fn serve_on(listener: Listener, handler: Handler, limits: Limits, mut stop: watch::Receiver<bool>) {
     let slots = Slots::new(&limits);
     let mut local = match &limits.local_peers {
+        #[cfg(test)]
         LocalPeers::Listed(a) => Classifier::Listed(a.iter().map(IpAddr::to_canonical).collect()),
         LocalPeers::Node => {
             let mut node = NodeAddresses::new(limits.node_address_refresh, Box::new(node_addresses));
@@ -342,6 +344,7 @@ enum Peer {
 
 /// Tells local TCP peers from remote ones.
 enum Classifier {
+    #[cfg(test)]
     Listed(BTreeSet<IpAddr>),
     Node(NodeAddresses),
 }
@@ -349,6 +352,7 @@ enum Classifier {
 impl Classifier {
     fn is_local(&mut self, peer: IpAddr, now: Instant) -> bool {
         match self {
+            #[cfg(test)]
             Self::Listed(a) => a.contains(&peer.to_canonical()),
             Self::Node(n) => n.is_local(peer, now),
         }

@@ -338,7 +338,7 @@ impl Metrics {
     }
 
     /// The DNS proxy's counters, for the proxy.
-    pub fn dns_stats(&self) -> std::sync::Arc<super::dns_proxy::ProxyStats> {
+    pub(crate) fn dns_stats(&self) -> std::sync::Arc<super::dns_proxy::ProxyStats> {
         self.dns.clone()
     }
 

@@ -15,9 +15,9 @@
 //! complete (its initial list finished). Rules stay in the kernel when the agent stops.
 
 mod backoff;
-pub mod cni;
-pub mod cniconf;
-pub mod denials;
+pub(crate) mod cni;
+pub(crate) mod cniconf;
+pub(crate) mod denials;
 mod digest;
 pub mod dns;
 pub mod dns_proxy;
@@ -26,7 +26,7 @@ pub mod http;
 pub mod metrics;
 mod registry;
 pub mod revocation;
-pub mod routes;
+pub(crate) mod routes;
 pub mod run_policies;
 mod sync_state;
 mod translation;
@@ -59,22 +59,22 @@ pub struct AgentConfig {
     /// This node's name (pods with this `spec.nodeName` are local).
     pub node: String,
     /// Where the node's nftables and routes live.
-    pub netns: Netns,
+    pub(crate) netns: Netns,
     /// flock-cni's socket.
-    pub socket: PathBuf,
+    pub(crate) socket: PathBuf,
     /// DELs flock-cni queued while the agent was down.
-    pub spool_dir: PathBuf,
+    pub(crate) spool_dir: PathBuf,
     /// Where the endpoint registry is persisted (`None`: memory only).
     pub state_dir: Option<PathBuf>,
     /// How long an ADD waits for its Pod object to appear in the source.
     pub pod_wait: Duration,
     /// How long an ADD waits for the sync that includes it.
-    pub ack_timeout: Duration,
+    pub(crate) ack_timeout: Duration,
     /// A sync starts once no change arrived for this long...
-    pub coalesce: Duration,
+    pub(crate) coalesce: Duration,
     /// ...or this long after the first change, whichever comes first: a lone change is
     /// enforced within milliseconds, a burst of thousands makes a handful of syncs.
-    pub max_coalesce: Duration,
+    pub(crate) max_coalesce: Duration,
     /// Period of the drift check and full resync.
     pub resync: Duration,
     /// Program routes to other nodes' pod CIDRs.
@@ -98,7 +98,7 @@ pub struct AgentConfig {
     /// Where to count what happens.
     pub metrics: Arc<metrics::Metrics>,
     /// Each change of this counter forces a full sync (the API came back after failing).
-    pub full_resync: Option<watch::Receiver<u64>>,
+    pub(crate) full_resync: Option<watch::Receiver<u64>>,
     /// Called as each sync reaches a stage (tests inject faults here).
     #[doc(hidden)]
     pub sync_hook: Option<SyncHook>,
@@ -205,8 +205,8 @@ pub enum StartError {
     Socket { socket: PathBuf, error: std::io::Error },
     #[error(transparent)]
     Routes(#[from] routes::RouteError),
-    #[error("cannot read the endpoint registry {path}: {message}")]
-    Registry { path: PathBuf, message: String },
+    #[error("cannot read the endpoint registry {path}: {error}")]
+    Registry { path: PathBuf, error: registry::LoadError },
     #[error("cannot start the endpoint registry writer: {0}")]
     Persister(std::io::Error),
     #[error("nft ({program}) cannot be used on this node: {error}")]
@@ -376,7 +376,8 @@ impl Shared {
 
 /// Why waiting for the agent's work ended without it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WaitError {
+pub(crate) enum WaitError {
+    #[cfg(feature = "tool")]
     #[error("the agent stopped")]
     Stopped,
     #[error("the agent is shutting down")]
@@ -385,6 +386,7 @@ pub enum WaitError {
     SyncFailed(String),
     #[error("no sync committed within {timeout:?}")]
     NotCommitted { timeout: Duration },
+    #[cfg(feature = "tool")]
     #[error("node {node}: source version {version} not committed (and swept) within {timeout:?} (last error: {last_error})")]
     SourceNotCommitted { node: String, version: u64, timeout: Duration, last_error: String },
     #[error("cannot persist the endpoint registry in {dir}: {error}")]
@@ -410,7 +412,7 @@ impl Agent {
         let prep = config.clone();
         let prepared = tokio::task::spawn_blocking(move || -> Result<_, StartError> {
             let mut endpoints = match &prep.state_dir {
-                Some(dir) => registry::load(dir).map_err(|message| StartError::Registry { path: dir.clone(), message })?,
+                Some(dir) => registry::load(dir).map_err(|error| StartError::Registry { path: dir.clone(), error })?,
                 None => BTreeMap::new(),
             };
             let version = NftCli::new(prep.netns.clone())
@@ -477,7 +479,8 @@ impl Agent {
     }
 
     /// The denials read from the kernel from now on (each one also logged and counted).
-    pub fn denials(&self) -> tokio::sync::broadcast::Receiver<crate::nflog::denial::Denial> {
+    #[cfg(feature = "tool")]
+    pub(crate) fn denials(&self) -> tokio::sync::broadcast::Receiver<crate::nflog::denial::Denial> {
         self.shared.denied.subscribe()
     }
 
@@ -489,7 +492,8 @@ impl Agent {
     /// Waits until a committed sync includes source version `version` and, with revocation,
     /// a sweep has judged the node's connections against it (before that, a connection the
     /// change denies may still pass, or one it admits again still be stopped).
-    pub async fn wait_source(&self, version: u64, timeout: Duration) -> Result<(), WaitError> {
+    #[cfg(feature = "tool")]
+    pub(crate) async fn wait_source(&self, version: u64, timeout: Duration) -> Result<(), WaitError> {
         let mut rx = self.shared.status.subscribe();
         let revoke = self.shared.config.revoke.is_some();
         let done = |s: &SyncStatus| s.source_version >= version && (!revoke || s.swept_source_version >= version);

@@ -32,15 +32,24 @@ struct Entry {
 
 const FILE: &str = "endpoints.json";
 
+/// Why the registry file cannot be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
+    #[error("not a registry: {0}")]
+    Parse(#[from] serde_json::Error),
+}
+
 /// Reads the registry in `dir` (empty when there is none yet).
-pub fn load(dir: &Path) -> Result<BTreeMap<String, LocalEndpoint>, String> {
+pub(crate) fn load(dir: &Path) -> Result<BTreeMap<String, LocalEndpoint>, LoadError> {
     let path = dir.join(FILE);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     };
-    let entries: Vec<Entry> = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    let entries: Vec<Entry> = serde_json::from_slice(&bytes)?;
     Ok(entries
         .into_iter()
         .filter(|e| flock_cni::is_host_interface_name(&e.interface))
@@ -79,11 +88,11 @@ fn save(dir: &Path, entries: &[Entry]) -> std::io::Result<()> {
 
 /// What the writer thread has made durable.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Persisted {
+pub(crate) struct Persisted {
     /// The last generation written (or attempted, when `error` is set).
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// Why the last write failed.
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 #[derive(Default)]
@@ -100,7 +109,7 @@ fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 
 /// Writes the registry on its own thread (see the module doc). Without a state directory it
 /// keeps nothing and every generation is durable at once.
-pub struct Persister {
+pub(crate) struct Persister {
     dir: Option<PathBuf>,
     queue: Shared,
     persisted: watch::Sender<Persisted>,
@@ -108,7 +117,7 @@ pub struct Persister {
 }
 
 impl Persister {
-    pub fn start(dir: Option<PathBuf>) -> std::io::Result<Self> {
+    pub(crate) fn start(dir: Option<PathBuf>) -> std::io::Result<Self> {
         let queue: Shared = Arc::default();
         let persisted = watch::channel(Persisted::default()).0;
         let thread = match &dir {
@@ -123,7 +132,7 @@ impl Persister {
 
     /// Queues the registry as of `generation` (call in generation order, e.g. under the
     /// registry's lock).
-    pub fn submit(&self, generation: u64, eps: &BTreeMap<String, LocalEndpoint>) {
+    pub(crate) fn submit(&self, generation: u64, eps: &BTreeMap<String, LocalEndpoint>) {
         if self.dir.is_none() {
             self.persisted.send_replace(Persisted { generation, error: None });
             return;
@@ -134,7 +143,7 @@ impl Persister {
     }
 
     /// Waits until `generation` (or a later one) is durable; the write error otherwise.
-    pub async fn wait(&self, generation: u64) -> Result<(), super::WaitError> {
+    pub(crate) async fn wait(&self, generation: u64) -> Result<(), super::WaitError> {
         let mut rx = self.persisted.subscribe();
         match rx.wait_for(|p| p.generation >= generation).await {
             Ok(p) => match &p.error {
@@ -149,7 +158,7 @@ impl Persister {
     }
 
     /// Writes what is queued, then stops the thread.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         let (q, cv) = &*self.queue;
         lock(q).stop = true;
         cv.notify_one();

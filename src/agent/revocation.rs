@@ -21,7 +21,7 @@ use super::metrics::Metrics;
 
 /// Why a sweep did not run to the end (what it marked before stays marked).
 #[derive(Debug, thiserror::Error)]
-pub enum SweepError {
+pub(crate) enum SweepError {
     #[error("entering the node's network namespace: {0}")]
     Netns(#[from] NetnsError),
     #[error(transparent)]
@@ -32,27 +32,27 @@ pub enum SweepError {
 
 /// What one sweep found and did.
 #[derive(Debug, Default)]
-pub struct Swept {
+pub(crate) struct Swept {
     /// Entries in the table.
-    pub listed: usize,
+    pub(crate) listed: usize,
     /// The connections the policy denies, revoked (marked; or ended meanwhile).
-    pub revoked: Vec<Revocation>,
+    pub(crate) revoked: Vec<Revocation>,
     /// Denied connections the kernel refused to mark, with why.
-    pub refused: Vec<(Revocation, String)>,
+    pub(crate) refused: Vec<(Revocation, String)>,
     /// Revoked connections the policy admits again, unmarked; and those the kernel refused
     /// to unmark.
-    pub restored: usize,
-    pub unrestored: usize,
+    pub(crate) restored: usize,
+    pub(crate) unrestored: usize,
     /// Entries that could not be decoded (left alone).
-    pub unreadable: Vec<String>,
+    pub(crate) unreadable: Vec<String>,
     /// A newer commit came while judging: nothing was changed (the next sweep judges).
-    pub stale: bool,
+    pub(crate) stale: bool,
 }
 
 /// Judges every connection of `netns` against `np`, marks the denied ones with `bit` and
 /// unmarks the admitted ones — unless `current` says by then that `np` is no longer what the
 /// table enforces (a newer commit: its own sweep follows), when nothing is changed.
-pub fn sweep(netns: &Netns, np: &NodePolicy, bit: u32, current: &(dyn Fn() -> bool + Sync)) -> Result<Swept, SweepError> {
+pub(crate) fn sweep(netns: &Netns, np: &NodePolicy, bit: u32, current: &(dyn Fn() -> bool + Sync)) -> Result<Swept, SweepError> {
     netns::run_in(netns, || {
         let node = node_addresses().map_err(SweepError::Addresses)?;
         let mut socket = ConntrackSocket::open()?;
@@ -96,7 +96,7 @@ pub fn node_addresses() -> nix::Result<BTreeSet<IpAddr>> {
 }
 
 /// Logs and counts what a sweep did.
-pub fn report(metrics: &Metrics, swept: &Swept, seconds: f64) {
+pub(crate) fn report(metrics: &Metrics, swept: &Swept, seconds: f64) {
     if swept.stale {
         tracing::debug!(listed = swept.listed, seconds, "revocation sweep outdated by a newer commit; judging again");
         return;

@@ -16,18 +16,18 @@ use crate::model::Snapshot;
 use crate::netns::{self, Netns};
 
 /// Route protocol number marking flock's routes (`ip route show proto 70`).
-pub const ROUTE_PROTOCOL: u8 = 70;
+pub(crate) const ROUTE_PROTOCOL: u8 = 70;
 
 /// One desired route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct NodeRoute {
-    pub dst: IpNet,
-    pub via: IpAddr,
+pub(crate) struct NodeRoute {
+    pub(crate) dst: IpNet,
+    pub(crate) via: IpAddr,
 }
 
 /// Routes `node` needs: other nodes' pod CIDRs via their InternalIP of the same family. A
 /// CIDR of this node, or one without a gateway of its family, gets no route.
-pub fn desired_routes(snapshot: &Snapshot, node: &str) -> BTreeSet<NodeRoute> {
+pub(crate) fn desired_routes(snapshot: &Snapshot, node: &str) -> BTreeSet<NodeRoute> {
     let mut out = BTreeSet::new();
     for n in snapshot.nodes().filter(|n| n.name != node) {
         for cidr in &n.pod_cidrs {
@@ -60,21 +60,21 @@ type Job = (BTreeSet<NodeRoute>, oneshot::Sender<Result<RouteChanges, RouteError
 
 /// What a reconcile changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RouteChanges {
-    pub added: usize,
-    pub removed: usize,
+pub(crate) struct RouteChanges {
+    pub(crate) added: usize,
+    pub(crate) removed: usize,
 }
 
 /// Programs routes in one namespace, from a thread of its own that entered it (a netlink
 /// socket talks to the namespace it was opened in; async workers never change namespace).
-pub struct Router {
+pub(crate) struct Router {
     tx: mpsc::Sender<Job>,
     netns: String,
 }
 
 impl Router {
     /// Starts the programmer thread for `ns`.
-    pub fn start(ns: Netns) -> Result<Self, RouteError> {
+    pub(crate) fn start(ns: Netns) -> Result<Self, RouteError> {
         let (tx, mut rx) = mpsc::channel::<Job>(4);
         let name = ns.describe();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -119,7 +119,7 @@ impl Router {
     }
 
     /// Makes flock's routes exactly `want`.
-    pub async fn sync(&self, want: BTreeSet<NodeRoute>) -> Result<RouteChanges, RouteError> {
+    pub(crate) async fn sync(&self, want: BTreeSet<NodeRoute>) -> Result<RouteChanges, RouteError> {
         let (reply, rx) = oneshot::channel();
         self.tx.send((want, reply)).await.map_err(|_| RouteError::Stopped { netns: self.netns.clone() })?;
         rx.await.map_err(|_| RouteError::Stopped { netns: self.netns.clone() })?

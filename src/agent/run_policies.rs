@@ -21,7 +21,7 @@ use crate::model::{Change, ObjectRef, Pod, Snapshot};
 use crate::translate::selector::Selector;
 
 /// `namespace/name` → generation (0 when the policy has none, as in a manifest).
-pub type RunPolicyMap = BTreeMap<Arc<str>, i64>;
+pub(crate) type RunPolicyMap = BTreeMap<Arc<str>, i64>;
 
 /// What is kept of a policy of a namespace with run pods.
 #[derive(Debug)]
@@ -68,7 +68,7 @@ impl Namespace {
 }
 
 /// Whether `pod` is a run pod this node enforces policy for.
-pub fn is_local_run_pod(pod: &Pod, node: &str) -> bool {
+pub(crate) fn is_local_run_pod(pod: &Pod, node: &str) -> bool {
     pod.node.as_deref() == Some(node) && !pod.phase.is_terminal() && !pod.host_network && pod.labels.contains_key(RUN_LABEL)
 }
 
@@ -91,7 +91,7 @@ impl RunPolicies {
     }
 
     /// The source version last synced.
-    pub fn version(&self) -> Option<u64> {
+    pub(crate) fn version(&self) -> Option<u64> {
         self.version
     }
 

@@ -11,16 +11,16 @@ use super::backoff::Backoff;
 use crate::translate::PolicyProblem;
 
 /// How long after the last transaction the drift baseline is read.
-pub const BASELINE_QUIET: Duration = Duration::from_secs(1);
+pub(crate) const BASELINE_QUIET: Duration = Duration::from_secs(1);
 /// The shortest time between the starts of two revocation sweeps: a burst of commits
 /// (ADDs) makes a few sweeps, not one each.
-pub const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
+pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
 /// Sweeps outdated in a row after which the next one holds the sync loop.
-pub const STALE_SWEEPS: u32 = 3;
+pub(crate) const STALE_SWEEPS: u32 = 3;
 
 /// What woke the loop for a sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wake {
+pub(crate) enum Wake {
     /// The source or the endpoints changed.
     Changed,
     /// The periodic tick: the drift check is due.
@@ -33,48 +33,48 @@ pub enum Wake {
 
 /// What one sync attempt is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Attempt {
+pub(crate) struct Attempt {
     /// Translates in full and checks drift.
-    pub periodic: bool,
+    pub(crate) periodic: bool,
     /// Rewrites the table whatever the last commit was.
-    pub forced: bool,
+    pub(crate) forced: bool,
 }
 
 /// A committed sync, as the state needs it.
 #[derive(Debug, Clone, Copy)]
-pub struct Commit {
-    pub attempt: Attempt,
+pub(crate) struct Commit {
+    pub(crate) attempt: Attempt,
     /// The transaction changed the table (not skipped as unchanged).
-    pub applied: bool,
+    pub(crate) applied: bool,
     /// The applier has no drift baseline of the table it committed.
-    pub needs_baseline: bool,
+    pub(crate) needs_baseline: bool,
     /// The source version the table holds now.
-    pub source_version: u64,
+    pub(crate) source_version: u64,
 }
 
 /// What the loop does after a commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AfterCommit {
+pub(crate) struct AfterCommit {
     /// Hash the committed ruleset (it changed, or none was hashed yet).
-    pub hash: bool,
+    pub(crate) hash: bool,
     /// The commit changes what a sweep must reflect (count it: a running sweep is outdated).
-    pub count_for_sweeps: bool,
+    pub(crate) count_for_sweeps: bool,
     /// Nothing changed the table since the last sweep: it holds for this source version.
-    pub swept_holds: bool,
+    pub(crate) swept_holds: bool,
 }
 
 /// A finished revocation sweep, as the state needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SweepOutcome {
+pub(crate) struct SweepOutcome {
     /// Another sweep is owed (this one was outdated, failed, or left connections unmarked).
-    pub owed: bool,
+    pub(crate) owed: bool,
     /// A commit came while it ran: it judged a table that is gone.
-    pub stale: bool,
+    pub(crate) stale: bool,
 }
 
 /// The sync loop's state between events.
 #[derive(Debug)]
-pub struct LoopState {
+pub(crate) struct LoopState {
     revoke: bool,
     pending: Attempt,
     backoff: Backoff,
@@ -109,7 +109,7 @@ pub struct LoopState {
 
 impl LoopState {
     /// `revoke`: whether established connections are revoked (sweeps run).
-    pub fn new(revoke: bool, backoff: Backoff) -> Self {
+    pub(crate) fn new(revoke: bool, backoff: Backoff) -> Self {
         Self {
             revoke,
             pending: Attempt::default(),
@@ -131,33 +131,33 @@ impl LoopState {
         }
     }
 
-    pub fn retry_at(&self) -> Option<Instant> {
+    pub(crate) fn retry_at(&self) -> Option<Instant> {
         self.retry_at
     }
 
-    pub fn baseline_at(&self) -> Option<Instant> {
+    pub(crate) fn baseline_at(&self) -> Option<Instant> {
         self.baseline_at
     }
 
     /// When a sweep is to start (none while one runs).
-    pub fn sweep_at(&self) -> Option<Instant> {
+    pub(crate) fn sweep_at(&self) -> Option<Instant> {
         self.sweep_at.filter(|_| !self.sweeping)
     }
 
-    pub fn last_observed(&self) -> u64 {
+    pub(crate) fn last_observed(&self) -> u64 {
         self.last_observed
     }
 
-    pub fn committed_version(&self) -> Option<u64> {
+    pub(crate) fn committed_version(&self) -> Option<u64> {
         self.committed_version
     }
 
-    pub fn failures(&self) -> u32 {
+    pub(crate) fn failures(&self) -> u32 {
         self.backoff.failures()
     }
 
     /// Something woke the loop for a sync.
-    pub fn wake(&mut self, w: Wake) {
+    pub(crate) fn wake(&mut self, w: Wake) {
         match w {
             Wake::Changed => {}
             Wake::Tick => self.pending.periodic = true,
@@ -168,41 +168,41 @@ impl LoopState {
 
     /// Whether to sync now: not while backing off, unless a CNI request waits (`urgent`);
     /// what waits is taken in by the attempt at the deadline (level-triggered).
-    pub fn may_sync(&self, urgent: bool) -> bool {
+    pub(crate) fn may_sync(&self, urgent: bool) -> bool {
         self.retry_at.is_none() || urgent
     }
 
     /// A sync starts: it takes what was pending (a failed one gives it back).
-    pub fn start(&mut self) -> Attempt {
+    pub(crate) fn start(&mut self) -> Attempt {
         std::mem::take(&mut self.pending)
     }
 
     /// How many changes the sync of endpoint `generation` coalesced beyond the first.
-    pub fn coalesced(&mut self, generation: u64) -> u64 {
+    pub(crate) fn coalesced(&mut self, generation: u64) -> u64 {
         let n = generation.saturating_sub(self.last_generation).saturating_sub(1);
         self.last_generation = generation;
         n
     }
 
     /// The problems of this sync not logged yet; `problems` sorted.
-    pub fn new_problems<'a>(&mut self, problems: &'a [PolicyProblem]) -> Vec<&'a PolicyProblem> {
+    pub(crate) fn new_problems<'a>(&mut self, problems: &'a [PolicyProblem]) -> Vec<&'a PolicyProblem> {
         let new = problems.iter().filter(|p| self.reported.binary_search(p).is_err()).collect();
         self.reported = problems.to_vec();
         new
     }
 
     /// How long the committed table has had no baseline.
-    pub fn unverified_for(&self, now: Instant) -> Duration {
+    pub(crate) fn unverified_for(&self, now: Instant) -> Duration {
         self.unverified_since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
     }
 
     /// An apply ran (committed or not): whether the applier now lacks a baseline.
-    pub fn applied(&mut self, needs_baseline: bool, now: Instant) {
+    pub(crate) fn applied(&mut self, needs_baseline: bool, now: Instant) {
         self.unverified_since = if needs_baseline { self.unverified_since.or(Some(now)) } else { None };
     }
 
     /// A sync committed.
-    pub fn committed(&mut self, c: Commit, now: Instant) -> AfterCommit {
+    pub(crate) fn committed(&mut self, c: Commit, now: Instant) -> AfterCommit {
         self.backoff.reset();
         self.retry_at = None;
         if c.needs_baseline {
@@ -222,7 +222,7 @@ impl LoopState {
 
     /// A sync failed: the previous ruleset stays; it retries after the returned delay, and
     /// what it was asked for is owed still.
-    pub fn failed(&mut self, attempt: Attempt, now: Instant) -> Duration {
+    pub(crate) fn failed(&mut self, attempt: Attempt, now: Instant) -> Duration {
         self.committed_version = None;
         let delay = self.backoff.fail();
         self.retry_at = Some(now + delay);
@@ -232,19 +232,19 @@ impl LoopState {
     }
 
     /// The baseline's time came: whether to start reading it (none is running).
-    pub fn baseline_due(&mut self) -> bool {
+    pub(crate) fn baseline_due(&mut self) -> bool {
         self.baseline_at = None;
         !self.reading_baseline
     }
 
-    pub fn baseline_started(&mut self) {
+    pub(crate) fn baseline_started(&mut self) {
         self.reading_baseline = true;
     }
 
     /// A baseline read ended: `accepted` by the applier, or, when not, whether one is still
     /// needed (a transaction committed during the read: read again once quiet). A failed
     /// read is neither; the next drift check reads the table.
-    pub fn baseline_read(&mut self, accepted: bool, still_needed: bool, now: Instant) {
+    pub(crate) fn baseline_read(&mut self, accepted: bool, still_needed: bool, now: Instant) {
         self.reading_baseline = false;
         if accepted {
             self.unverified_since = None;
@@ -255,13 +255,13 @@ impl LoopState {
 
     /// The sweep's time came: the source version to sweep for, if one is owed and the table
     /// holds a commit (the caller starts it and says so: [`Self::sweep_started`]).
-    pub fn sweep_due(&mut self, stopping: bool) -> Option<u64> {
+    pub(crate) fn sweep_due(&mut self, stopping: bool) -> Option<u64> {
         self.sweep_at = None;
         self.committed_version.filter(|_| self.sweep_owed && !stopping)
     }
 
     /// A sweep was started (`true`) or could not be (revocation or the translation gone).
-    pub fn sweep_started(&mut self, started: bool, now: Instant) {
+    pub(crate) fn sweep_started(&mut self, started: bool, now: Instant) {
         self.last_sweep = Some(now);
         self.sweeping = started;
         self.sweep_owed = !started;
@@ -271,7 +271,7 @@ impl LoopState {
     /// a sweep), so the next one, for `version`, holds the loop until done — no commit can
     /// outdate it; the caller runs it and reports it here again (or, when it cannot start
     /// one, [`Self::sweep_not_started`]). `None`: the next is scheduled if owed.
-    pub fn sweep_finished(&mut self, outcome: SweepOutcome, stopping: bool, now: Instant) -> Option<u64> {
+    pub(crate) fn sweep_finished(&mut self, outcome: SweepOutcome, stopping: bool, now: Instant) -> Option<u64> {
         self.sweeping = false;
         self.sweep_owed |= outcome.owed;
         let version = self.committed_version?;
@@ -291,7 +291,7 @@ impl LoopState {
     }
 
     /// The holding sweep [`Self::sweep_finished`] asked for could not start.
-    pub fn sweep_not_started(&mut self, now: Instant) {
+    pub(crate) fn sweep_not_started(&mut self, now: Instant) {
         self.sweeping = false;
         self.sweep_owed = true;
         self.sweep_at = Some(self.next_sweep(now));

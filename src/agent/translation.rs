@@ -14,13 +14,13 @@ const MAX_INCREMENTAL_CHANGES: usize = 4096;
 
 /// How a sync translated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     Full,
     Incremental,
 }
 
 impl Mode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Full => "full",
             Self::Incremental => "incremental",
@@ -29,16 +29,16 @@ impl Mode {
 }
 
 /// What a sync's translation gives the applier and the reports.
-pub struct Translated {
-    pub ruleset: Ruleset,
-    pub problems: Vec<PolicyProblem>,
-    pub mode: Mode,
+pub(crate) struct Translated {
+    pub(crate) ruleset: Ruleset,
+    pub(crate) problems: Vec<PolicyProblem>,
+    pub(crate) mode: Mode,
     /// The periodic check ran (a full translation compared with the incremental state).
-    pub checked: bool,
+    pub(crate) checked: bool,
     /// It disagreed (and the full translation was used).
-    pub disagreed: Option<String>,
+    pub(crate) disagreed: Option<String>,
     /// What denies each endpoint (for reading denial records).
-    pub deniers: crate::nflog::denial::Endpoints,
+    pub(crate) deniers: crate::nflog::denial::Endpoints,
 }
 
 struct State {
@@ -49,31 +49,31 @@ struct State {
 }
 
 /// The translation kept from one sync to the next.
-pub struct Translation {
+pub(crate) struct Translation {
     options: translate::Options,
     render: RenderOptions,
     state: Option<State>,
 }
 
 impl Translation {
-    pub fn new(options: translate::Options, render: RenderOptions) -> Self {
+    pub(crate) fn new(options: translate::Options, render: RenderOptions) -> Self {
         Self { options, render, state: None }
     }
 
     /// The translation kept, shared (`None`: none yet).
-    pub fn shared_policy(&self) -> Option<std::sync::Arc<NodePolicy>> {
+    pub(crate) fn shared_policy(&self) -> Option<std::sync::Arc<NodePolicy>> {
         self.state.as_ref().map(|s| s.translation.shared_policy())
     }
 
     /// The source version the kept translation is of (`None`: none kept).
-    pub fn version(&self) -> Option<u64> {
+    pub(crate) fn version(&self) -> Option<u64> {
         self.state.as_ref().map(|s| s.version)
     }
 
     /// Translates and renders `snapshot` (source version `version`) for `endpoints`.
     /// `changes`: every object changed since [`Self::version`] (`None`: unknown, translate
     /// in full). `check`: also translate in full and compare.
-    pub fn sync(
+    pub(crate) fn sync(
         &mut self,
         snapshot: &Snapshot,
         version: u64,
@@ -121,7 +121,7 @@ impl Translation {
 }
 
 /// The first difference between two translations, by name (`None`: equal).
-pub fn difference(a: &NodePolicy, b: &NodePolicy) -> Option<String> {
+pub(crate) fn difference(a: &NodePolicy, b: &NodePolicy) -> Option<String> {
     if a == b {
         return None;
     }

@@ -12,11 +12,11 @@ use crate::render::names::{FAMILY, TABLE};
 pub struct FakeNft {
     state: NftRuleset,
     /// Committed transactions.
-    pub transactions: usize,
+    pub(crate) transactions: usize,
     /// The last script passed to `run` (committed or not).
-    pub last_script: Option<String>,
+    pub(crate) last_script: Option<String>,
     /// While set, every `run` fails with this message (tests of failure handling).
-    pub fail_with: Option<String>,
+    pub(crate) fail_with: Option<String>,
 }
 
 impl FakeNft {
@@ -30,17 +30,20 @@ impl FakeNft {
     }
 
     /// The whole state (every table).
-    pub fn state(&self) -> &NftRuleset {
+    #[cfg(feature = "tool")]
+    pub(crate) fn state(&self) -> &NftRuleset {
         &self.state
     }
 
     /// The whole state (every table), for tests that edit it behind flock's back.
-    pub fn state_mut(&mut self) -> &mut NftRuleset {
+    #[cfg(test)]
+    pub(crate) fn state_mut(&mut self) -> &mut NftRuleset {
         &mut self.state
     }
 
     /// Canonical dump of every table.
-    pub fn dump(&self) -> String {
+    #[cfg(test)]
+    pub(crate) fn dump(&self) -> String {
         self.state.dump()
     }
 }

@@ -56,10 +56,6 @@ impl NftCli {
         self
     }
 
-    pub fn netns(&self) -> &Netns {
-        &self.netns
-    }
-
     fn exec(&self, args: &[&str], stdin: Option<&str>) -> Result<Output, ApplyError> {
         let program = self.program.clone();
         let spawn_err = |error| ApplyError::Spawn { netns: self.netns.describe(), error };
@@ -99,7 +95,7 @@ impl NftCli {
     /// rules flock writes: the binary answers `--version`, and `sample` (a ruleset rendered by
     /// flock) passes `nft -c`. A missing or too old nft then fails the start with one clear
     /// message instead of every sync. Returns nft's version line.
-    pub fn probe(&self, sample: &str) -> Result<String, ApplyError> {
+    pub(crate) fn probe(&self, sample: &str) -> Result<String, ApplyError> {
         let out = self.exec(&["--version"], None)?;
         let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if !out.status.success() {
@@ -278,7 +274,7 @@ impl Backend for NftCli {
 /// crate 0.6.3 has no `verdict` data type, so a verdict map (flock's dispatch maps) does not
 /// deserialize — and one unreadable object must not hide the others, so each object is
 /// decoded on its own.
-pub fn parse_objects(json: &[u8]) -> Result<Vec<ObjectInfo>, ApplyError> {
+pub(crate) fn parse_objects(json: &[u8]) -> Result<Vec<ObjectInfo>, ApplyError> {
     #[derive(serde::Deserialize)]
     struct Listing {
         nftables: Vec<serde_json::Value>,

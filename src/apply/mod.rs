@@ -33,7 +33,7 @@
 pub mod fake;
 pub mod kernel;
 pub mod netlink;
-pub mod state;
+pub(crate) mod state;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -46,7 +46,7 @@ pub use netlink::ElementChange;
 /// An object of the kernel's table.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectInfo {
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     pub name: String,
     /// The kernel's handle (stable for the object's lifetime).
     pub handle: u64,
@@ -67,7 +67,7 @@ pub enum ApplyError {
 
 impl ApplyError {
     /// A short, stable label for the sync-failures metric.
-    pub fn metric_label(&self) -> &'static str {
+    pub(crate) fn metric_label(&self) -> &'static str {
         match self {
             Self::Rejected { .. } => "nft_rejected",
             Self::Spawn { .. } => "nft_spawn",
@@ -178,12 +178,13 @@ impl<B: Backend> Applier<B> {
     }
 
     /// Transactions committed so far (what [`Self::accept_baseline`] is told a read follows).
-    pub fn commits(&self) -> u64 {
+    #[cfg(feature = "tool")]
+    pub(crate) fn commits(&self) -> u64 {
         self.commits
     }
 
     /// Whether a transaction since the last baseline left it to be read.
-    pub fn needs_baseline(&self) -> bool {
+    pub(crate) fn needs_baseline(&self) -> bool {
         self.last.is_some() && self.baseline.is_none()
     }
 
@@ -196,7 +197,7 @@ impl<B: Backend> Applier<B> {
     /// When a baseline is due: the commit it is for and a backend to read it with, so that
     /// the (for large tables, slow) listing runs beside the applier instead of blocking it.
     /// Hand the result to [`Self::accept_baseline`].
-    pub fn baseline_reader(&self) -> Option<(u64, B)>
+    pub(crate) fn baseline_reader(&self) -> Option<(u64, B)>
     where
         B: Clone,
     {
@@ -205,7 +206,7 @@ impl<B: Backend> Applier<B> {
 
     /// Takes a baseline read after commit `commit`; `false` (and nothing changes) when another
     /// transaction committed since, which makes the read stale.
-    pub fn accept_baseline(&mut self, commit: u64, state: Option<state::TableState>) -> bool {
+    pub(crate) fn accept_baseline(&mut self, commit: u64, state: Option<state::TableState>) -> bool {
         if commit != self.commits || self.last.is_none() {
             return false;
         }
@@ -325,7 +326,8 @@ impl<B: Backend> Applier<B> {
     }
 
     /// Validates `rs` against the current kernel state without committing.
-    pub fn check(&mut self, rs: &Ruleset) -> Result<(), ApplyError> {
+    #[cfg(test)]
+    pub(crate) fn check(&mut self, rs: &Ruleset) -> Result<(), ApplyError> {
         let existing: BTreeSet<(Kind, String)> = self.backend.list_objects()?.into_iter().map(|o| (o.kind, o.name)).collect();
         let text = rs.to_text();
         self.backend.check(&transaction(rs, &existing, &text))
@@ -603,7 +605,7 @@ fn write_elements<'a>(out: &mut String, verb: &str, set: &crate::render::Set, el
 }
 
 /// Objects of the table, by kind and name.
-pub type Objects<'a> = Vec<&'a (Kind, String)>;
+pub(crate) type Objects<'a> = Vec<&'a (Kind, String)>;
 
 /// What a full sync removes before writing the render, in an order the kernel accepts
 /// whatever references exist: first every existing chain and map is flushed (rules and
@@ -616,7 +618,7 @@ pub type Objects<'a> = Vec<&'a (Kind, String)>;
 /// The render's timed sets (domain rules' learned addresses, [`Set::timeout`]) are kept as
 /// they are, elements and all: they hold what the DNS proxy learned, which no render has. The
 /// render declares them again, which changes nothing in a set that exists.
-pub fn full_sync_removals<'a>(rs: &Ruleset, existing: &'a BTreeSet<(Kind, String)>) -> (Objects<'a>, Objects<'a>) {
+pub(crate) fn full_sync_removals<'a>(rs: &Ruleset, existing: &'a BTreeSet<(Kind, String)>) -> (Objects<'a>, Objects<'a>) {
     let base: BTreeSet<&str> = rs.objects.iter().filter(|o| matches!(o, Object::Chain(c) if c.hook.is_some())).map(Object::name).collect();
     let timed: BTreeSet<&str> = rs.objects.iter().filter(|o| matches!(o, Object::Set(s) if s.timeout)).map(Object::name).collect();
     let flush = existing.iter().filter(|(k, _)| *k != Kind::Set).collect();

@@ -51,10 +51,10 @@ pub enum TableState {
 pub struct NetlinkState {
     /// The ruleset's generation, read before the table: while it stays the same, the table
     /// is still this.
-    pub generation: Generation,
+    pub(crate) generation: Generation,
     /// The table's own attributes (flags, comment).
-    pub table: Vec<u8>,
-    pub objects: BTreeMap<(Kind, String), NetlinkObject>,
+    pub(crate) table: Vec<u8>,
+    pub(crate) objects: BTreeMap<(Kind, String), NetlinkObject>,
 }
 
 /// A ruleset generation, in the network namespace it counts (a path may come to name another
@@ -62,8 +62,8 @@ pub struct NetlinkState {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Generation {
     /// The namespace's identity (device and inode of its nsfs file).
-    pub netns: (u64, u64),
-    pub id: u32,
+    pub(crate) netns: (u64, u64),
+    pub(crate) id: u32,
 }
 
 impl PartialEq for NetlinkState {
@@ -76,17 +76,17 @@ impl Eq for NetlinkState {}
 
 /// One chain, set or map as netlink attributes, less what the kernel assigns or counts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NetlinkObject {
-    pub declaration: Vec<u8>,
+pub(crate) struct NetlinkObject {
+    pub(crate) declaration: Vec<u8>,
     /// A chain's rules, in order.
-    pub rules: Vec<Vec<u8>>,
+    pub(crate) rules: Vec<Vec<u8>>,
     /// A set's or map's elements, sorted; none for a timed set (not read).
-    pub elements: Vec<Vec<u8>>,
+    pub(crate) elements: Vec<Vec<u8>>,
 }
 
 impl TableState {
     /// Parses `nft -j -s list table inet flock` output.
-    pub fn from_json(json: &[u8]) -> Result<Self, super::ApplyError> {
+    pub(crate) fn from_json(json: &[u8]) -> Result<Self, super::ApplyError> {
         Self::from_json_inner(json).map_err(super::ApplyError::List)
     }
 
@@ -176,7 +176,7 @@ impl TableState {
     }
 
     /// Where `self` (the kernel now) first differs from `applied`, readably.
-    pub fn first_difference(&self, applied: &Self) -> Option<String> {
+    pub(crate) fn first_difference(&self, applied: &Self) -> Option<String> {
         match (self, applied) {
             (Self::Typed(now), Self::Typed(then)) => object_difference(now, then, |_, a, b| describe(a, b)),
             (Self::Netlink(now), Self::Netlink(then)) => {

@@ -104,7 +104,7 @@ impl std::fmt::Display for Tuple {
 }
 
 /// `TCP`, `UDP`, `SCTP`, `ICMP`, or the protocol's number.
-pub fn protocol_name(n: u8) -> String {
+pub(crate) fn protocol_name(n: u8) -> String {
     match n {
         TCP => "TCP".into(),
         UDP => "UDP".into(),
@@ -121,8 +121,8 @@ pub struct Entry {
     pub orig: Tuple,
     /// As replies are expected (after NAT: its source is the address the first packet was
     /// translated to).
-    pub reply: Tuple,
-    pub zone: u16,
+    pub(crate) reply: Tuple,
+    pub(crate) zone: u16,
     /// The kernel's id of the entry.
     pub id: Option<u32>,
     pub mark: u32,
@@ -136,7 +136,8 @@ pub struct Entry {
 impl Entry {
     /// An entry of the connection `orig` whose replies are `reply` (zone 0, no mark), as the
     /// kernel would list it: for benchmarks and tests that judge entries without a kernel.
-    pub fn new(orig: Tuple, reply: Tuple) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(orig: Tuple, reply: Tuple) -> Self {
         let mut raw_orig = Vec::new();
         encode_tuple(&mut raw_orig, &orig);
         Self { orig, reply, zone: 0, id: None, mark: 0, tcp_state: None, raw_orig }
@@ -144,7 +145,7 @@ impl Entry {
 
     /// The connection as policy judged its first packet: from the original source to the
     /// destination after DNAT (a service's backend), on the destination port after DNAT.
-    pub fn policed(&self) -> Tuple {
+    pub(crate) fn policed(&self) -> Tuple {
         Tuple { src: self.orig.src, dst: self.reply.src, protocol: self.orig.protocol, sport: self.orig.sport, dport: self.reply.sport }
     }
 

@@ -25,9 +25,9 @@ use tokio::sync::watch;
 use super::render::{ApiEndpoint, ClusterConfig};
 
 /// The label of the `kubernetes` Service's EndpointSlices (in namespace `default`).
-pub const SLICE_SELECTOR: &str = "kubernetes.io/service-name=kubernetes";
+pub(crate) const SLICE_SELECTOR: &str = "kubernetes.io/service-name=kubernetes";
 /// Their namespace.
-pub const SLICE_NAMESPACE: &str = "default";
+pub(crate) const SLICE_NAMESPACE: &str = "default";
 
 /// Why the API server's addresses are unknown.
 #[derive(Debug, thiserror::Error)]
@@ -48,13 +48,13 @@ pub enum ApiServerError {
 
 /// Whether a pod can reach the address through its node (loopback and unspecified
 /// addresses are local to whoever uses them).
-pub fn routable(ip: &IpAddr) -> bool {
+pub(crate) fn routable(ip: &IpAddr) -> bool {
     !ip.is_loopback() && !ip.is_unspecified()
 }
 
 /// Host and port of an API server URL: `https://host:port`, `host:port`, `[v6]:port` or a
 /// bare host (port 443, or 80 for `http://`).
-pub fn host_port(url: &str) -> Result<(String, u16), ApiServerError> {
+pub(crate) fn host_port(url: &str) -> Result<(String, u16), ApiServerError> {
     let (default_port, rest) = match url.split_once("://") {
         Some(("http", rest)) => (80, rest),
         Some((_, rest)) => (443, rest),
@@ -85,7 +85,7 @@ pub fn host_port(url: &str) -> Result<(String, u16), ApiServerError> {
 }
 
 /// The API server endpoints a URL names: its address, or what its host name resolves to.
-pub async fn from_url(url: &str) -> Result<BTreeSet<ApiEndpoint>, ApiServerError> {
+pub(crate) async fn from_url(url: &str) -> Result<BTreeSet<ApiEndpoint>, ApiServerError> {
     let (host, port) = host_port(url)?;
     let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![ip],
@@ -99,7 +99,7 @@ pub async fn from_url(url: &str) -> Result<BTreeSet<ApiEndpoint>, ApiServerError
 }
 
 /// The endpoints of EndpointSlices (those not marked unready), on their TCP ports.
-pub fn from_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> BTreeSet<ApiEndpoint> {
+pub(crate) fn from_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> BTreeSet<ApiEndpoint> {
     let mut out = BTreeSet::new();
     for slice in slices {
         let ports: Vec<u16> = slice
@@ -123,7 +123,11 @@ pub fn from_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> B
 
 /// The API server's endpoints: `fixed` (those of the client configuration's URL, `url`,
 /// when there is one) and the `default/kubernetes` EndpointSlices'. Empty is an error.
-pub async fn discover(client: &Client, fixed: &BTreeSet<ApiEndpoint>, url: Option<&str>) -> Result<BTreeSet<ApiEndpoint>, ApiServerError> {
+pub(crate) async fn discover(
+    client: &Client,
+    fixed: &BTreeSet<ApiEndpoint>,
+    url: Option<&str>,
+) -> Result<BTreeSet<ApiEndpoint>, ApiServerError> {
     let mut all = fixed.clone();
     let slices = Api::<EndpointSlice>::namespaced(client.clone(), SLICE_NAMESPACE)
         .list(&ListParams::default().labels(SLICE_SELECTOR))
@@ -141,7 +145,7 @@ pub async fn discover(client: &Client, fixed: &BTreeSet<ApiEndpoint>, url: Optio
 /// changes. An empty set is never published: the last known addresses stay (an API server
 /// without endpoints is a transient state of the control plane, and an empty rule would cut
 /// every run off).
-pub async fn follow(client: Client, fixed: BTreeSet<ApiEndpoint>, tx: watch::Sender<ClusterConfig>) {
+pub(crate) async fn follow(client: Client, fixed: BTreeSet<ApiEndpoint>, tx: watch::Sender<ClusterConfig>) {
     let api = Api::<EndpointSlice>::namespaced(client, SLICE_NAMESPACE);
     let mut slices = Slices::default();
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default().labels(SLICE_SELECTOR)).default_backoff());
@@ -206,7 +210,7 @@ impl Slices {
 }
 
 /// `198.51.100.1:443, [2001:db8::1]:6443`
-pub fn describe(endpoints: &BTreeSet<ApiEndpoint>) -> String {
+pub(crate) fn describe(endpoints: &BTreeSet<ApiEndpoint>) -> String {
     endpoints.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 

@@ -44,25 +44,25 @@ impl Default for Retention {
 /// A change of a run's egress to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
-    pub action: AuditAction,
-    pub reason: &'static str,
-    pub added: Vec<String>,
-    pub removed: Vec<String>,
+    pub(crate) action: AuditAction,
+    pub(crate) reason: &'static str,
+    pub(crate) added: Vec<String>,
+    pub(crate) removed: Vec<String>,
 }
 
 /// Reasons of AuditEvents.
-pub mod reason {
-    pub const GRANTED: &str = "RunStarted";
-    pub const EGRESS_CHANGED: &str = "EgressChanged";
-    pub const DEADLINE_CHANGED: &str = "DeadlineChanged";
-    pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
-    pub const DEADLINE_EXTENDED: &str = "DeadlineExtended";
-    pub const WITHDRAWN: &str = "NetworkPolicyWithdrawn";
+pub(crate) mod reason {
+    pub(crate) const GRANTED: &str = "RunStarted";
+    pub(crate) const EGRESS_CHANGED: &str = "EgressChanged";
+    pub(crate) const DEADLINE_CHANGED: &str = "DeadlineChanged";
+    pub(crate) const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+    pub(crate) const DEADLINE_EXTENDED: &str = "DeadlineExtended";
+    pub(crate) const WITHDRAWN: &str = "NetworkPolicyWithdrawn";
 }
 
 /// What the egress now (`destinations`, none when `expired`) is, against the last recorded
 /// grant; `None` when nothing changed.
-pub fn decide(prev: Option<&Grant>, destinations: &[String], expired: bool, expires_at: Option<&str>) -> Option<Change> {
+pub(crate) fn decide(prev: Option<&Grant>, destinations: &[String], expired: bool, expires_at: Option<&str>) -> Option<Change> {
     let now: BTreeSet<&String> = if expired { BTreeSet::new() } else { destinations.iter().collect() };
     let Some(prev) = prev else {
         return Some(if expired {
@@ -87,7 +87,7 @@ pub fn decide(prev: Option<&Grant>, destinations: &[String], expired: bool, expi
 }
 
 /// The grant recorded once `change` is written as event `sequence`.
-pub fn next_grant(sequence: i64, destinations: &[String], expired: bool, expires_at: Option<&str>) -> Grant {
+pub(crate) fn next_grant(sequence: i64, destinations: &[String], expired: bool, expires_at: Option<&str>) -> Grant {
     Grant {
         sequence,
         destinations: if expired { Vec::new() } else { destinations.to_vec() },
@@ -98,7 +98,7 @@ pub fn next_grant(sequence: i64, destinations: &[String], expired: bool, expires
 
 /// The name of a run's `sequence`th AuditEvent: the run's name (shortened), a hash of its
 /// uid (a run created again under its name starts a new trail) and the sequence.
-pub fn event_name(run: &str, uid: &str, sequence: i64) -> String {
+pub(crate) fn event_name(run: &str, uid: &str, sequence: i64) -> String {
     let hash: String = Sha256::digest(uid.as_bytes()).iter().take(4).map(|b| format!("{b:02x}")).collect();
     let cut = run.get(..run.len().min(200)).unwrap_or(run).trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
     format!("{cut}-{hash}-{sequence}")
@@ -106,18 +106,18 @@ pub fn event_name(run: &str, uid: &str, sequence: i64) -> String {
 
 /// Everything an AuditEvent says besides the change.
 #[derive(Debug, Clone)]
-pub struct Record<'a> {
-    pub run: &'a Run,
-    pub profile: AuditProfile,
-    pub policy: AuditPolicy,
-    pub sequence: i64,
-    pub message: String,
-    pub expires_at: Option<String>,
-    pub time: String,
+pub(crate) struct Record<'a> {
+    pub(crate) run: &'a Run,
+    pub(crate) profile: AuditProfile,
+    pub(crate) policy: AuditPolicy,
+    pub(crate) sequence: i64,
+    pub(crate) message: String,
+    pub(crate) expires_at: Option<String>,
+    pub(crate) time: String,
 }
 
 /// The AuditEvent of `change` (pure).
-pub fn event(record: &Record<'_>, change: &Change) -> AuditEvent {
+pub(crate) fn event(record: &Record<'_>, change: &Change) -> AuditEvent {
     let run_name = record.run.name_any();
     let uid = record.run.uid().unwrap_or_default();
     let labels = BTreeMap::from([
@@ -160,7 +160,7 @@ pub enum AuditError {
 }
 
 /// Creates `event`; one already there under its name (a retry) counts as written.
-pub async fn write(client: &Client, event: &AuditEvent) -> Result<(), AuditError> {
+pub(crate) async fn write(client: &Client, event: &AuditEvent) -> Result<(), AuditError> {
     let namespace = event.namespace().unwrap_or_default();
     match Api::<AuditEvent>::namespaced(client.clone(), &namespace).create(&PostParams::default(), event).await {
         Ok(_) => Ok(()),
@@ -171,18 +171,18 @@ pub async fn write(client: &Client, event: &AuditEvent) -> Result<(), AuditError
 
 /// One AuditEvent as retention sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Kept {
-    pub namespace: String,
-    pub name: String,
-    pub run_uid: String,
-    pub sequence: i64,
+pub(crate) struct Kept {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) run_uid: String,
+    pub(crate) sequence: i64,
     /// `None`: unreadable (kept: retention never deletes what it cannot date).
-    pub time: Option<Timestamp>,
+    pub(crate) time: Option<Timestamp>,
 }
 
 /// Which events retention removes (pure): those older than `max_age` at `now`, and per run
 /// all but the newest `max_per_run` (by sequence).
-pub fn to_remove(events: &[Kept], now: Timestamp, retention: &Retention) -> Vec<(String, String)> {
+pub(crate) fn to_remove(events: &[Kept], now: Timestamp, retention: &Retention) -> Vec<(String, String)> {
     let max_age = SignedDuration::try_from(retention.max_age).unwrap_or(SignedDuration::MAX);
     let mut out: BTreeSet<(String, String)> = BTreeSet::new();
     let mut by_run: BTreeMap<&str, Vec<&Kept>> = BTreeMap::new();

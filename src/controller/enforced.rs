@@ -32,33 +32,33 @@ pub enum Verify {
 }
 
 /// Reasons of `Enforced`.
-pub mod reason {
-    pub const ENFORCED: &str = "AllNodesEnforce";
-    pub const NO_PODS: &str = "NoPodsScheduled";
-    pub const PENDING: &str = "NodesPending";
-    pub const NO_POLICY: &str = "NoPolicyApplied";
-    pub const NOT_FLOCK: &str = "NotEnforcedByFlock";
-    pub const DISABLED: &str = "EnforcementDisabled";
-    pub const SYNCING: &str = "CachesSyncing";
+pub(crate) mod reason {
+    pub(crate) const ENFORCED: &str = "AllNodesEnforce";
+    pub(crate) const NO_PODS: &str = "NoPodsScheduled";
+    pub(crate) const PENDING: &str = "NodesPending";
+    pub(crate) const NO_POLICY: &str = "NoPolicyApplied";
+    pub(crate) const NOT_FLOCK: &str = "NotEnforcedByFlock";
+    pub(crate) const DISABLED: &str = "EnforcementDisabled";
 }
 
 /// The `Enforced` condition of a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Judgement {
+pub(crate) struct Judgement {
     /// `True`, `False` or `Unknown`.
-    pub status: &'static str,
-    pub reason: &'static str,
-    pub message: String,
+    pub(crate) status: &'static str,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
     /// The nodes that do not enforce the policy yet (sorted).
-    pub pending: Vec<String>,
+    pub(crate) pending: Vec<String>,
 }
 
 impl Judgement {
-    pub fn is_true(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_true(&self) -> bool {
         self.status == crate::crd::TRUE
     }
 
-    pub fn unknown(reason: &'static str, message: String) -> Self {
+    pub(crate) fn unknown(reason: &'static str, message: String) -> Self {
         Self { status: crate::crd::UNKNOWN, reason, message, pending: Vec::new() }
     }
 }
@@ -66,7 +66,7 @@ impl Judgement {
 /// The node whose agent enforces the run's policy for `pod`: scheduled, not finished, not
 /// being deleted past its grace (a terminating pod still has its endpoint until its DEL), not
 /// host-networked (as [`crate::agent::run_policies::is_local_run_pod`] decides).
-pub fn node_of(pod: &Pod) -> Option<&str> {
+pub(crate) fn node_of(pod: &Pod) -> Option<&str> {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return None;
@@ -80,7 +80,7 @@ pub fn node_of(pod: &Pod) -> Option<&str> {
 
 /// `sel` compiled for matching (a selector the run's checks accepted compiles; one that does
 /// not matches nothing).
-pub fn compile(sel: &Selector) -> Option<Compiled> {
+pub(crate) fn compile(sel: &Selector) -> Option<Compiled> {
     Compiled::compile(&LabelSelector {
         match_labels: sel.match_labels.clone(),
         match_expressions: sel
@@ -93,20 +93,20 @@ pub fn compile(sel: &Selector) -> Option<Compiled> {
 }
 
 /// Whether `pod` (in the run's namespace) is one of the run's.
-pub fn selects(sel: &Compiled, pod: &Pod) -> bool {
+pub(crate) fn selects(sel: &Compiled, pod: &Pod) -> bool {
     let labels: Labels = pod.labels().clone().into();
     sel.matches(&labels)
 }
 
 /// The nodes hosting the run's pods: `pods` are the candidates (the run's namespace).
-pub fn nodes<'a>(sel: &Compiled, pods: impl IntoIterator<Item = &'a Pod>) -> BTreeSet<String> {
+pub(crate) fn nodes<'a>(sel: &Compiled, pods: impl IntoIterator<Item = &'a Pod>) -> BTreeSet<String> {
     pods.into_iter().filter(|p| selects(sel, p)).filter_map(node_of).map(str::to_string).collect()
 }
 
 /// The `Enforced` condition: `policy` is `namespace/name` and the generation applied,
 /// `nodes` those hosting the run's pods, `reports` the FlockNode status of each node that
 /// has one.
-pub fn judge(policy: &str, generation: i64, nodes: &BTreeSet<String>, reports: &BTreeMap<String, FlockNodeStatus>) -> Judgement {
+pub(crate) fn judge(policy: &str, generation: i64, nodes: &BTreeSet<String>, reports: &BTreeMap<String, FlockNodeStatus>) -> Judgement {
     if nodes.is_empty() {
         return Judgement {
             status: crate::crd::TRUE,

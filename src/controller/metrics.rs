@@ -25,7 +25,7 @@ pub enum ApplyResult {
 }
 
 impl ApplyResult {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Created => "created",
             Self::Recreated => "recreated",

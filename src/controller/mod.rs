@@ -21,7 +21,7 @@
 //! (`src/bin/flock-controller`) parses flags, serves `/healthz`, `/readyz`, `/metrics` and
 //! elects a leader around [`run`].
 
-pub mod apiserver;
+pub(crate) mod apiserver;
 pub mod audit;
 pub mod enforced;
 pub mod metrics;
@@ -54,17 +54,17 @@ use probe::{AgentRef, Decision, EnforceMode, PolicyKind};
 use render::{ApiEndpoint, ClusterConfig};
 
 /// The field manager of every write, and the `app.kubernetes.io/managed-by` label value.
-pub const FIELD_MANAGER: &str = "flock-controller";
+pub(crate) const FIELD_MANAGER: &str = "flock-controller";
 /// The annotation naming the profile a policy was rendered from.
-pub const PROFILE_ANNOTATION: &str = "flock.dev/profile";
+pub(crate) const PROFILE_ANNOTATION: &str = "flock.dev/profile";
 /// The reason of the Warning Event for a policy found deleted after it had been applied.
-pub const WITHDRAWN_REASON: &str = "NetworkPolicyWithdrawn";
+pub(crate) const WITHDRAWN_REASON: &str = "NetworkPolicyWithdrawn";
 /// The reason of the Warning Event for a failed enforcer probe.
-pub const PROBE_FAILED_REASON: &str = "EnforcerProbeFailed";
-pub const CILIUM_GROUP: &str = "cilium.io";
-pub const CILIUM_VERSION: &str = "v2";
-pub const CILIUM_API_VERSION: &str = "cilium.io/v2";
-pub const CILIUM_KIND: &str = "CiliumNetworkPolicy";
+pub(crate) const PROBE_FAILED_REASON: &str = "EnforcerProbeFailed";
+pub(crate) const CILIUM_GROUP: &str = "cilium.io";
+pub(crate) const CILIUM_VERSION: &str = "v2";
+pub(crate) const CILIUM_API_VERSION: &str = "cilium.io/v2";
+pub(crate) const CILIUM_KIND: &str = "CiliumNetworkPolicy";
 
 /// How the controller runs (the flags of `flock-controller`).
 #[derive(Clone)]
@@ -122,11 +122,11 @@ pub enum StartError {
 pub struct Startup {
     /// What new runs pin.
     pub decision: Decision,
-    pub kind: PolicyKind,
+    pub(crate) kind: PolicyKind,
     pub cluster: ClusterConfig,
     /// The API server addresses of the client configuration (kept when the EndpointSlices
     /// change).
-    pub fixed_endpoints: BTreeSet<ApiEndpoint>,
+    pub(crate) fixed_endpoints: BTreeSet<ApiEndpoint>,
     /// Whether runs' `Enforced` can be verified (flock-agent enforces and reports).
     pub verify: Verify,
 }
@@ -207,7 +207,7 @@ pub async fn start(client: &Client, opts: &Options) -> Result<Startup, StartErro
 }
 
 /// The reporter of the controller's Events.
-pub fn reporter(instance: &str) -> Reporter {
+pub(crate) fn reporter(instance: &str) -> Reporter {
     Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance.to_string()) }
 }
 
@@ -481,7 +481,7 @@ fn receiver_stream<T: Send + 'static>(rx: mpsc::Receiver<T>) -> futures::stream:
 /// How long stopping waits for reconciles in flight. With client-go's lease timing (renew
 /// deadline 10 s, lease 15 s) a leader that lost its Lease stops within 13 s of its last
 /// renewal, before a follower may take over.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 /// What `/healthz` and `/readyz` report.
 #[derive(Debug, Default)]

@@ -51,16 +51,16 @@ impl EnforceMode {
 
 /// What the probe found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeResult {
-    pub found: bool,
+pub(crate) struct ProbeResult {
+    pub(crate) found: bool,
     /// The enforcer found is flock-agent.
-    pub flock: bool,
-    pub reason: String,
+    pub(crate) flock: bool,
+    pub(crate) reason: String,
 }
 
 /// The probe could not tell.
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub(crate) enum ProbeError {
     #[error("cannot read DaemonSet {namespace}/{name}: {error}")]
     DaemonSet { namespace: String, name: String, error: kube::Error },
     #[error("cannot list pods in kube-system with {selector}: {error}")]
@@ -70,14 +70,14 @@ pub enum ProbeError {
 /// The decision new runs pin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
-    pub mode: EnforceMode,
+    pub(crate) mode: EnforceMode,
     pub enabled: bool,
     pub reason: String,
 }
 
 /// The decision table: `on` and `off` decide alone (an explicit off wins over any probe);
 /// `auto` follows the probe, and a failed probe means off.
-pub fn decide(mode: EnforceMode, probe: Option<&Result<ProbeResult, ProbeError>>) -> Decision {
+pub(crate) fn decide(mode: EnforceMode, probe: Option<&Result<ProbeResult, ProbeError>>) -> Decision {
     let (enabled, reason) = match (mode, probe) {
         (EnforceMode::On, _) => (true, "--enforce=on".to_string()),
         (EnforceMode::Off, _) => (false, "--enforce=off".to_string()),
@@ -102,7 +102,7 @@ impl Default for AgentRef {
 }
 
 /// Other enforcers (name, label selector of their pods in kube-system), in probe order.
-pub const OTHER_ENFORCERS: [(&str, &str); 6] = [
+pub(crate) const OTHER_ENFORCERS: [(&str, &str); 6] = [
     ("calico", "k8s-app=calico-node"),
     ("cilium", "k8s-app=cilium"),
     ("cilium", "app=cilium"),
@@ -112,7 +112,7 @@ pub const OTHER_ENFORCERS: [(&str, &str); 6] = [
 ];
 
 /// Looks for an enforcer: a flock-agent DaemonSet with a ready pod, then the others.
-pub async fn probe(client: &Client, agent: &AgentRef) -> Result<ProbeResult, ProbeError> {
+pub(crate) async fn probe(client: &Client, agent: &AgentRef) -> Result<ProbeResult, ProbeError> {
     let ds = Api::<DaemonSet>::namespaced(client.clone(), &agent.namespace)
         .get_opt(&agent.name)
         .await
@@ -160,7 +160,7 @@ pub async fn probe(client: &Client, agent: &AgentRef) -> Result<ProbeResult, Pro
 /// enforces (FlockNodes). Not with enforcement off, CiliumNetworkPolicies, an enforcer the
 /// auto probe found that is not flock, or where the FlockNode API is not served (flock-agent,
 /// which installs it, is not there).
-pub async fn verification(client: &Client, decision: &Decision, kind: &PolicyKind, probe: Option<&ProbeResult>) -> Verify {
+pub(crate) async fn verification(client: &Client, decision: &Decision, kind: &PolicyKind, probe: Option<&ProbeResult>) -> Verify {
     use super::enforced::reason;
     if !decision.enabled {
         return Verify::Unknown { reason: reason::DISABLED, message: format!("policy enforcement is off ({})", decision.reason) };
@@ -186,21 +186,21 @@ pub async fn verification(client: &Client, decision: &Decision, kind: &PolicyKin
 
 /// Which policy kind runs get.
 #[derive(Debug, Clone)]
-pub enum PolicyKind {
+pub(crate) enum PolicyKind {
     NetworkPolicy,
     /// `cilium.io/v2` CiliumNetworkPolicy, served by the cluster.
     Cilium(ApiResource),
 }
 
 impl PolicyKind {
-    pub fn api_version(&self) -> &str {
+    pub(crate) fn api_version(&self) -> &str {
         match self {
             Self::NetworkPolicy => "networking.k8s.io/v1",
             Self::Cilium(_) => super::CILIUM_API_VERSION,
         }
     }
 
-    pub fn kind(&self) -> &str {
+    pub(crate) fn kind(&self) -> &str {
         match self {
             Self::NetworkPolicy => "NetworkPolicy",
             Self::Cilium(_) => CILIUM_KIND,
@@ -210,7 +210,7 @@ impl PolicyKind {
 
 /// CiliumNetworkPolicy where the API server serves it. A discovery error other than "not
 /// served" is logged and falls back to NetworkPolicy (Cilium enforces those too).
-pub async fn policy_kind(client: &Client) -> PolicyKind {
+pub(crate) async fn policy_kind(client: &Client) -> PolicyKind {
     let gvk = GroupVersionKind::gvk(CILIUM_GROUP, CILIUM_VERSION, CILIUM_KIND);
     match kube::discovery::pinned_kind(client, &gvk).await {
         Ok((ar, _)) => PolicyKind::Cilium(ar),

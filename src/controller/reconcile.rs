@@ -73,7 +73,7 @@ pub const ENFORCED: &str = "Enforced";
 pub const EXPIRED: &str = "Expired";
 
 /// The reason of the Warning Event for a policy that nodes take too long to enforce.
-pub const DELAYED_REASON: &str = "EnforcementDelayed";
+pub(crate) const DELAYED_REASON: &str = "EnforcementDelayed";
 
 /// The controller's clock (a fake one in tests): expiry and timestamps read it.
 pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
@@ -89,46 +89,46 @@ pub fn format_time(t: Timestamp) -> String {
 }
 
 /// Reasons of `NetworkPolicyReady` (and of `Ready` when it is False).
-pub mod reason {
-    pub const APPLIED: &str = "Applied";
-    pub const DISABLED: &str = "Disabled";
-    pub const PROFILE_NOT_FOUND: &str = "ProfileNotFound";
-    pub const PROFILE_INVALID: &str = "ProfileInvalid";
-    pub const RUN_INVALID: &str = "RunInvalid";
-    pub const APPLY_FAILED: &str = "ApplyFailed";
+pub(crate) mod reason {
+    pub(crate) const APPLIED: &str = "Applied";
+    pub(crate) const DISABLED: &str = "Disabled";
+    pub(crate) const PROFILE_NOT_FOUND: &str = "ProfileNotFound";
+    pub(crate) const PROFILE_INVALID: &str = "ProfileInvalid";
+    pub(crate) const RUN_INVALID: &str = "RunInvalid";
+    pub(crate) const APPLY_FAILED: &str = "ApplyFailed";
     /// `Ready` of a run whose enforcement is disabled: nothing to wait for.
-    pub const ENFORCEMENT_DISABLED: &str = "EnforcementDisabled";
+    pub(crate) const ENFORCEMENT_DISABLED: &str = "EnforcementDisabled";
     /// `Ready` of a run whose nodes do not all enforce its policy yet.
-    pub const NOT_ENFORCED: &str = "NotEnforced";
+    pub(crate) const NOT_ENFORCED: &str = "NotEnforced";
     /// `Expired`, and `Ready` of an expired run.
-    pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
-    pub const ACTIVE: &str = "Active";
-    pub const NO_DEADLINE: &str = "NoDeadline";
+    pub(crate) const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+    pub(crate) const ACTIVE: &str = "Active";
+    pub(crate) const NO_DEADLINE: &str = "NoDeadline";
     /// RunProfile `Ready`.
-    pub const VALID: &str = "Valid";
-    pub const INVALID: &str = "Invalid";
+    pub(crate) const VALID: &str = "Valid";
+    pub(crate) const INVALID: &str = "Invalid";
 }
 
 /// Everything a reconcile needs.
-pub struct Context {
-    pub client: Client,
+pub(crate) struct Context {
+    pub(crate) client: Client,
     /// The cluster configuration (the API server's addresses follow its EndpointSlices).
-    pub cluster: watch::Receiver<ClusterConfig>,
+    pub(crate) cluster: watch::Receiver<ClusterConfig>,
     /// What new runs pin.
-    pub decision: Decision,
-    pub kind: PolicyKind,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
+    pub(crate) decision: Decision,
+    pub(crate) kind: PolicyKind,
+    pub(crate) recorder: Recorder,
+    pub(crate) metrics: Arc<Metrics>,
     /// Requeue period of a run whose policy is applied (the owned-policy watch reacts at
     /// once; this is the safety net).
-    pub resync: Duration,
+    pub(crate) resync: Duration,
     /// The caches the reconciles read.
-    pub caches: Caches,
+    pub(crate) caches: Caches,
     /// Whether `Enforced` can be verified here (flock-agent reports FlockNodes).
-    pub verify: Verify,
+    pub(crate) verify: Verify,
     /// After this long with nodes still pending, a Warning Event `EnforcementDelayed`.
-    pub enforced_timeout: Duration,
-    pub clock: Clock,
+    pub(crate) enforced_timeout: Duration,
+    pub(crate) clock: Clock,
     /// Backoff of runs whose last reconcile failed.
     backoffs: Mutex<Backoffs>,
     /// Runs whose nodes do not all enforce their policy yet, by run uid.
@@ -145,26 +145,26 @@ struct Delay {
 
 /// The controller's caches (reflector stores), fed by its watches.
 #[derive(Clone)]
-pub struct Caches {
+pub(crate) struct Caches {
     /// Every RunProfile: step 3 reads the run's profile here.
-    pub profiles: Store<RunProfile>,
+    pub(crate) profiles: Store<RunProfile>,
     /// Turns true once `profiles` holds a complete list, and stays true (a relist swaps
     /// its new list in whole). Not `Store::wait_until_ready`: that wakes one waiter only,
     /// and the profile controller waits on it too.
-    pub profiles_complete: watch::Receiver<bool>,
+    pub(crate) profiles_complete: watch::Receiver<bool>,
     /// Every Run (the run controller's own cache): a failure is recorded only for a run that
     /// is still here.
-    pub runs: Store<Run>,
+    pub(crate) runs: Store<Run>,
     /// The pods labelled `flock.dev/run` (every run pod: see [`crd::requires_run_label`]),
     /// and every FlockNode: whether the run's nodes enforce its policy.
-    pub pods: Store<Pod>,
-    pub nodes: Store<FlockNode>,
+    pub(crate) pods: Store<Pod>,
+    pub(crate) nodes: Store<FlockNode>,
     /// True once both hold a complete list.
-    pub enforcement_complete: watch::Receiver<bool>,
+    pub(crate) enforcement_complete: watch::Receiver<bool>,
 }
 
 impl Context {
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         cluster: watch::Receiver<ClusterConfig>,
         decision: Decision,
@@ -235,7 +235,7 @@ impl Context {
     /// backoff goes, and after a (re)list — which reports no deletions of its own, so a run
     /// deleted while the watch was down leaves no event — every backoff of a run the cache
     /// no longer has goes too.
-    pub fn observe_run(&self, event: &watcher::Event<Run>) {
+    pub(crate) fn observe_run(&self, event: &watcher::Event<Run>) {
         match event {
             watcher::Event::Delete(run) => {
                 self.delays().remove(&backoff_key(run));
@@ -254,7 +254,7 @@ impl Context {
 /// created again under its name starts afresh). An entry lives only while its run fails and
 /// exists: it goes on success and on the run's deletion ([`Context::observe_run`]).
 #[derive(Debug, Default)]
-pub struct Backoffs {
+pub(crate) struct Backoffs {
     entries: HashMap<String, (u32, Instant)>,
 }
 
@@ -284,7 +284,7 @@ fn backoff_key(run: &Run) -> String {
 
 /// A reconcile that must be retried (API errors; the run itself is fine).
 #[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
+pub(crate) enum ReconcileError {
     #[error("reading RunProfile {profile}: the RunProfile cache stopped before it was complete")]
     ProfileCache { profile: String },
     #[error("applying {kind} {namespace}/{name}: {error}")]
@@ -317,7 +317,7 @@ impl ReconcileError {
 
 /// How a pass ended (when no API error stopped it).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Applied {
         policy: AppliedPolicy,
         result: ApplyResult,
@@ -341,14 +341,14 @@ pub enum Outcome {
 }
 
 /// When `run` expires: `spec.activeDeadlineSeconds` after its creation.
-pub fn expires_at(run: &Run) -> Option<Timestamp> {
+pub(crate) fn expires_at(run: &Run) -> Option<Timestamp> {
     let secs = run.spec.active_deadline_seconds?;
     let created = run.meta().creation_timestamp.as_ref()?.0;
     created.checked_add(SignedDuration::from_secs(secs)).ok()
 }
 
 /// Step 1: the run's pinned decision, or `current` for a run that has none yet.
-pub fn pin(status: &RunStatus, current: &Decision) -> Enforcement {
+pub(crate) fn pin(status: &RunStatus, current: &Decision) -> Enforcement {
     status.enforcement.clone().unwrap_or_else(|| Enforcement {
         enabled: current.enabled,
         mode: current.mode.as_str().to_string(),
@@ -359,14 +359,14 @@ pub fn pin(status: &RunStatus, current: &Decision) -> Enforcement {
 /// Step 3: the run's profile from the RunProfile cache, `None` when it does not exist.
 /// Waits until the cache holds a complete list: before that, a profile missing from it may
 /// exist, and reporting `ProfileNotFound` would be false.
-pub async fn cached_profile(caches: &Caches, name: &str) -> Result<Option<Arc<RunProfile>>, ReconcileError> {
+pub(crate) async fn cached_profile(caches: &Caches, name: &str) -> Result<Option<Arc<RunProfile>>, ReconcileError> {
     let mut complete = caches.profiles_complete.clone();
     complete.wait_for(|c| *c).await.map_err(|_| ReconcileError::ProfileCache { profile: name.to_string() })?;
     Ok(caches.profiles.get(&ObjectRef::new(name)))
 }
 
 /// Step 4 (pure): the object to apply for a run's plan (`render::plan`), of `kind`, as JSON.
-pub fn desired(plan: &render::Plan, kind: &PolicyKind) -> Result<Value, serde_json::Error> {
+pub(crate) fn desired(plan: &render::Plan, kind: &PolicyKind) -> Result<Value, serde_json::Error> {
     match kind {
         PolicyKind::NetworkPolicy => serde_json::to_value(render::network_policy(plan)),
         PolicyKind::Cilium(_) => Ok(render::cilium_network_policy(plan)),
@@ -390,7 +390,7 @@ fn policy_api(client: &Client, namespace: &str, kind: &PolicyKind) -> Api<Dynami
 
 /// Step 5: server-side apply of `object` (forced, field manager `flock-controller`); the
 /// applied policy as the API server stored it.
-pub async fn apply(client: &Client, kind: &PolicyKind, object: &Value) -> Result<AppliedPolicy, ReconcileError> {
+pub(crate) async fn apply(client: &Client, kind: &PolicyKind, object: &Value) -> Result<AppliedPolicy, ReconcileError> {
     let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
     let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let api = policy_api(client, &namespace, kind);
@@ -403,7 +403,7 @@ pub async fn apply(client: &Client, kind: &PolicyKind, object: &Value) -> Result
 }
 
 /// Step 6 (pure): what the apply was, judged by the uid recorded in the run's status.
-pub fn record(previous: Option<&AppliedPolicy>, applied: &AppliedPolicy) -> ApplyResult {
+pub(crate) fn record(previous: Option<&AppliedPolicy>, applied: &AppliedPolicy) -> ApplyResult {
     match previous {
         None => ApplyResult::Created,
         // Recorded for another kind or name (the controller's configuration changed): a
@@ -419,7 +419,7 @@ pub fn record(previous: Option<&AppliedPolicy>, applied: &AppliedPolicy) -> Appl
 /// previous pass wrote (each pass's own writes trigger the next one), and judging from it
 /// would count one creation twice or report a withdrawal that never happened. Returns the
 /// result and the policy recorded before.
-pub async fn confirm(
+pub(crate) async fn confirm(
     client: &Client,
     run: &Run,
     applied: &AppliedPolicy,
@@ -446,7 +446,7 @@ fn owned_by(obj: &DynamicObject, owner: &str) -> bool {
 /// `kind` as it is, when the run controls one (not empty: that would select the whole
 /// namespace). Those pods had its egress, so its withdrawal keeps selecting them, whatever
 /// the run's selector says now.
-pub async fn live_selector(client: &Client, run: &Run, kind: &PolicyKind) -> Result<Option<Selector>, ReconcileError> {
+pub(crate) async fn live_selector(client: &Client, run: &Run, kind: &PolicyKind) -> Result<Option<Selector>, ReconcileError> {
     let (Some(namespace), Some(run_uid)) = (run.namespace(), run.uid()) else { return Ok(None) };
     let name = render::policy_name(&run.name_any());
     let api = policy_api(client, &namespace, kind);
@@ -464,7 +464,7 @@ pub async fn live_selector(client: &Client, run: &Run, kind: &PolicyKind) -> Res
 /// Steps 2 and 7: deletes the run's policy of each of `kinds` when it exists and the run
 /// controls it (a same-named object someone else made is left alone). Returns how many
 /// were deleted.
-pub async fn remove_policies(client: &Client, run: &Run, kinds: &[PolicyKind]) -> Result<usize, ReconcileError> {
+pub(crate) async fn remove_policies(client: &Client, run: &Run, kinds: &[PolicyKind]) -> Result<usize, ReconcileError> {
     let (Some(namespace), Some(run_uid)) = (run.namespace(), run.uid()) else { return Ok(0) };
     let name = render::policy_name(&run.name_any());
     let mut deleted = 0;
@@ -488,7 +488,7 @@ pub async fn remove_policies(client: &Client, run: &Run, kinds: &[PolicyKind]) -
 
 /// Step 8 (pure): the conditions of an outcome, the run's expiry and the `Enforced`
 /// judgement.
-pub fn conditions(status: &mut RunStatus, outcome: &Outcome, enforced: &Judgement, generation: Option<i64>, now: &str) {
+pub(crate) fn conditions(status: &mut RunStatus, outcome: &Outcome, enforced: &Judgement, generation: Option<i64>, now: &str) {
     let (np_ok, np_reason, np_message) = match outcome {
         Outcome::Applied { policy, invalid: Some((reason, message)), .. } => (
             false,
@@ -541,7 +541,7 @@ pub fn conditions(status: &mut RunStatus, outcome: &Outcome, enforced: &Judgemen
 
 /// Step 8: writes `status` when it differs from `current` (merge patch: `networkPolicy`
 /// is cleared with an explicit null).
-pub async fn write_status(client: &Client, run: &Run, current: &RunStatus, status: &RunStatus) -> Result<bool, ReconcileError> {
+pub(crate) async fn write_status(client: &Client, run: &Run, current: &RunStatus, status: &RunStatus) -> Result<bool, ReconcileError> {
     if current == status {
         return Ok(false);
     }
@@ -563,7 +563,7 @@ pub async fn write_status(client: &Client, run: &Run, current: &RunStatus, statu
 }
 
 /// Step 9: the Warning Event of a withdrawn policy (fails open: logged, never retried).
-pub async fn withdrawn_event(recorder: &Recorder, run: &Run, previous: Option<&AppliedPolicy>, policy: &AppliedPolicy) {
+pub(crate) async fn withdrawn_event(recorder: &Recorder, run: &Run, previous: Option<&AppliedPolicy>, policy: &AppliedPolicy) {
     let note = format!(
         "{} {}/{} had been applied (uid {}) and was found deleted; re-created (uid {})",
         policy.kind,
@@ -778,7 +778,7 @@ async fn judge_enforced(run: &Run, ctx: &Context, outcome: &Outcome, status: &Ru
 
 /// The requeue of an outcome: applied runs at the resync period, or sooner when their
 /// deadline comes first or an `EnforcementDelayed` Event will be due.
-pub fn action(outcome: &Outcome, resync: Duration, until_expiry: Option<Duration>, until_delayed: Option<Duration>) -> Action {
+pub(crate) fn action(outcome: &Outcome, resync: Duration, until_expiry: Option<Duration>, until_delayed: Option<Duration>) -> Action {
     match outcome {
         Outcome::Applied { .. } => {
             let wait = [Some(resync), until_expiry, until_delayed].into_iter().flatten().min().unwrap_or(resync);
@@ -799,7 +799,7 @@ fn key(run: &Run) -> String {
 }
 
 /// Reconciles one run (the chain in the module doc).
-pub async fn reconcile_run(run: Arc<Run>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+pub(crate) async fn reconcile_run(run: Arc<Run>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let started = Instant::now();
     if run.meta().deletion_timestamp.is_some() {
         // Garbage collection removes the policy through its ownerReference.
@@ -900,13 +900,13 @@ async fn delayed_event(recorder: &Recorder, run: &Run, after: Duration, judgemen
 }
 
 /// The backoff after `failures` consecutive failures: 1 s, doubling, at most 5 min.
-pub fn backoff(failures: u32) -> Duration {
+pub(crate) fn backoff(failures: u32) -> Duration {
     Duration::from_secs(1u64 << failures.saturating_sub(1).min(8)).min(Duration::from_secs(300))
 }
 
 /// Requeues a failed run with its backoff; a run deleted meanwhile is not retried (and
 /// gets no backoff entry that nothing would remove).
-pub fn run_error_policy(run: Arc<Run>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
+pub(crate) fn run_error_policy(run: Arc<Run>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_error("Run");
     let n = ctx.change_backoffs(|b| {
         // Checked under the lock [`Context::observe_run`] takes after the cache has dropped a
@@ -925,7 +925,7 @@ pub fn run_error_policy(run: Arc<Run>, error: &ReconcileError, ctx: Arc<Context>
 }
 
 /// Checks a profile and writes its `Ready` condition.
-pub async fn reconcile_profile(profile: Arc<RunProfile>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+pub(crate) async fn reconcile_profile(profile: Arc<RunProfile>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let started = Instant::now();
     let current = profile.status.clone().unwrap_or_default();
     let mut status = current.clone();
@@ -948,7 +948,7 @@ pub async fn reconcile_profile(profile: Arc<RunProfile>, ctx: Arc<Context>) -> R
 }
 
 /// Requeues a failed profile reconcile.
-pub fn profile_error_policy(profile: Arc<RunProfile>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
+pub(crate) fn profile_error_policy(profile: Arc<RunProfile>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
     tracing::warn!(profile = %profile.name_any(), error = %error, "reconcile failed");
     ctx.metrics.reconcile_error("RunProfile");
     Action::requeue(Duration::from_secs(5))

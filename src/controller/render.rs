@@ -38,16 +38,16 @@ use crate::model::RUN_LABEL;
 use crate::translate::selector::validate_label_value;
 
 /// Private (RFC 1918) and link-local IPv4 ranges, always excepted from the internet rule.
-pub const PRIVATE_V4: [&str; 4] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"];
+pub(crate) const PRIVATE_V4: [&str; 4] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"];
 /// Unique-local (the IPv6 private range) and link-local IPv6 ranges, always excepted.
-pub const PRIVATE_V6: [&str; 2] = ["fc00::/7", "fe80::/10"];
+pub(crate) const PRIVATE_V6: [&str; 2] = ["fc00::/7", "fe80::/10"];
 
 /// The namespace label the API server sets on every namespace (immutable, its name).
 const NAMESPACE_LABEL: &str = crate::model::convert::NAMESPACE_NAME_LABEL;
 /// How Cilium names a pod's namespace in endpoint selectors.
 const CILIUM_NAMESPACE_LABEL: &str = "k8s:io.kubernetes.pod.namespace";
 /// The suffix of a run's policy name.
-pub const POLICY_SUFFIX: &str = "-egress";
+pub(crate) const POLICY_SUFFIX: &str = "-egress";
 
 /// What the controller knows about the cluster (its flags and the API server's addresses).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,7 +107,7 @@ pub enum RenderError {
 
 /// The name of a run's policy: `<run>-egress`, shortened with a hash when that would exceed
 /// the 253 characters of an object name.
-pub fn policy_name(run: &str) -> String {
+pub(crate) fn policy_name(run: &str) -> String {
     const MAX: usize = 253;
     if run.len() + POLICY_SUFFIX.len() <= MAX {
         return format!("{run}{POLICY_SUFFIX}");
@@ -119,7 +119,7 @@ pub fn policy_name(run: &str) -> String {
 /// The `flock.dev/run` label value of a run's pods: the run's name, or (past the 63
 /// characters of a label value) its first characters and a hash. Workload builders stamp this
 /// on the run's pod template.
-pub fn run_label_value(run: &str) -> String {
+pub(crate) fn run_label_value(run: &str) -> String {
     if validate_label_value(run).is_ok() {
         return run.to_string();
     }
@@ -138,7 +138,7 @@ fn short_hash(s: &str) -> String {
 
 /// A peer of a rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Peer {
+pub(crate) enum Peer {
     /// Pods of one namespace.
     Pods { namespace: String, selector: Selector },
     /// A CIDR minus excepts.
@@ -147,7 +147,7 @@ pub enum Peer {
 
 /// What a rule is for (the API server rule renders differently for Cilium).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Purpose {
+pub(crate) enum Purpose {
     Dns,
     Internet,
     ApiServer,
@@ -159,38 +159,38 @@ pub enum Purpose {
 /// One allow rule: any of the peers, on any of the ports (none: every port).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
-    pub purpose: Purpose,
-    pub peers: Vec<Peer>,
-    pub ports: Vec<PortSpec>,
+    pub(crate) purpose: Purpose,
+    pub(crate) peers: Vec<Peer>,
+    pub(crate) ports: Vec<PortSpec>,
 }
 
 /// Egress to a domain name on some ports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DomainRule {
-    pub name: DomainPattern,
+pub(crate) struct DomainRule {
+    pub(crate) name: DomainPattern,
     /// Sorted by protocol (TCP, UDP, SCTP), port and end port; never empty.
-    pub ports: Vec<PortSpec>,
+    pub(crate) ports: Vec<PortSpec>,
 }
 
 /// A run's policy, independent of the kind that expresses it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
-    pub name: String,
-    pub namespace: String,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
-    pub owner: meta::OwnerReference,
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
+    pub(crate) owner: meta::OwnerReference,
     /// The run's pods.
-    pub selector: Selector,
-    pub egress: Vec<Rule>,
+    pub(crate) selector: Selector,
+    pub(crate) egress: Vec<Rule>,
     /// Egress by name, sorted by name (as written, lowercase, no trailing dot).
-    pub domains: Vec<DomainRule>,
+    pub(crate) domains: Vec<DomainRule>,
     /// `None`: ingress is not restricted.
-    pub ingress: Option<Vec<Rule>>,
+    pub(crate) ingress: Option<Vec<Rule>>,
 }
 
 /// The labels of every object the controller renders for `run`.
-pub fn labels(run: &str) -> BTreeMap<String, String> {
+pub(crate) fn labels(run: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".to_string(), "flock".to_string()),
         ("app.kubernetes.io/component".to_string(), "run-egress".to_string()),
@@ -200,12 +200,12 @@ pub fn labels(run: &str) -> BTreeMap<String, String> {
 }
 
 /// The label selector of the policies the controller manages (for its watch).
-pub fn managed_selector() -> String {
+pub(crate) fn managed_selector() -> String {
     format!("app.kubernetes.io/managed-by={FIELD_MANAGER}")
 }
 
 /// The run's pod selector: its own, or `flock.dev/run: <label value>`.
-pub fn run_selector(run: &Run) -> Result<Selector, RenderError> {
+pub(crate) fn run_selector(run: &Run) -> Result<Selector, RenderError> {
     let problems = run.spec.problems();
     if !problems.is_empty() {
         return Err(RenderError::Run { run: run_key(run), problems });
@@ -214,7 +214,7 @@ pub fn run_selector(run: &Run) -> Result<Selector, RenderError> {
 }
 
 /// The selector of a run without its own: `flock.dev/run: <label value>`.
-pub fn default_selector(run: &Run) -> Selector {
+pub(crate) fn default_selector(run: &Run) -> Selector {
     Selector {
         match_labels: BTreeMap::from([(RUN_LABEL.to_string(), run_label_value(run.meta().name.as_deref().unwrap_or_default()))]),
         ..Selector::default()
@@ -223,7 +223,7 @@ pub fn default_selector(run: &Run) -> Selector {
 
 /// The run's pod selector when that part of the run is valid, whatever else is wrong with
 /// it (an invalid run past its deadline still gets a policy that allows nothing).
-pub fn own_selector(run: &Run) -> Option<Selector> {
+pub(crate) fn own_selector(run: &Run) -> Option<Selector> {
     let bad = run.spec.problems().iter().any(|p| p.field.starts_with("spec.podSelector"));
     (!bad).then(|| run.spec.pod_selector.clone().unwrap_or_else(|| default_selector(run)))
 }
@@ -239,7 +239,12 @@ pub fn plan(run: &Run, profile: &RunProfile, cluster: &ClusterConfig) -> Result<
 
 /// [`plan`] for the pods `selector` selects rather than the run's own, which is not checked:
 /// the withdrawal of an invalid run past its deadline (with a profile that grants nothing).
-pub fn plan_with_selector(run: &Run, selector: Selector, profile: &RunProfile, cluster: &ClusterConfig) -> Result<Plan, RenderError> {
+pub(crate) fn plan_with_selector(
+    run: &Run,
+    selector: Selector,
+    profile: &RunProfile,
+    cluster: &ClusterConfig,
+) -> Result<Plan, RenderError> {
     plan_for(run, |_| Ok(selector), profile, cluster)
 }
 
@@ -402,7 +407,7 @@ struct AnnotatedPort {
 
 /// The value of [`EGRESS_DOMAINS_ANNOTATION`] for `domains` (sorted as the plan keeps them):
 /// compact JSON, `[{"name":"github.com","ports":[{"protocol":"TCP","port":443}]}]`.
-pub fn domains_annotation(domains: &[DomainRule]) -> Result<String, serde_json::Error> {
+pub(crate) fn domains_annotation(domains: &[DomainRule]) -> Result<String, serde_json::Error> {
     let entries: Vec<AnnotatedDomain> = domains
         .iter()
         .map(|d| AnnotatedDomain {
@@ -414,7 +419,7 @@ pub fn domains_annotation(domains: &[DomainRule]) -> Result<String, serde_json::
 }
 
 /// The annotation on a policy whose run expired: when (the policy then allows nothing).
-pub const EXPIRED_ANNOTATION: &str = "flock.dev/expired";
+pub(crate) const EXPIRED_ANNOTATION: &str = "flock.dev/expired";
 
 impl Plan {
     /// The run expired at `at`: the policy allows nothing, both ways (it stays, so the run's

@@ -40,7 +40,7 @@ impl Default for Limits {
 }
 
 /// The largest DNS message (TCP's two-byte length; UDP payloads are smaller).
-pub const MAX_MESSAGE: usize = 65_535;
+pub(crate) const MAX_MESSAGE: usize = 65_535;
 
 /// What an answer teaches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub enum Unusable {
 }
 
 /// A name as [`Learned`] writes it: lowercase, without the trailing dot (the root stays `.`).
-pub fn text(name: &Name) -> String {
+pub(crate) fn text(name: &Name) -> String {
     let mut s = name.to_ascii().to_ascii_lowercase();
     if s.len() > 1 && s.ends_with('.') {
         s.pop();

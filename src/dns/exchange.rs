@@ -25,7 +25,7 @@ const MAX_NAME: usize = 255;
 
 /// Why a pod's query is not proxied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     #[error("shorter than a DNS header")]
     Short,
     #[error("a response, not a query")]
@@ -42,7 +42,7 @@ pub enum Refused {
 
 /// Why an answer is not the answer to the outstanding query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Mismatch {
+pub(crate) enum Mismatch {
     #[error("shorter than the query's header and question")]
     Short,
     #[error("not a response")]
@@ -57,7 +57,7 @@ pub enum Mismatch {
 
 /// A query sent upstream, waiting for its answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outstanding {
+pub(crate) struct Outstanding {
     /// The pod's id and question bytes, given back with the answer.
     pod_id: [u8; 2],
     pod_question: Vec<u8>,
@@ -65,7 +65,7 @@ pub struct Outstanding {
     id: [u8; 2],
     question: Vec<u8>,
     /// The asked type (`QTYPE`).
-    pub qtype: u16,
+    pub(crate) qtype: u16,
 }
 
 /// The question section's bytes in `msg` (name, type, class), when the name is well formed and
@@ -99,7 +99,7 @@ fn u16_at(msg: &[u8], at: usize) -> u16 {
 /// `case_bits`, the letters of the name flipped to upper case where the next bit is set
 /// (`None`: the case as the pod wrote it). Returns the bytes to send and what the answer
 /// must match.
-pub fn prepare(query: &[u8], id: u16, case_bits: Option<u64>) -> Result<(Vec<u8>, Outstanding), Refused> {
+pub(crate) fn prepare(query: &[u8], id: u16, case_bits: Option<u64>) -> Result<(Vec<u8>, Outstanding), Refused> {
     if query.len() < HEADER {
         return Err(Refused::Short);
     }
@@ -147,13 +147,14 @@ pub fn prepare(query: &[u8], id: u16, case_bits: Option<u64>) -> Result<(Vec<u8>
 
 impl Outstanding {
     /// The id the query went upstream with.
-    pub fn id(&self) -> u16 {
+    #[cfg(feature = "tool")]
+    pub(crate) fn id(&self) -> u16 {
         u16::from_be_bytes(self.id)
     }
 
     /// Whether `answer` is the answer to this query (its id, one question equal to the one
     /// sent, byte for byte); if so, the answer as the pod gets it: its own id and question.
-    pub fn accept(&self, answer: &[u8]) -> Result<Vec<u8>, Mismatch> {
+    pub(crate) fn accept(&self, answer: &[u8]) -> Result<Vec<u8>, Mismatch> {
         let q = HEADER..HEADER + self.question.len();
         if answer.len() < q.end {
             return Err(Mismatch::Short);
@@ -178,7 +179,7 @@ impl Outstanding {
 
     /// A response to the pod's query with only a header and its question, and `rcode` (e.g.
     /// `SERVFAIL`, 2) — or, with `truncated`, the TC bit, so the pod asks again over TCP.
-    pub fn bare_response(&self, rd: bool, rcode: u8, truncated: bool) -> Vec<u8> {
+    pub(crate) fn bare_response(&self, rd: bool, rcode: u8, truncated: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER + self.pod_question.len());
         out.extend_from_slice(&self.pod_id);
         // QR, opcode 0, TC, RD; then RA and the code.
@@ -191,7 +192,7 @@ impl Outstanding {
 }
 
 /// Whether `query` asks for recursion (the RD bit), to echo it.
-pub fn recursion_desired(query: &[u8]) -> bool {
+pub(crate) fn recursion_desired(query: &[u8]) -> bool {
     query.get(2).is_some_and(|b| b & 1 == 1)
 }
 

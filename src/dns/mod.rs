@@ -3,9 +3,9 @@
 //! resolver ([`exchange`]). No sockets, no clock: the agent's DNS proxy
 //! (`crate::agent::dns_proxy`) feeds them bytes.
 
-pub mod answer;
-pub mod exchange;
-pub mod name;
+pub(crate) mod answer;
+pub(crate) mod exchange;
+pub(crate) mod name;
 
 pub use answer::{Learned, Limits, Unusable, learn, response_to};
 pub use name::{DomainPattern, PatternError};

@@ -20,7 +20,7 @@ pub struct DomainPattern {
 }
 
 /// The longest name DNS carries (RFC 1035), in its dotted text form.
-pub const MAX_NAME: usize = 253;
+pub(crate) const MAX_NAME: usize = 253;
 const MAX_LABEL: usize = 63;
 
 /// What is wrong with a domain-name pattern.
@@ -72,7 +72,7 @@ impl DomainPattern {
     }
 
     /// Whether `name` (any case, trailing dot or not) is one this pattern admits.
-    pub fn matches(&self, name: &str) -> bool {
+    pub(crate) fn matches(&self, name: &str) -> bool {
         let name = name.strip_suffix('.').unwrap_or(name);
         if !self.wildcard {
             return name.eq_ignore_ascii_case(&self.suffix);
@@ -86,7 +86,7 @@ impl DomainPattern {
             && head.split('.').all(|l| !l.is_empty())
     }
 
-    pub fn is_wildcard(&self) -> bool {
+    pub(crate) fn is_wildcard(&self) -> bool {
         self.wildcard
     }
 }

@@ -52,10 +52,10 @@ pub enum LiveError {
 /// One rule the packet matched.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TracedRule {
-    pub chain: String,
+    pub(crate) chain: String,
     /// The chain's comment (whose policy it is).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub chain_comment: Option<String>,
+    pub(crate) chain_comment: Option<String>,
     /// The rule, its comment included.
     pub rule: String,
     /// The comments of the set or map elements the rule matched (pods, policy rules).
@@ -66,7 +66,7 @@ pub struct TracedRule {
 /// The verdict of one direction judged on this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LiveDirection {
-    pub verdict: Verdict,
+    pub(crate) verdict: Verdict,
     /// The rules of the pod's policy chains the packet matched, the deciding one last
     /// (empty: nothing restricts this direction of the pod).
     pub rules: Vec<TracedRule>,
@@ -74,13 +74,13 @@ pub struct LiveDirection {
 
 /// One end as found in the table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct LiveEnd {
+pub(crate) struct LiveEnd {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pod: Option<String>,
-    pub address: IpAddr,
+    pub(crate) pod: Option<String>,
+    pub(crate) address: IpAddr,
     /// The pod's interface when it is on this node.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub interface: Option<String>,
+    pub(crate) interface: Option<String>,
 }
 
 /// The live explanation of a flow on this node.
@@ -88,14 +88,14 @@ pub struct LiveEnd {
 pub struct LiveExplanation {
     /// This node's verdict (the other end's node may still deny what this one allows).
     pub verdict: Verdict,
-    pub from: LiveEnd,
-    pub to: LiveEnd,
-    pub protocol: &'static str,
-    pub port: u16,
-    pub family: &'static str,
+    pub(crate) from: LiveEnd,
+    pub(crate) to: LiveEnd,
+    pub(crate) protocol: &'static str,
+    pub(crate) port: u16,
+    pub(crate) family: &'static str,
     /// At the source, when it is on this node.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub egress: Option<LiveDirection>,
+    pub(crate) egress: Option<LiveDirection>,
     /// At the destination, when it is on this node (and egress let the packet through).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ingress: Option<LiveDirection>,
@@ -107,7 +107,7 @@ pub struct LiveExplanation {
     pub audit: Option<Vec<TracedRule>>,
     /// Why nothing on this node judges the flow, when nothing does (the node's own traffic).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
 }
 
 /// An end as the table knows it.

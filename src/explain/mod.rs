@@ -93,7 +93,7 @@ impl fmt::Display for Verdict {
 
 /// What decided a direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Decider {
+pub(crate) enum Decider {
     /// An Admin-tier ClusterNetworkPolicy rule (Accept or Deny).
     AdminClusterNetworkPolicy,
     /// NetworkPolicy: the pod is isolated, and rules admitted the flow or none did.
@@ -126,22 +126,22 @@ impl fmt::Display for Decider {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct PolicyRef {
     /// `NetworkPolicy`, `ClusterNetworkPolicy`, or `flock` (its own isolation).
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// Empty for a cluster-scoped object.
-    pub namespace: String,
+    pub(crate) namespace: String,
     pub name: String,
     /// Index of the rule in the policy's `ingress`/`egress` list; `None` when the policy
     /// decided by isolating the pod (no rule of it admitted the flow).
-    pub rule: Option<usize>,
+    pub(crate) rule: Option<usize>,
     /// The rule's `name` (ClusterNetworkPolicy rules may have one).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule_name: Option<String>,
+    pub(crate) rule_name: Option<String>,
     /// `Allow` (a NetworkPolicy rule), `Accept`, `Deny`, `Pass`; `Isolate` for a policy
     /// that isolates the pod.
-    pub action: &'static str,
+    pub(crate) action: &'static str,
     /// Why the rule is not enforced as written (it failed closed).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fail_closed: Option<String>,
+    pub(crate) fail_closed: Option<String>,
 }
 
 impl fmt::Display for PolicyRef {
@@ -170,32 +170,32 @@ impl fmt::Display for PolicyRef {
 pub struct EndInfo {
     /// `namespace/name` when the end is a pod.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pod: Option<String>,
+    pub(crate) pod: Option<String>,
     pub address: IpAddr,
     /// The node enforcing this end's policy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// The host-side interface of the pod's endpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub interface: Option<String>,
+    pub(crate) interface: Option<String>,
 }
 
 /// The verdict of one direction and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DirectionExplanation {
     pub verdict: Verdict,
-    pub decided_by: Decider,
+    pub(crate) decided_by: Decider,
     /// What isolates the pod for this direction under NetworkPolicy (policies, or flock's
     /// own isolation); empty when nothing does.
-    pub isolated_by: Vec<String>,
+    pub(crate) isolated_by: Vec<String>,
     /// The rules that decided (every one that admitted the flow, for NetworkPolicy), or the
     /// isolating policies when no rule admitted it.
     pub deciding: Vec<PolicyRef>,
     /// Admin-tier rules that matched with Pass, handing the flow to the next tier.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub passed: Vec<PolicyRef>,
+    pub(crate) passed: Vec<PolicyRef>,
     /// A sentence for people.
-    pub reason: String,
+    pub(crate) reason: String,
     /// Audit mode, where audited policies apply: what this direction would decide with them
     /// enforced (they are logged, not enforced).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -208,9 +208,9 @@ pub struct Explanation {
     pub verdict: Verdict,
     pub from: EndInfo,
     pub to: EndInfo,
-    pub protocol: &'static str,
-    pub port: u16,
-    pub family: &'static str,
+    pub(crate) protocol: &'static str,
+    pub(crate) port: u16,
+    pub(crate) family: &'static str,
     /// At the source.
     pub egress: DirectionExplanation,
     /// At the destination.
@@ -218,7 +218,7 @@ pub struct Explanation {
     /// Problems of the policies that apply to either end (what is enforced differently from
     /// the text: see `fail_closed`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub problems: Vec<String>,
+    pub(crate) problems: Vec<String>,
 }
 
 /// Explains `query` on the cluster `snapshot` (with flock's default options).
@@ -396,27 +396,40 @@ fn not_enforced(reason: String) -> DirectionExplanation {
 /// What a flow carries, as policy sees it: a protocol with ports, or another one (ICMP, …)
 /// that only rules without ports admit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
+pub(crate) enum Transport {
     Port(Protocol, u16),
     Other,
 }
 
 /// The verdict of `ep`'s policy in `dir` for a new flow with `peer` (the other end's
 /// address), in the renderer's order of evaluation.
-pub fn decide(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr, protocol: Protocol, port: u16) -> DirectionExplanation {
+pub(crate) fn decide(
+    np: &NodePolicy,
+    ep: &EndpointPolicy,
+    dir: Direction,
+    peer: IpAddr,
+    protocol: Protocol,
+    port: u16,
+) -> DirectionExplanation {
     decide_transport(np, ep, dir, peer, Transport::Port(protocol, port))
 }
 
 /// [`decide`] for a flow of any transport. Domain rules match nothing: which addresses they
 /// admit is learned at run time ([`decide_flow`] for a flow known to be admitted by one).
-pub fn decide_transport(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr, transport: Transport) -> DirectionExplanation {
+pub(crate) fn decide_transport(
+    np: &NodePolicy,
+    ep: &EndpointPolicy,
+    dir: Direction,
+    peer: IpAddr,
+    transport: Transport,
+) -> DirectionExplanation {
     decide_flow(np, ep, dir, peer, transport, false)
 }
 
 /// [`decide_transport`], where `domain_admitted` says whether the peer's address is one the
 /// domain rules admit (a connection a domain rule admitted: its ct mark says so,
 /// `render::DOMAIN_MARK`): then a domain rule matches on its ports alone.
-pub fn decide_flow(
+pub(crate) fn decide_flow(
     np: &NodePolicy,
     ep: &EndpointPolicy,
     dir: Direction,
@@ -434,12 +447,13 @@ pub fn decide_flow(
 
 /// Whether `ep`'s enforced policy in `dir` denies the flow: [`decide_transport`]'s verdict
 /// without its explanation (nothing allocated: for judging many flows).
-pub fn denies(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr, transport: Transport) -> bool {
+#[cfg(test)]
+pub(crate) fn denies(np: &NodePolicy, ep: &EndpointPolicy, dir: Direction, peer: IpAddr, transport: Transport) -> bool {
     denies_flow(np, ep, dir, peer, transport, false)
 }
 
 /// [`denies`], with `domain_admitted` as [`decide_flow`] takes it.
-pub fn denies_flow(
+pub(crate) fn denies_flow(
     np: &NodePolicy,
     ep: &EndpointPolicy,
     dir: Direction,

@@ -499,7 +499,7 @@ pub struct Comparison {
     /// Each flow where the pipeline and the reference disagree, described.
     pub disagreements: Vec<String>,
     /// Each node's rendered ruleset.
-    pub renders: Vec<String>,
+    pub(crate) renders: Vec<String>,
 }
 
 /// Every flow of the cluster through the pipeline and the reference.

@@ -25,7 +25,7 @@ const ID: u16 = 0x2a2a;
 const LIMITS: Limits = Limits { min_ttl: 5, max_ttl: 600, max_addresses: 64, max_chain: 8 };
 
 /// The query `pick` selects, as bytes (`None` only if hickory cannot encode it).
-pub fn query(pick: u8) -> Option<Vec<u8>> {
+pub(crate) fn query(pick: u8) -> Option<Vec<u8>> {
     let (name, t) = QUERIES[usize::from(pick) % QUERIES.len()];
     let mut m = Message::new();
     m.set_id(ID).set_message_type(MessageType::Query).set_op_code(OpCode::Query).set_recursion_desired(true);

@@ -60,7 +60,7 @@ const PORTS: [u16; 4] = [79, 80, 81, 82];
 /// Flow peers that are not pods: one inside an ipBlock of [`CIDRS`] only, one in the pod range.
 const EXTERNAL: [&str; 2] = ["198.19.255.7", "198.18.200.9"];
 /// The name of the policy under test.
-pub const Q_NAME: &str = "q-corrupted";
+pub(crate) const Q_NAME: &str = "q-corrupted";
 
 /// One selector requirement; indexes pick from the pools.
 #[derive(Debug, Clone, Arbitrary)]
@@ -168,11 +168,11 @@ pub struct FailClosedInput {
 pub struct Corrupted {
     pub q: NetworkPolicy,
     /// Q's valid part (`None`: nothing of Q is valid).
-    pub valid_part: Option<NetworkPolicy>,
+    pub(crate) valid_part: Option<NetworkPolicy>,
     /// The pods Q would select (`namespace/name`).
     pub would_select: Vec<String>,
-    pub ingress: bool,
-    pub egress: bool,
+    pub(crate) ingress: bool,
+    pub(crate) egress: bool,
 }
 
 fn at<T: Copy>(pool: &[T], i: u8) -> T {
@@ -278,7 +278,7 @@ impl GenRule {
 
 impl GenPolicy {
     /// The valid policy `name`.
-    pub fn build(&self, name: &str) -> NetworkPolicy {
+    pub(crate) fn build(&self, name: &str) -> NetworkPolicy {
         NetworkPolicy {
             audit: false,
             namespace: at(&NAMESPACES, self.namespace).to_string(),
@@ -401,7 +401,7 @@ fn put<T>(list: &mut Vec<T>, at: u8, bad: T) {
 }
 
 /// The naive matcher for the generator's valid selectors.
-pub fn naive_matches(sel: &LabelSelector, labels: &Labels) -> bool {
+pub(crate) fn naive_matches(sel: &LabelSelector, labels: &Labels) -> bool {
     sel.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v.as_str()))
         && sel.match_expressions.iter().all(|e| {
             let v = labels.get(&e.key);
@@ -476,11 +476,11 @@ impl FailClosedInput {
 /// the in-memory nft tables the tracer reads.
 pub struct Enforced {
     /// Each node's translation and its table, compiled for tracing.
-    pub nodes: BTreeMap<String, (NodePolicy, Tracer)>,
+    pub(crate) nodes: BTreeMap<String, (NodePolicy, Tracer)>,
     /// Pod (`namespace/name`) → (node, interface, addresses).
-    pub pods: BTreeMap<String, (String, String, Vec<IpAddr>)>,
+    pub(crate) pods: BTreeMap<String, (String, String, Vec<IpAddr>)>,
     /// The rendered texts (for `nft -c` in the corpus replay).
-    pub texts: Vec<String>,
+    pub(crate) texts: Vec<String>,
 }
 
 impl Enforced {
@@ -510,7 +510,7 @@ impl Enforced {
     }
 
     /// How the policies isolate `pod` in `dir` (empty: not isolated).
-    pub fn isolated_by(&self, pod: &str, dir: Direction) -> Vec<Isolation> {
+    pub(crate) fn isolated_by(&self, pod: &str, dir: Direction) -> Vec<Isolation> {
         let Some((node, _, _)) = self.pods.get(pod) else { return Vec::new() };
         let Some((np, _)) = self.nodes.get(node) else { return Vec::new() };
         np.endpoints
@@ -527,7 +527,7 @@ impl Enforced {
     /// `peer`, or ingress to `pod` from `peer`. The other end is placed off the node, so only
     /// `pod`'s direction is judged.
     #[allow(clippy::panic)]
-    pub fn allows(&self, pod: &str, dir: Direction, peer: IpAddr, protocol: Protocol, port: u16) -> bool {
+    pub(crate) fn allows(&self, pod: &str, dir: Direction, peer: IpAddr, protocol: Protocol, port: u16) -> bool {
         let Some((node, iface, addrs)) = self.pods.get(pod) else { panic!("no pod {pod}") };
         let Some(own) = addrs.iter().copied().find(|a| a.is_ipv4() == peer.is_ipv4()) else { return false };
         let l4 = match protocol {

@@ -308,7 +308,7 @@ impl Harness {
 }
 
 /// The first difference between the incremental policy and the full one, readably.
-pub fn policy_difference(inc: &NodePolicy, full: &NodePolicy) -> String {
+pub(crate) fn policy_difference(inc: &NodePolicy, full: &NodePolicy) -> String {
     let interfaces = |np: &NodePolicy| -> Vec<String> { np.endpoints.iter().map(|e| format!("{} ({})", e.interface, e.pod)).collect() };
     let (a, b) = (interfaces(inc), interfaces(full));
     if a != b {
@@ -412,7 +412,7 @@ fn map_difference<K: Ord + fmt::Display, V: PartialEq>(
 
 /// Whether `changed` names everything that differs between two consecutive full
 /// translations: each endpoint (by interface), peer set and named-port set.
-pub fn changed_covers(before: &NodePolicy, after: &NodePolicy, changed: &Changed) -> Result<(), String> {
+pub(crate) fn changed_covers(before: &NodePolicy, after: &NodePolicy, changed: &Changed) -> Result<(), String> {
     if changed.all {
         return Ok(());
     }

@@ -104,7 +104,7 @@ impl<'a> Arbitrary<'a> for Base {
 
 /// Which node to render for.
 #[derive(Debug, Clone, Arbitrary)]
-pub enum NodePick {
+pub(crate) enum NodePick {
     /// An index into the known node names (Nodes and pods' `nodeName`, sorted).
     Known(u8),
     Named(String),
@@ -114,53 +114,53 @@ pub enum NodePick {
 /// id (the interface name is derived from it, as the CNI plugin does), any pod reference and
 /// uid (unknown pods, stale uids), any addresses.
 #[derive(Debug, Clone, Arbitrary)]
-pub struct EndpointInput {
-    pub container_id: String,
-    pub pod: ObjectRef,
-    pub pod_uid: Option<String>,
-    pub addrs: Vec<IpAddr>,
+pub(crate) struct EndpointInput {
+    pub(crate) container_id: String,
+    pub(crate) pod: ObjectRef,
+    pub(crate) pod_uid: Option<String>,
+    pub(crate) addrs: Vec<IpAddr>,
 }
 
 /// The `pipeline` target's input.
 #[derive(Debug, Clone, Arbitrary)]
 pub struct PipelineInput {
     pub base: Base,
-    pub namespaces: Vec<Namespace>,
-    pub pods: Vec<Pod>,
-    pub policies: Vec<NetworkPolicy>,
-    pub nodes: Vec<Node>,
-    pub node: NodePick,
-    pub endpoints: Vec<EndpointInput>,
-    pub isolate_run_pods: bool,
+    pub(crate) namespaces: Vec<Namespace>,
+    pub(crate) pods: Vec<Pod>,
+    pub(crate) policies: Vec<NetworkPolicy>,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) node: NodePick,
+    pub(crate) endpoints: Vec<EndpointInput>,
+    pub(crate) isolate_run_pods: bool,
     /// Every pod's allow rules through peer classes (`RenderOptions::peer_classes_from` 0),
     /// instead of only those of pods with many rules.
-    pub peer_classes: bool,
+    pub(crate) peer_classes: bool,
 }
 
 /// One input in this many gets the cross-checks in target `pipeline`.
-pub const CROSS_CHECK_EVERY: u64 = 8;
+pub(crate) const CROSS_CHECK_EVERY: u64 = 8;
 
 /// Whether `pipeline` cross-checks this input (a second render, the in-memory nft): decided by
 /// the input's bytes alone (FNV-1a), so a crash reproduces from its file. The cross-checks
 /// are most of an execution; running them on one input in [`CROSS_CHECK_EVERY`] lets the
 /// fuzzer try several times as many inputs, while [`pipeline_full`] and the corpus replay
 /// run them on every one.
-pub fn cross_check_sampled(data: &[u8]) -> bool {
+pub(crate) fn cross_check_sampled(data: &[u8]) -> bool {
     fnv1a(data).is_multiple_of(CROSS_CHECK_EVERY)
 }
 
 /// One input in this many may add as many objects as its bytes describe; the others add at
 /// most [`SMALL`] of each kind on top of their base cluster.
-pub const BIG_EVERY: u64 = 16;
+pub(crate) const BIG_EVERY: u64 = 16;
 
 /// How many objects of each kind a small `pipeline` input adds: (namespaces, pods, policies,
 /// nodes, endpoints). An execution's cost grows with the objects, and libFuzzer lets inputs
 /// grow as it runs; capping most of them keeps the fuzzer fast while big clusters still come
 /// from the base clusters and the big inputs.
-pub const SMALL: (usize, usize, usize, usize, usize) = (4, 8, 4, 2, 4);
+pub(crate) const SMALL: (usize, usize, usize, usize, usize) = (4, 8, 4, 2, 4);
 
 /// Whether this input is big (see [`BIG_EVERY`]): other bits of the same hash as the sample.
-pub fn big_input(data: &[u8]) -> bool {
+pub(crate) fn big_input(data: &[u8]) -> bool {
     (fnv1a(data) >> 32).is_multiple_of(BIG_EVERY)
 }
 
@@ -327,7 +327,7 @@ fn render_nodes(snapshot: &Snapshot) -> Vec<String> {
 
 /// Where a hostile string goes; the index picks the object (modulo their number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
-pub enum Slot {
+pub(crate) enum Slot {
     /// Renames a namespace; its pods and policies follow.
     NamespaceName(u8),
     NamespaceLabelKey(u8),
@@ -357,10 +357,10 @@ pub enum Slot {
 /// The `hostile_strings` target's input: strings and where each goes (slots repeat when
 /// there are more strings).
 #[derive(Debug, Clone, Arbitrary)]
-pub struct HostileInput {
-    pub quickstart: bool,
-    pub slots: Vec<Slot>,
-    pub strings: Vec<String>,
+pub(crate) struct HostileInput {
+    pub(crate) quickstart: bool,
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) strings: Vec<String>,
 }
 
 /// Target `hostile_strings`: see the module doc.
@@ -553,13 +553,13 @@ fn inject(objects: &mut [Object], annotations: &mut BTreeMap<usize, Annotations>
 /// sets and maps (types, flags, comments, elements with their comments and verdicts), nothing
 /// more, and object names that are plain identifiers. A string that became nft syntax would
 /// change at least one of these.
-pub fn check_structure(rs: &Ruleset, text: &str) -> Result<(), String> {
+pub(crate) fn check_structure(rs: &Ruleset, text: &str) -> Result<(), String> {
     let parsed = NftRuleset::from_text(text).map_err(|e| format!("the render does not parse: {e}"))?;
     check_parsed(rs, &parsed)
 }
 
 /// [`check_structure`] of a render already parsed (and applied) into `parsed`.
-pub fn check_parsed(rs: &Ruleset, parsed: &NftRuleset) -> Result<(), String> {
+pub(crate) fn check_parsed(rs: &Ruleset, parsed: &NftRuleset) -> Result<(), String> {
     if parsed.tables.len() != 1 {
         return Err(format!("{} tables instead of one", parsed.tables.len()));
     }
@@ -856,7 +856,7 @@ fn phase(p: PodPhase) -> &'static str {
 
 /// A YAML double-quoted scalar for any string: printable ASCII as is (`"` and `\` escaped),
 /// everything else as `\xXX`, `\uXXXX` or `\UXXXXXXXX`.
-pub fn yaml_str(s: &str) -> String {
+pub(crate) fn yaml_str(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

@@ -12,13 +12,13 @@ use std::fmt;
 /// The most bytes of an API string that flock repeats. Above every length the API server
 /// accepts for a name (253) or a label value (63), so only strings it would never have stored
 /// are cut.
-pub const MAX_CLIP: usize = 256;
+pub(crate) const MAX_CLIP: usize = 256;
 
 /// `s` as flock quotes it: at most [`MAX_CLIP`] bytes of it (cut on a character boundary),
 /// then, if it was cut, how long it was: `aaaa…(10485760 bytes)`. `{}` writes the kept text
 /// as it is, `{:?}` quoted and escaped (the marker after the closing quote, so it cannot be
 /// mistaken for part of the value).
-pub fn clip(s: &str) -> Clipped<'_> {
+pub(crate) fn clip(s: &str) -> Clipped<'_> {
     let mut end = s.len().min(MAX_CLIP);
     while !s.is_char_boundary(end) {
         end -= 1;
@@ -28,7 +28,7 @@ pub fn clip(s: &str) -> Clipped<'_> {
 
 /// A string as [`clip`] writes it.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Clipped<'a> {
+pub(crate) struct Clipped<'a> {
     kept: &'a str,
     /// The whole string's length in bytes.
     len: usize,
@@ -36,7 +36,7 @@ pub struct Clipped<'a> {
 
 impl Clipped<'_> {
     /// Whether part of the string was left out.
-    pub fn is_cut(&self) -> bool {
+    pub(crate) fn is_cut(&self) -> bool {
         self.kept.len() < self.len
     }
 

@@ -21,12 +21,12 @@ use super::convert::{self, ConvertError};
 use super::{LabelSelector, clip};
 
 /// The API group, version and kind.
-pub const GROUP: &str = "policy.networking.k8s.io";
-pub const VERSION: &str = "v1alpha2";
-pub const API_VERSION: &str = "policy.networking.k8s.io/v1alpha2";
-pub const KIND: &str = "ClusterNetworkPolicy";
+pub(crate) const GROUP: &str = "policy.networking.k8s.io";
+pub(crate) const VERSION: &str = "v1alpha2";
+pub(crate) const API_VERSION: &str = "policy.networking.k8s.io/v1alpha2";
+pub(crate) const KIND: &str = "ClusterNetworkPolicy";
 /// The resource's plural (its URL path segment).
-pub const PLURAL: &str = "clusternetworkpolicies";
+pub(crate) const PLURAL: &str = "clusternetworkpolicies";
 
 /// A ClusterNetworkPolicy (cluster-scoped), as written.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -70,8 +70,8 @@ impl Default for CnpSubject {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct CnpPods {
-    pub namespace_selector: Option<LabelSelector>,
-    pub pod_selector: LabelSelector,
+    pub(crate) namespace_selector: Option<LabelSelector>,
+    pub(crate) pod_selector: LabelSelector,
 }
 
 /// One ingress or egress rule.
@@ -317,7 +317,8 @@ pub fn from_json(obj: &Value) -> Result<ClusterNetworkPolicy, ConvertError> {
 /// The object as the API writes it (`from_json` reads it back to an equal value). What
 /// flock could not read (`Invalid`) is written as a field no version of the API has, so it
 /// reads back as unreadable again.
-pub fn to_json(p: &ClusterNetworkPolicy) -> Value {
+#[cfg(feature = "tool")]
+pub(crate) fn to_json(p: &ClusterNetworkPolicy) -> Value {
     use serde_json::json;
     let sel = |s: &LabelSelector| {
         let mut m = Map::new();
@@ -411,7 +412,7 @@ pub fn to_json(p: &ClusterNetworkPolicy) -> Value {
 }
 
 /// The spec fields flock reads (others are reported as unknown by the manifest reader).
-pub const SPEC_FIELDS: [&str; 5] = ["tier", "priority", "subject", "ingress", "egress"];
+pub(crate) const SPEC_FIELDS: [&str; 5] = ["tier", "priority", "subject", "ingress", "egress"];
 
 #[cfg(test)]
 mod tests {

@@ -21,19 +21,25 @@ use super::{
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// Namespace of a namespaced object that does not say (kubectl's default).
-pub const DEFAULT_NAMESPACE: &str = "default";
+pub(crate) const DEFAULT_NAMESPACE: &str = "default";
 
 /// A field the API server would not have stored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct ConvertError {
     /// Path of the field, e.g. `status.podIPs[1].ip`.
-    pub field: String,
-    pub message: String,
+    pub(crate) field: String,
+    pub(crate) message: String,
+}
+
+impl ConvertError {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { field: field.into(), message: message.into() }
+    }
 }
 
 fn err(field: impl Into<String>, message: impl Into<String>) -> ConvertError {
-    ConvertError { field: field.into(), message: message.into() }
+    ConvertError::new(field, message)
 }
 
 fn name_of(metadata: &meta::ObjectMeta) -> Result<String, ConvertError> {
@@ -51,7 +57,7 @@ fn namespace_of(metadata: &meta::ObjectMeta) -> String {
 }
 
 /// A Namespace. The `kubernetes.io/metadata.name` label is set as the API server sets it.
-pub fn namespace(ns: &core::Namespace) -> Result<Namespace, ConvertError> {
+pub(crate) fn namespace(ns: &core::Namespace) -> Result<Namespace, ConvertError> {
     let name = name_of(&ns.metadata)?;
     let mut labels: super::Labels = ns.metadata.labels.iter().flatten().collect();
     labels.insert(NAMESPACE_NAME_LABEL, &name);
@@ -72,7 +78,7 @@ pub fn implicit_namespace(name: &str) -> Namespace {
 }
 
 /// A Pod. A pod without `metadata.uid` (a manifest) gets [`derived_uid`].
-pub fn pod(pod: &core::Pod) -> Result<Pod, ConvertError> {
+pub(crate) fn pod(pod: &core::Pod) -> Result<Pod, ConvertError> {
     let name = name_of(&pod.metadata)?;
     let namespace = namespace_of(&pod.metadata);
     let uid = match pod.metadata.uid.as_deref() {
@@ -140,7 +146,7 @@ pub fn pod(pod: &core::Pod) -> Result<Pod, ConvertError> {
 }
 
 /// A Node: pod CIDRs and InternalIPs.
-pub fn node(node: &core::Node) -> Result<Node, ConvertError> {
+pub(crate) fn node(node: &core::Node) -> Result<Node, ConvertError> {
     let name = name_of(&node.metadata)?;
     let mut pod_cidrs = Vec::new();
     if let Some(spec) = &node.spec {
@@ -239,7 +245,7 @@ fn rule(peers: Option<&[net::NetworkPolicyPeer]>, ports: Option<&[net::NetworkPo
 }
 
 /// A label selector as written.
-pub fn label_selector(sel: &meta::LabelSelector) -> LabelSelector {
+pub(crate) fn label_selector(sel: &meta::LabelSelector) -> LabelSelector {
     LabelSelector {
         match_labels: sel.match_labels.clone().unwrap_or_default(),
         match_expressions: sel

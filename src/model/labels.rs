@@ -34,7 +34,7 @@ fn shard(s: &str) -> usize {
 }
 
 /// The shared copy of `s`.
-pub fn intern(s: &str) -> Arc<str> {
+pub(crate) fn intern(s: &str) -> Arc<str> {
     let mut pool = match POOL[shard(s)].lock() {
         Ok(p) => p,
         // A panic elsewhere while holding the lock cannot leave the set inconsistent.
@@ -73,7 +73,7 @@ impl Labels {
         self.position(key).ok().map(|i| &*self.0[i].1)
     }
 
-    pub fn contains_key(&self, key: &str) -> bool {
+    pub(crate) fn contains_key(&self, key: &str) -> bool {
         self.position(key).is_ok()
     }
 
@@ -101,24 +101,23 @@ impl Labels {
     }
 
     /// The labels in key order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &str)> + '_ {
+    pub(crate) fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &str)> + '_ {
         self.0.iter().map(|(k, v)| (&**k, &**v))
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &str> + '_ {
+    #[cfg(feature = "tool")]
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &str> + '_ {
         self.0.iter().map(|(k, _)| &**k)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// As a map of owned strings (for API objects and output).
-    pub fn to_map(&self) -> BTreeMap<String, String> {
+    #[cfg(feature = "tool")]
+    pub(crate) fn to_map(&self) -> BTreeMap<String, String> {
         self.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 }

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::cnp::{self, ClusterNetworkPolicy};
 use super::convert::{self, ConvertError};
-use super::{Namespace, NetworkPolicy, Node, ObjectRef, Pod, Snapshot, clip};
+use super::{Namespace, NetworkPolicy, Node, Pod, Snapshot, clip};
 
 /// One object from a manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub enum Object {
 
 /// The kinds flock reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
+pub(crate) enum Kind {
     Namespace,
     Pod,
     NetworkPolicy,
@@ -45,7 +45,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn parse(kind: &str) -> Option<Self> {
+    pub(crate) fn parse(kind: &str) -> Option<Self> {
         match kind {
             "Namespace" => Some(Self::Namespace),
             "Pod" => Some(Self::Pod),
@@ -70,7 +70,7 @@ impl fmt::Display for Kind {
 }
 
 impl Object {
-    pub fn kind(&self) -> Kind {
+    pub(crate) fn kind(&self) -> Kind {
         match self {
             Self::Namespace(_) => Kind::Namespace,
             Self::Pod(_) => Kind::Pod,
@@ -80,19 +80,8 @@ impl Object {
         }
     }
 
-    /// `namespace/name`; cluster-scoped objects have an empty namespace.
-    pub fn key(&self) -> ObjectRef {
-        match self {
-            Self::Namespace(n) => ObjectRef::new("", n.name.clone()),
-            Self::Pod(p) => p.key(),
-            Self::NetworkPolicy(p) => p.key(),
-            Self::ClusterNetworkPolicy(p) => ObjectRef::new("", p.name.clone()),
-            Self::Node(n) => ObjectRef::new("", n.name.clone()),
-        }
-    }
-
     /// Adds or replaces this object in `snapshot`, moving it there.
-    pub fn upsert_into(self, snapshot: &mut Snapshot) {
+    pub(crate) fn upsert_into(self, snapshot: &mut Snapshot) {
         match self {
             Self::Namespace(n) => snapshot.upsert_namespace(n),
             Self::Pod(p) => snapshot.upsert_pod(p),
@@ -112,8 +101,8 @@ impl Object {
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     /// `message` names the line and column in the file.
-    #[error("{path}: {doc}: not valid YAML: {message}")]
-    Yaml { path: PathBuf, doc: DocRef, message: String },
+    #[error("{path}: {doc}: not valid YAML: {error}")]
+    Yaml { path: PathBuf, doc: DocRef, error: YamlError },
     #[error("{path}: {doc}: {message}")]
     Object { path: PathBuf, doc: DocRef, message: String },
 }
@@ -121,8 +110,8 @@ pub enum ManifestError {
 /// Where in a file an object is: the document (1-based) and, inside a List, the item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DocRef {
-    pub document: usize,
-    pub item: Option<usize>,
+    pub(crate) document: usize,
+    pub(crate) item: Option<usize>,
 }
 
 impl fmt::Display for DocRef {
@@ -170,7 +159,7 @@ impl Manifests {
 }
 
 /// Adds a namespace object for every namespace referenced by a pod or policy but missing.
-pub fn add_implicit_namespaces(snapshot: &mut Snapshot) {
+pub(crate) fn add_implicit_namespaces(snapshot: &mut Snapshot) {
     let missing: std::collections::BTreeSet<String> = snapshot
         .namespaces_with_pods()
         .chain(snapshot.policies().map(|p| p.namespace.as_str()))
@@ -187,7 +176,7 @@ pub fn add_implicit_namespaces(snapshot: &mut Snapshot) {
 /// Documents are independent, so a large file's are parsed on every core, in contiguous
 /// runs whose results are joined in document order: the objects, warnings and the first
 /// error are those of a sequential parse.
-pub fn parse_str(path: &Path, text: &str) -> Result<Manifests, ManifestError> {
+pub(crate) fn parse_str(path: &Path, text: &str) -> Result<Manifests, ManifestError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let docs = split_documents(text, cores);
@@ -275,7 +264,7 @@ fn parse_documents(path: &Path, docs: &[Document<'_>], first: usize) -> Result<M
         let value = match from_json(doc.body) {
             Some(value) => value,
             None => {
-                from_yaml(doc.text, doc.first_line).map_err(|message| ManifestError::Yaml { path: path.to_path_buf(), doc: at, message })?
+                from_yaml(doc.text, doc.first_line).map_err(|error| ManifestError::Yaml { path: path.to_path_buf(), doc: at, error })?
             }
         };
         parse_value(path, at, value, &mut out)?;
@@ -286,11 +275,11 @@ fn parse_documents(path: &Path, docs: &[Document<'_>], first: usize) -> Result<M
 /// Deepest nesting of mappings and sequences in a manifest document (serde-saphyr's default).
 /// Kubernetes objects nest about a dozen levels, CRD schemas a few dozen; without a bound a
 /// document of `[[[[…` costs stack and quadratic time.
-pub const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 
 /// Most events that aliases (`*name`) may replay into one YAML document: anchors shared by a
 /// few containers fit many times over, a "billion laughs" document fails at once.
-pub const MAX_ALIAS_REPLAY: usize = 100_000;
+pub(crate) const MAX_ALIAS_REPLAY: usize = 100_000;
 
 /// serde-saphyr's options for manifests: flock's budgets, one-line errors.
 fn yaml_options() -> serde_saphyr::Options {
@@ -312,35 +301,43 @@ fn yaml_options() -> serde_saphyr::Options {
     }
 }
 
+/// A YAML document flock will not read: one line naming the line and column (clipped where
+/// it quotes the input).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct YamlError(String);
+
 /// Reads one YAML document as `T` within flock's budgets. `first_line` (lines before the
 /// document in its file) makes the error's line numbers the file's; errors are one line.
-pub(crate) fn from_yaml<T: DeserializeOwned>(text: &str, first_line: usize) -> Result<T, String> {
+pub(crate) fn from_yaml<T: DeserializeOwned>(text: &str, first_line: usize) -> Result<T, YamlError> {
     use serde_saphyr::{Error, ExternalMessageSource, SnippetMode, budget::BudgetBreach, granit_parser::ErrorKind};
     serde_saphyr::from_str_with_options(text, yaml_options()).map_err(|e| {
-        // The parser's own nesting limits (255) lie beyond the budget's but can trip first
-        // when it scans ahead; either way the document nests deeper than MAX_DEPTH.
-        let too_deep = match &e {
-            Error::Budget { breach: BudgetBreach::Depth { .. }, .. } => true,
-            Error::ExternalMessage { source, .. } => {
-                matches!(&**source, ExternalMessageSource::Parser(p) if matches!(p.kind(), ErrorKind::RecursionLimitExceeded))
-            }
-            _ => false,
-        };
-        match e.location() {
-            Some(at) if too_deep => {
-                format!("nested deeper than {MAX_DEPTH} levels at line {}, column {}", at.line() + first_line as u64, at.column())
-            }
-            _ => {
-                let text =
-                    e.render_with_options(serde_saphyr::render_options! { snippets: SnippetMode::Off, line_offset: first_line as u64 });
-                // The message can quote the input (a duplicate key): clipped, and so is the
-                // location after it, which is kept.
-                match text.rfind(" at line ") {
-                    Some(i) => format!("{}{}", clip(&text[..i]), clip(&text[i..])),
-                    None => clip(&text).to_string(),
+        YamlError({
+            // The parser's own nesting limits (255) lie beyond the budget's but can trip first
+            // when it scans ahead; either way the document nests deeper than MAX_DEPTH.
+            let too_deep = match &e {
+                Error::Budget { breach: BudgetBreach::Depth { .. }, .. } => true,
+                Error::ExternalMessage { source, .. } => {
+                    matches!(&**source, ExternalMessageSource::Parser(p) if matches!(p.kind(), ErrorKind::RecursionLimitExceeded))
+                }
+                _ => false,
+            };
+            match e.location() {
+                Some(at) if too_deep => {
+                    format!("nested deeper than {MAX_DEPTH} levels at line {}, column {}", at.line() + first_line as u64, at.column())
+                }
+                _ => {
+                    let text =
+                        e.render_with_options(serde_saphyr::render_options! { snippets: SnippetMode::Off, line_offset: first_line as u64 });
+                    // The message can quote the input (a duplicate key): clipped, and so is the
+                    // location after it, which is kept.
+                    match text.rfind(" at line ") {
+                        Some(i) => format!("{}{}", clip(&text[..i]), clip(&text[i..])),
+                        None => clip(&text).to_string(),
+                    }
                 }
             }
-        }
+        })
     })
 }
 
@@ -365,10 +362,10 @@ fn from_json(body: &str) -> Option<Value> {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct StrictValue {
     /// The value; where a key is duplicated, the last of its values.
-    pub value: Value,
+    pub(crate) value: Value,
     /// Where the first duplicate key is, relative to the value: `.name`, `.ports[0].port`
     /// (keys clipped: [`clip`]). A value with one is not to be trusted.
-    pub duplicate: Option<String>,
+    pub(crate) duplicate: Option<String>,
 }
 
 impl<'de> serde::Deserialize<'de> for StrictValue {
@@ -557,7 +554,7 @@ fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
 }
 
 /// Reads one YAML value (an object or a List) into `out`; `path` and `at` name it in errors.
-pub fn parse_value(path: &Path, at: DocRef, mut value: Value, out: &mut Manifests) -> Result<(), ManifestError> {
+pub(crate) fn parse_value(path: &Path, at: DocRef, mut value: Value, out: &mut Manifests) -> Result<(), ManifestError> {
     let fail = |message: String| ManifestError::Object { path: path.to_path_buf(), doc: at, message };
     if value.is_null() {
         return Ok(()); // an empty document (e.g. a trailing `---`)
@@ -831,6 +828,7 @@ fn conv<T>(r: Result<T, ConvertError>) -> Result<T, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ObjectRef;
 
     fn parse(text: &str) -> Result<Manifests, ManifestError> {
         parse_str(Path::new("test.yaml"), text)

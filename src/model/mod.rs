@@ -14,7 +14,7 @@
 mod clip;
 pub mod cnp;
 pub mod convert;
-pub mod labels;
+pub(crate) mod labels;
 pub mod manifest;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,14 +25,16 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
-pub use clip::{Clipped, MAX_CLIP, clip};
+#[cfg(test)]
+pub(crate) use clip::MAX_CLIP;
+pub(crate) use clip::clip;
 pub use labels::Labels;
 
 /// `namespace/name` of a namespaced object.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct ObjectRef {
-    pub namespace: String,
+    pub(crate) namespace: String,
     pub name: String,
 }
 
@@ -42,7 +44,7 @@ impl ObjectRef {
     }
 
     /// `namespace/name`, both parts non-empty and one `/`.
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         let (ns, name) = s.split_once('/')?;
         (!ns.is_empty() && !name.is_empty() && !name.contains('/')).then(|| Self::new(ns, name))
     }
@@ -62,8 +64,6 @@ pub enum Family {
 }
 
 impl Family {
-    pub const BOTH: [Family; 2] = [Family::V4, Family::V6];
-
     pub fn of(ip: IpAddr) -> Self {
         if ip.is_ipv4() { Self::V4 } else { Self::V6 }
     }
@@ -86,7 +86,7 @@ impl Family {
     }
 
     /// `v4`, `v6`: the suffix of per-family object names.
-    pub fn tag(self) -> &'static str {
+    pub(crate) fn tag(self) -> &'static str {
         match self {
             Self::V4 => "v4",
             Self::V6 => "v6",
@@ -94,7 +94,7 @@ impl Family {
     }
 
     /// 0 and 1: an index into per-family pairs.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         match self {
             Self::V4 => 0,
             Self::V6 => 1,
@@ -110,9 +110,9 @@ pub const RUN_LABEL: &str = "flock.dev/run";
 /// The annotation that puts a NetworkPolicy, a namespace's NetworkPolicies or a
 /// ClusterNetworkPolicy in audit mode: exactly `audit` (anything else enforces), and only
 /// where the agent runs with `--allow-audit-mode`.
-pub const ENFORCEMENT_ANNOTATION: &str = "flock.dev/enforcement";
+pub(crate) const ENFORCEMENT_ANNOTATION: &str = "flock.dev/enforcement";
 /// The namespace annotation that logs allowed new connections of its pods: exactly `true`.
-pub const LOG_ALLOWED_ANNOTATION: &str = "flock.dev/log-allowed";
+pub(crate) const LOG_ALLOWED_ANNOTATION: &str = "flock.dev/log-allowed";
 /// The NetworkPolicy annotation with a policy's egress by domain name (NPEP-133), which
 /// flock-controller writes from a RunProfile's `domains` and flock-agent enforces. Its value
 /// is JSON, sorted by name, each entry's ports sorted:
@@ -149,7 +149,7 @@ pub enum PodPhase {
 
 impl PodPhase {
     /// Parses `status.phase`; anything unrecognised is `Unknown` (still a live pod).
-    pub fn parse(phase: &str) -> Self {
+    pub(crate) fn parse(phase: &str) -> Self {
         match phase {
             "Pending" => Self::Pending,
             "Running" => Self::Running,
@@ -176,7 +176,7 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    pub const ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+    pub(crate) const ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
     /// Parses the Kubernetes spelling (`TCP`, `UDP`, `SCTP`; case-sensitive like the API).
     pub fn parse(s: &str) -> Option<Self> {
@@ -198,7 +198,7 @@ impl Protocol {
     }
 
     /// The nft keyword (`tcp`, `udp`, `sctp`).
-    pub fn as_nft(self) -> &'static str {
+    pub(crate) fn as_nft(self) -> &'static str {
         match self {
             Self::Tcp => "tcp",
             Self::Udp => "udp",
@@ -562,7 +562,7 @@ impl Snapshot {
     }
 
     /// Whether changes are recorded (a clone of a recording snapshot is not).
-    pub fn is_recording(&self) -> bool {
+    pub(crate) fn is_recording(&self) -> bool {
         self.changes.0.is_some()
     }
 
@@ -582,7 +582,7 @@ impl Snapshot {
         self.namespaces.insert(ns.name.clone(), ns);
     }
 
-    pub fn remove_namespace(&mut self, name: &str) -> Option<Namespace> {
+    pub(crate) fn remove_namespace(&mut self, name: &str) -> Option<Namespace> {
         self.record(|| Change::Namespace(name.to_string()));
         self.namespaces.remove(name)
     }
@@ -590,7 +590,7 @@ impl Snapshot {
     /// A snapshot of many pods at once, as [`Self::upsert_pod`] for each in turn would make it
     /// (of two with one uid, the later stays) but built in bulk: sorted runs instead of one
     /// tree walk per pod and index, several times faster for a whole cluster.
-    pub fn with_pods(pods: impl IntoIterator<Item = Pod>) -> Self {
+    pub(crate) fn with_pods(pods: impl IntoIterator<Item = Pod>) -> Self {
         let mut all: Vec<Arc<Pod>> = pods.into_iter().map(Arc::new).collect();
         // Stable: of equal uids the later stays last, and is the one kept.
         all.sort_by(|a, b| a.uid.cmp(&b.uid));
@@ -704,7 +704,7 @@ impl Snapshot {
         self.nodes.insert(node.name.clone(), node);
     }
 
-    pub fn remove_node(&mut self, name: &str) -> Option<Node> {
+    pub(crate) fn remove_node(&mut self, name: &str) -> Option<Node> {
         self.record(|| Change::Node(name.to_string()));
         self.nodes.remove(name)
     }
@@ -731,17 +731,17 @@ impl Snapshot {
     }
 
     /// The namespaces that have pods (whether or not their Namespace object is known).
-    pub fn namespaces_with_pods(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn namespaces_with_pods(&self) -> impl Iterator<Item = &str> {
         self.pods_by_namespace.keys().map(String::as_str)
     }
 
     /// Pods of one namespace, in uid order.
-    pub fn pods_in(&self, namespace: &str) -> impl Iterator<Item = &Pod> {
+    pub(crate) fn pods_in(&self, namespace: &str) -> impl Iterator<Item = &Pod> {
         self.pods_by_namespace.get(namespace).into_iter().flat_map(|pods| pods.iter().map(|p| &*p.0))
     }
 
     /// Every pod whose status reports `ip`, whatever its phase, in no particular order.
-    pub fn pods_with_ip(&self, ip: &IpAddr) -> impl Iterator<Item = &Pod> {
+    pub(crate) fn pods_with_ip(&self, ip: &IpAddr) -> impl Iterator<Item = &Pod> {
         self.pods_by_ip.get(ip).into_iter().flat_map(|pods| pods.iter().map(|p| &**p))
     }
 
@@ -752,7 +752,7 @@ impl Snapshot {
     }
 
     /// Whether more than one pod (of any phase) reports `ip`.
-    pub fn is_contested(&self, ip: &IpAddr) -> bool {
+    pub(crate) fn is_contested(&self, ip: &IpAddr) -> bool {
         !self.contested.is_empty() && self.contested.contains(ip)
     }
 

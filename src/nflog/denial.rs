@@ -19,7 +19,7 @@ use crate::translate::{Action, Direction, DirectionPolicy, NodePolicy};
 
 /// What denies each direction of each endpoint of the node, by host interface.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Endpoints {
+pub(crate) struct Endpoints {
     by_interface: BTreeMap<String, EndpointView>,
 }
 
@@ -35,7 +35,7 @@ struct EndpointView {
 
 impl Endpoints {
     /// From the node's translation.
-    pub fn of(np: &NodePolicy) -> Self {
+    pub(crate) fn of(np: &NodePolicy) -> Self {
         let by_interface = np
             .endpoints
             .iter()
@@ -52,14 +52,6 @@ impl Endpoints {
             })
             .collect();
         Self { by_interface }
-    }
-
-    pub fn len(&self) -> usize {
-        self.by_interface.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_interface.is_empty()
     }
 }
 
@@ -97,7 +89,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Policy => "policy",
             Self::SpoofedSource => "spoofed-source",
@@ -120,24 +112,24 @@ pub struct Denial {
     pub pod: Option<String>,
     /// Its namespace (the metric's label); for other reasons, the source pod's if known.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// The source: `namespace/name` of a pod, else the address.
     pub from: String,
     /// The destination: `namespace/name` of a pod, else the address.
     pub to: String,
-    pub protocol: String,
+    pub(crate) protocol: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub port: Option<u16>,
+    pub(crate) port: Option<u16>,
     /// What denies in that direction (see the module doc); `unknown pod` when the interface
     /// is not one of this node's endpoints any more.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<String>,
     /// Audit mode: the packet was accepted; the audited policies would deny it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub audit: bool,
+    pub(crate) audit: bool,
     /// The log prefix, when it is not one flock writes (another table logging to the group).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub prefix: Option<String>,
+    pub(crate) prefix: Option<String>,
 }
 
 impl Denial {
@@ -179,7 +171,7 @@ fn name(snapshot: &Snapshot, ip: IpAddr) -> String {
 }
 
 /// The denial `logged` records, read with the node's `endpoints` and the cluster `snapshot`.
-pub fn denial(logged: &Logged, endpoints: &Endpoints, snapshot: &Snapshot) -> Denial {
+pub(crate) fn denial(logged: &Logged, endpoints: &Endpoints, snapshot: &Snapshot) -> Denial {
     let (from, to) = (name(snapshot, logged.src), name(snapshot, logged.dst));
     let mut d = Denial {
         reason: Reason::Policy,

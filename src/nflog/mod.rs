@@ -34,7 +34,7 @@ const COPY_RANGE: u32 = 160;
 
 /// Why the group cannot be read.
 #[derive(Debug, thiserror::Error)]
-pub enum NflogError {
+pub(crate) enum NflogError {
     #[error("cannot open a netfilter netlink socket: {0}")]
     Socket(#[source] io::Error),
     #[error("cannot bind NFLOG group {group}: {error}")]
@@ -53,23 +53,23 @@ pub enum NflogError {
 
 /// One logged packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Logged {
+pub(crate) struct Logged {
     /// The log rule's prefix.
-    pub prefix: String,
+    pub(crate) prefix: String,
     /// Interface indexes the packet came in on and was to go out on.
-    pub indev: Option<u32>,
-    pub outdev: Option<u32>,
-    pub src: IpAddr,
-    pub dst: IpAddr,
+    pub(crate) indev: Option<u32>,
+    pub(crate) outdev: Option<u32>,
+    pub(crate) src: IpAddr,
+    pub(crate) dst: IpAddr,
     /// The IP protocol number (6 TCP, 17 UDP, 132 SCTP, 1 / 58 ICMP).
-    pub protocol: u8,
+    pub(crate) protocol: u8,
     /// The destination port (TCP, UDP, SCTP).
-    pub dport: Option<u16>,
+    pub(crate) dport: Option<u16>,
 }
 
 impl Logged {
     /// `TCP`, `UDP`, `SCTP`, `ICMP`, or the protocol's number.
-    pub fn protocol_name(&self) -> String {
+    pub(crate) fn protocol_name(&self) -> String {
         match self.protocol {
             6 => "TCP".into(),
             17 => "UDP".into(),
@@ -82,14 +82,14 @@ impl Logged {
 
 /// What one datagram from an NFLOG socket holds.
 #[derive(Debug, Default)]
-pub struct Received {
-    pub records: Vec<Logged>,
+pub(crate) struct Received {
+    pub(crate) records: Vec<Logged>,
     /// Why each record that could not be decoded could not.
-    pub unreadable: Vec<String>,
+    pub(crate) unreadable: Vec<String>,
 }
 
 /// Decodes the messages of one datagram from an NFLOG socket.
-pub fn parse(datagram: &[u8]) -> Received {
+pub(crate) fn parse(datagram: &[u8]) -> Received {
     let (mut out, mut bad) = (Vec::new(), Vec::new());
     for m in messages(datagram) {
         match m {
@@ -168,7 +168,7 @@ fn ip_header(p: &[u8]) -> Option<(IpAddr, IpAddr, u8, &[u8])> {
 }
 
 /// A socket bound to one NFLOG group of the calling thread's network namespace.
-pub struct NflogSocket {
+pub(crate) struct NflogSocket {
     socket: Socket,
     group: u16,
     buf: Vec<u8>,
@@ -177,7 +177,7 @@ pub struct NflogSocket {
 impl NflogSocket {
     /// Binds `group` (one reader per group and namespace: the kernel refuses a second) and
     /// asks for packet headers; `recv` returns after `timeout` without records.
-    pub fn open(group: u16, timeout: Duration) -> Result<Self, NflogError> {
+    pub(crate) fn open(group: u16, timeout: Duration) -> Result<Self, NflogError> {
         let mut socket = Socket::new(NETLINK_NETFILTER).map_err(NflogError::Socket)?;
         socket.bind_auto().map_err(NflogError::Socket)?;
         socket.connect(&SocketAddr::new(0, 0)).map_err(NflogError::Socket)?;
@@ -219,7 +219,7 @@ impl NflogSocket {
 
     /// The next datagram's records (empty after the timeout). Records the kernel could not
     /// queue because the socket was full are lost: `Ok(None)` says so.
-    pub fn recv(&mut self) -> Result<Option<Received>, NflogError> {
+    pub(crate) fn recv(&mut self) -> Result<Option<Received>, NflogError> {
         self.buf.clear();
         match self.socket.recv(&mut self.buf, 0) {
             Ok(_) => Ok(Some(parse(&self.buf))),

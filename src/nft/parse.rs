@@ -7,7 +7,7 @@ use std::fmt;
 
 /// A lexical token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tok<'a> {
+pub(crate) enum Tok<'a> {
     Word(&'a str),
     Str(&'a str),
     LBrace,
@@ -45,14 +45,14 @@ impl Tok<'_> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
 pub struct ParseError {
-    pub line: usize,
-    pub message: String,
+    pub(crate) line: usize,
+    pub(crate) message: String,
 }
 
 /// Splits nft text into tokens (with their lines). `#` starts a comment outside strings;
 /// a `,` ends a word only when followed by whitespace or a brace, so
 /// `ct state established,related` keeps its list in one word.
-pub fn tokenize(text: &str) -> Result<Vec<(Tok<'_>, usize)>, ParseError> {
+pub(crate) fn tokenize(text: &str) -> Result<Vec<(Tok<'_>, usize)>, ParseError> {
     // Byte offsets into `text`: every character that ends a token is ASCII, so an offset
     // found by one is always a character boundary, and a token is one slice of the text.
     let bytes = text.as_bytes();
@@ -131,7 +131,7 @@ fn word_len(rest: &str) -> usize {
 }
 
 /// Joins tokens into canonical text: single spaces, `,` attached to what precedes it.
-pub fn join(toks: &[Tok<'_>]) -> String {
+pub(crate) fn join(toks: &[Tok<'_>]) -> String {
     let mut s = String::new();
     for t in toks {
         if *t == Tok::Comma {
@@ -168,34 +168,34 @@ impl fmt::Display for Kind {
 /// an element of a timed set as nft lists it, its timeout and what is left of it
 /// (`timeout 30s expires 12s500ms`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Elem {
-    pub key: String,
-    pub comment: Option<String>,
-    pub verdict: Option<String>,
-    pub timeout: Option<String>,
-    pub expires: Option<String>,
+pub(crate) struct Elem {
+    pub(crate) key: String,
+    pub(crate) comment: Option<String>,
+    pub(crate) verdict: Option<String>,
+    pub(crate) timeout: Option<String>,
+    pub(crate) expires: Option<String>,
 }
 
 /// Declared attributes of a chain.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ChainSpec {
+pub(crate) struct ChainSpec {
     /// `type filter hook forward priority filter; policy accept;` normalised, for base chains.
-    pub hook: Option<String>,
-    pub comment: Option<String>,
+    pub(crate) hook: Option<String>,
+    pub(crate) comment: Option<String>,
 }
 
 /// Declared attributes of a set or map.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SetSpec {
+pub(crate) struct SetSpec {
     /// `ipv4_addr . inet_proto . inet_service`, or `ifname : verdict` for a map.
-    pub type_: String,
-    pub flags: Vec<String>,
-    pub comment: Option<String>,
+    pub(crate) type_: String,
+    pub(crate) flags: Vec<String>,
+    pub(crate) comment: Option<String>,
 }
 
 /// One operation of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
+pub(crate) enum Command {
     AddTable { family: String, table: String, comment: Option<String> },
     AddChain { family: String, table: String, name: String, spec: ChainSpec, create: bool },
     AddSet { family: String, table: String, kind: Kind, name: String, spec: SetSpec, create: bool },
@@ -210,7 +210,7 @@ pub enum Command {
 
 /// Parses a script into commands, in order. A `table { ... }` block becomes the `add`
 /// commands it stands for.
-pub fn parse(text: &str) -> Result<Vec<Command>, ParseError> {
+pub(crate) fn parse(text: &str) -> Result<Vec<Command>, ParseError> {
     let toks = tokenize(text)?;
     let mut p = Parser { toks, pos: 0, out: Vec::new() };
     p.script()?;

@@ -32,26 +32,26 @@ pub enum TableError {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ChainState {
     /// Assigned at creation, like the kernel's handle.
-    pub handle: u64,
-    pub spec: ChainSpec,
-    pub rules: Vec<String>,
+    pub(crate) handle: u64,
+    pub(crate) spec: ChainSpec,
+    pub(crate) rules: Vec<String>,
 }
 
 /// An element's data.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ElemState {
-    pub comment: Option<String>,
-    pub verdict: Option<String>,
+pub(crate) struct ElemState {
+    pub(crate) comment: Option<String>,
+    pub(crate) verdict: Option<String>,
     /// A timed element's `timeout`/`expires`, as listed (`nft list` of a live table).
-    pub timeout: Option<String>,
-    pub expires: Option<String>,
+    pub(crate) timeout: Option<String>,
+    pub(crate) expires: Option<String>,
 }
 
 impl ElemState {
     /// Its comment, and for a timed element how long it lives, when it was learned and what
     /// is left of it, for explanations:
     /// `api.example.test (learned 18s ago: timeout 30s, expires in 12s)`.
-    pub fn note(&self) -> String {
+    pub(crate) fn note(&self) -> String {
         let comment = self.comment.clone().unwrap_or_default();
         match (&self.timeout, &self.expires) {
             (Some(t), Some(e)) => match (duration_ms(t), duration_ms(e)) {
@@ -67,7 +67,7 @@ impl ElemState {
 }
 
 /// Milliseconds as nft lists a duration: `1h2m5s`, `12s500ms`, `0s`.
-pub fn duration_text(ms: u64) -> String {
+pub(crate) fn duration_text(ms: u64) -> String {
     let (mut s, ms) = (ms / 1000, ms % 1000);
     let mut out = String::new();
     for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
@@ -86,7 +86,7 @@ pub fn duration_text(ms: u64) -> String {
 }
 
 /// The milliseconds of a duration as nft lists one ([`duration_text`]); `None` if it is not one.
-pub fn duration_ms(text: &str) -> Option<u64> {
+pub(crate) fn duration_ms(text: &str) -> Option<u64> {
     let (mut total, mut rest) = (0u64, text);
     if rest.is_empty() {
         return None;
@@ -105,33 +105,33 @@ pub fn duration_ms(text: &str) -> Option<u64> {
 
 /// A set's or map's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetState {
-    pub handle: u64,
-    pub kind: Kind,
-    pub spec: SetSpec,
-    pub elements: BTreeMap<String, ElemState>,
+pub(crate) struct SetState {
+    pub(crate) handle: u64,
+    pub(crate) kind: Kind,
+    pub(crate) spec: SetSpec,
+    pub(crate) elements: BTreeMap<String, ElemState>,
 }
 
 /// One table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
-    pub family: String,
-    pub name: String,
-    pub comment: Option<String>,
+    pub(crate) family: String,
+    pub(crate) name: String,
+    pub(crate) comment: Option<String>,
     pub chains: BTreeMap<String, ChainState>,
-    pub sets: BTreeMap<String, SetState>,
+    pub(crate) sets: BTreeMap<String, SetState>,
 }
 
 /// A set of tables keyed by (family, name): what a network namespace holds.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Ruleset {
-    pub tables: BTreeMap<(String, String), Table>,
+    pub(crate) tables: BTreeMap<(String, String), Table>,
     next_handle: u64,
 }
 
 impl Ruleset {
     /// Applies a whole script atomically: on any error nothing changes.
-    pub fn apply_script(&mut self, script: &str) -> Result<(), TableError> {
+    pub(crate) fn apply_script(&mut self, script: &str) -> Result<(), TableError> {
         let cmds = parse::parse(script)?;
         let mut next = self.clone();
         for c in &cmds {
@@ -159,7 +159,7 @@ impl Ruleset {
     }
 
     /// Applies one command.
-    pub fn apply(&mut self, cmd: &Command) -> Result<(), TableError> {
+    pub(crate) fn apply(&mut self, cmd: &Command) -> Result<(), TableError> {
         check_comments(cmd)?;
         match cmd {
             Command::AddTable { family, table, comment } => {
@@ -307,14 +307,14 @@ impl Ruleset {
     }
 
     /// The canonical listing of every table.
-    pub fn dump(&self) -> String {
+    pub(crate) fn dump(&self) -> String {
         self.tables.values().map(Table::dump).collect()
     }
 }
 
 /// The longest comment nft accepts on any object (libnftnl's `NFTNL_UDATA_COMMENT_MAXLEN`):
 /// a longer one fails the whole transaction, so the in-memory model refuses it as well.
-pub const COMMENT_MAX: usize = 128;
+pub(crate) const COMMENT_MAX: usize = 128;
 
 fn check_comments(cmd: &Command) -> Result<(), TableError> {
     let too_long = |what: String, c: Option<&str>| match c {
@@ -430,7 +430,7 @@ impl Table {
 
     /// Canonical text, in the format of `nft -s list table` (objects sorted by kind and name,
     /// elements sorted, one per line), loadable by nft and by [`Ruleset::from_text`].
-    pub fn dump(&self) -> String {
+    pub(crate) fn dump(&self) -> String {
         let mut out = format!("table {} {} {{\n", self.family, self.name);
         if let Some(c) = &self.comment {
             let _ = writeln!(out, "\tcomment \"{c}\"");
@@ -488,7 +488,7 @@ impl Table {
     }
 
     /// Names of the chains, sets and maps, with their kind.
-    pub fn objects(&self) -> Vec<(Kind, String)> {
+    pub(crate) fn objects(&self) -> Vec<(Kind, String)> {
         let mut v: Vec<(Kind, String)> = self.sets.iter().map(|(n, s)| (s.kind, n.clone())).collect();
         v.extend(self.chains.keys().map(|n| (Kind::Chain, n.clone())));
         v

@@ -79,7 +79,7 @@ pub struct Step {
     pub rule: String,
     /// The comment of each set or map element the rule matched on (the pod and policy rule
     /// behind it).
-    pub matched: Vec<String>,
+    pub(crate) matched: Vec<String>,
 }
 
 impl fmt::Display for Step {
@@ -106,9 +106,9 @@ impl fmt::Display for Trace {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("chain {chain}: {message}: {rule}")]
 pub struct TraceError {
-    pub chain: String,
-    pub rule: String,
-    pub message: String,
+    pub(crate) chain: String,
+    pub(crate) rule: String,
+    pub(crate) message: String,
 }
 
 enum Flow {

@@ -11,11 +11,11 @@ use super::Ruleset;
 
 /// A [`Hasher`] writing everything it is given into SHA-256, platform-independently.
 #[derive(Default)]
-pub struct Sha256Hasher(Sha256);
+pub(crate) struct Sha256Hasher(Sha256);
 
 impl Sha256Hasher {
     /// The digest, as 64 lowercase hex digits.
-    pub fn hex(self) -> String {
+    pub(crate) fn hex(self) -> String {
         self.0.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 }

@@ -71,7 +71,7 @@ pub struct Element {
 
 impl Element {
     /// The element as nft writes it inside `elements = { ... }` or `add element`.
-    pub fn write(&self, out: &mut String) {
+    pub(crate) fn write(&self, out: &mut String) {
         let _ = write!(out, "{} comment \"{}\"", self.key, self.comment);
         if let Some(v) = &self.verdict {
             let _ = write!(out, " : {v}");
@@ -81,7 +81,7 @@ impl Element {
 
 /// Sorts `v` in the order of its elements' text — key, comment, verdict: the order flock has
 /// always written exact sets in, which the goldens keep.
-pub fn sort_as_written(v: &mut Vec<Element>) {
+pub(crate) fn sort_as_written(v: &mut Vec<Element>) {
     let mut keyed: Vec<(String, Element)> = v.drain(..).map(|e| (e.key.to_string(), e)).collect();
     keyed
         .sort_by(|(ka, a), (kb, b)| ka.cmp(kb).then_with(|| a.comment.cmp(&b.comment)).then_with(|| verdict_text(a).cmp(&verdict_text(b))));

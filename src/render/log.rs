@@ -26,16 +26,16 @@ pub struct DenyLog {
 }
 
 impl DenyLog {
-    pub const DEFAULT: Self = Self { group: 100, rate: 10, burst: 20 };
+    pub(crate) const DEFAULT: Self = Self { group: 100, rate: 10, burst: 20 };
 
     /// What a logging chain does, for its comment: logs, `then` (`dropped`, `accepted`).
-    pub fn describe(&self, then: &str) -> String {
+    pub(crate) fn describe(&self, then: &str) -> String {
         format!("logged (NFLOG group {}, {}/s, burst {}), {then}", self.group, self.rate, self.burst)
     }
 
     /// A chain logging with `prefix` (rate-limited), then giving `then` (a verdict, after a
     /// statement such as a reset).
-    pub fn chain(&self, name: String, comment: String, prefix: &LogPrefix, then: Vec<Rule>) -> super::Chain {
+    pub(crate) fn chain(&self, name: String, comment: String, prefix: &LogPrefix, then: Vec<Rule>) -> super::Chain {
         let mut rules = vec![self.rule(prefix)];
         rules.extend(then);
         super::Chain { name, comment, hook: None, rules }
@@ -43,7 +43,7 @@ impl DenyLog {
 
     /// The rule logging with `prefix` (rate-limited: over the rate the packet goes on, only
     /// not logged).
-    pub fn rule(&self, prefix: &LogPrefix) -> Rule {
+    pub(crate) fn rule(&self, prefix: &LogPrefix) -> Rule {
         Rule::new(
             vec![Stmt::Limit { rate: self.rate, burst: self.burst }, Stmt::Log { prefix: Some(prefix.to_string()), group: self.group }],
             None,
@@ -59,7 +59,7 @@ impl Default for DenyLog {
 
 /// What a log record is about: its prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LogPrefix {
+pub(crate) enum LogPrefix {
     /// A pod's policy denied it, in `direction`; `interface` is the pod's host interface.
     Deny { direction: Direction, interface: String },
     /// A pod's policy allowed a new connection, in `direction` (its namespace asks for it:
@@ -79,7 +79,7 @@ pub enum LogPrefix {
 }
 
 /// The first part of every prefix flock writes.
-pub const PREFIX: &str = "flock:";
+pub(crate) const PREFIX: &str = "flock:";
 
 impl fmt::Display for LogPrefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -96,7 +96,7 @@ impl fmt::Display for LogPrefix {
 
 impl LogPrefix {
     /// Reads a prefix flock wrote; `None` for anything else.
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         let rest = s.strip_prefix(PREFIX)?;
         match rest {
             "spoofed" => return Some(Self::Spoofed),

@@ -40,11 +40,11 @@
 //! `egress-allowed`, egress chains, their map, `from-pods`, `forward`).
 
 pub mod digest;
-pub mod element;
+pub(crate) mod element;
 pub mod log;
 pub mod names;
 mod peers;
-pub mod rule;
+pub(crate) mod rule;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -68,8 +68,8 @@ pub const INPUT_CHAIN: &str = "input";
 pub const TO_NODE: &str = "to-node";
 pub const FROM_PODS: &str = "from-pods";
 pub const TO_PODS: &str = "to-pods";
-pub const POD_ADDRS_V4: &str = "pod-addrs-v4";
-pub const POD_ADDRS_V6: &str = "pod-addrs-v6";
+pub(crate) const POD_ADDRS_V4: &str = "pod-addrs-v4";
+pub(crate) const POD_ADDRS_V6: &str = "pod-addrs-v6";
 pub const EGRESS_MAP: &str = "egress-chains";
 pub const INGRESS_MAP: &str = "ingress-chains";
 /// Where an allowed egress packet goes: on to the destination's ingress policy (a pod on this
@@ -78,20 +78,20 @@ pub const EGRESS_ALLOWED: &str = "egress-allowed";
 /// The audit mode's counterparts of the dispatch chains and maps, and its base chain
 /// (before the enforcing one: it never drops).
 pub const AUDIT_BASE_CHAIN: &str = "audit";
-pub const AUDIT_INPUT_CHAIN: &str = "audit-input";
-pub const AUDIT_FROM_PODS: &str = "audit-from-pods";
-pub const AUDIT_TO_PODS: &str = "audit-to-pods";
-pub const AUDIT_EGRESS_ALLOWED: &str = "audit-egress-allowed";
-pub const AUDIT_INGRESS_MAP: &str = "audit-ingress-chains";
-pub const AUDIT_EGRESS_MAP: &str = "audit-egress-chains";
+pub(crate) const AUDIT_INPUT_CHAIN: &str = "audit-input";
+pub(crate) const AUDIT_FROM_PODS: &str = "audit-from-pods";
+pub(crate) const AUDIT_TO_PODS: &str = "audit-to-pods";
+pub(crate) const AUDIT_EGRESS_ALLOWED: &str = "audit-egress-allowed";
+pub(crate) const AUDIT_INGRESS_MAP: &str = "audit-ingress-chains";
+pub(crate) const AUDIT_EGRESS_MAP: &str = "audit-egress-chains";
 /// DNS steering (see [`DnsSteer`]): the base chains, the set of pod interfaces whose DNS goes
 /// to the proxy, the trusted resolvers.
-pub const DNS_STEER_CHAIN: &str = "dns-steer";
+pub(crate) const DNS_STEER_CHAIN: &str = "dns-steer";
 pub const DNS_PROXY_CHAIN: &str = "dns-proxy";
-pub const DNS_UPSTREAM_CHAIN: &str = "dns-upstream";
-pub const DNS_PROXIED: &str = "dns-proxied";
-pub const DNS_RESOLVERS_V4: &str = "dns-resolvers-v4";
-pub const DNS_RESOLVERS_V6: &str = "dns-resolvers-v6";
+pub(crate) const DNS_UPSTREAM_CHAIN: &str = "dns-upstream";
+pub(crate) const DNS_PROXIED: &str = "dns-proxied";
+pub(crate) const DNS_RESOLVERS_V4: &str = "dns-resolvers-v4";
+pub(crate) const DNS_RESOLVERS_V6: &str = "dns-resolvers-v6";
 /// The ct mark bit of connections a domain rule admitted: the revocation judge keeps them
 /// while the rule exists, whatever the address's TTL (established connections continue,
 /// NPEP-133).
@@ -101,29 +101,29 @@ pub const DNS_MARK: u32 = 0x0000_0080;
 /// The packet mark bit of the DNS proxy's upstream queries (sent as the pod), by default:
 /// chain `dns-upstream` marks their connections with [`DNS_PROXIED_MARK`] and sends those to
 /// a resolver pod of this node through its ingress policy.
-pub const DNS_UPSTREAM_MARK: u32 = 0x0000_0100;
+pub(crate) const DNS_UPSTREAM_MARK: u32 = 0x0000_0100;
 /// The ct mark bit of the DNS proxy's upstream connections: their answers (addressed to the
 /// pod) are marked for the proxy in `dns-proxy` and delivered to it by policy routing.
 pub const DNS_PROXIED_MARK: u32 = 0x0400_0000;
 /// Host-side pod interfaces flock owns (see `flock_cni::HOST_INTERFACE_PREFIX`).
-pub const POD_INTERFACES: &str = "flk*";
+pub(crate) const POD_INTERFACES: &str = "flk*";
 
 const TABLE_COMMENT: &str = "flock: NetworkPolicy enforcement for the pods of this node; managed by flock-agent, edits are reverted";
 
 /// The base chain's hook; never changed once created (a changed hook would need a delete).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Hook {
-    pub type_: &'static str,
-    pub hook: &'static str,
-    pub priority: &'static str,
-    pub policy: &'static str,
+    pub(crate) type_: &'static str,
+    pub(crate) hook: &'static str,
+    pub(crate) priority: &'static str,
+    pub(crate) policy: &'static str,
 }
 
 /// A chain and its rules.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Chain {
     pub name: String,
-    pub comment: String,
+    pub(crate) comment: String,
     pub hook: Option<Hook>,
     pub rules: Vec<Rule>,
 }
@@ -132,7 +132,7 @@ pub struct Chain {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Set {
     pub name: String,
-    pub comment: String,
+    pub(crate) comment: String,
     /// Key types, concatenated with ` . `.
     pub key: Vec<&'static str>,
     /// `Some("verdict")` for verdict maps.
@@ -163,7 +163,7 @@ impl Object {
     }
 
     /// `chain`, `set` or `map`: the nft keyword for this object.
-    pub fn keyword(&self) -> &'static str {
+    pub(crate) fn keyword(&self) -> &'static str {
         match self {
             Self::Set(s) if s.data.is_some() => "map",
             Self::Set(_) => "set",
@@ -172,7 +172,7 @@ impl Object {
     }
 
     /// An `add` command declaring this object with all its attributes and no content.
-    pub fn declaration(&self) -> String {
+    pub(crate) fn declaration(&self) -> String {
         let (kw, name) = (self.keyword(), self.name());
         let mut s = format!("add {kw} {} {} {name} {{ ", names::FAMILY, names::TABLE);
         match self {
@@ -198,7 +198,7 @@ impl Object {
 impl Set {
     /// The set's flags as nft writes them (`flags interval`, `flags timeout`), in order: the
     /// one list the text writers and the fuzz checks of a parsed render share.
-    pub fn flags(&self) -> impl Iterator<Item = &'static str> {
+    pub(crate) fn flags(&self) -> impl Iterator<Item = &'static str> {
         [(self.interval, "interval"), (self.timeout, "timeout")].into_iter().filter_map(|(on, flag)| on.then_some(flag))
     }
 
@@ -221,7 +221,7 @@ impl Set {
 /// The complete desired content of the table.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Ruleset {
-    pub comment: String,
+    pub(crate) comment: String,
     /// In writing order (see the module doc).
     pub objects: Vec<Object>,
 }
@@ -343,18 +343,18 @@ struct Rendered {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DnsSteer {
     /// The proxy's port (on the loopback addresses; tproxy delivers there).
-    pub port: u16,
+    pub(crate) port: u16,
     /// The packet mark bit of admitted DNS on its way to the proxy.
-    pub mark: u32,
+    pub(crate) mark: u32,
     /// The packet mark bit of the proxy's upstream queries, and the ct mark bit of their
     /// connections.
-    pub upstream_mark: u32,
-    pub proxied_mark: u32,
+    pub(crate) upstream_mark: u32,
+    pub(crate) proxied_mark: u32,
     /// Trusted resolvers' addresses as pods address them after the Service's DNAT (the DNS
     /// Service's endpoints) given as such; with those of the resolver pods the translation
     /// found ([`NodePolicy::dns_resolvers`]), only their answers teach domain rules, and only
     /// DNS to them is proxied.
-    pub resolvers: Vec<ipnet::IpNet>,
+    pub(crate) resolvers: Vec<ipnet::IpNet>,
 }
 
 impl DnsSteer {
@@ -390,7 +390,7 @@ impl RenderOptions {
 }
 
 /// Lookups from which a pod's allow rules go through peer classes, by default.
-pub const PEER_CLASSES_FROM: usize = 8;
+pub(crate) const PEER_CLASSES_FROM: usize = 8;
 
 impl Default for RenderOptions {
     fn default() -> Self {
@@ -822,11 +822,11 @@ impl RenderCache {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DomainUse {
     /// The addresses of the local pods whose egress has a rule with it.
-    pub pods: BTreeSet<std::net::IpAddr>,
+    pub(crate) pods: BTreeSet<std::net::IpAddr>,
     /// Their host-side interfaces.
-    pub interfaces: BTreeSet<String>,
+    pub(crate) interfaces: BTreeSet<String>,
     /// The rules it comes from (`policy egress[i]`), for logs and comments.
-    pub sources: BTreeSet<String>,
+    pub(crate) sources: BTreeSet<String>,
 }
 
 /// The domain definitions a direction's rules refer to (enforced or audited), sorted.
@@ -1109,18 +1109,18 @@ fn sorted(mut v: Vec<Element>) -> Vec<Element> {
 
 /// The chains where packets from spoofed sources and to unknown pod interfaces are logged
 /// (rate-limited) and dropped.
-pub const DENY_SPOOFED: &str = "deny-spoofed";
-pub const DENY_UNKNOWN_POD: &str = "deny-unknown-pod";
+pub(crate) const DENY_SPOOFED: &str = "deny-spoofed";
+pub(crate) const DENY_UNKNOWN_POD: &str = "deny-unknown-pod";
 /// Where packets of revoked connections go: logged (with logging), a TCP one answered with a
 /// reset, dropped.
-pub const REVOKED: &str = "revoked";
+pub(crate) const REVOKED: &str = "revoked";
 
 /// The ct mark bit flock sets on connections it revoked, by default (`crate::revoke`).
 pub const REVOKED_MARK: u32 = 0x0100_0000;
 
 /// The base chain's first rule with revocation: a connection the agent marked (`bit` of its
 /// ct mark) because the policy in force denies it goes no further, whatever its state.
-pub fn revoked_rule(bit: u32) -> Rule {
+pub(crate) fn revoked_rule(bit: u32) -> Rule {
     Rule::new(vec![Stmt::MarkBit { ct: true, bit }, Stmt::Counter], Some(goto(REVOKED)))
         .comment("connection revoked: the policy in force denies it")
 }

@@ -19,15 +19,15 @@ pub const FAMILY: &str = "inet";
 pub const TABLE: &str = "flock";
 
 /// nft rejects comments longer than this (bytes); the in-memory nft holds the same limit.
-pub const MAX_COMMENT: usize = crate::nft::table::COMMENT_MAX;
+pub(crate) const MAX_COMMENT: usize = crate::nft::table::COMMENT_MAX;
 /// Human part of dynamic names is cut to this length; with the purpose and hash, names stay
 /// far below the kernel's 255 bytes and readable in `nft list`.
-pub const MAX_HUMAN: usize = 48;
+pub(crate) const MAX_HUMAN: usize = 48;
 
 const BASE32: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
 
 /// 8 base32 characters of SHA-256 over `parts` (NUL-separated, so part boundaries count).
-pub fn hash8(parts: &[&str]) -> String {
+pub(crate) fn hash8(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
         h.update(p.as_bytes());
@@ -40,7 +40,7 @@ pub fn hash8(parts: &[&str]) -> String {
 }
 
 /// `<purpose>-<HASH8>-<human>` where the hash covers `identity`.
-pub fn dynamic(purpose: &str, identity: &[&str], human: &str) -> String {
+pub(crate) fn dynamic(purpose: &str, identity: &[&str], human: &str) -> String {
     let mut parts = Vec::with_capacity(identity.len() + 1);
     parts.push(purpose);
     parts.extend_from_slice(identity);
@@ -50,7 +50,7 @@ pub fn dynamic(purpose: &str, identity: &[&str], human: &str) -> String {
 /// Reduces `s` to `[a-z0-9._/-]` (uppercase folded, `=` → `.`, `:` → `-`, everything else
 /// `_`), at most
 /// [`MAX_HUMAN`] bytes.
-pub fn human_part(s: &str) -> String {
+pub(crate) fn human_part(s: &str) -> String {
     let mut out: String = s
         .chars()
         .map(|c| match c {
@@ -70,7 +70,7 @@ pub fn human_part(s: &str) -> String {
 
 /// A comment nft accepts for any input: printable ASCII without `"` and `\`, at most
 /// [`MAX_COMMENT`] bytes (longer text is cut and marked with a hash of the whole).
-pub fn comment(s: &str) -> String {
+pub(crate) fn comment(s: &str) -> String {
     if s.len() <= MAX_COMMENT && s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') {
         return s.to_string(); // already clean: the common case, without the per-character walk
     }
@@ -84,7 +84,7 @@ pub fn comment(s: &str) -> String {
 }
 
 /// A quoted nft string for a value flock itself produced or validated (interface names).
-pub fn quoted(s: &str) -> String {
+pub(crate) fn quoted(s: &str) -> String {
     format!("\"{}\"", comment(s))
 }
 

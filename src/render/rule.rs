@@ -55,7 +55,7 @@ pub enum Proto {
 }
 
 impl Proto {
-    pub fn keyword(self) -> &'static str {
+    pub(crate) fn keyword(self) -> &'static str {
         match self {
             Self::Tcp => "tcp",
             Self::Udp => "udp",
@@ -64,7 +64,7 @@ impl Proto {
     }
 
     /// The IANA protocol number.
-    pub fn number(self) -> u8 {
+    pub(crate) fn number(self) -> u8 {
         match self {
             Self::Tcp => 6,
             Self::Udp => 17,
@@ -125,7 +125,7 @@ pub enum CtState {
 }
 
 impl CtState {
-    pub fn keyword(self) -> &'static str {
+    pub(crate) fn keyword(self) -> &'static str {
         match self {
             Self::Invalid => "invalid",
             Self::Established => "established",
@@ -146,7 +146,7 @@ pub enum IcmpV6 {
 }
 
 impl IcmpV6 {
-    pub fn keyword(self) -> &'static str {
+    pub(crate) fn keyword(self) -> &'static str {
         match self {
             Self::MldListenerReport => "mld-listener-report",
             Self::NdRouterSolicit => "nd-router-solicit",
@@ -157,7 +157,7 @@ impl IcmpV6 {
     }
 
     /// The type's number (RFC 4443, 4861, 2710, 3810).
-    pub fn number(self) -> u8 {
+    pub(crate) fn number(self) -> u8 {
         match self {
             Self::MldListenerReport => 131,
             Self::NdRouterSolicit => 133,
@@ -328,13 +328,13 @@ impl fmt::Display for Verdict {
 /// (`render::names::comment`) before they get here.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Rule {
-    pub stmts: Vec<Stmt>,
+    pub(crate) stmts: Vec<Stmt>,
     pub verdict: Option<Verdict>,
-    pub comment: Option<String>,
+    pub(crate) comment: Option<String>,
 }
 
 impl Rule {
-    pub fn new(stmts: Vec<Stmt>, verdict: Option<Verdict>) -> Self {
+    pub(crate) fn new(stmts: Vec<Stmt>, verdict: Option<Verdict>) -> Self {
         Self { stmts, verdict, comment: None }
     }
 
@@ -344,7 +344,7 @@ impl Rule {
     }
 
     /// With `comment` (already safe for nft).
-    pub fn comment(mut self, comment: impl Into<String>) -> Self {
+    pub(crate) fn comment(mut self, comment: impl Into<String>) -> Self {
         self.comment = Some(comment.into());
         self
     }

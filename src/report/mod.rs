@@ -39,7 +39,7 @@
 //! (`flock_cluster_policies_enforced`).
 
 pub mod node;
-pub mod status;
+pub(crate) mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -62,11 +62,11 @@ use crate::translate::ir::PolicyKind;
 use crate::translate::{self, PolicyProblem};
 
 /// The Events' reason.
-pub const REASON: &str = "PolicyNotEnforceable";
+pub(crate) const REASON: &str = "PolicyNotEnforceable";
 /// The Events' reporting controller.
-pub const CONTROLLER: &str = "flock-agent";
+pub(crate) const CONTROLLER: &str = "flock-agent";
 /// Where Events about cluster-scoped objects go.
-pub const CLUSTER_EVENT_NAMESPACE: &str = "default";
+pub(crate) const CLUSTER_EVENT_NAMESPACE: &str = "default";
 
 /// The reporter Lease: `flock-system/flock-agent-reporter`, client-go's timings for the
 /// holder, and candidates every 60–90 s (every node runs one: see [`crate::lease`]).
@@ -108,16 +108,16 @@ impl Default for ReportOptions {
 
 /// What the reporter publishes, from one snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Findings {
+pub(crate) struct Findings {
     /// The problems of every policy.
-    pub problems: BTreeSet<PolicyProblem>,
+    pub(crate) problems: BTreeSet<PolicyProblem>,
     /// flock's condition for each ClusterNetworkPolicy, by name.
-    pub conditions: BTreeMap<String, status::Desired>,
+    pub(crate) conditions: BTreeMap<String, status::Desired>,
 }
 
 impl Findings {
     /// The findings of a snapshot (validating every policy: thousands take a while).
-    pub fn of(snapshot: &Snapshot) -> Self {
+    pub(crate) fn of(snapshot: &Snapshot) -> Self {
         let problems: BTreeSet<PolicyProblem> = translate::validate_all(snapshot).into_iter().collect();
         let mut by_cnp: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for p in problems.iter().filter(|p| p.kind == PolicyKind::ClusterNetworkPolicy) {
@@ -437,7 +437,7 @@ fn observe(series: &mut BTreeMap<PolicyProblem, Series>, current: &BTreeSet<Poli
 
 /// The Event's name: the policy's name (shortened to fit) and a hash of everything that
 /// identifies the problem. A valid DNS subdomain when the policy's name is one.
-pub fn event_name(p: &PolicyProblem) -> String {
+pub(crate) fn event_name(p: &PolicyProblem) -> String {
     let mut h = Sha256::new();
     for part in [REASON, &p.policy.namespace, &p.policy.name, &p.field, &p.message] {
         h.update(part.as_bytes());
@@ -450,7 +450,7 @@ pub fn event_name(p: &PolicyProblem) -> String {
 }
 
 /// The namespace of a problem's Event: the policy's, or `default` for a cluster-scoped one.
-pub fn event_namespace(p: &PolicyProblem) -> &str {
+pub(crate) fn event_namespace(p: &PolicyProblem) -> &str {
     match p.kind {
         PolicyKind::NetworkPolicy => &p.policy.namespace,
         PolicyKind::ClusterNetworkPolicy => CLUSTER_EVENT_NAMESPACE,
@@ -458,7 +458,7 @@ pub fn event_namespace(p: &PolicyProblem) -> &str {
 }
 
 /// The Event for a problem, as created.
-pub fn event(p: &PolicyProblem, name: &str, instance: &str, now: Timestamp) -> Event {
+pub(crate) fn event(p: &PolicyProblem, name: &str, instance: &str, now: Timestamp) -> Event {
     // The message says what flock does instead (fail closed): e.g. "this rule allows nothing".
     let note = format!("{}: {}", p.field, p.message);
     Event {

@@ -41,9 +41,9 @@ use crate::crd::{EnforcedPolicy, FlockNode, FlockNodeSpec, FlockNodeStatus, Node
 use crate::source::kube::{ApiHealth, HealthState};
 
 /// The field manager of the status writes.
-pub const FIELD_MANAGER: &str = "flock-agent";
+pub(crate) const FIELD_MANAGER: &str = "flock-agent";
 /// The longest `lastError` (the CRD's limit), in bytes.
-pub const MAX_ERROR: usize = 4096;
+pub(crate) const MAX_ERROR: usize = 4096;
 /// How long a write waits for the digest of a ruleset committed just before it (see
 /// [`crate::agent::RulesetDigest`]), so that hash and run policies describe one commit.
 const DIGEST_WAIT: Duration = Duration::from_secs(3);
@@ -66,7 +66,7 @@ impl Default for NodeStatusOptions {
 
 /// Why this node's FlockNode could not be written.
 #[derive(Debug, thiserror::Error)]
-pub enum NodeStatusError {
+pub(crate) enum NodeStatusError {
     #[error("cannot read FlockNode {name}: {source}")]
     Read { name: String, source: kube::Error },
     #[error("cannot read Node {name} (the FlockNode's owner): {source}")]
@@ -86,7 +86,7 @@ pub enum NodeStatusError {
 }
 
 /// The status this node's FlockNode should have; `None` before the agent's first commit.
-pub fn desired(sync: &SyncStatus, api: HealthState) -> Option<FlockNodeStatus> {
+pub(crate) fn desired(sync: &SyncStatus, api: HealthState) -> Option<FlockNodeStatus> {
     if !sync.ready {
         return None;
     }
@@ -116,7 +116,7 @@ fn digest_pending(sync: &SyncStatus) -> bool {
 
 /// The body of the merge patch that makes the status `status`: every field, those it lacks
 /// as null (a merge patch leaves out what it does not name).
-pub fn merge_patch(status: &FlockNodeStatus) -> Result<Value, serde_json::Error> {
+pub(crate) fn merge_patch(status: &FlockNodeStatus) -> Result<Value, serde_json::Error> {
     let mut value = serde_json::to_value(status)?;
     if let Value::Object(map) = &mut value {
         for key in ["ruleset", "lastError", "runPolicies"] {
@@ -318,7 +318,7 @@ impl NodeStatusWriter {
 
 /// The ownerReference to the Node `name` (not a controller, not blocking the Node's deletion:
 /// that would need the right to update Nodes' finalizers).
-pub fn owner(name: &str, uid: &str) -> OwnerReference {
+pub(crate) fn owner(name: &str, uid: &str) -> OwnerReference {
     OwnerReference { api_version: "v1".into(), kind: "Node".into(), name: name.into(), uid: uid.into(), ..OwnerReference::default() }
 }
 
@@ -326,7 +326,7 @@ pub fn owner(name: &str, uid: &str) -> OwnerReference {
 /// uid `uid`; `None` when it is, and by no other Node. Owners that are not Nodes stay; a
 /// Node reference with another uid (a Node deleted and created again under the name) or name
 /// goes.
-pub fn fixed_owners(current: &[OwnerReference], name: &str, uid: &str) -> Option<Vec<OwnerReference>> {
+pub(crate) fn fixed_owners(current: &[OwnerReference], name: &str, uid: &str) -> Option<Vec<OwnerReference>> {
     let is_node = |o: &OwnerReference| o.api_version == "v1" && o.kind == "Node";
     let mut nodes = current.iter().filter(|o| is_node(o));
     if nodes.next().is_some_and(|o| o.name == name && o.uid == uid) && nodes.next().is_none() {

@@ -31,27 +31,27 @@ use crate::agent::metrics::Metrics;
 use crate::model::cnp;
 
 /// flock's condition type.
-pub const CONDITION_TYPE: &str = "flock.dev/Enforced";
+pub(crate) const CONDITION_TYPE: &str = "flock.dev/Enforced";
 /// The server-side apply field manager of the condition.
-pub const FIELD_MANAGER: &str = "flock";
-pub const REASON_ENFORCED: &str = "EnforcedAsWritten";
-pub const REASON_NOT_ENFORCED: &str = "NotEnforceableAsWritten";
+pub(crate) const FIELD_MANAGER: &str = "flock";
+pub(crate) const REASON_ENFORCED: &str = "EnforcedAsWritten";
+pub(crate) const REASON_NOT_ENFORCED: &str = "NotEnforceableAsWritten";
 /// `metav1.Condition`'s limit on `message`.
 const MAX_MESSAGE: usize = 32_768;
 
 /// What flock's condition on one policy should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Desired {
+pub(crate) struct Desired {
     /// The object it belongs on (a policy deleted and created again is another object).
-    pub uid: Option<String>,
-    pub enforced: bool,
-    pub message: String,
-    pub observed_generation: Option<i64>,
+    pub(crate) uid: Option<String>,
+    pub(crate) enforced: bool,
+    pub(crate) message: String,
+    pub(crate) observed_generation: Option<i64>,
 }
 
 impl Desired {
     /// The condition for a policy with these problems (`field: message` each).
-    pub fn new(policy: &cnp::ClusterNetworkPolicy, problems: &[String]) -> Self {
+    pub(crate) fn new(policy: &cnp::ClusterNetworkPolicy, problems: &[String]) -> Self {
         let message = if problems.is_empty() {
             "flock enforces this policy as written".to_string()
         } else {
@@ -79,7 +79,7 @@ impl Desired {
 
     /// The condition to apply, given what the server has (its transition time is kept while
     /// the status stays).
-    pub fn condition(&self, found: Option<&Condition>, now: Timestamp) -> Condition {
+    pub(crate) fn condition(&self, found: Option<&Condition>, now: Timestamp) -> Condition {
         let last_transition_time = match found {
             Some(c) if c.status == self.status() => c.last_transition_time.clone(),
             _ => Time(now),
@@ -96,7 +96,7 @@ impl Desired {
 }
 
 /// flock's condition in an object's status, if there and readable.
-pub fn find_condition(object: &Value) -> Option<Condition> {
+pub(crate) fn find_condition(object: &Value) -> Option<Condition> {
     let list = object.pointer("/status/conditions")?.as_array()?;
     let entry = list.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(CONDITION_TYPE))?;
     serde_json::from_value(entry.clone()).ok()
@@ -135,10 +135,10 @@ fn observe(entries: &mut BTreeMap<String, Entry>, desired: &BTreeMap<String, Des
 
 /// The holder's side: writes the conditions.
 pub(super) struct StatusWriter {
-    pub client: Client,
-    pub metrics: Arc<Metrics>,
-    pub retry: Duration,
-    pub request_interval: Duration,
+    pub(crate) client: Client,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) retry: Duration,
+    pub(crate) request_interval: Duration,
 }
 
 impl StatusWriter {
@@ -154,7 +154,7 @@ impl StatusWriter {
     }
 
     /// Writes the conditions as they change, until the sender is dropped.
-    pub async fn publish(&self, findings: &mut watch::Receiver<Problems>) {
+    pub(crate) async fn publish(&self, findings: &mut watch::Receiver<Problems>) {
         let api = self.api();
         let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
         let mut pacer = Pacer { interval: self.request_interval, next: Instant::now() };

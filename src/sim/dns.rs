@@ -70,7 +70,7 @@ impl Zone {
 
     /// The zone of a conformance case's `dns` on `snapshot`: a record naming a pod answers
     /// with the addresses the pod has now (before the record's fixed ones).
-    pub fn for_case(spec: &DnsSpec, snapshot: &Snapshot) -> Self {
+    pub(crate) fn for_case(spec: &DnsSpec, snapshot: &Snapshot) -> Self {
         let mut records = Vec::new();
         for r in &spec.records {
             let rec = |data| Record { name: r.name.clone(), ttl: r.ttl, data };
@@ -87,7 +87,7 @@ impl Zone {
 
     /// [`Self::answer`] for a UDP query: truncated (TC, no records) when it would not fit
     /// the query's payload size.
-    pub fn answer_udp(&self, query: &[u8]) -> Option<Vec<u8>> {
+    pub(crate) fn answer_udp(&self, query: &[u8]) -> Option<Vec<u8>> {
         let answer = self.answer(query)?;
         let limit = Message::from_vec(query).map_or(512, |q| usize::from(q.max_payload()));
         if answer.len() <= limit {
@@ -101,7 +101,7 @@ impl Zone {
 
     /// The answer to `query`, or None when it is not a DNS query at all (dropped, as a
     /// server would).
-    pub fn answer(&self, query: &[u8]) -> Option<Vec<u8>> {
+    pub(crate) fn answer(&self, query: &[u8]) -> Option<Vec<u8>> {
         let q = Message::from_vec(query).ok()?;
         if q.message_type() != MessageType::Query {
             return None;
@@ -164,7 +164,7 @@ impl Zone {
 }
 
 /// Serves `zone` on `udp` and `tcp` until `stop` turns true (or its sender is gone).
-pub async fn serve(zone: Arc<Zone>, udp: UdpSocket, tcp: TcpListener, stop: watch::Receiver<bool>) {
+pub(crate) async fn serve(zone: Arc<Zone>, udp: UdpSocket, tcp: TcpListener, stop: watch::Receiver<bool>) {
     let udp_zone = zone.clone();
     let mut udp_stop = stop.clone();
     let udp_task = async move {
@@ -204,14 +204,14 @@ async fn serve_connection(zone: Arc<Zone>, mut s: TcpStream) -> io::Result<()> {
 
 /// A server of a zone on port 53 (UDP and TCP) of some addresses in a namespace, on its own
 /// thread; stopped when dropped.
-pub struct DnsServer {
+pub(crate) struct DnsServer {
     stop: watch::Sender<bool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl DnsServer {
     /// Starts serving `zone` on `ips` in `ns`; returns once the sockets are bound.
-    pub fn start(ns: Netns, ips: Vec<IpAddr>, zone: Zone) -> Result<Self, String> {
+    pub(crate) fn start(ns: Netns, ips: Vec<IpAddr>, zone: Zone) -> Result<Self, String> {
         let (stop, stop_rx) = watch::channel(false);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
         let desc = ns.describe();
@@ -277,7 +277,7 @@ impl Drop for DnsServer {
 /// over UDP, again over TCP when the answer is truncated, as a stub resolver does. `None`:
 /// no usable answer within `timeout` (each try); an empty list: the name has no address of
 /// that family (NXDOMAIN included). Runs in the caller's namespace.
-pub fn lookup(name: &str, v6: bool, server: std::net::SocketAddr, timeout: Duration) -> Option<Vec<IpAddr>> {
+pub(crate) fn lookup(name: &str, v6: bool, server: std::net::SocketAddr, timeout: Duration) -> Option<Vec<IpAddr>> {
     let kind = if v6 { RecordType::AAAA } else { RecordType::A };
     let mut q = Message::new();
     q.set_id(0x5eed);

@@ -16,14 +16,14 @@ use crate::netns::Netns;
 /// Prefix of every simulation namespace.
 pub const PREFIX: &str = "flks-";
 /// Where simulations keep sockets, leases and state (`<dir>/<pid>-<n>`).
-pub const WORK_ROOT: &str = "/run/flock-sim";
+pub(crate) const WORK_ROOT: &str = "/run/flock-sim";
 
 /// A failed plumbing command.
 #[derive(Debug, thiserror::Error)]
 #[error("{command}: {message}")]
 pub struct PlumbingError {
-    pub command: String,
-    pub message: String,
+    pub(crate) command: String,
+    pub(crate) message: String,
 }
 
 /// Writes a sysctl inside network namespace `ns`.
@@ -45,9 +45,9 @@ pub fn run(args: &[&str]) -> Result<String, PlumbingError> {
 }
 
 /// Namespaces and links of one simulation run.
-pub struct Fabric {
-    pub run_id: String,
-    pub fabric_ns: String,
+pub(crate) struct Fabric {
+    pub(crate) run_id: String,
+    pub(crate) fabric_ns: String,
     created: Mutex<Vec<String>>,
     members: Mutex<usize>,
 }
@@ -55,7 +55,7 @@ pub struct Fabric {
 impl Fabric {
     /// Creates the fabric namespace with bridge `br0`. Runs are named
     /// `flks-<pid>-<n>`, so one process can hold several.
-    pub fn new() -> Result<Self, PlumbingError> {
+    pub(crate) fn new() -> Result<Self, PlumbingError> {
         static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let run_id = format!("{PREFIX}{}-{n}", std::process::id());
@@ -67,12 +67,12 @@ impl Fabric {
     }
 
     /// A namespace name of this run.
-    pub fn ns_name(&self, kind: &str, index: usize) -> String {
+    pub(crate) fn ns_name(&self, kind: &str, index: usize) -> String {
         format!("{}-{kind}{index}", self.run_id)
     }
 
     /// Creates a namespace (recorded for teardown) with `lo` up; none after an interrupt.
-    pub fn add_netns(&self, name: &str) -> Result<Netns, PlumbingError> {
+    pub(crate) fn add_netns(&self, name: &str) -> Result<Netns, PlumbingError> {
         if let Some(signal) = interrupted() {
             return Err(PlumbingError { command: format!("ip netns add {name}"), message: format!("interrupted by signal {signal}") });
         }
@@ -85,7 +85,7 @@ impl Fabric {
     }
 
     /// Deletes a namespace of this run (its links and routes go with it).
-    pub fn del_netns(&self, name: &str) {
+    pub(crate) fn del_netns(&self, name: &str) {
         let _ = run(&["ip", "netns", "del", name]);
         if let Ok(mut c) = self.created.lock() {
             c.retain(|n| n != name);
@@ -94,7 +94,7 @@ impl Fabric {
 
     /// Joins `ns` to the fabric: a veth whose fabric end is a bridge port and whose other end
     /// is `eth0` in `ns`, with `addrs` (host prefixes, no DAD).
-    pub fn attach(&self, ns: &str, addrs: &[IpAddr]) -> Result<(), PlumbingError> {
+    pub(crate) fn attach(&self, ns: &str, addrs: &[IpAddr]) -> Result<(), PlumbingError> {
         let port = {
             let mut m = self.members.lock().map_err(|_| PlumbingError { command: "attach".into(), message: "poisoned".into() })?;
             *m += 1;
@@ -116,7 +116,7 @@ impl Fabric {
     }
 
     /// `ip route replace <dst> [via <via>] dev eth0` in `ns`.
-    pub fn route(&self, ns: &str, dst: &str, via: Option<IpAddr>) -> Result<(), PlumbingError> {
+    pub(crate) fn route(&self, ns: &str, dst: &str, via: Option<IpAddr>) -> Result<(), PlumbingError> {
         let v6 = dst.contains(':') || via.is_some_and(|v| v.is_ipv6());
         let fam = if v6 { "-6" } else { "-4" };
         let mut args = vec!["ip", fam, "-n", ns, "route", "replace", dst];
@@ -129,17 +129,17 @@ impl Fabric {
     }
 
     /// Writes a sysctl inside `ns`.
-    pub fn sysctl(&self, ns: &str, key: &str, value: &str) -> Result<(), PlumbingError> {
+    pub(crate) fn sysctl(&self, ns: &str, key: &str, value: &str) -> Result<(), PlumbingError> {
         sysctl(ns, key, value)
     }
 
     /// The work directory of this run (`<WORK_ROOT>/<pid>-<n>`).
-    pub fn work_dir(&self) -> PathBuf {
+    pub(crate) fn work_dir(&self) -> PathBuf {
         PathBuf::from(WORK_ROOT).join(self.run_id.trim_start_matches(PREFIX))
     }
 
     /// Removes every namespace this run created (fabric last) and its work directory.
-    pub fn teardown(&self) {
+    pub(crate) fn teardown(&self) {
         let names: Vec<String> = self.created.lock().map(|c| c.clone()).unwrap_or_default();
         for n in names.iter().rev() {
             let _ = run(&["ip", "netns", "del", n]);
@@ -153,12 +153,12 @@ impl Fabric {
     /// Marks this run as kept on purpose: the sweep every new simulation does leaves it,
     /// only `flockctl sim --cleanup` ([`Sweep::AlsoKept`]) or an interrupt of this process
     /// removes it. The marker lives in the work directory, so it goes with the run.
-    pub fn mark_kept(&self) -> std::io::Result<()> {
+    pub(crate) fn mark_kept(&self) -> std::io::Result<()> {
         std::fs::write(self.work_dir().join(KEPT_MARKER), format!("namespaces {}\n", self.namespaces().join(" ")))
     }
 
     /// Names of the namespaces still present.
-    pub fn namespaces(&self) -> Vec<String> {
+    pub(crate) fn namespaces(&self) -> Vec<String> {
         self.created.lock().map(|c| c.clone()).unwrap_or_default()
     }
 }
@@ -227,7 +227,7 @@ pub struct Swept {
     /// Namespaces removed.
     pub removed: usize,
     /// Kept runs left in place (`<pid>-<n>`), with their namespace count.
-    pub kept: Vec<(String, usize)>,
+    pub(crate) kept: Vec<(String, usize)>,
 }
 
 /// Removes namespaces and work directories of earlier runs whose process is gone; kept runs

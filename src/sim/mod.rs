@@ -67,8 +67,8 @@ pub enum SimError {
 /// A non-pod host on the fabric.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostSpec {
-    pub name: String,
-    pub addrs: Vec<IpAddr>,
+    pub(crate) name: String,
+    pub(crate) addrs: Vec<IpAddr>,
 }
 
 impl std::str::FromStr for HostSpec {
@@ -329,11 +329,6 @@ impl Sim {
         &self.kept_elsewhere
     }
 
-    /// The namespaces of the simulation.
-    pub fn namespaces(&self) -> Vec<String> {
-        self.fabric.namespaces()
-    }
-
     /// What each network namespace of the simulation is — `node node-1`, `pod shop/db`,
     /// `host <name>`, `fabric` — with its name, nodes first, then pods, hosts and the fabric.
     pub fn netns_roles(&self) -> Vec<(String, String)> {
@@ -392,27 +387,27 @@ impl Sim {
     /// serving. The server pod's port 53 (UDP and TCP) is the DNS server's, not an echo
     /// server's. The agents trust the server as any resolver: only if it is one of the pods
     /// [`translate::Options::dns_resolvers`] selects (the cluster DNS).
-    pub fn set_dns(&mut self, spec: Option<crate::conformance::DnsSpec>) -> Result<(), SimError> {
+    pub(crate) fn set_dns(&mut self, spec: Option<crate::conformance::DnsSpec>) -> Result<(), SimError> {
         self.dns = spec.map(|spec| ClusterDns { spec, running: None });
         self.refresh_dns()
     }
 
     /// The cluster DNS server's address of `family`, while it serves.
-    pub fn dns_server(&self, family: Family) -> Option<IpAddr> {
+    pub(crate) fn dns_server(&self, family: Family) -> Option<IpAddr> {
         let (_, ips, _, _) = self.dns.as_ref()?.running.as_ref()?;
         ips.iter().copied().find(|ip| Family::of(*ip) == family)
     }
 
     /// The addresses whose DNS answers the agents learn from on `snapshot`: the resolvers
     /// they are given and the resolver pods they select; none without their DNS proxy.
-    pub fn trusted_resolvers(&self, snapshot: &Snapshot) -> Vec<IpAddr> {
+    pub(crate) fn trusted_resolvers(&self, snapshot: &Snapshot) -> Vec<IpAddr> {
         let Some(dns) = &self.opts.dns else { return Vec::new() };
         let pods = self.opts.translate.dns_resolvers.iter().flat_map(|r| r.addresses(snapshot));
         dns.resolvers.iter().copied().chain(pods).collect()
     }
 
     /// What the agents trust as resolvers, for messages.
-    pub fn resolver_selector(&self) -> String {
+    pub(crate) fn resolver_selector(&self) -> String {
         let Some(dns) = &self.opts.dns else { return "the agents run no DNS proxy".into() };
         let mut parts: Vec<String> = dns.resolvers.iter().map(ToString::to_string).collect();
         if let Some(r) = &self.opts.translate.dns_resolvers {
@@ -753,7 +748,7 @@ impl Sim {
     }
 
     /// Whether the protocol is available in this kernel (decided by the servers).
-    pub fn protocol_available(&self, protocol: Protocol) -> bool {
+    pub(crate) fn protocol_available(&self, protocol: Protocol) -> bool {
         protocol != Protocol::Sctp || !self.pods.values().any(|p| p.unavailable.iter().any(|(_, pr)| *pr == protocol))
     }
 
@@ -789,7 +784,7 @@ impl Sim {
     /// Probes by name: from each of `from`, `host` resolved through the cluster DNS
     /// ([`Self::set_dns`]) in the probe's family (by default the source's first address's),
     /// then a connection to the answer's first address. Cells name the host as `to`.
-    pub fn probe_host(&self, spec: ProbeSpec, host: &str, from: &[String]) -> Result<Vec<Cell>, SimError> {
+    pub(crate) fn probe_host(&self, spec: ProbeSpec, host: &str, from: &[String]) -> Result<Vec<Cell>, SimError> {
         let mut cells = Vec::new();
         let mut tasks = Vec::new();
         let mut index = Vec::new();

@@ -37,7 +37,7 @@ pub struct Servers {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     /// Ports that could not be served because the kernel lacks the protocol (SCTP here).
-    pub unavailable: Vec<(u16, Protocol)>,
+    pub(crate) unavailable: Vec<(u16, Protocol)>,
 }
 
 impl Servers {

@@ -24,6 +24,7 @@
 
 mod crd;
 mod health;
+mod list;
 mod reflect;
 
 use std::collections::BTreeSet;
@@ -36,6 +37,7 @@ use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 
 pub use self::health::{ApiHealth, HealthReport, HealthState, ProbeConfig, Proof, seed_from};
+pub use self::list::{ListError, Listed, list_cluster};
 pub use self::reflect::Options as WatchOptions;
 use self::reflect::{Kind, Reflector};
 use super::SourceWriter;
@@ -54,7 +56,7 @@ pub enum Resource {
 }
 
 impl Resource {
-    pub const ALL: [Resource; 5] =
+    pub(crate) const ALL: [Resource; 5] =
         [Resource::Pods, Resource::Namespaces, Resource::NetworkPolicies, Resource::Nodes, Resource::ClusterNetworkPolicies];
 
     pub fn as_str(self) -> &'static str {
@@ -99,6 +101,7 @@ enum Object {
     ClusterPolicy(ClusterNetworkPolicy),
 }
 
+#[derive(Debug)]
 enum Key {
     Pod(String),
     Namespace(String),
@@ -116,26 +119,21 @@ fn pod_key(p: &core::Pod) -> Key {
 // An update flock cannot read removes a pod (fail closed: no peer; a local pod is closed as
 // unknown). A policy is only unreadable without a name, which the API server never stores:
 // keeping its last version keeps its pods isolated, dropping it could open them.
-const PODS: Kind<core::Pod> = Kind {
-    convert: |p| convert::pod(p).map(Object::Pod).map_err(|e| format!("pod {:?}: {e}", p.metadata.name)),
-    key: pod_key,
-    drop_unreadable: true,
-    optional: false,
-};
+const PODS: Kind<core::Pod> = Kind { convert: |p| convert::pod(p).map(Object::Pod), key: pod_key, drop_unreadable: true, optional: false };
 const NAMESPACES: Kind<core::Namespace> = Kind {
-    convert: |n| convert::namespace(n).map(Object::Namespace).map_err(|e| e.to_string()),
+    convert: |n| convert::namespace(n).map(Object::Namespace),
     key: |n| Key::Namespace(n.metadata.name.clone().unwrap_or_default()),
     drop_unreadable: false,
     optional: false,
 };
 const POLICIES: Kind<net::NetworkPolicy> = Kind {
-    convert: |p| convert::network_policy(p).map(Object::Policy).map_err(|e| e.to_string()),
+    convert: |p| convert::network_policy(p).map(Object::Policy),
     key: |p| Key::Policy(ObjectRef::new(p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default())),
     drop_unreadable: false,
     optional: false,
 };
 const NODES: Kind<core::Node> = Kind {
-    convert: |n| convert::node(n).map(Object::Node).map_err(|e| e.to_string()),
+    convert: |n| convert::node(n).map(Object::Node),
     key: |n| Key::Node(n.metadata.name.clone().unwrap_or_default()),
     drop_unreadable: false,
     optional: false,
@@ -154,20 +152,6 @@ pub trait SourceMetrics: Send + Sync {
     fn health(&self, state: &str);
     /// Whether an optional resource (a CRD's) is served, as discovery last said.
     fn resource_served(&self, resource: &str, served: bool);
-}
-
-/// Counts nothing (tests, tools).
-#[derive(Debug, Default)]
-pub struct NoMetrics;
-
-impl SourceMetrics for NoMetrics {
-    fn watch(&self, _: &str, _: bool) {}
-    fn watch_error(&self, _: &str) {}
-    fn watch_reconnected(&self, _: &str) {}
-    fn watch_relisted(&self, _: &str, _: &str) {}
-    fn api_probe(&self, _: bool) {}
-    fn health(&self, _: &str) {}
-    fn resource_served(&self, _: &str, _: bool) {}
 }
 
 /// Runs the watches into `writer` until `stop`, with the default options. Never returns

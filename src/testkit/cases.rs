@@ -26,8 +26,8 @@ use crate::synth::Rng;
 /// One generated case: its folder name and `case.yaml`.
 #[derive(Debug, Clone)]
 pub struct GeneratedCase {
-    pub dir_name: String,
-    pub yaml: String,
+    pub(crate) dir_name: String,
+    pub(crate) yaml: String,
 }
 
 impl GeneratedCase {

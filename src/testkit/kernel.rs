@@ -16,7 +16,6 @@ pub struct Node {
 /// with the pod's addresses and a link-local default gateway.
 pub struct Pod {
     pub ns: NetnsGuard,
-    pub iface: String,
     pub ips: Vec<IpAddr>,
 }
 
@@ -67,26 +66,33 @@ impl Node {
             self.ns.ip(&["-6", "addr", "add", "fe80::1/64", "dev", iface, "nodad"]);
             pod.ip(&["-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"]);
         }
-        Pod { ns: pod, iface: iface.to_string(), ips: ips.to_vec() }
+        Pod { ns: pod, ips: ips.to_vec() }
     }
 }
 
 /// The built `flock-cni` binary (next to the test executable's profile directory), built
 /// on demand when missing.
-#[allow(clippy::panic)]
 pub fn flock_cni_binary() -> std::path::PathBuf {
+    workspace_binary("flock-cni", "flock-cni")
+}
+
+/// The built binary `bin` of the workspace's package `package` (in the test executable's
+/// profile directory: `cargo test --workspace` builds every package's binaries), built on
+/// demand when missing.
+#[allow(clippy::panic)]
+pub fn workspace_binary(package: &str, bin: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
-    // target/<profile>/deps/<test> → target/<profile>/flock-cni
+    // target/<profile>/deps/<test> → target/<profile>/<bin>
     let profile_dir = exe.parent().and_then(|d| d.parent()).map(std::path::Path::to_path_buf).unwrap_or_default();
-    let bin = profile_dir.join("flock-cni");
-    if !bin.is_file() {
+    let path = profile_dir.join(bin);
+    if !path.is_file() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo).args(["build", "-p", "flock-cni", "--bin", "flock-cni"]).status();
-        if !matches!(status, Ok(s) if s.success()) || !bin.is_file() {
-            panic!("flock-cni is not built at {} and cargo build failed", bin.display());
+        let status = std::process::Command::new(cargo).args(["build", "-p", package, "--bin", bin]).status();
+        if !matches!(status, Ok(s) if s.success()) || !path.is_file() {
+            panic!("{bin} is not built at {} and cargo build failed", path.display());
         }
     }
-    bin
+    path
 }
 
 /// Serves on a thread of its own inside `ns`, on a current-thread tokio runtime, until the

@@ -147,16 +147,16 @@ pub fn summary(np: &NodePolicy, pod: &str, dir: Direction) -> String {
 
 /// Where a pod lives in a [`TracedCluster`].
 #[derive(Debug, Clone)]
-pub struct Placement {
-    pub node: String,
+pub(crate) struct Placement {
+    pub(crate) node: String,
     /// The host side of its interface; empty for a host-network pod, which is its node.
-    pub interface: String,
-    pub ips: Vec<std::net::IpAddr>,
+    pub(crate) interface: String,
+    pub(crate) ips: Vec<std::net::IpAddr>,
 }
 
 impl Placement {
     /// A host-network pod: it runs in its node's namespace, with the node's addresses.
-    pub fn is_host(&self) -> bool {
+    pub(crate) fn is_host(&self) -> bool {
         self.interface.is_empty()
     }
 }
@@ -166,9 +166,9 @@ impl Placement {
 /// checked against expected matrices without a kernel.
 pub struct TracedCluster {
     /// Each node's table, compiled for tracing.
-    pub nodes: std::collections::BTreeMap<String, crate::nft::trace::Tracer>,
+    pub(crate) nodes: std::collections::BTreeMap<String, crate::nft::trace::Tracer>,
     /// The pods flock enforces, and host-network pods (see [`Placement::is_host`]).
-    pub pods: std::collections::BTreeMap<String, Placement>,
+    pub(crate) pods: std::collections::BTreeMap<String, Placement>,
     /// Each node's rendered ruleset text.
     pub texts: std::collections::BTreeMap<String, String>,
     /// Each node's own addresses (its Node object's): a pod's packet to one of them meets
@@ -282,7 +282,7 @@ impl TracedCluster {
 
     /// Whether a new connection from an address outside the pods (a node, a network) to pod
     /// `to` gets in: it arrives on the uplink of `to`'s node, whose ruleset alone is on the path.
-    pub fn reached_from_address(
+    pub(crate) fn reached_from_address(
         &self,
         from: std::net::IpAddr,
         to: &str,
@@ -322,14 +322,10 @@ impl TracedCluster {
         Ok(t.verdict != Verdict::Drop)
     }
 
-    /// Runs a conformance case from `base`, returning every mismatching cell (and errors for
-    /// probes the tracer cannot perform).
-    pub fn run_case(base: &Snapshot, case: &crate::conformance::Case) -> Result<Vec<crate::conformance::Mismatch>, String> {
-        Self::run_case_with(base, case, &crate::render::RenderOptions::default())
-    }
-
-    /// [`Self::run_case`] with a choice of ruleset shape.
-    pub fn run_case_with(
+    /// Runs a conformance case from `base` with a choice of ruleset shape, returning every
+    /// mismatching cell (and errors for probes the tracer cannot perform).
+    #[cfg(test)]
+    pub(crate) fn run_case_with(
         base: &Snapshot,
         case: &crate::conformance::Case,
         render: &crate::render::RenderOptions,

@@ -34,11 +34,11 @@ use crate::model::cnp::{ClusterNetworkPolicy, CnpPeer, CnpPods, CnpPort, CnpProt
 use crate::model::{Labels, ObjectRef, Protocol, clip};
 
 /// The highest priority the API allows.
-pub const MAX_PRIORITY: i64 = 1000;
+pub(crate) const MAX_PRIORITY: i64 = 1000;
 
 /// Whom a policy applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Subject {
+pub(crate) enum Subject {
     /// Pods whose namespace matches `namespaces` and who match `pods`.
     Pods { namespaces: Selector, pods: Selector },
     /// Every pod (an unreadable subject, fail closed).
@@ -46,7 +46,7 @@ pub enum Subject {
 }
 
 impl Subject {
-    pub fn matches(&self, namespace_labels: Option<&Labels>, pod_labels: &Labels) -> bool {
+    pub(crate) fn matches(&self, namespace_labels: Option<&Labels>, pod_labels: &Labels) -> bool {
         match self {
             Self::Everything => true,
             // A namespace flock has not seen matches no selector (its labels are unknown).
@@ -57,7 +57,7 @@ impl Subject {
 
 /// A peer a rule can match.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum CnpPeerDef {
+pub(crate) enum CnpPeerDef {
     /// Pods (a shared address set).
     Pods(PeerDef),
     /// Addresses that are not pods' (a CIDR — pod addresses inside it match too — or the
@@ -68,19 +68,11 @@ pub enum CnpPeerDef {
     Domains(DomainDef),
 }
 
-impl CnpPeerDef {
-    /// The address set definition, for pods and networks (`None`: domains).
-    pub fn def(&self) -> Option<&PeerDef> {
-        match self {
-            Self::Pods(d) | Self::Network(d) => Some(d),
-            Self::Domains(_) => None,
-        }
-    }
-}
+impl CnpPeerDef {}
 
 /// One entry of `protocols`, validated.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum CnpPortSpec {
+pub(crate) enum CnpPortSpec {
     Range(Protocol, u16, u16),
     /// A container port name, resolved on the destination pod (its protocol and number).
     Named(String),
@@ -88,7 +80,7 @@ pub enum CnpPortSpec {
 
 /// What a rule matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuleMatch {
+pub(crate) enum RuleMatch {
     /// Its peers (any of them) and ports (`None`: every protocol and port).
     Peers { peers: Vec<CnpPeerDef>, ports: Option<Vec<CnpPortSpec>> },
     /// Every packet of the direction (a Deny or Pass rule flock cannot read: Deny all).
@@ -97,31 +89,31 @@ pub enum RuleMatch {
 
 /// A rule as flock enforces it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompiledCnpRule {
-    pub index: usize,
-    pub name: Option<String>,
-    pub action: Action,
-    pub matches: RuleMatch,
+pub(crate) struct CompiledCnpRule {
+    pub(crate) index: usize,
+    pub(crate) name: Option<String>,
+    pub(crate) action: Action,
+    pub(crate) matches: RuleMatch,
     /// Why it is not enforced as written.
-    pub fail_closed: Option<String>,
+    pub(crate) fail_closed: Option<String>,
 }
 
 /// A validated ClusterNetworkPolicy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompiledCnp {
-    pub name: String,
+pub(crate) struct CompiledCnp {
+    pub(crate) name: String,
     /// Annotated for audit (`Options::audit_mode` decides whether that counts).
-    pub audit: bool,
-    pub tier: Tier,
+    pub(crate) audit: bool,
+    pub(crate) tier: Tier,
     /// `None`: the policy cannot be placed; it is evaluated first in the Admin tier.
-    pub priority: Option<i64>,
-    pub subject: Subject,
-    pub ingress: Vec<CompiledCnpRule>,
-    pub egress: Vec<CompiledCnpRule>,
+    pub(crate) priority: Option<i64>,
+    pub(crate) subject: Subject,
+    pub(crate) ingress: Vec<CompiledCnpRule>,
+    pub(crate) egress: Vec<CompiledCnpRule>,
 }
 
 impl CompiledCnp {
-    pub fn rules(&self, dir: Direction) -> &[CompiledCnpRule] {
+    pub(crate) fn rules(&self, dir: Direction) -> &[CompiledCnpRule] {
         match dir {
             Direction::Ingress => &self.ingress,
             Direction::Egress => &self.egress,
@@ -141,7 +133,7 @@ impl Reporter<'_> {
 }
 
 /// Validates and compiles `p`, appending what is wrong with it to `problems`.
-pub fn compile(p: &ClusterNetworkPolicy, problems: &mut Vec<PolicyProblem>) -> CompiledCnp {
+pub(crate) fn compile(p: &ClusterNetworkPolicy, problems: &mut Vec<PolicyProblem>) -> CompiledCnp {
     let mut r = Reporter { name: &p.name, problems };
     // Policy-level problems: the policy cannot be placed or its subject read.
     let mut degraded = false;

@@ -24,7 +24,7 @@ use crate::model::{EGRESS_DOMAINS_ANNOTATION, NetworkPolicy, ObjectRef, PolicyPe
 
 /// One entry of a rule's `ports`, validated.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum PortSpec {
+pub(crate) enum PortSpec {
     /// Every port of one protocol (`protocol` without `port`).
     AllOf(Protocol),
     /// A port or an `endPort` range.
@@ -35,47 +35,47 @@ pub enum PortSpec {
 
 /// A valid rule. `None` means "all" for peers and ports alike.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompiledRule {
-    pub index: usize,
-    pub peers: Option<Vec<PeerDef>>,
-    pub ports: Option<Vec<PortSpec>>,
+pub(crate) struct CompiledRule {
+    pub(crate) index: usize,
+    pub(crate) peers: Option<Vec<PeerDef>>,
+    pub(crate) ports: Option<Vec<PortSpec>>,
 }
 
 /// An entry of the `flock.dev/egress-domains` annotation, validated: an egress allow to the
 /// addresses learned for `domains`, on `ports` (`None`: every port).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompiledDomains {
-    pub index: usize,
-    pub domains: DomainDef,
-    pub ports: Option<Vec<PortSpec>>,
+pub(crate) struct CompiledDomains {
+    pub(crate) index: usize,
+    pub(crate) domains: DomainDef,
+    pub(crate) ports: Option<Vec<PortSpec>>,
 }
 
 /// A validated policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompiledPolicy {
-    pub key: ObjectRef,
+    pub(crate) key: ObjectRef,
     /// Annotated for audit (`Options::audit_mode` decides whether that counts).
-    pub audit: bool,
-    pub selector: Selector,
-    pub ingress: bool,
-    pub egress: bool,
+    pub(crate) audit: bool,
+    pub(crate) selector: Selector,
+    pub(crate) ingress: bool,
+    pub(crate) egress: bool,
     /// Valid ingress rules (invalid ones are dropped: they allow nothing).
-    pub ingress_rules: Vec<CompiledRule>,
-    pub egress_rules: Vec<CompiledRule>,
+    pub(crate) ingress_rules: Vec<CompiledRule>,
+    pub(crate) egress_rules: Vec<CompiledRule>,
     /// Valid entries of the `flock.dev/egress-domains` annotation (egress allows, when the
     /// policy restricts egress).
-    pub egress_domains: Vec<CompiledDomains>,
+    pub(crate) egress_domains: Vec<CompiledDomains>,
 }
 
 impl CompiledPolicy {
-    pub fn affects(&self, dir: Direction) -> bool {
+    pub(crate) fn affects(&self, dir: Direction) -> bool {
         match dir {
             Direction::Ingress => self.ingress,
             Direction::Egress => self.egress,
         }
     }
 
-    pub fn rules(&self, dir: Direction) -> &[CompiledRule] {
+    pub(crate) fn rules(&self, dir: Direction) -> &[CompiledRule] {
         match dir {
             Direction::Ingress => &self.ingress_rules,
             Direction::Egress => &self.egress_rules,
@@ -372,7 +372,7 @@ fn port_number(n: i32) -> Option<u16> {
 }
 
 /// An IANA service name, as the API server checks a named port (`IsValidPortName`).
-pub fn validate_port_name(name: &str) -> Result<(), &'static str> {
+pub(crate) fn validate_port_name(name: &str) -> Result<(), &'static str> {
     let b = name.as_bytes();
     if b.is_empty() || b.len() > 15 {
         return Err("a port name must be 1 to 15 characters");

@@ -40,21 +40,16 @@ use crate::model::{LocalEndpoint, ObjectRef, Pod, Protocol, Snapshot};
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Changed {
     /// Everything (a full translation): nothing from before can be reused.
-    pub all: bool,
+    pub(crate) all: bool,
     /// Endpoints (by interface) added, removed or with a different policy.
-    pub endpoints: BTreeSet<String>,
+    pub(crate) endpoints: BTreeSet<String>,
     /// Peer sets added, removed or with different content.
-    pub peer_sets: BTreeSet<PeerDef>,
+    pub(crate) peer_sets: BTreeSet<PeerDef>,
     /// Named-port sets added, removed or with different content.
-    pub port_sets: BTreeSet<NamedPortDef>,
+    pub(crate) port_sets: BTreeSet<NamedPortDef>,
 }
 
-impl Changed {
-    /// Whether nothing changed.
-    pub fn is_empty(&self) -> bool {
-        !self.all && self.endpoints.is_empty() && self.peer_sets.is_empty() && self.port_sets.is_empty()
-    }
-}
+impl Changed {}
 
 /// What an endpoint's translation left besides its policy.
 #[derive(Debug, Clone, Default)]
@@ -113,7 +108,7 @@ impl Incremental {
     }
 
     /// The current translation, shared: it stays as it is while the translation steps on.
-    pub fn shared_policy(&self) -> Arc<NodePolicy> {
+    pub(crate) fn shared_policy(&self) -> Arc<NodePolicy> {
         Arc::clone(&self.np)
     }
 
@@ -123,7 +118,7 @@ impl Incremental {
     }
 
     /// Translates everything again (what `new` does), dropping what was kept.
-    pub fn rebuild(&mut self, snapshot: &Snapshot, endpoints: &[LocalEndpoint]) -> &Changed {
+    pub(crate) fn rebuild(&mut self, snapshot: &Snapshot, endpoints: &[LocalEndpoint]) -> &Changed {
         *self = Self::empty(self.options.clone());
         for p in snapshot.cluster_policies() {
             self.compile_cluster_policy(snapshot, &p.name);

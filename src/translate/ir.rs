@@ -21,7 +21,7 @@ pub enum Direction {
 
 impl Direction {
     /// The field name in a NetworkPolicy spec.
-    pub fn as_field(self) -> &'static str {
+    pub(crate) fn as_field(self) -> &'static str {
         match self {
             Self::Ingress => "ingress",
             Self::Egress => "egress",
@@ -47,17 +47,17 @@ pub enum NsScope {
 /// A validated `ipBlock`: host bits cleared, `except` sorted.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct IpBlockDef {
-    pub cidr: IpNet,
-    pub except: Vec<IpNet>,
+    pub(crate) cidr: IpNet,
+    pub(crate) except: Vec<IpNet>,
 }
 
 impl IpBlockDef {
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         self.cidr.contains(&ip) && !self.except.iter().any(|e| e.contains(&ip))
     }
 
     /// `cidr` minus every `except`, as disjoint prefixes in address order.
-    pub fn prefixes(&self) -> Vec<IpNet> {
+    pub(crate) fn prefixes(&self) -> Vec<IpNet> {
         let mut out = vec![self.cidr];
         for e in &self.except {
             out = out.into_iter().flat_map(|p| subtract(p, *e)).collect();
@@ -104,7 +104,7 @@ pub enum PeerDef {
 
 impl PeerDef {
     /// A short, readable summary for object names (`x/pod=a`, `ns-team=a/all`, `10.0.0.0/8`).
-    pub fn short(&self) -> String {
+    pub(crate) fn short(&self) -> String {
         match self {
             Self::Pods { namespaces, pods } => {
                 let ns = match namespaces {
@@ -156,13 +156,13 @@ impl fmt::Display for PeerDef {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NamedPortDef {
     /// `None`: every pod (the rule has no `to`).
-    pub dest: Option<PeerDef>,
-    pub protocol: Protocol,
-    pub name: String,
+    pub(crate) dest: Option<PeerDef>,
+    pub(crate) protocol: Protocol,
+    pub(crate) name: String,
 }
 
 impl NamedPortDef {
-    pub fn short(&self) -> String {
+    pub(crate) fn short(&self) -> String {
         let dest = self.dest.as_ref().map_or_else(|| "all".to_string(), PeerDef::short);
         format!("{}/{}/{dest}", self.name, self.protocol.as_nft())
     }
@@ -187,7 +187,7 @@ pub struct AddressSet {
 }
 
 impl AddressSet {
-    pub fn insert(&mut self, net: IpNet, comment: &str) {
+    pub(crate) fn insert(&mut self, net: IpNet, comment: &str) {
         match net {
             // Keys without host bits: `contains` looks prefixes up by their network.
             IpNet::V4(n) => {
@@ -199,15 +199,7 @@ impl AddressSet {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.v4.len() + self.v6.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         // A large set (pod addresses) is looked up by every prefix that could hold the
         // address, longest first; a small one scanned.
         const SCAN: usize = 64;
@@ -223,12 +215,12 @@ impl AddressSet {
 /// The (address, protocol, port) triples of a [`NamedPortDef`], per family.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PortAddressSet {
-    pub v4: BTreeMap<(Ipv4Addr, Protocol, u16), String>,
-    pub v6: BTreeMap<(Ipv6Addr, Protocol, u16), String>,
+    pub(crate) v4: BTreeMap<(Ipv4Addr, Protocol, u16), String>,
+    pub(crate) v6: BTreeMap<(Ipv6Addr, Protocol, u16), String>,
 }
 
 impl PortAddressSet {
-    pub fn insert(&mut self, ip: IpAddr, protocol: Protocol, port: u16, comment: &str) {
+    pub(crate) fn insert(&mut self, ip: IpAddr, protocol: Protocol, port: u16, comment: &str) {
         match ip {
             IpAddr::V4(a) => {
                 self.v4.entry((a, protocol, port)).or_insert_with(|| comment.to_string());
@@ -237,14 +229,6 @@ impl PortAddressSet {
                 self.v6.entry((a, protocol, port)).or_insert_with(|| comment.to_string());
             }
         }
-    }
-
-    pub fn len(&self) -> usize {
-        self.v4.len() + self.v6.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -257,23 +241,18 @@ impl PortAddressSet {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DomainDef {
     /// Sorted, without duplicates.
-    pub patterns: Vec<DomainPattern>,
+    pub(crate) patterns: Vec<DomainPattern>,
 }
 
 impl DomainDef {
-    pub fn new(mut patterns: Vec<DomainPattern>) -> Self {
+    pub(crate) fn new(mut patterns: Vec<DomainPattern>) -> Self {
         patterns.sort();
         patterns.dedup();
         Self { patterns }
     }
 
-    /// Whether a name (as a DNS answer carries it) is one of these.
-    pub fn matches(&self, name: &str) -> bool {
-        self.patterns.iter().any(|p| p.matches(name))
-    }
-
     /// `github.com,*.pypi.org`, for object names.
-    pub fn short(&self) -> String {
+    pub(crate) fn short(&self) -> String {
         self.patterns.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
     }
 }
@@ -286,7 +265,7 @@ impl fmt::Display for DomainDef {
 
 /// Which peers a rule admits.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum PeerMatch {
+pub(crate) enum PeerMatch {
     /// Every address.
     Any,
     /// The addresses of a shared set.
@@ -299,7 +278,7 @@ pub enum PeerMatch {
 
 /// Ports of one protocol.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum PortRanges {
+pub(crate) enum PortRanges {
     All,
     /// Sorted, merged, non-overlapping inclusive ranges.
     Ranges(Vec<(u16, u16)>),
@@ -307,7 +286,7 @@ pub enum PortRanges {
 
 impl PortRanges {
     /// Sorts and merges `ranges` (overlapping or adjacent ones become one).
-    pub fn from_ranges(mut ranges: Vec<(u16, u16)>) -> Self {
+    pub(crate) fn from_ranges(mut ranges: Vec<(u16, u16)>) -> Self {
         ranges.sort_unstable();
         let mut merged: Vec<(u16, u16)> = Vec::with_capacity(ranges.len());
         for (s, e) in ranges {
@@ -319,7 +298,7 @@ impl PortRanges {
         if merged == [(1, u16::MAX)] { Self::All } else { Self::Ranges(merged) }
     }
 
-    pub fn contains(&self, port: u16) -> bool {
+    pub(crate) fn contains(&self, port: u16) -> bool {
         match self {
             Self::All => true,
             Self::Ranges(r) => r.iter().any(|(s, e)| (*s..=*e).contains(&port)),
@@ -329,7 +308,7 @@ impl PortRanges {
 
 /// Which traffic a rule admits, besides the peer.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum PortMatch {
+pub(crate) enum PortMatch {
     /// Every protocol and port (ICMP included).
     Any,
     /// One transport protocol, some or all of its ports.
@@ -338,13 +317,13 @@ pub enum PortMatch {
 
 /// Where an allow rule comes from.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct RuleOrigin {
-    pub policy: ObjectRef,
-    pub direction: Direction,
-    pub index: usize,
+pub(crate) struct RuleOrigin {
+    pub(crate) policy: ObjectRef,
+    pub(crate) direction: Direction,
+    pub(crate) index: usize,
     /// The rule is entry `index` of the policy's `flock.dev/egress-domains` annotation, not
     /// of its spec.
-    pub domains: bool,
+    pub(crate) domains: bool,
 }
 
 impl fmt::Display for RuleOrigin {
@@ -359,10 +338,10 @@ impl fmt::Display for RuleOrigin {
 /// One allow rule: admitted if both the peer and the ports match.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllowRule {
-    pub peer: PeerMatch,
-    pub ports: PortMatch,
+    pub(crate) peer: PeerMatch,
+    pub(crate) ports: PortMatch,
     /// Every policy rule that produced this exact rule, first one first.
-    pub origins: Vec<RuleOrigin>,
+    pub(crate) origins: Vec<RuleOrigin>,
 }
 
 /// Why a direction of an endpoint is isolated.
@@ -390,7 +369,7 @@ impl fmt::Display for Isolation {
 
 /// A tier of ClusterNetworkPolicy: Admin before NetworkPolicy, Baseline after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Tier {
+pub(crate) enum Tier {
     Admin,
     Baseline,
 }
@@ -406,7 +385,7 @@ impl fmt::Display for Tier {
 
 /// What a ClusterNetworkPolicy rule does with the traffic it matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Action {
+pub(crate) enum Action {
     /// Allowed in this direction; no further rule of this direction is evaluated.
     Accept,
     /// Dropped.
@@ -428,14 +407,14 @@ impl fmt::Display for Action {
 
 /// Where a tier rule comes from.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CnpOrigin {
-    pub policy: String,
-    pub direction: Direction,
-    pub index: usize,
+pub(crate) struct CnpOrigin {
+    pub(crate) policy: String,
+    pub(crate) direction: Direction,
+    pub(crate) index: usize,
     /// The rule's `name`, if it has one.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Why the rule is not enforced as written (it failed closed), if it is not.
-    pub fail_closed: Option<String>,
+    pub(crate) fail_closed: Option<String>,
 }
 
 impl fmt::Display for CnpOrigin {
@@ -454,19 +433,19 @@ impl fmt::Display for CnpOrigin {
 /// One matcher of a ClusterNetworkPolicy rule, as it applies to one endpoint: the rule
 /// matches when any of its matchers does.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TierRule {
-    pub action: Action,
-    pub peer: PeerMatch,
-    pub ports: PortMatch,
-    pub origin: CnpOrigin,
+pub(crate) struct TierRule {
+    pub(crate) action: Action,
+    pub(crate) peer: PeerMatch,
+    pub(crate) ports: PortMatch,
+    pub(crate) origin: CnpOrigin,
 }
 
 /// One ClusterNetworkPolicy's rules for one endpoint and direction, in the policy's order
 /// (first match decides).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TierPolicy {
-    pub name: String,
-    pub rules: Vec<TierRule>,
+pub(crate) struct TierPolicy {
+    pub(crate) name: String,
+    pub(crate) rules: Vec<TierRule>,
 }
 
 /// The policies of one tier with one priority, in name order. Within each policy the first
@@ -476,8 +455,8 @@ pub struct TierPolicy {
 pub struct PriorityGroup {
     /// The priority (`None`: a policy flock cannot place, evaluated first: see
     /// `translate::cluster`).
-    pub priority: Option<i64>,
-    pub policies: Vec<TierPolicy>,
+    pub(crate) priority: Option<i64>,
+    pub(crate) policies: Vec<TierPolicy>,
 }
 
 /// One direction of one endpoint.
@@ -504,12 +483,12 @@ impl DirectionPolicy {
     }
 
     /// Whether anything restricts this direction (else: every packet is allowed).
-    pub fn is_enforced(&self) -> bool {
+    pub(crate) fn is_enforced(&self) -> bool {
         self.is_isolated() || !self.admin.is_empty() || !self.baseline.is_empty()
     }
 
     /// Every peer a rule of this direction matches, the audited view's included.
-    pub fn peers(&self) -> Vec<&PeerMatch> {
+    pub(crate) fn peers(&self) -> Vec<&PeerMatch> {
         let mut out: Vec<&PeerMatch> = self.rules.iter().map(|r| &r.peer).collect();
         out.extend(self.admin.iter().chain(&self.baseline).flat_map(|g| &g.policies).flat_map(|p| &p.rules).map(|r| &r.peer));
         if let Some(a) = &self.audit {
@@ -523,15 +502,15 @@ impl DirectionPolicy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointPolicy {
     /// Host-side interface name.
-    pub interface: String,
+    pub(crate) interface: String,
     pub pod: ObjectRef,
     /// The endpoint's own addresses (its traffic may only come from these).
-    pub addrs: Vec<IpAddr>,
-    pub ingress: DirectionPolicy,
+    pub(crate) addrs: Vec<IpAddr>,
+    pub(crate) ingress: DirectionPolicy,
     pub egress: DirectionPolicy,
     /// Its namespace is annotated `flock.dev/log-allowed: "true"`: new connections its policy
     /// allows are logged too (rate-limited).
-    pub log_allowed: bool,
+    pub(crate) log_allowed: bool,
 }
 
 impl EndpointPolicy {
@@ -542,39 +521,32 @@ impl EndpointPolicy {
         }
     }
 
-    pub fn has_v4(&self) -> bool {
+    pub(crate) fn has_v4(&self) -> bool {
         self.addrs.iter().any(IpAddr::is_ipv4)
     }
 
-    pub fn has_v6(&self) -> bool {
+    pub(crate) fn has_v6(&self) -> bool {
         self.addrs.iter().any(IpAddr::is_ipv6)
     }
 }
 
 /// The kinds of policy flock enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub enum PolicyKind {
+pub(crate) enum PolicyKind {
     #[default]
     NetworkPolicy,
     ClusterNetworkPolicy,
 }
 
-impl PolicyKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NetworkPolicy => "NetworkPolicy",
-            Self::ClusterNetworkPolicy => "ClusterNetworkPolicy",
-        }
-    }
-}
+impl PolicyKind {}
 
 /// Something in a policy the API server would have rejected, or flock cannot enforce as
 /// written.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PolicyProblem {
-    pub kind: PolicyKind,
+    pub(crate) kind: PolicyKind,
     /// `namespace/name`; a cluster-scoped policy has an empty namespace.
-    pub policy: ObjectRef,
+    pub(crate) policy: ObjectRef,
     /// Field path inside the object, e.g. `spec.ingress[0].from[1].ipBlock.except[0]`.
     pub field: String,
     pub message: String,

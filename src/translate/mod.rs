@@ -26,16 +26,16 @@
 //!
 //! Policies the API server would reject are handled as [`compile`] describes.
 
-pub mod cluster;
+pub(crate) mod cluster;
 pub mod compile;
 pub mod incremental;
-pub mod ir;
+pub(crate) mod ir;
 pub mod selector;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-pub use compile::{CompiledPolicy, PortSpec};
+pub(crate) use compile::{CompiledPolicy, PortSpec};
 pub use incremental::{Change, Changed, Incremental};
 pub use ir::*;
 
@@ -92,7 +92,7 @@ impl ResolverPods {
     }
 
     /// The addresses of the live pods selected, sorted.
-    pub fn addresses(&self, snapshot: &Snapshot) -> Vec<IpAddr> {
+    pub(crate) fn addresses(&self, snapshot: &Snapshot) -> Vec<IpAddr> {
         let selected = |p: &&Pod| !p.phase.is_terminal() && self.labels.iter().all(|(k, v)| p.labels.get(k) == Some(v.as_str()));
         let mut out: Vec<IpAddr> = match &self.namespace {
             Some(ns) => snapshot.pods_in(ns).filter(selected).flat_map(|p| p.ips.iter().copied()).collect(),
@@ -193,7 +193,7 @@ fn pod_of<'s>(snapshot: &'s Snapshot, ep: &LocalEndpoint) -> Option<&'s Pod> {
 ///   still holds its addresses: no other pod gets them.
 /// - Any other address belongs to the newest live (not terminal, not host-networked) pod
 ///   reporting it, by `creationTimestamp`, then uid; an address is never in two pods' names.
-pub struct Addresses<'a> {
+pub(crate) struct Addresses<'a> {
     snapshot: &'a Snapshot,
     /// Local pod uid → its endpoint's addresses.
     local_pods: BTreeMap<&'a str, &'a [IpAddr]>,
@@ -203,7 +203,7 @@ pub struct Addresses<'a> {
 
 impl<'a> Addresses<'a> {
     /// `endpoints` de-duplicated by interface, in order (the first claim of an address wins).
-    pub fn new(snapshot: &'a Snapshot, endpoints: &[&'a LocalEndpoint]) -> Self {
+    pub(crate) fn new(snapshot: &'a Snapshot, endpoints: &[&'a LocalEndpoint]) -> Self {
         let mut local_pods = BTreeMap::new();
         let mut local_addrs = BTreeMap::new();
         for ep in endpoints {
@@ -245,13 +245,13 @@ impl<'a> Addresses<'a> {
 
     /// The addresses of `pod` as a peer: those it reports and owns (none if it cannot be a
     /// peer at all).
-    pub fn of(&self, pod: &'a Pod) -> impl Iterator<Item = IpAddr> + '_ {
+    pub(crate) fn of(&self, pod: &'a Pod) -> impl Iterator<Item = IpAddr> + '_ {
         let live = !pod.phase.is_terminal() && !pod.host_network;
         self.reported(pod).iter().filter(move |ip| live && self.owns(pod, ip)).copied()
     }
 
     /// Whether `pod` is a peer: live, not host-networked, with an address it owns.
-    pub fn is_peer(&self, pod: &'a Pod) -> bool {
+    pub(crate) fn is_peer(&self, pod: &'a Pod) -> bool {
         self.of(pod).next().is_some()
     }
 }

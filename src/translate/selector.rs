@@ -8,7 +8,7 @@ use crate::model::{LabelSelector, Labels, clip};
 
 /// One requirement in canonical form. `matchLabels` entries become `In` with one value.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Requirement {
+pub(crate) enum Requirement {
     In(String, BTreeSet<String>),
     NotIn(String, BTreeSet<String>),
     Exists(String),
@@ -16,12 +16,6 @@ pub enum Requirement {
 }
 
 impl Requirement {
-    fn key(&self) -> &str {
-        match self {
-            Self::In(k, _) | Self::NotIn(k, _) | Self::Exists(k) | Self::DoesNotExist(k) => k,
-        }
-    }
-
     fn matches(&self, labels: &Labels) -> bool {
         match self {
             Self::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
@@ -42,17 +36,17 @@ pub struct Selector {
 
 impl Selector {
     /// The selector that matches every label set.
-    pub fn everything() -> Self {
+    pub(crate) fn everything() -> Self {
         Self::default()
     }
 
-    pub fn is_everything(&self) -> bool {
+    pub(crate) fn is_everything(&self) -> bool {
         self.reqs.is_empty()
     }
 
     /// Validates and canonicalises `sel`. The error names the offending sub-field
     /// (`matchExpressions[1].operator: ...`), relative to the selector.
-    pub fn compile(sel: &LabelSelector) -> Result<Self, SelectorError> {
+    pub(crate) fn compile(sel: &LabelSelector) -> Result<Self, SelectorError> {
         let err = |field: String, message: String| SelectorError { field, message };
         let mut reqs = Vec::with_capacity(sel.match_labels.len() + sel.match_expressions.len());
         for (k, v) in &sel.match_labels {
@@ -95,17 +89,8 @@ impl Selector {
         Ok(Self { reqs })
     }
 
-    pub fn matches(&self, labels: &Labels) -> bool {
+    pub(crate) fn matches(&self, labels: &Labels) -> bool {
         self.reqs.iter().all(|r| r.matches(labels))
-    }
-
-    /// The keys this selector looks at (for indexes).
-    pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.reqs.iter().map(Requirement::key)
-    }
-
-    pub fn requirements(&self) -> &[Requirement] {
-        &self.reqs
     }
 }
 
@@ -136,9 +121,9 @@ impl fmt::Display for Selector {
 /// (`matchExpressions[1].operator`), and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
-pub struct SelectorError {
-    pub field: String,
-    pub message: String,
+pub(crate) struct SelectorError {
+    pub(crate) field: String,
+    pub(crate) message: String,
 }
 
 /// Why a label key or value is invalid (the API server's messages).

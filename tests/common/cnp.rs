@@ -11,19 +11,10 @@ pub const API_VERSION: &str = "policy.networking.k8s.io/v1alpha2";
 pub const KIND: &str = "ClusterNetworkPolicy";
 pub const CRD_NAME: &str = "clusternetworkpolicies.policy.networking.k8s.io";
 
-/// The CustomResourceDefinition (the parts the API server acts on).
+/// The CustomResourceDefinition (the parts the API server acts on): the one the test API
+/// server's binary installs.
 pub fn crd() -> Value {
-    json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-           "metadata": {"name": CRD_NAME},
-           "spec": {"group": "policy.networking.k8s.io", "scope": "Cluster",
-                    "names": {"kind": KIND, "listKind": "ClusterNetworkPolicyList", "plural": "clusternetworkpolicies",
-                              "singular": "clusternetworkpolicy", "shortNames": ["cnp"]},
-                    "versions": [{"name": "v1alpha2", "served": true, "storage": true, "subresources": {"status": {}},
-                                  "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                                      "spec": {"type": "object"},
-                                      "status": {"type": "object", "properties": {"conditions": {
-                                          "type": "array", "items": {"type": "object"},
-                                          "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}}}}}}}]}})
+    flock_test_apiserver::load::cluster_network_policy_crd()
 }
 
 /// An Admin-tier policy with these ingress rules, for the pods (of any namespace) labelled

@@ -108,7 +108,7 @@ impl From<NetlinkError> for ReadError {
 impl NfSocket {
     /// The ruleset's generation (bumped by every committed transaction) in the socket's
     /// namespace.
-    pub fn generation(&mut self) -> Result<Generation, NetlinkError> {
+    pub(crate) fn generation(&mut self) -> Result<Generation, NetlinkError> {
         Ok(Generation { netns: self.netns, id: self.generation_id()? })
     }
 
@@ -127,7 +127,7 @@ impl NfSocket {
     }
 
     /// What table `inet flock` holds (see the module doc), or `None` when it does not exist.
-    pub fn read_table(&mut self) -> Result<Option<NetlinkState>, NetlinkError> {
+    pub(crate) fn read_table(&mut self) -> Result<Option<NetlinkState>, NetlinkError> {
         let mut attempt = 0;
         loop {
             attempt += 1;

@@ -18,10 +18,10 @@
 //! elements are ranges, split as nft splits them ([`transaction`]); an element change of an
 //! interval set rewrites the whole set (an incremental transaction).
 
-pub mod dump;
+pub(crate) mod dump;
 mod rule;
 pub mod timed;
-pub mod transaction;
+pub(crate) mod transaction;
 
 use std::io;
 use std::net::IpAddr;
@@ -96,7 +96,7 @@ const IFNAMSIZ: usize = 16;
 const MAX_ELEMENTS_BYTES: usize = 60_000;
 /// The whole batch goes in one `send` (the socket's buffers are sized to it): a sanity bound,
 /// far above a whole table of 150k pods with its ClusterNetworkPolicies.
-pub const MAX_BATCH_BYTES: usize = 256 * 1024 * 1024;
+pub(crate) const MAX_BATCH_BYTES: usize = 256 * 1024 * 1024;
 
 /// One element's encoded attributes (an `NFTA_LIST_ELEM`).
 fn encode_element(set: &Set, e: &Element, with_data: bool) -> Result<Vec<u8>, NetlinkError> {
@@ -117,7 +117,7 @@ fn encode_element(set: &Set, e: &Element, with_data: bool) -> Result<Vec<u8>, Ne
 
 /// The key's bytes for an exact set of `types` (concatenated when more than one): every part
 /// one value, not a range.
-pub fn encode_key(types: &[&str], key: &Key) -> Result<Vec<u8>, String> {
+fn encode_key(types: &[&str], key: &Key) -> Result<Vec<u8>, String> {
     let (start, end) = key_range(types, key)?;
     if start != end {
         return Err(format!("{key} is a range, in a set of single values"));
@@ -129,7 +129,7 @@ pub fn encode_key(types: &[&str], key: &Key) -> Result<Vec<u8>, String> {
 /// values; a prefix covers its network to its broadcast address, a port range its ends.
 /// Each part must be of the type at its position; in a concatenation every part fills
 /// whole 32-bit registers.
-pub fn key_range(types: &[&str], key: &Key) -> Result<(Vec<u8>, Vec<u8>), String> {
+fn key_range(types: &[&str], key: &Key) -> Result<(Vec<u8>, Vec<u8>), String> {
     if key.0.len() != types.len() {
         return Err(format!("{} parts for a key of type {}", key.0.len(), types.join(" . ")));
     }
@@ -209,7 +209,7 @@ struct Sent {
 
 /// One nfnetlink batch: `BATCH_BEGIN`, nf_tables messages, `BATCH_END`, committed as one
 /// transaction. Messages are numbered from 0; [`NfSocket::send`] renumbers them.
-pub struct Batch {
+pub(crate) struct Batch {
     buf: Vec<u8>,
     sent: Vec<Sent>,
     seq: u32,
@@ -219,7 +219,7 @@ pub struct Batch {
 }
 
 impl Batch {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut buf = Vec::new();
         message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, 0, NFNL_SUBSYS_NFTABLES, &[]);
         Self { buf, sent: Vec::new(), seq: 0, last: 0 }
@@ -234,13 +234,8 @@ impl Batch {
         self.sent.push(Sent { seq: self.seq, what, object: object.to_string() });
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.sent.is_empty()
-    }
-
-    /// Messages so far (without the batch's begin and end).
-    pub fn messages(&self) -> usize {
-        self.sent.len()
     }
 
     fn finish(mut self) -> (Vec<u8>, Vec<Sent>) {
@@ -289,7 +284,7 @@ fn push_elements_of(batch: &mut Batch, set: &str, id: Option<u32>, ty: u16, flag
 }
 
 /// Encodes `changes` as one batch: every set's deletions, then every set's additions.
-pub fn encode_batch(changes: &[ElementChange<'_>]) -> Result<Batch, NetlinkError> {
+pub(crate) fn encode_batch(changes: &[ElementChange<'_>]) -> Result<Batch, NetlinkError> {
     let mut batch = Batch::new();
     for deleting in [true, false] {
         for c in changes {
@@ -348,19 +343,19 @@ impl NfSocket {
     }
 
     /// Whether the socket belongs to the namespace whose identity is `netns`.
-    pub fn is_in(&self, netns: (u64, u64)) -> bool {
+    pub(crate) fn is_in(&self, netns: (u64, u64)) -> bool {
         self.netns == netns
     }
 
     /// Sends `changes` as one batch and waits for every acknowledgement. After an error the
     /// socket may hold replies of the failed batch: drop it rather than use it again.
-    pub fn write(&mut self, changes: &[ElementChange<'_>]) -> Result<(), NetlinkError> {
+    pub(crate) fn write(&mut self, changes: &[ElementChange<'_>]) -> Result<(), NetlinkError> {
         self.send(encode_batch(changes)?)
     }
 
     /// Sends `batch` and waits until nf_tables has acknowledged every message of it: then
     /// the transaction is committed. After an error, drop the socket.
-    pub fn send(&mut self, batch: Batch) -> Result<(), NetlinkError> {
+    pub(crate) fn send(&mut self, batch: Batch) -> Result<(), NetlinkError> {
         if batch.is_empty() {
             return Ok(());
         }

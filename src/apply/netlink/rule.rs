@@ -85,7 +85,7 @@ const NFTA_REJECT_TYPE: u16 = 1;
 const NFTA_REJECT_ICMP_CODE: u16 = 2;
 const NFT_REJECT_TCP_RST: u32 = 1;
 /// The name nft gives an anonymous set: the kernel numbers it.
-pub const ANONYMOUS_SET: &str = "__set%d";
+pub(crate) const ANONYMOUS_SET: &str = "__set%d";
 /// nft's protocol header ids (`enum proto_desc_id`).
 const PROTO_DESC_UDP: u32 = 6;
 const PROTO_DESC_TCP: u32 = 8;
@@ -100,28 +100,28 @@ const NFT_REG_1: u32 = 1;
 const NFT_REG32_00: u32 = 8;
 
 /// A named set a rule may look up: its id in the batch that declares it, else 0.
-pub struct SetRef<'a> {
-    pub set: &'a Set,
-    pub id: u32,
+pub(crate) struct SetRef<'a> {
+    pub(crate) set: &'a Set,
+    pub(crate) id: u32,
 }
 
 /// A rule's expressions (each the content of an `NFTA_LIST_ELEM`), comment, and the
 /// anonymous sets its expressions look up (declared in the batch before the rule).
-pub struct Compiled {
-    pub exprs: Vec<Vec<u8>>,
-    pub comment: Option<String>,
-    pub anonymous: Vec<Anonymous>,
+pub(crate) struct Compiled {
+    pub(crate) exprs: Vec<Vec<u8>>,
+    pub(crate) comment: Option<String>,
+    pub(crate) anonymous: Vec<Anonymous>,
 }
 
 /// A set of ports written in the rule (`tcp dport { 80, 443, 8000-8080 }`): nft makes it an
 /// anonymous, constant set of the rule, an interval set when a range is among them.
-pub struct Anonymous {
-    pub id: u32,
+pub(crate) struct Anonymous {
+    pub(crate) id: u32,
     /// nft's id of the protocol header (`PROTO_DESC_*`) the ports are read from.
-    pub proto_desc: u32,
+    pub(crate) proto_desc: u32,
     /// Inclusive ranges, sorted, adjacent ones merged (nft merges them).
-    pub ranges: Vec<(u16, u16)>,
-    pub interval: bool,
+    pub(crate) ranges: Vec<(u16, u16)>,
+    pub(crate) interval: bool,
 }
 
 /// How a field a rule matches is loaded into a register.

@@ -59,7 +59,7 @@ fn millis(d: Duration) -> u64 {
 /// elements to that timed set of flock's table (refreshing the timeouts of those already there,
 /// where the kernel can): one transaction for all of them. Deleting an address the set does not
 /// hold (it expired meanwhile) fails the whole batch.
-pub fn encode_timed<S: AsRef<str>>(sets: &[(S, Vec<TimedElement>)], evict: &[(S, Vec<IpAddr>)]) -> Result<Batch, NetlinkError> {
+pub(crate) fn encode_timed<S: AsRef<str>>(sets: &[(S, Vec<TimedElement>)], evict: &[(S, Vec<IpAddr>)]) -> Result<Batch, NetlinkError> {
     let mut batch = Batch::new();
     for (set, addrs) in evict {
         let encoded: Vec<Vec<u8>> = addrs

@@ -111,9 +111,9 @@ const BIG_ENDIAN: u32 = 2;
 
 /// What nft knows of a key type: its id, length in bytes and byte order.
 pub(super) struct KeyType {
-    pub id: u32,
-    pub len: usize,
-    pub byteorder: u32,
+    pub(crate) id: u32,
+    pub(crate) len: usize,
+    pub(crate) byteorder: u32,
 }
 
 pub(super) fn key_type(name: &str) -> Option<KeyType> {
@@ -150,7 +150,7 @@ fn unsupported(object: &str, what: impl Into<String>, why: impl Into<String>) ->
 
 /// The full-sync transaction for `rs` over the table's `existing` objects as one batch (see
 /// the module doc).
-pub fn encode_full(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>) -> Result<Batch, NetlinkError> {
+pub(crate) fn encode_full(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>) -> Result<Batch, NetlinkError> {
     let mut batch = Batch::new();
     let table = format!("table {TABLE}");
     let mut body = Vec::new();
@@ -201,7 +201,7 @@ pub fn encode_full(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>) -> Result<
 }
 
 /// An incremental transaction — `steps` towards `next` — as one batch.
-pub fn encode_steps(steps: &[Step<'_>], next: &Ruleset) -> Result<Batch, NetlinkError> {
+pub(crate) fn encode_steps(steps: &[Step<'_>], next: &Ruleset) -> Result<Batch, NetlinkError> {
     // Rules may look up every set of `next`: those declared here also by their id.
     let mut refs: HashMap<&str, SetRef<'_>> = HashMap::new();
     for o in &next.objects {

@@ -16,6 +16,8 @@ use flock::model::{Protocol, Snapshot};
 use flock::netns::Netns;
 use flock::translate::Options;
 
+use crate::cluster::ClusterArgs;
+
 #[derive(Clone, Copy, ValueEnum)]
 enum Output {
     Table,
@@ -25,12 +27,15 @@ enum Output {
 #[derive(Args)]
 pub struct ExplainArgs {
     /// Manifest files or directories (multi-document YAML, List kinds): one or more, and
-    /// repeatable. Not with --live.
-    #[arg(long = "manifests", short = 'f', value_name = "PATH", num_args = 1.., required_unless_present = "live", conflicts_with = "live")]
+    /// repeatable. Without --manifests or --live: the cluster of the kubeconfig.
+    #[arg(long = "manifests", short = 'f', value_name = "PATH", num_args = 1.., conflicts_with_all = ["live", "kubeconfig", "context"])]
     manifests: Vec<PathBuf>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Explain from this node's live table (`nft -s list table inet flock`; root) instead of
-    /// manifests: what the kernel enforces now, for the part of the flow on this node.
-    #[arg(long)]
+    /// the cluster's objects: what the kernel enforces now, for the part of the flow on this
+    /// node.
+    #[arg(long, conflicts_with_all = ["kubeconfig", "context"])]
     live: bool,
     /// The source: namespace/pod (or an address).
     #[arg(long, value_name = "NS/POD")]
@@ -138,11 +143,15 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         };
         (text, allowed)
     } else {
-        let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
-        for w in &m.warnings {
-            eprintln!("warning: {w}");
-        }
-        let snapshot = m.into_snapshot();
+        let snapshot = if args.manifests.is_empty() {
+            crate::cluster::read(&args.cluster, "explain")?
+        } else {
+            let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
+            for w in &m.warnings {
+                eprintln!("warning: {w}");
+            }
+            m.into_snapshot()
+        };
         let query = Query {
             port: resolve_port(&args.port, Some(&snapshot), (&to, &args.to), args.protocol)?,
             from,

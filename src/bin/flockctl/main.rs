@@ -2,6 +2,7 @@
 //! verdict, runs a simulated cluster from manifests, and runs conformance cases on it.
 
 mod bench;
+mod cluster;
 mod conformance;
 mod dataplane;
 mod explain;
@@ -11,7 +12,7 @@ mod sweep;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "flockctl", version, about = "flock's operator tool: render, simulate and check NetworkPolicy enforcement")]
@@ -22,7 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Render the nftables ruleset flock enforces on one node, from Kubernetes manifests.
+    /// Render the nftables ruleset flock enforces on one node, from Kubernetes manifests or
+    /// the cluster of the kubeconfig.
     Render(render::RenderArgs),
     /// Benchmark the pipeline on a synthetic cluster; prints JSON.
     Bench(bench::BenchArgs),
@@ -32,8 +34,21 @@ enum Command {
     /// Run conformance cases on a simulated cluster.
     Conformance(conformance::ConformanceArgs),
     /// Why one flow is allowed or denied: the deciding tier, policies and rules, per
-    /// direction (offline from manifests, or --live from this node's table).
+    /// direction (from manifests, the cluster of the kubeconfig, or --live from this node's
+    /// table).
     Explain(explain::ExplainArgs),
+}
+
+/// The command line. Installed as `kubectl-flock` (kubectl's plugin convention: `kubectl
+/// flock explain …` runs it), help and errors say `kubectl flock`.
+fn parse() -> Result<Cli, clap::Error> {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let invoked = std::path::Path::new(&argv0).file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+    let mut command = Cli::command();
+    if invoked.starts_with("kubectl-flock") {
+        command = command.bin_name("kubectl flock").display_name("kubectl-flock");
+    }
+    Cli::from_arg_matches(&command.try_get_matches()?)
 }
 
 fn main() -> ExitCode {
@@ -45,7 +60,10 @@ fn main() -> ExitCode {
         })
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FLOCK_LOG").unwrap_or_else(|_| "warn".into()))
         .init();
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         Command::Render(args) => render::run(&args),
         Command::Bench(args) => bench::run(&args),

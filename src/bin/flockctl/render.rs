@@ -1,4 +1,5 @@
-//! `flockctl render`: manifests → one node's nft ruleset on stdout (warnings on stderr).
+//! `flockctl render`: manifests (or a live cluster) → one node's nft ruleset on stdout
+//! (warnings on stderr).
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -15,9 +16,11 @@ use flock::translate::{self, Options};
 #[derive(Args)]
 pub struct RenderArgs {
     /// Manifest files or directories (multi-document YAML, List kinds): one or more, and
-    /// repeatable.
-    #[arg(long = "manifests", short = 'f', required = true, value_name = "PATH", num_args = 1..)]
+    /// repeatable. Without --manifests: the cluster of the kubeconfig.
+    #[arg(long = "manifests", short = 'f', value_name = "PATH", num_args = 1.., conflicts_with_all = ["kubeconfig", "context"])]
     manifests: Vec<PathBuf>,
+    #[command(flatten)]
+    cluster: crate::cluster::ClusterArgs,
     /// The node to render for: its pods (by spec.nodeName) are the local endpoints.
     #[arg(long, value_name = "NAME")]
     node: String,
@@ -34,19 +37,23 @@ pub struct RenderArgs {
 }
 
 pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
-    let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
-    for w in &m.warnings {
-        eprintln!("warning: {w}");
-    }
-    let snapshot = m.into_snapshot();
+    let (snapshot, source) = if args.manifests.is_empty() {
+        (crate::cluster::read(&args.cluster, "render")?, "the cluster")
+    } else {
+        let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
+        for w in &m.warnings {
+            eprintln!("warning: {w}");
+        }
+        (m.into_snapshot(), "the manifests")
+    };
     let known_node = snapshot.node(&args.node).is_some() || snapshot.pods().any(|p| p.node.as_deref() == Some(&args.node));
     if !known_node {
         let mut nodes: Vec<String> =
             snapshot.nodes().map(|n| n.name.clone()).chain(snapshot.pods().filter_map(|p| p.node.clone())).collect();
         nodes.sort();
         nodes.dedup();
-        let known = if nodes.is_empty() { "the manifests name no node".to_string() } else { format!("known nodes: {}", nodes.join(", ")) };
-        bail!("node {:?} is neither a Node in the manifests nor the spec.nodeName of a pod ({known})", args.node);
+        let known = if nodes.is_empty() { format!("{source} name no node") } else { format!("known nodes: {}", nodes.join(", ")) };
+        bail!("node {:?} is neither a Node in {source} nor the spec.nodeName of a pod ({known})", args.node);
     }
     for p in translate::validate_all(&snapshot) {
         eprintln!("warning: {p}");

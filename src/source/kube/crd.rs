@@ -29,24 +29,24 @@ use super::health::{ApiHealth, unit_jitter};
 use super::reflect::{self, Backoff, Ended, Kind, Options, Reflector};
 use super::{Change, Key, Object, Resource};
 use crate::model::cnp;
+use crate::model::convert::ConvertError;
 
 const RESOURCE: Resource = Resource::ClusterNetworkPolicies;
 
 /// The raw object to flock's reading of it. Only an object without a name or with a `spec`
 /// that is not an object fails (the API server stores neither); its earlier version then
 /// stays, since dropping a policy could open what it denies.
-const CLUSTER_POLICIES: Kind<DynamicObject> = Kind {
+pub(super) const CLUSTER_POLICIES: Kind<DynamicObject> = Kind {
     convert: |o| {
-        let what = || format!("clusternetworkpolicy {:?}", o.metadata.name.as_deref().unwrap_or_default());
-        let json = serde_json::to_value(o).map_err(|e| format!("{}: {e}", what()))?;
-        cnp::from_json(&json).map(Object::ClusterPolicy).map_err(|e| format!("{}: {e}", what()))
+        let json = serde_json::to_value(o).map_err(|e| ConvertError::new("", e.to_string()))?;
+        cnp::from_json(&json).map(Object::ClusterPolicy)
     },
     key: |o| Key::ClusterPolicy(o.metadata.name.clone().unwrap_or_default()),
     drop_unreadable: false,
     optional: true,
 };
 
-fn api_resource() -> ApiResource {
+pub(super) fn api_resource() -> ApiResource {
     ApiResource {
         group: cnp::GROUP.into(),
         version: cnp::VERSION.into(),
@@ -57,7 +57,7 @@ fn api_resource() -> ApiResource {
 }
 
 /// Whether the API server serves ClusterNetworkPolicies (v1alpha2).
-async fn served(client: &Client) -> Result<bool, kube::Error> {
+pub(super) async fn served(client: &Client) -> Result<bool, kube::Error> {
     match client.list_api_group_resources(cnp::API_VERSION).await {
         Ok(list) => Ok(list.resources.iter().any(|r| r.name == cnp::PLURAL)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),

@@ -32,7 +32,7 @@ pub enum HealthState {
 }
 
 impl HealthState {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Connected => "Connected",
             Self::Degraded => "Degraded",
@@ -75,7 +75,7 @@ pub fn seed_from(name: &str) -> u64 {
 }
 
 /// The `n`th value of a deterministic sequence in `[0, 1)` (SplitMix64).
-pub fn unit_jitter(seed: u64, n: u64) -> f64 {
+pub(crate) fn unit_jitter(seed: u64, n: u64) -> f64 {
     let mut z = seed.wrapping_add(n.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -86,7 +86,7 @@ pub fn unit_jitter(seed: u64, n: u64) -> f64 {
 
 impl ProbeConfig {
     /// How long the watches must be quiet before probe number `n`.
-    pub fn quiet_before(&self, n: u64) -> Duration {
+    pub(crate) fn quiet_before(&self, n: u64) -> Duration {
         self.quiet + self.jitter.mul_f64(unit_jitter(self.seed, n))
     }
 }
@@ -94,13 +94,13 @@ impl ProbeConfig {
 /// What `/healthz` shows of the API health.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HealthReport {
-    pub state: HealthState,
+    pub(crate) state: HealthState,
     /// The last error seen (a failure, or what made a watch relist), and how long ago.
     pub last_error: Option<(String, Duration)>,
     /// Per watch: whether it is healthy.
     pub watches: Vec<(Resource, bool)>,
     /// Whether the last probe failed (and nothing has answered since).
-    pub probe_failing: bool,
+    pub(crate) probe_failing: bool,
 }
 
 #[derive(Debug)]
@@ -146,9 +146,9 @@ pub struct ApiHealth {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Proof {
     /// The watch had been failing.
-    pub watch_recovered: bool,
+    pub(crate) watch_recovered: bool,
     /// Nothing fails any more after a failure: a recovery (the agent resyncs).
-    pub recovered: bool,
+    pub(crate) recovered: bool,
 }
 
 impl ApiHealth {
@@ -173,7 +173,7 @@ impl ApiHealth {
 
     /// A watch proved healthy (an event, a bookmark, a list, a watch open without error).
     /// It also proves the API server answers, which ends a probe failure.
-    pub fn watch_ok(&self, r: Resource) -> Proof {
+    pub(crate) fn watch_ok(&self, r: Resource) -> Proof {
         self.watch_ok_at(r, Instant::now())
     }
 
@@ -189,7 +189,7 @@ impl ApiHealth {
     }
 
     /// A watch failed. Returns whether it had been healthy.
-    pub fn watch_error(&self, r: Resource, e: &str) -> bool {
+    pub(crate) fn watch_error(&self, r: Resource, e: &str) -> bool {
         self.watch_error_at(r, e, Instant::now())
     }
 
@@ -201,12 +201,12 @@ impl ApiHealth {
     }
 
     /// Something worth showing that is not a failure (why a watch relists).
-    pub fn note(&self, r: Resource, e: &str) {
+    pub(crate) fn note(&self, r: Resource, e: &str) {
         self.with(|h| h.last_error = Some((format!("{}: {e}", r.as_str()), Instant::now())));
     }
 
     /// A probe answered. Returns whether that ended a failure.
-    pub fn probe_ok(&self) -> bool {
+    pub(crate) fn probe_ok(&self) -> bool {
         self.probe_ok_at(Instant::now())
     }
 
@@ -221,7 +221,7 @@ impl ApiHealth {
     }
 
     /// A probe failed.
-    pub fn probe_error(&self, e: &str) {
+    pub(crate) fn probe_error(&self, e: &str) {
         self.probe_error_at(e, Instant::now());
     }
 
@@ -256,12 +256,12 @@ impl ApiHealth {
     }
 
     /// Whether the last probe failed and nothing has answered since.
-    pub fn probe_failing(&self) -> bool {
+    pub(crate) fn probe_failing(&self) -> bool {
         self.with(|h| h.probe_failing)
     }
 
     /// The last proof of health (any watch, or an answered probe).
-    pub fn last_contact(&self) -> Instant {
+    pub(crate) fn last_contact(&self) -> Instant {
         self.with(|h| h.last_contact)
     }
 

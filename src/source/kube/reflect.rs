@@ -30,6 +30,7 @@ use tokio::sync::mpsc;
 use super::SourceMetrics;
 use super::health::{ApiHealth, unit_jitter};
 use super::{Change, Key, Object, Resource};
+use crate::model::convert::ConvertError;
 
 /// How the list-and-watch loops behave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,26 +133,26 @@ pub(super) enum Ended {
 
 /// Converts one kind of object for the snapshot.
 pub(super) struct Kind<K> {
-    pub convert: fn(&K) -> Result<Object, String>,
-    pub key: fn(&K) -> Key,
+    pub(crate) convert: fn(&K) -> Result<Object, ConvertError>,
+    pub(crate) key: fn(&K) -> Key,
     /// Whether an update that cannot be converted removes the object's earlier version
     /// (fail closed: a pod flock cannot read is no peer, and a local one is closed), rather
     /// than leaving the earlier version in force.
-    pub drop_unreadable: bool,
+    pub(crate) drop_unreadable: bool,
     /// The resource is a CRD that may not be installed: a 404 ends the loop
     /// ([`Ended::NotServed`]) instead of being retried as a failure.
-    pub optional: bool,
+    pub(crate) optional: bool,
 }
 
 /// One resource's loop.
 pub(super) struct Reflector<K: KubeResource + Clone> {
-    pub api: Api<K>,
-    pub resource: Resource,
-    pub kind: Kind<K>,
-    pub tx: mpsc::Sender<(Resource, Change)>,
-    pub health: Arc<ApiHealth>,
-    pub metrics: Arc<dyn SourceMetrics>,
-    pub opts: Options,
+    pub(crate) api: Api<K>,
+    pub(crate) resource: Resource,
+    pub(crate) kind: Kind<K>,
+    pub(crate) tx: mpsc::Sender<(Resource, Change)>,
+    pub(crate) health: Arc<ApiHealth>,
+    pub(crate) metrics: Arc<dyn SourceMetrics>,
+    pub(crate) opts: Options,
 }
 
 /// Whether a `Status` is the API server's "Too large resource version" (504 Timeout with the
@@ -210,13 +211,13 @@ where
     K: KubeResource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     /// [`Reflector::run`] for a resource that is always served.
-    pub async fn run_until_stopped(self) {
+    pub(crate) async fn run_until_stopped(self) {
         let _ = self.run().await;
     }
 
     /// Lists and watches until the snapshot side goes away (or, for an optional resource,
     /// until it is not served).
-    pub async fn run(self) -> Ended {
+    pub(crate) async fn run(self) -> Ended {
         let mut backoff = Backoff::new(&self.opts, self.resource);
         let mut from = ListFrom::Latest;
         let mut why = Why::Initial;
@@ -344,7 +345,8 @@ where
         match (self.kind.convert)(o) {
             Ok(x) => Some(x),
             Err(e) => {
-                tracing::warn!(resource = self.resource.as_str(), error = %e, "skipping an object that cannot be converted");
+                let object = (self.kind.key)(o);
+                tracing::warn!(resource = self.resource.as_str(), ?object, error = %e, "skipping an object that cannot be converted");
                 None
             }
         }

@@ -57,3 +57,12 @@ pub fn client_for_socket(path: impl Into<PathBuf>) -> kube::Client {
     let service = tower::ServiceBuilder::new().layer(BaseUriLayer::new(http::Uri::from_static(BASE_URI))).service(http);
     kube::Client::new(service, "default")
 }
+
+/// A `kube::Client` (default namespace `default`) for a server on a TCP address, plain HTTP,
+/// as a kubeconfig naming `http://ADDR` would give.
+pub fn client_for_address(addr: std::net::SocketAddr) -> kube::Client {
+    let http = HttpClient::builder(TokioExecutor::new()).build_http::<kube::client::Body>();
+    let base = http::Uri::try_from(format!("http://{addr}")).unwrap_or_else(|_| http::Uri::from_static(BASE_URI));
+    let service = tower::ServiceBuilder::new().layer(BaseUriLayer::new(base)).service(http);
+    kube::Client::new(service, "default")
+}

@@ -17,6 +17,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The TCP address could not be bound.
+    #[error("failed to listen on {addr}: {source}")]
+    BindTcp {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The temporary directory for the socket could not be created.
     #[error("failed to create temporary directory {path}: {source}")]
     TempDir {

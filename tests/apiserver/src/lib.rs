@@ -32,7 +32,8 @@
 //! (watch response streams), `patch` (merge/JSON patch and the server-side apply rules),
 //! `selector` (label and field selectors), `registry` (served resources and discovery),
 //! `faults` (fault switches and the request log), `status` (`Status` error bodies), `meta`
-//! (uids, timestamps), `client` (the unix-socket `kube::Client`).
+//! (uids, timestamps), `client` (the unix-socket `kube::Client`), `load` (CRDs and manifests
+//! from files, for the `flock-test-apiserver` binary).
 //!
 //! What is approximated or left out is listed in the crate's `README.md`.
 
@@ -40,6 +41,7 @@ mod client;
 mod error;
 mod faults;
 mod http;
+pub mod load;
 mod meta;
 mod patch;
 mod registry;
@@ -49,7 +51,7 @@ mod status;
 mod store;
 mod watch;
 
-pub use client::{UnixConnector, client_for_socket};
+pub use client::{UnixConnector, client_for_address, client_for_socket};
 pub use error::{Error, Result};
 pub use faults::{FailRule, RequestRecord};
 pub use registry::{Gvr, ResourceDef};

@@ -1,13 +1,15 @@
 //! [`ApiServer`]: starting and stopping the server, and the handle tests hold — direct store
 //! access, fault switches and observation.
 //!
-//! The server accepts connections on a unix socket and serves each with hyper's HTTP/1
+//! The server accepts connections on a unix socket (or, for the `flock-test-apiserver`
+//! binary, a TCP address: [`ApiServer::start_tcp`]) and serves each with hyper's HTTP/1
 //! connection driver; a ticker sends watch bookmarks every [`Config::bookmark_interval`].
 //! Dropping the last handle (or [`ApiServer::shutdown`]) stops it: open watches end,
 //! connections are closed, and the socket (and the directory of [`ApiServer::start_temp`]) is
 //! removed.
 
 use std::{
+    net::SocketAddr,
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex, PoisonError,
@@ -21,7 +23,14 @@ use hyper_util::rt::TokioIo;
 use kube::Resource;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
-use tokio::{net::UnixListener, sync::watch, task::JoinHandle, task::JoinSet, time::MissedTickBehavior};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpListener, UnixListener},
+    sync::watch,
+    task::JoinHandle,
+    task::JoinSet,
+    time::MissedTickBehavior,
+};
 use tracing::{debug, warn};
 
 use crate::{
@@ -67,9 +76,21 @@ pub(crate) struct Shared {
     pub config: Config,
 }
 
+/// Where the server listens.
+#[derive(Debug, Clone)]
+enum Endpoint {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
 struct Inner {
     shared: Arc<Shared>,
-    socket: PathBuf,
+    endpoint: Endpoint,
     temp_dir: Option<PathBuf>,
     shutdown: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -79,7 +100,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         let _ = self.shutdown.send(true);
         self.shared.store.close_watches();
-        let _ = std::fs::remove_file(&self.socket);
+        if let Endpoint::Unix(socket) = &self.endpoint {
+            let _ = std::fs::remove_file(socket);
+        }
         if let Some(dir) = &self.temp_dir {
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -95,7 +118,7 @@ pub struct ApiServer {
 
 impl std::fmt::Debug for ApiServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiServer").field("socket", &self.inner.socket).finish_non_exhaustive()
+        f.debug_struct("ApiServer").field("endpoint", &self.inner.endpoint).finish_non_exhaustive()
     }
 }
 
@@ -126,8 +149,21 @@ impl ApiServer {
         Self::spawn(dir.join("apiserver.sock"), Some(dir), config)
     }
 
+    /// Starts a server on a TCP address (port 0 picks a free one: see
+    /// [`ApiServer::local_addr`]), plain HTTP without authentication — for the
+    /// `flock-test-apiserver` binary, which programs reach through a kubeconfig.
+    pub async fn start_tcp(addr: SocketAddr, config: Config) -> Result<Self> {
+        let listener = TcpListener::bind(addr).await.map_err(|source| Error::BindTcp { addr, source })?;
+        let local = listener.local_addr().map_err(|source| Error::BindTcp { addr, source })?;
+        Self::serve_on(Listener::Tcp(listener), Endpoint::Tcp(local), None, config)
+    }
+
     fn spawn(socket: PathBuf, temp_dir: Option<PathBuf>, config: Config) -> Result<Self> {
         let listener = UnixListener::bind(&socket).map_err(|source| Error::Bind { path: socket.clone(), source })?;
+        Self::serve_on(Listener::Unix(listener), Endpoint::Unix(socket), temp_dir, config)
+    }
+
+    fn serve_on(listener: Listener, endpoint: Endpoint, temp_dir: Option<PathBuf>, config: Config) -> Result<Self> {
         let shared = Arc::new(Shared {
             store: Store::new(config.history_limit),
             faults: Arc::new(Faults::default()),
@@ -136,18 +172,33 @@ impl ApiServer {
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let task = tokio::spawn(serve(listener, shared.clone(), shutdown_rx));
-        debug!(socket = %socket.display(), "test API server listening");
-        Ok(Self { inner: Arc::new(Inner { shared, socket, temp_dir, shutdown, task: Mutex::new(Some(task)) }) })
+        debug!(?endpoint, "test API server listening");
+        Ok(Self { inner: Arc::new(Inner { shared, endpoint, temp_dir, shutdown, task: Mutex::new(Some(task)) }) })
     }
 
-    /// The socket the server listens on.
+    /// The socket the server listens on (empty for a TCP server).
     pub fn socket_path(&self) -> &Path {
-        &self.inner.socket
+        match &self.inner.endpoint {
+            Endpoint::Unix(socket) => socket,
+            Endpoint::Tcp(_) => Path::new(""),
+        }
     }
 
-    /// A real `kube::Client` (default namespace `default`) connected over the socket.
+    /// The address a TCP server listens on (`None` on a unix socket).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match &self.inner.endpoint {
+            Endpoint::Unix(_) => None,
+            Endpoint::Tcp(addr) => Some(*addr),
+        }
+    }
+
+    /// A real `kube::Client` (default namespace `default`) connected over the socket, or
+    /// over TCP to a [`ApiServer::start_tcp`] server.
     pub fn client(&self) -> kube::Client {
-        client_for_socket(self.inner.socket.clone())
+        match &self.inner.endpoint {
+            Endpoint::Unix(socket) => client_for_socket(socket.clone()),
+            Endpoint::Tcp(addr) => crate::client::client_for_address(*addr),
+        }
     }
 
     /// Stops the server: ends open watches, closes connections, removes the socket. Later
@@ -159,7 +210,9 @@ impl ApiServer {
         if let Some(task) = task {
             let _ = task.await;
         }
-        let _ = std::fs::remove_file(&self.inner.socket);
+        if let Endpoint::Unix(socket) = &self.inner.endpoint {
+            let _ = std::fs::remove_file(socket);
+        }
     }
 
     fn store(&self) -> &Arc<Store> {
@@ -382,7 +435,26 @@ impl ApiServer {
 }
 
 /// Accepts connections until shutdown; ticks bookmarks.
-async fn serve(listener: UnixListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+enum Accepted {
+    Unix(tokio::net::UnixStream),
+    Tcp(tokio::net::TcpStream),
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
+    Ok(match listener {
+        Listener::Unix(l) => Accepted::Unix(l.accept().await?.0),
+        Listener::Tcp(l) => Accepted::Tcp(l.accept().await?.0),
+    })
+}
+
+async fn connection(stream: impl AsyncRead + AsyncWrite + Unpin + Send + 'static, shared: Arc<Shared>) {
+    let service = service_fn(move |req| handle(shared.clone(), req));
+    if let Err(err) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+        debug!(%err, "connection ended with an error");
+    }
+}
+
+async fn serve(listener: Listener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let mut connections = JoinSet::new();
     let mut ticker = shared.config.bookmark_interval.map(|period| {
         let mut ticker = tokio::time::interval(period);
@@ -396,15 +468,12 @@ async fn serve(listener: UnixListener, shared: Arc<Shared>, mut shutdown: watch:
                     break;
                 }
             }
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let shared = shared.clone();
-                    connections.spawn(async move {
-                        let service = service_fn(move |req| handle(shared.clone(), req));
-                        if let Err(err) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
-                            debug!(%err, "connection ended with an error");
-                        }
-                    });
+            accepted = accept(&listener) => match accepted {
+                Ok(Accepted::Unix(stream)) => {
+                    connections.spawn(connection(stream, shared.clone()));
+                }
+                Ok(Accepted::Tcp(stream)) => {
+                    connections.spawn(connection(stream, shared.clone()));
                 }
                 Err(err) => {
                     warn!(%err, "accept failed");

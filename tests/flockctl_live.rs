@@ -1,0 +1,223 @@
+//! flockctl on a live cluster, end to end through the binaries: `flock-test-apiserver`
+//! serves manifests on an address inside a network namespace, and `explain` and `render`
+//! read it through the kubeconfig the server writes — the same answers as from the
+//! manifests themselves. Also `kubectl flock` (the plugin name).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "common/uids.rs"]
+mod uids;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use flock::testkit::kernel::{NetnsGuard, require_root, sweep, workspace_binary};
+
+const BASE: &str = "tests/conformance/base-cluster.yaml";
+
+const POLICIES: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress:
+    - from: [{namespaceSelector: {}}]
+      ports: [{port: 80}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: y-out, namespace: y}
+spec:
+  podSelector: {matchLabels: {pod: b}}
+  policyTypes: [Egress]
+  egress:
+    - to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: guard-x}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {kubernetes.io/metadata.name: x}}}
+  ingress:
+    - name: no-z
+      action: Deny
+      from: [{namespaces: {matchLabels: {kubernetes.io/metadata.name: z}}}]
+"#;
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).to_string()
+}
+
+/// A scratch directory with the policies, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("flock-live-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("policies.yaml"), POLICIES).unwrap();
+        // The base cluster with its pods' uids written out: the API server would assign
+        // others, and interface names (in explanations and rulesets) follow uids.
+        let base = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(BASE)).unwrap();
+        std::fs::write(d.join("base.yaml"), uids::with_derived_uids(&base)).unwrap();
+        Self(d)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The API server process, ended with SIGTERM on drop.
+struct Server(Option<Child>);
+
+impl Server {
+    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.0.take()?;
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+fn flockctl() -> &'static str {
+    env!("CARGO_BIN_EXE_flockctl")
+}
+
+/// `flockctl args…` inside `ns` (the API server's address is only there).
+fn flockctl_in(ns: &NetnsGuard, args: &[&str]) -> Output {
+    let mut full = vec!["netns", "exec", ns.name.as_str(), flockctl()];
+    full.extend_from_slice(args);
+    Command::new("ip").args(&full).current_dir(env!("CARGO_MANIFEST_DIR")).env("HOME", "/nonexistent").output().unwrap()
+}
+
+fn flockctl_here(args: &[&str]) -> Output {
+    Command::new(flockctl()).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap()
+}
+
+/// Starts the server in `ns` on 198.18.0.1, port 0, with the manifests; waits for its
+/// kubeconfig.
+fn serve(ns: &NetnsGuard, s: &Scratch, manifests: &[&str]) -> (Server, String) {
+    ns.ip(&["addr", "add", "198.18.0.1/32", "dev", "lo"]);
+    let kubeconfig = s.path("kubeconfig");
+    let bin = workspace_binary("flock-test-apiserver", "flock-test-apiserver");
+    let mut args = vec!["netns".to_string(), "exec".into(), ns.name.clone(), bin.to_str().unwrap().into()];
+    args.extend(["--listen", "198.18.0.1:0", "--kubeconfig-out", &kubeconfig].map(String::from));
+    for m in manifests {
+        args.extend(["--manifests".to_string(), m.to_string()]);
+    }
+    let child = Command::new("ip").args(&args).current_dir(env!("CARGO_MANIFEST_DIR")).stderr(Stdio::inherit()).spawn().unwrap();
+    let mut server = Server(Some(child));
+    // Readiness, not timing: the file appears once the server serves.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !Path::new(&kubeconfig).exists() {
+        if let Some(Ok(Some(status))) = server.0.as_mut().map(Child::try_wait) {
+            panic!("flock-test-apiserver exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "flock-test-apiserver wrote no kubeconfig");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (server, kubeconfig)
+}
+
+#[test]
+fn live_explain_and_render_answer_as_the_manifests_do() {
+    if !require_root("live_explain_and_render_answer_as_the_manifests_do") {
+        return;
+    }
+    sweep();
+    let s = Scratch::new("explain");
+    let policies = s.path("policies.yaml");
+    let ns = NetnsGuard::new("live");
+    let (mut server, kubeconfig) = serve(&ns, &s, &[&s.path("base.yaml"), &policies]);
+    assert!(std::fs::read_to_string(&kubeconfig).unwrap().contains("server: http://198.18.0.1:"));
+
+    let mut compared = 0;
+    for from in flock::testkit::BASE_PODS {
+        for to in flock::testkit::BASE_PODS {
+            if from == to {
+                continue;
+            }
+            for (port, protocol) in [("80", "TCP"), ("81", "UDP")] {
+                let common = ["explain", "--from", from, "--to", to, "--port", port, "--protocol", protocol, "-o", "json"];
+                let live = flockctl_in(&ns, &[&common[..], &["--kubeconfig", &kubeconfig]].concat());
+                assert!(live.status.success(), "live {from} → {to}: {}", text(&live.stderr));
+                let offline = flockctl_here(&[&common[..], &["-f", BASE, "-f", &policies]].concat());
+                assert!(offline.status.success(), "{}", text(&offline.stderr));
+                let (live, offline): (serde_json::Value, serde_json::Value) =
+                    (serde_json::from_slice(&live.stdout).unwrap(), serde_json::from_slice(&offline.stdout).unwrap());
+                assert_eq!(live, offline, "{from} → {to} {port}/{protocol}");
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 9 * 8 * 2);
+
+    // The context by name, and a node's ruleset.
+    for node in ["node-1", "node-2"] {
+        let live = flockctl_in(&ns, &["render", "--kubeconfig", &kubeconfig, "--context", "flock-test", "--node", node]);
+        assert!(live.status.success(), "{}", text(&live.stderr));
+        let offline = flockctl_here(&["render", "-f", BASE, "-f", &policies, "--node", node]);
+        assert!(offline.status.success(), "{}", text(&offline.stderr));
+        assert_eq!(text(&live.stdout), text(&offline.stdout), "render --node {node}");
+    }
+
+    // An unknown context and a refused connection are errors naming what failed (exit 2).
+    let bad = flockctl_in(&ns, &["render", "--kubeconfig", &kubeconfig, "--context", "nope", "--node", "node-1"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad.stderr).contains("nope"), "{}", text(&bad.stderr));
+
+    // SIGTERM ends the server cleanly.
+    let status = server.terminate().expect("flock-test-apiserver did not stop on SIGTERM");
+    assert!(status.success(), "{status}");
+    let gone = flockctl_in(&ns, &["explain", "--kubeconfig", &kubeconfig, "--from", "x/a", "--to", "x/b", "--port", "80"]);
+    assert_eq!(gone.status.code(), Some(2));
+    assert!(text(&gone.stderr).contains("explain: reading the cluster"), "{}", text(&gone.stderr));
+}
+
+#[test]
+fn kubectl_flock_is_the_same_program() {
+    let s = Scratch::new("kubectl");
+    let plugin = s.0.join("kubectl-flock");
+    std::os::unix::fs::symlink(flockctl(), &plugin).unwrap();
+    let help = Command::new(&plugin).arg("--help").output().unwrap();
+    assert!(help.status.success());
+    assert!(text(&help.stdout).contains("Usage: kubectl flock <COMMAND>"), "{}", text(&help.stdout));
+    let explain = Command::new(&plugin)
+        .args(["explain", "-f", BASE, "-f", &s.path("policies.yaml"), "--from", "z/a", "--to", "x/a", "--port", "80"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(explain.status.success(), "{}", text(&explain.stderr));
+    assert!(text(&explain.stdout).contains("Deny"), "{}", text(&explain.stdout));
+    let typo = Command::new(&plugin).arg("explian").output().unwrap();
+    assert_eq!(typo.status.code(), Some(2));
+    assert!(text(&typo.stderr).contains("kubectl flock"), "{}", text(&typo.stderr));
+}
