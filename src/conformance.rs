@@ -515,40 +515,8 @@ pub(crate) fn compare_host(step: usize, probe: &HostProbe, observed: &BTreeMap<S
 /// Applies a step's changes to a snapshot: objects are created or replaced by kind and key
 /// (a Pod with another uid replaces the pod of that name: a new sandbox); deletions follow.
 pub fn apply_step(snapshot: &mut crate::model::Snapshot, step: &Step) {
-    for obj in &step.apply {
-        if let Object::Pod(p) = obj {
-            let old: Vec<String> =
-                snapshot.pods_in(&p.namespace).filter(|o| o.name == p.name && o.uid != p.uid).map(|o| o.uid.clone()).collect();
-            for uid in old {
-                snapshot.remove_pod(&uid);
-            }
-        }
-        obj.apply_to(snapshot);
-    }
-    for d in &step.delete {
-        match d.kind {
-            manifest::Kind::NetworkPolicy => {
-                snapshot.remove_policy(&d.key);
-            }
-            manifest::Kind::ClusterNetworkPolicy => {
-                snapshot.remove_cluster_policy(&d.key.name);
-            }
-            manifest::Kind::Pod => {
-                let uids: Vec<String> =
-                    snapshot.pods_in(&d.key.namespace).filter(|p| p.name == d.key.name).map(|p| p.uid.clone()).collect();
-                for uid in uids {
-                    snapshot.remove_pod(&uid);
-                }
-            }
-            manifest::Kind::Namespace => {
-                snapshot.remove_namespace(&d.key.name);
-            }
-            manifest::Kind::Node => {
-                snapshot.remove_node(&d.key.name);
-            }
-        }
-    }
-    manifest::add_implicit_namespaces(snapshot);
+    let deletes: Vec<(manifest::Kind, ObjectRef)> = step.delete.iter().map(|d| (d.kind, d.key.clone())).collect();
+    manifest::apply_change(snapshot, &step.apply, &deletes);
 }
 
 #[cfg(test)]

@@ -48,6 +48,19 @@ spec:
       from: [{namespaces: {matchLabels: {kubernetes.io/metadata.name: z}}}]
 "#;
 
+/// A change for whatif: z may no longer reach y.
+const CHANGE: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: guard-y}
+spec:
+  tier: Admin
+  priority: 20
+  subject: {namespaces: {matchLabels: {kubernetes.io/metadata.name: y}}}
+  ingress:
+    - {name: no-z, action: Deny, from: [{namespaces: {matchLabels: {kubernetes.io/metadata.name: z}}}]}
+"#;
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).to_string()
 }
@@ -189,6 +202,20 @@ fn live_explain_and_render_answer_as_the_manifests_do() {
         assert_eq!(text(&live.stdout), text(&offline.stdout), "render --node {node}");
     }
 
+    // whatif reads the live cluster as it reads the manifests.
+    let change = s.path("change.yaml");
+    std::fs::write(&change, CHANGE).unwrap();
+    let live =
+        flockctl_in(&ns, &["whatif", "--kubeconfig", &kubeconfig, "--apply", &change, "--delete", "networkpolicy/x/web", "-o", "json"]);
+    assert!(live.status.success(), "{}", text(&live.stderr));
+    let offline =
+        flockctl_here(&["whatif", "-f", BASE, "-f", &policies, "--apply", &change, "--delete", "networkpolicy/x/web", "-o", "json"]);
+    assert!(offline.status.success(), "{}", text(&offline.stderr));
+    let (live, offline): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_slice(&live.stdout).unwrap(), serde_json::from_slice(&offline.stdout).unwrap());
+    assert_eq!(live, offline);
+    assert!(live["total"].as_u64().unwrap() > 0, "{live}");
+
     // An unknown context and a refused connection are errors naming what failed (exit 2).
     let bad = flockctl_in(&ns, &["render", "--kubeconfig", &kubeconfig, "--context", "nope", "--node", "node-1"]);
     assert_eq!(bad.status.code(), Some(2));
@@ -200,6 +227,51 @@ fn live_explain_and_render_answer_as_the_manifests_do() {
     let gone = flockctl_in(&ns, &["explain", "--kubeconfig", &kubeconfig, "--from", "x/a", "--to", "x/b", "--port", "80"]);
     assert_eq!(gone.status.code(), Some(2));
     assert!(text(&gone.stderr).contains("explain: reading the cluster"), "{}", text(&gone.stderr));
+}
+
+#[test]
+fn whatif_lists_the_flows_a_change_opens_and_closes() {
+    let s = Scratch::new("whatif");
+    let change = s.path("change.yaml");
+    std::fs::write(&change, CHANGE).unwrap();
+    let policies = s.path("policies.yaml");
+    let out = flockctl_here(&["whatif", "-f", BASE, "-f", &policies, "--apply", &change, "--port", "80", "-o", "json", "--exit-code"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let w: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Every z pod to every y pod closes (nothing else changes): 3 × 3 flows.
+    assert_eq!((w["total"].as_u64(), w["closed"].as_u64(), w["opened"].as_u64()), (Some(9), Some(9), Some(0)), "{w}");
+    for c in w["changes"].as_array().unwrap() {
+        assert!(c["from"].as_str().unwrap().starts_with("z/") && c["to"].as_str().unwrap().starts_with("y/"), "{c}");
+        assert_eq!((c["before"].as_str(), c["after"].as_str(), c["port"].as_u64()), (Some("Allow"), Some("Deny"), Some(80)));
+        assert!(c["decided_after"].to_string().contains("guard-y"), "{c}");
+        // Each change is what explain says of the flow.
+        let e = flockctl_here(&[
+            "explain",
+            "-f",
+            BASE,
+            "-f",
+            &policies,
+            "-f",
+            &change,
+            "--from",
+            c["from"].as_str().unwrap(),
+            "--to",
+            c["to"].as_str().unwrap(),
+            "--port",
+            "80",
+            "-o",
+            "json",
+        ]);
+        let e: serde_json::Value = serde_json::from_slice(&e.stdout).unwrap();
+        assert_eq!(e["verdict"], "Deny");
+    }
+    // Deleting what is not there is an error naming it; table output sums up.
+    let missing = flockctl_here(&["whatif", "-f", BASE, "--delete", "networkpolicy/x/nope"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(text(&missing.stderr).contains("no NetworkPolicy x/nope"), "{}", text(&missing.stderr));
+    let table = flockctl_here(&["whatif", "-f", BASE, "-f", &policies, "--delete", "networkpolicy/x/web"]);
+    assert!(table.status.success(), "{}", text(&table.stderr));
+    assert!(text(&table.stdout).contains("Deny → Allow"), "{}", text(&table.stdout));
 }
 
 #[test]

@@ -30,7 +30,7 @@ impl FakeNft {
     }
 
     /// The whole state (every table).
-    #[cfg(feature = "tool")]
+    #[cfg(feature = "testkit")]
     pub(crate) fn state(&self) -> &NftRuleset {
         &self.state
     }

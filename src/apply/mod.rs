@@ -178,7 +178,7 @@ impl<B: Backend> Applier<B> {
     }
 
     /// Transactions committed so far (what [`Self::accept_baseline`] is told a read follows).
-    #[cfg(feature = "tool")]
+    #[cfg(feature = "testkit")]
     pub(crate) fn commits(&self) -> u64 {
         self.commits
     }

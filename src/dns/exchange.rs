@@ -147,7 +147,7 @@ pub(crate) fn prepare(query: &[u8], id: u16, case_bits: Option<u64>) -> Result<(
 
 impl Outstanding {
     /// The id the query went upstream with.
-    #[cfg(feature = "tool")]
+    #[cfg(feature = "testkit")]
     pub(crate) fn id(&self) -> u16 {
         u16::from_be_bytes(self.id)
     }

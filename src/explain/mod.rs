@@ -15,8 +15,9 @@
 //! Pure, like the translator: no I/O, clock or process.
 
 pub mod live;
+pub mod whatif;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
@@ -231,7 +232,8 @@ pub fn explain(snapshot: &Snapshot, query: &Query) -> Result<Explanation, Explai
 pub struct Explainer<'a> {
     snapshot: &'a Snapshot,
     options: translate::Options,
-    nodes: BTreeMap<String, NodePolicy>,
+    /// Each node's translation and where each of its pods' endpoints is in it.
+    nodes: BTreeMap<String, (NodePolicy, HashMap<ObjectRef, usize>)>,
 }
 
 impl<'a> Explainer<'a> {
@@ -299,11 +301,15 @@ impl<'a> Explainer<'a> {
             return (info, not_enforced(why));
         }
         let options = &self.options;
-        let np = self
-            .nodes
-            .entry(node.to_string())
-            .or_insert_with(|| translate::translate(snapshot, &snapshot.derived_endpoints(node), options));
-        let ep = np.endpoints.iter().find(|e| e.pod == pod.key());
+        let (np, index) = self.nodes.entry(node.to_string()).or_insert_with(|| {
+            let np = translate::translate(snapshot, &snapshot.derived_endpoints(node), options);
+            let mut index = HashMap::new();
+            for (i, e) in np.endpoints.iter().enumerate() {
+                index.entry(e.pod.clone()).or_insert(i);
+            }
+            (np, index)
+        });
+        let ep = index.get(&pod.key()).and_then(|i| np.endpoints.get(*i));
         let info = EndInfo {
             pod: Some(pod.key().to_string()),
             address,

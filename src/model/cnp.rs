@@ -317,7 +317,7 @@ pub fn from_json(obj: &Value) -> Result<ClusterNetworkPolicy, ConvertError> {
 /// The object as the API writes it (`from_json` reads it back to an equal value). What
 /// flock could not read (`Invalid`) is written as a field no version of the API has, so it
 /// reads back as unreadable again.
-#[cfg(feature = "tool")]
+#[cfg(feature = "testkit")]
 pub(crate) fn to_json(p: &ClusterNetworkPolicy) -> Value {
     use serde_json::json;
     let sel = |s: &LabelSelector| {

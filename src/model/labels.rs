@@ -105,7 +105,7 @@ impl Labels {
         self.0.iter().map(|(k, v)| (&**k, &**v))
     }
 
-    #[cfg(feature = "tool")]
+    #[cfg(feature = "testkit")]
     pub(crate) fn keys(&self) -> impl Iterator<Item = &str> + '_ {
         self.0.iter().map(|(k, _)| &**k)
     }
@@ -116,7 +116,7 @@ impl Labels {
     }
 
     /// As a map of owned strings (for API objects and output).
-    #[cfg(feature = "tool")]
+    #[cfg(feature = "testkit")]
     pub(crate) fn to_map(&self) -> BTreeMap<String, String> {
         self.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }

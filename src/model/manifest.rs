@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::cnp::{self, ClusterNetworkPolicy};
 use super::convert::{self, ConvertError};
-use super::{Namespace, NetworkPolicy, Node, Pod, Snapshot, clip};
+use super::{Namespace, NetworkPolicy, Node, ObjectRef, Pod, Snapshot, clip};
 
 /// One object from a manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub enum Object {
 
 /// The kinds flock reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Kind {
+pub enum Kind {
     Namespace,
     Pod,
     NetworkPolicy,
@@ -45,7 +45,7 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    pub(crate) fn parse(kind: &str) -> Option<Self> {
+    pub fn parse(kind: &str) -> Option<Self> {
         match kind {
             "Namespace" => Some(Self::Namespace),
             "Pod" => Some(Self::Pod),
@@ -158,6 +158,46 @@ impl Manifests {
     }
 }
 
+/// Applies a change to `snapshot` as `kubectl apply` and `kubectl delete` would: objects
+/// created or replaced (a pod replacing another of its name whatever its uid), then the
+/// deletions (of absent objects: nothing), then the namespaces that objects name but nothing
+/// declares. What conformance steps and `flockctl whatif` change.
+pub fn apply_change(snapshot: &mut Snapshot, apply: &[Object], delete: &[(Kind, ObjectRef)]) {
+    for obj in apply {
+        if let Object::Pod(p) = obj {
+            let old: Vec<String> =
+                snapshot.pods_in(&p.namespace).filter(|o| o.name == p.name && o.uid != p.uid).map(|o| o.uid.clone()).collect();
+            for uid in old {
+                snapshot.remove_pod(&uid);
+            }
+        }
+        obj.apply_to(snapshot);
+    }
+    for (kind, key) in delete {
+        match kind {
+            Kind::NetworkPolicy => {
+                snapshot.remove_policy(key);
+            }
+            Kind::ClusterNetworkPolicy => {
+                snapshot.remove_cluster_policy(&key.name);
+            }
+            Kind::Pod => {
+                let uids: Vec<String> = snapshot.pods_in(&key.namespace).filter(|p| p.name == key.name).map(|p| p.uid.clone()).collect();
+                for uid in uids {
+                    snapshot.remove_pod(&uid);
+                }
+            }
+            Kind::Namespace => {
+                snapshot.remove_namespace(&key.name);
+            }
+            Kind::Node => {
+                snapshot.remove_node(&key.name);
+            }
+        }
+    }
+    add_implicit_namespaces(snapshot);
+}
+
 /// Adds a namespace object for every namespace referenced by a pod or policy but missing.
 pub(crate) fn add_implicit_namespaces(snapshot: &mut Snapshot) {
     let missing: std::collections::BTreeSet<String> = snapshot
@@ -176,7 +216,7 @@ pub(crate) fn add_implicit_namespaces(snapshot: &mut Snapshot) {
 /// Documents are independent, so a large file's are parsed on every core, in contiguous
 /// runs whose results are joined in document order: the objects, warnings and the first
 /// error are those of a sequential parse.
-pub(crate) fn parse_str(path: &Path, text: &str) -> Result<Manifests, ManifestError> {
+pub fn parse_str(path: &Path, text: &str) -> Result<Manifests, ManifestError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let docs = split_documents(text, cores);
@@ -828,7 +868,6 @@ fn conv<T>(r: Result<T, ConvertError>) -> Result<T, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ObjectRef;
 
     fn parse(text: &str) -> Result<Manifests, ManifestError> {
         parse_str(Path::new("test.yaml"), text)

@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// denied ones.
     #[arg(long, value_name = "N")]
     conntrack_entries: Option<usize>,
+    /// Measure `flockctl whatif` instead: an Admin ClusterNetworkPolicy denying one
+    /// application namespace's egress to every pod, every pod pair judged on every declared
+    /// port.
+    #[arg(long)]
+    whatif: bool,
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
@@ -86,6 +91,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     params.baseline_policies = args.baseline_policies;
     if let Some(n) = args.conntrack_entries {
         let out = crate::sweep::run(&params, n, args.runs).context("revocation-sweep benchmark")?;
+        print_json(&out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.whatif {
+        let out = whatif(&params, args.runs).context("whatif benchmark")?;
         print_json(&out)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -180,6 +190,42 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     };
     print_json(&out)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `whatif` on the synthetic cluster with an Admin ClusterNetworkPolicy denying the egress of
+/// its first application pod's namespace to every pod.
+fn whatif(params: &Params, runs: usize) -> anyhow::Result<Value> {
+    use flock::explain::whatif::Scope;
+    let cluster = synth::generate(params);
+    let before = &cluster.snapshot;
+    let Some(ns) = before.pods().map(|p| p.namespace.clone()).find(|ns| ns != "kube-system") else { bail!("no application pod") };
+    let text = format!(
+        "apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {{name: whatif-deny}}\n\
+         spec: {{tier: Admin, priority: 1, subject: {{namespaces: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}}},\n\
+         egress: [{{name: no-pods, action: Deny, to: [{{namespaces: {{}}}}]}}]}}\n"
+    );
+    let change = flock::model::manifest::parse_str(std::path::Path::new("whatif-deny.yaml"), &text)?;
+    let mut after = before.clone();
+    flock::model::manifest::apply_change(&mut after, &change.objects, &[]);
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..runs {
+        let t = Instant::now();
+        let w = flock::explain::whatif::whatif(before, &after, &Options::default(), &Scope::default(), 1000);
+        times.push(t.elapsed());
+        last = Some(w);
+    }
+    let Some(w) = last else { bail!("no run") };
+    Ok(json!({
+        "params": {"pods": params.pods, "policies": params.policies, "admin_policies": params.admin_policies,
+                   "baseline_policies": params.baseline_policies, "namespaces": params.namespaces, "seed": params.seed, "runs": runs},
+        "change": format!("Admin ClusterNetworkPolicy whatif-deny: {ns}'s pods may reach no pod"),
+        "pods": w.pods,
+        "classes": w.classes,
+        "flows_explained": w.evaluated,
+        "flows_changed": w.total,
+        "whatif_ms": stats(&times),
+    }))
 }
 
 fn print_json(out: &Value) -> anyhow::Result<()> {

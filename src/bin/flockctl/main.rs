@@ -9,6 +9,7 @@ mod explain;
 mod render;
 mod sim;
 mod sweep;
+mod whatif;
 
 use std::process::ExitCode;
 
@@ -37,6 +38,9 @@ enum Command {
     /// direction (from manifests, the cluster of the kubeconfig, or --live from this node's
     /// table).
     Explain(explain::ExplainArgs),
+    /// Which flows a change (manifests to apply, objects to delete) would open or close:
+    /// every pod pair, port and family whose verdict changes, and what decided it.
+    Whatif(whatif::WhatifArgs),
 }
 
 /// The command line. Installed as `kubectl-flock` (kubectl's plugin convention: `kubectl
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(&args),
         Command::Conformance(args) => conformance::run(&args),
         Command::Explain(args) => explain::run(&args),
+        Command::Whatif(args) => whatif::run(&args),
     };
     // An interrupted simulation unwinds with an error; what counts is the interrupt.
     if let Some(code) = sim::exit_if_interrupted() {

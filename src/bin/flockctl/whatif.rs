@@ -1,0 +1,171 @@
+//! `flockctl whatif`: which flows a change to the cluster's objects would open or close —
+//! every (source pod, destination pod, port, protocol, family) whose verdict changes, with
+//! what decided it before and after (`flock::explain::whatif`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+
+use flock::explain::whatif::{self, Scope, WhatIf};
+use flock::model::manifest::{Kind, apply_change};
+use flock::model::{Family, ObjectRef, Protocol};
+use flock::translate::Options;
+
+use crate::cluster::ClusterArgs;
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Args)]
+pub struct WhatifArgs {
+    /// The cluster as it is: manifest files or directories (multi-document YAML, List
+    /// kinds), repeatable. Without --manifests: the cluster of the kubeconfig.
+    #[arg(long = "manifests", short = 'f', value_name = "PATH", num_args = 1.., conflicts_with_all = ["kubeconfig", "context"])]
+    manifests: Vec<PathBuf>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// The change: manifests to create or replace (policies, pods, namespaces), repeatable.
+    #[arg(long, value_name = "FILE", num_args = 1.., required_unless_present = "delete")]
+    apply: Vec<PathBuf>,
+    /// The change: an object to delete, `networkpolicy/NS/NAME`, `clusternetworkpolicy/NAME`,
+    /// `pod/NS/NAME` or `namespace/NAME`; repeatable.
+    #[arg(long, value_name = "KIND/[NS/]NAME")]
+    delete: Vec<String>,
+    /// Only this destination port (default: every port each destination pod declares).
+    #[arg(long)]
+    port: Option<u16>,
+    /// Only this protocol: TCP, UDP or SCTP (with --port: default TCP).
+    #[arg(long, value_parser = parse_protocol)]
+    protocol: Option<Protocol>,
+    /// Only this family: IPv4 or IPv6 (default: each family both pods have).
+    #[arg(long, value_parser = parse_family)]
+    family: Option<Family>,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value = "table")]
+    output: Output,
+    /// List at most this many changed flows (all are counted).
+    #[arg(long, default_value = "1000")]
+    max_changes: usize,
+    /// As the agent's --no-run-pod-isolation.
+    #[arg(long)]
+    no_run_pod_isolation: bool,
+    /// As flock-agent's --allow-audit-mode.
+    #[arg(long)]
+    allow_audit_mode: bool,
+    /// Exit with status 1 when any flow changes (0 when none; errors exit 2), for scripts.
+    #[arg(long)]
+    exit_code: bool,
+}
+
+fn parse_protocol(s: &str) -> Result<Protocol, String> {
+    Protocol::parse(&s.to_ascii_uppercase()).ok_or_else(|| format!("{s:?}: expected TCP, UDP or SCTP"))
+}
+
+fn parse_family(s: &str) -> Result<Family, String> {
+    Family::parse(s).ok_or_else(|| format!("{s:?}: expected IPv4 or IPv6"))
+}
+
+/// `kind/ns/name` or, cluster-scoped, `kind/name`.
+fn parse_delete(s: &str) -> anyhow::Result<(Kind, ObjectRef)> {
+    let parts: Vec<&str> = s.split('/').collect();
+    let kind = match parts.first().map(|k| k.to_ascii_lowercase()).as_deref() {
+        Some("networkpolicy" | "networkpolicies" | "netpol") => Kind::NetworkPolicy,
+        Some("clusternetworkpolicy" | "clusternetworkpolicies" | "cnp") => Kind::ClusterNetworkPolicy,
+        Some("pod" | "pods" | "po") => Kind::Pod,
+        Some("namespace" | "namespaces" | "ns") => Kind::Namespace,
+        _ => bail!("--delete {s}: the kind is networkpolicy, clusternetworkpolicy, pod or namespace"),
+    };
+    let namespaced = matches!(kind, Kind::NetworkPolicy | Kind::Pod);
+    match (namespaced, parts.as_slice()) {
+        (true, [_, ns, name]) if !ns.is_empty() && !name.is_empty() => Ok((kind, ObjectRef::new(*ns, *name))),
+        (false, [_, name]) if !name.is_empty() => Ok((kind, ObjectRef::new("", *name))),
+        (true, _) => bail!("--delete {s}: a {kind} is named {}/NAMESPACE/NAME", parts[0]),
+        (false, _) => bail!("--delete {s}: a {kind} is named {}/NAME", parts[0]),
+    }
+}
+
+pub fn run(args: &WhatifArgs) -> anyhow::Result<ExitCode> {
+    let deletes = args.delete.iter().map(|d| parse_delete(d)).collect::<anyhow::Result<Vec<_>>>()?;
+    let before = if args.manifests.is_empty() {
+        crate::cluster::read(&args.cluster, "whatif")?
+    } else {
+        let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
+        for w in &m.warnings {
+            eprintln!("warning: {w}");
+        }
+        m.into_snapshot()
+    };
+    for (kind, key) in &deletes {
+        let present = match kind {
+            Kind::NetworkPolicy => before.policies().any(|p| p.key() == *key),
+            Kind::ClusterNetworkPolicy => before.cluster_policies().any(|p| p.name == key.name),
+            Kind::Pod => before.pod_by_name(key).is_some(),
+            Kind::Namespace => before.namespace(&key.name).is_some(),
+            Kind::Node => before.node(&key.name).is_some(),
+        };
+        if !present {
+            bail!("--delete: there is no {kind} {key} to delete");
+        }
+    }
+    let change = flock::source::files::load_manifests(&args.apply).context("reading --apply")?;
+    for w in &change.warnings {
+        eprintln!("warning: --apply: {w}");
+    }
+    let mut after = before.clone();
+    apply_change(&mut after, &change.objects, &deletes);
+    let options = Options { isolate_run_pods: !args.no_run_pod_isolation, audit_mode: args.allow_audit_mode, dns_resolvers: None };
+    let scope = Scope { port: args.port, protocol: args.protocol, family: args.family };
+    let w = whatif::whatif(&before, &after, &options, &scope, args.max_changes);
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&w)?),
+        Output::Table => print!("{}", table(&w)),
+    }
+    Ok(if args.exit_code && w.total > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+fn table(w: &WhatIf) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let rows: Vec<[String; 7]> = w
+        .changes
+        .iter()
+        .map(|c| {
+            [
+                c.from.clone(),
+                c.to.clone(),
+                format!("{}/{}", c.port, c.protocol),
+                c.family.to_string(),
+                format!("{} → {}", c.before, c.after),
+                c.decided_before.join("; "),
+                c.decided_after.join("; "),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        let header = ["FROM", "TO", "PORT", "FAMILY", "VERDICT", "DECIDED BEFORE", "DECIDED AFTER"].map(String::from);
+        let widths: Vec<usize> = (0..5).map(|i| rows.iter().chain([&header]).map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+        for row in [&header].into_iter().chain(&rows) {
+            let mut line = String::new();
+            for (i, cell) in row.iter().enumerate() {
+                if i < 5 {
+                    let _ = write!(line, "{cell:<w$}  ", w = widths[i]);
+                } else {
+                    let _ = write!(line, "{cell}  ");
+                }
+            }
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+    }
+    let listed = if w.changes.len() < w.total { format!(" ({} listed: --max-changes)", w.changes.len()) } else { String::new() };
+    let _ = writeln!(
+        out,
+        "{} flows change{listed}: {} Allow → Deny, {} Deny → Allow; {} pods in {} classes, {} flows explained before and after",
+        w.total, w.closed, w.opened, w.pods, w.classes, w.evaluated
+    );
+    out
+}
