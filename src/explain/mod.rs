@@ -17,7 +17,7 @@
 pub mod live;
 pub mod whatif;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
@@ -233,7 +233,7 @@ pub struct Explainer<'a> {
     snapshot: &'a Snapshot,
     options: translate::Options,
     /// Each node's translation and where each of its pods' endpoints is in it.
-    nodes: BTreeMap<String, (NodePolicy, HashMap<ObjectRef, usize>)>,
+    nodes: BTreeMap<String, (NodePolicy, BTreeMap<ObjectRef, usize>)>,
 }
 
 impl<'a> Explainer<'a> {
@@ -303,7 +303,7 @@ impl<'a> Explainer<'a> {
         let options = &self.options;
         let (np, index) = self.nodes.entry(node.to_string()).or_insert_with(|| {
             let np = translate::translate(snapshot, &snapshot.derived_endpoints(node), options);
-            let mut index = HashMap::new();
+            let mut index = BTreeMap::new();
             for (i, e) in np.endpoints.iter().enumerate() {
                 index.entry(e.pod.clone()).or_insert(i);
             }

@@ -11,7 +11,7 @@
 //! another pod also reports is a class of its own (which of them owns it is per pod).
 //! Pure: no I/O.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -231,7 +231,7 @@ fn classes(before: &Snapshot, after: &Snapshot, options: &Options) -> Vec<Class>
     let shared_after = shared_addresses(after);
     // Nodes by pod count: representatives are picked on the busiest node first, so the
     // explainer translates few nodes.
-    let mut per_node: HashMap<&str, usize> = HashMap::new();
+    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
     for p in before.pods() {
         *per_node.entry(p.node.as_deref().unwrap_or("")).or_default() += 1;
     }
