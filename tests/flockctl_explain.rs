@@ -3,45 +3,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "common/explain_policies.rs"]
+mod explain_policies;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use explain_policies::POLICIES;
 use flock::explain::{self, End, Query};
 use flock::model::Protocol;
 use flock::testkit::kernel::{NetnsGuard, require_root, sweep};
 use flock::testkit::pod_ref;
-
-const POLICIES: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: web, namespace: x}
-spec:
-  podSelector: {matchLabels: {pod: a}}
-  ingress:
-    - from: [{namespaceSelector: {}}]
-      ports: [{port: 80}]
----
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: y-out, namespace: y}
-spec:
-  podSelector: {matchLabels: {pod: b}}
-  policyTypes: [Egress]
-  egress:
-    - to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
----
-apiVersion: policy.networking.k8s.io/v1alpha2
-kind: ClusterNetworkPolicy
-metadata: {name: guard-x}
-spec:
-  tier: Admin
-  priority: 10
-  subject: {namespaces: {matchLabels: {kubernetes.io/metadata.name: x}}}
-  ingress:
-    - name: no-z
-      action: Deny
-      from: [{namespaces: {matchLabels: {kubernetes.io/metadata.name: z}}}]
-"#;
 
 fn flockctl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flockctl")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap()

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "common/explain_policies.rs"]
+mod explain_policies;
 #[path = "common/uids.rs"]
 mod uids;
 
@@ -12,41 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use explain_policies::POLICIES;
 use flock::testkit::kernel::{NetnsGuard, require_root, sweep, workspace_binary};
 
 const BASE: &str = "tests/conformance/base-cluster.yaml";
-
-const POLICIES: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: web, namespace: x}
-spec:
-  podSelector: {matchLabels: {pod: a}}
-  ingress:
-    - from: [{namespaceSelector: {}}]
-      ports: [{port: 80}]
----
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: y-out, namespace: y}
-spec:
-  podSelector: {matchLabels: {pod: b}}
-  policyTypes: [Egress]
-  egress:
-    - to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
----
-apiVersion: policy.networking.k8s.io/v1alpha2
-kind: ClusterNetworkPolicy
-metadata: {name: guard-x}
-spec:
-  tier: Admin
-  priority: 10
-  subject: {namespaces: {matchLabels: {kubernetes.io/metadata.name: x}}}
-  ingress:
-    - name: no-z
-      action: Deny
-      from: [{namespaces: {matchLabels: {kubernetes.io/metadata.name: z}}}]
-"#;
 
 /// A change for whatif: z may no longer reach y.
 const CHANGE: &str = r#"

@@ -81,7 +81,7 @@ pub fn whatif(before: &Snapshot, after: &Snapshot, options: &Options, scope: &Sc
         classes
             .iter()
             .map(|c| {
-                let rep = &c.members[0].key;
+                let rep = &c.members[0];
                 [before, after].into_iter().any(|s| s.pod_by_name(rep).is_some_and(|p| changed.iter().any(|c| c.may_select(s, p))))
             })
             .collect()
@@ -108,8 +108,7 @@ pub fn whatif(before: &Snapshot, after: &Snapshot, options: &Options, scope: &Sc
             };
             for (port, protocol) in flows(dst, scope) {
                 for family in families(src, dst, scope) {
-                    let query =
-                        Query { from: End::Pod(from.key.clone()), to: End::Pod(to.key.clone()), protocol, port, family: Some(family) };
+                    let query = Query { from: End::Pod(from.clone()), to: End::Pod(to.clone()), protocol, port, family: Some(family) };
                     let (Ok(b), Ok(a)) = (explain_before.explain(&query), explain_after.explain(&query)) else { continue };
                     out.evaluated += 1;
                     if b.verdict == a.verdict {
@@ -128,12 +127,12 @@ pub fn whatif(before: &Snapshot, after: &Snapshot, options: &Options, scope: &Sc
                             if out.changes.len() >= limit {
                                 break;
                             }
-                            if x.key == y.key {
+                            if x == y {
                                 continue;
                             }
                             out.changes.push(FlowChange {
-                                from: x.key.to_string(),
-                                to: y.key.to_string(),
+                                from: x.to_string(),
+                                to: y.to_string(),
                                 port,
                                 protocol: protocol.as_k8s(),
                                 family: family.as_str(),
@@ -203,25 +202,19 @@ fn families(src: &Class, dst: &Class, scope: &Scope) -> Vec<Family> {
         .collect()
 }
 
-/// A pod of a class: its name.
-#[derive(Debug)]
-struct Member {
-    key: ObjectRef,
-}
-
 /// Pods no policy of either snapshot can tell apart.
 #[derive(Debug)]
 struct Class {
-    /// The representative first: on the node most classes can share (fewest translations).
-    members: Vec<Member>,
+    /// In `namespace/name` order; the first is the representative (every pod but those on
+    /// the host network is judged on one node, so any member will do).
+    members: Vec<ObjectRef>,
     /// Declared ports in either snapshot (the members agree on them).
     ports: BTreeSet<(u16, Protocol)>,
     families: BTreeSet<Family>,
 }
 
-/// A class being gathered: its members (with their node's rank, to sort the representative
-/// first), ports and families.
-type Gathering = (Vec<(std::cmp::Reverse<usize>, String, ObjectRef)>, BTreeSet<(u16, Protocol)>, BTreeSet<Family>);
+/// A class being gathered: its members (by `namespace/name`), ports and families.
+type Gathering = (Vec<(String, ObjectRef)>, BTreeSet<(u16, Protocol)>, BTreeSet<Family>);
 
 /// The classes of the pods present in both snapshots.
 fn classes(before: &Snapshot, after: &Snapshot, options: &Options) -> Vec<Class> {
@@ -229,13 +222,6 @@ fn classes(before: &Snapshot, after: &Snapshot, options: &Options) -> Vec<Class>
     let cidrs: Vec<IpNet> = cidrs(before).into_iter().chain(cidrs(after)).collect::<BTreeSet<_>>().into_iter().collect();
     let shared_before = shared_addresses(before);
     let shared_after = shared_addresses(after);
-    // Nodes by pod count: representatives are picked on the busiest node first, so the
-    // explainer translates few nodes.
-    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
-    for p in before.pods() {
-        *per_node.entry(p.node.as_deref().unwrap_or("")).or_default() += 1;
-    }
-    let rank = |p: &Pod| std::cmp::Reverse(per_node.get(p.node.as_deref().unwrap_or("")).copied().unwrap_or(0));
     let mut by_key: BTreeMap<String, Gathering> = BTreeMap::new();
     for b in before.pods() {
         let key = b.key();
@@ -248,7 +234,7 @@ fn classes(before: &Snapshot, after: &Snapshot, options: &Options) -> Vec<Class>
             if shared { format!("\u{0}{key}") } else { String::new() }
         );
         let entry = by_key.entry(class_key).or_default();
-        entry.0.push((rank(b), key.to_string(), key));
+        entry.0.push((key.to_string(), key));
         for p in b.ports.iter().chain(&a.ports) {
             entry.1.insert((p.port, p.protocol));
         }
@@ -260,7 +246,7 @@ fn classes(before: &Snapshot, after: &Snapshot, options: &Options) -> Vec<Class>
         .into_values()
         .map(|(mut members, ports, families)| {
             members.sort();
-            Class { members: members.into_iter().map(|(_, _, key)| Member { key }).collect(), ports, families }
+            Class { members: members.into_iter().map(|(_, key)| key).collect(), ports, families }
         })
         .collect()
 }

@@ -94,11 +94,11 @@ fn resolve_port(spec: &str, snapshot: Option<&Snapshot>, to: (&End, &str), proto
     bail!("--port {spec:?}: pod {} declares no {protocol} port of that name (its named ports: {named})", pod.key())
 }
 
-fn parse_protocol(s: &str) -> Result<Protocol, String> {
+pub(crate) fn parse_protocol(s: &str) -> Result<Protocol, String> {
     Protocol::parse(&s.to_ascii_uppercase()).ok_or_else(|| format!("{s:?}: expected TCP, UDP or SCTP"))
 }
 
-fn parse_family(s: &str) -> Result<Family, String> {
+pub(crate) fn parse_family(s: &str) -> Result<Family, String> {
     Family::parse(s).ok_or_else(|| format!("{s:?}: expected IPv4 or IPv6"))
 }
 

@@ -14,6 +14,7 @@ use flock::model::{Family, ObjectRef, Protocol};
 use flock::translate::Options;
 
 use crate::cluster::ClusterArgs;
+use crate::explain::{parse_family, parse_protocol};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Output {
@@ -60,14 +61,6 @@ pub struct WhatifArgs {
     /// Exit with status 1 when any flow changes (0 when none; errors exit 2), for scripts.
     #[arg(long)]
     exit_code: bool,
-}
-
-fn parse_protocol(s: &str) -> Result<Protocol, String> {
-    Protocol::parse(&s.to_ascii_uppercase()).ok_or_else(|| format!("{s:?}: expected TCP, UDP or SCTP"))
-}
-
-fn parse_family(s: &str) -> Result<Family, String> {
-    Family::parse(s).ok_or_else(|| format!("{s:?}: expected IPv4 or IPv6"))
 }
 
 /// `kind/ns/name` or, cluster-scoped, `kind/name`.
