@@ -677,6 +677,8 @@ async fn healthz_reflects_a_failing_watch_and_shows_the_last_error() {
     let (stop, task) = rig.start(rig.options(fast_source));
     wait_until("readiness", Duration::from_secs(20), || rig.http("/readyz").0 == 200).await;
     let syncs = rig.metric("flock_sync_duration_seconds_count");
+    // Open before the faults: a watch still in flight could pass the fault check and stay open.
+    wait_until("the policies watched", Duration::from_secs(10), || rig.server.open_watches_of("networkpolicies") == 1).await;
 
     // Only the policies' watch fails (every request for policies gets 500).
     rig.server.fail_requests(FailRule::new(usize::MAX, 500).path_contains("/networkpolicies"));

@@ -206,6 +206,9 @@ async fn a_crd_removed_unseen_still_takes_its_policies() {
     })
     .await;
     rig.wait("complete with the policy", || rig.source.is_complete() && rig.cluster_policies() == ["deny-b"]).await;
+    // The watch must be open before the faults: a watch request still in flight could pass the
+    // fault check and then meet the deleted CRD (a 404, which discovery would explain).
+    rig.wait("the policies watched", || rig.server.open_watches_of("clusternetworkpolicies") == 1).await;
     rig.server.fail_requests(FailRule::new(usize::MAX, 500).path_contains("/clusternetworkpolicies"));
     rig.server.drop_watches();
     rig.server.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", None, cnp::CRD_NAME).unwrap();

@@ -423,6 +423,11 @@ impl ApiServer {
         self.store().open_watches()
     }
 
+    /// Number of open watch streams of one resource (by its plural name: `pods`).
+    pub fn open_watches_of(&self, plural: &str) -> usize {
+        self.store().open_watches_of(plural)
+    }
+
     /// Waits until at least `n` watch streams are open.
     pub async fn wait_for_watches(&self, n: usize, timeout: Duration) -> Result<()> {
         let mut count = self.store().watch_count();

@@ -351,6 +351,11 @@ impl Store {
         self.lock().watchers.len()
     }
 
+    /// Number of open watch streams of one resource (by its plural name).
+    pub fn open_watches_of(&self, plural: &str) -> usize {
+        self.lock().watchers.values().filter(|w| w.filter.def.plural == plural).count()
+    }
+
     /// A receiver of the open-watch count.
     pub fn watch_count(&self) -> watch::Receiver<usize> {
         self.lock().watch_count.subscribe()
