@@ -264,3 +264,91 @@ fn kubectl_flock_is_the_same_program() {
     assert_eq!(typo.status.code(), Some(2));
     assert!(text(&typo.stderr).contains("kubectl flock"), "{}", text(&typo.stderr));
 }
+
+/// A fleet for `flockctl status`: node-1 is fine (and enforces run ci/r's policy), node-2's
+/// last sync failed, node-3 is not Ready (its FlockNode is stale).
+fn fleet(version: &str, broken: bool) -> String {
+    let node = |name: &str, ready: bool| {
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\nstatus: {{conditions: [{{type: Ready, status: \"{}\"}}]}}\n---\n",
+            if ready { "True" } else { "False" }
+        )
+    };
+    let agent = |n: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: flock-agent-{n}, namespace: flock-system, labels: {{app.kubernetes.io/name: flock-agent}}}}\n\
+             spec: {{nodeName: {n}, hostNetwork: true, containers: [{{name: agent, image: flock}}]}}\n\
+             status: {{phase: Running, conditions: [{{type: Ready, status: \"True\"}}]}}\n---\n"
+        )
+    };
+    let flock_node = |n: &str, extra: &str| {
+        format!(
+            "apiVersion: flock.dev/v1alpha1\nkind: FlockNode\nmetadata: {{name: {n}}}\nspec: {{}}\n\
+             status: {{version: \"{version}\", api: Connected, ruleset: {{hash: \"{}\", rules: 12, setElements: 3, localEndpoints: 2}}{extra}}}\n---\n",
+            "ab".repeat(32)
+        )
+    };
+    let mut out = String::new();
+    out += &node("node-1", true);
+    out += &agent("node-1");
+    out += &flock_node("node-1", ", runPolicies: [{name: ci/flock-run-r, generation: 2}]");
+    out += "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: r, namespace: ci}\nspec: {profile: p}\n\
+            status: {enforcement: {enabled: true, mode: \"on\", reason: \"on\"}, networkPolicy: {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, name: flock-run-r, uid: u1, generation: 2}}\n---\n";
+    out += "apiVersion: v1\nkind: Pod\nmetadata: {name: job, namespace: ci, labels: {flock.dev/run: r}}\n\
+            spec: {nodeName: node-1, containers: [{name: job, image: job}]}\nstatus: {phase: Running}\n---\n";
+    if broken {
+        out += &node("node-2", true);
+        out += &agent("node-2");
+        out += &flock_node("node-2", ", lastError: \"nft: Error: Could not process rule: No such file or directory\"");
+        out += &node("node-3", false);
+        out += &agent("node-3");
+        out += &flock_node("node-3", "");
+    }
+    out
+}
+
+#[test]
+fn status_flags_the_nodes_that_are_not_ok() {
+    if !require_root("status_flags_the_nodes_that_are_not_ok") {
+        return;
+    }
+    sweep();
+    let version = env!("CARGO_PKG_VERSION");
+    let s = Scratch::new("status");
+    std::fs::write(s.path("broken.yaml"), fleet(version, true)).unwrap();
+    std::fs::write(s.path("fine.yaml"), fleet(version, false)).unwrap();
+    let ns = NetnsGuard::new("status");
+    let (server, kubeconfig) = serve(&ns, &s, &[&s.path("broken.yaml")]);
+    let out = flockctl_in(&ns, &["status", "--kubeconfig", &kubeconfig, "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let nodes = status["nodes"].as_array().unwrap();
+    let names: Vec<&str> = nodes.iter().map(|n| n["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["node-1", "node-2", "node-3"]);
+    assert_eq!((nodes[0]["ok"].as_bool(), nodes[0]["reasons"].as_array().map(Vec::len)), (Some(true), Some(0)), "{status}");
+    assert_eq!(
+        (nodes[0]["version"].as_str(), nodes[0]["rules"].as_i64(), nodes[0]["endpoints"].as_i64()),
+        (Some(version), Some(12), Some(2))
+    );
+    assert_eq!(nodes[0]["agentPod"], "flock-system/flock-agent-node-1");
+    assert_eq!(nodes[1]["ok"], false);
+    assert!(nodes[1]["reasons"][0].as_str().unwrap().contains("Could not process rule"), "{status}");
+    assert_eq!((nodes[2]["ok"].as_bool(), nodes[2]["stale"].as_bool()), (Some(false), Some(true)), "{status}");
+    assert!(nodes[2]["reasons"][0].as_str().unwrap().contains("not Ready"), "{status}");
+    assert_eq!(status["runs"][0]["name"], "ci/r");
+    assert_eq!(status["runs"][0]["enforced"], true, "{status}");
+    // The table says the same, reasons under it.
+    let table = flockctl_in(&ns, &["status", "--kubeconfig", &kubeconfig]);
+    assert_eq!(table.status.code(), Some(1));
+    let table = text(&table.stdout);
+    assert!(table.contains("node-2: the last sync failed") && table.contains("STALE") && table.contains("3 nodes, 2 not ok"), "{table}");
+    drop(server);
+
+    // A fleet where every node is fine: exit 0.
+    std::fs::remove_file(s.path("kubeconfig")).unwrap();
+    let ns = NetnsGuard::new("status2");
+    let (_server, kubeconfig) = serve(&ns, &s, &[&s.path("fine.yaml")]);
+    let out = flockctl_in(&ns, &["status", "--kubeconfig", &kubeconfig]);
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("1 nodes, 0 not ok; 1 runs"), "{}", text(&out.stdout));
+}

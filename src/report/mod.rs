@@ -38,6 +38,8 @@
 //! the holder too; every agent exports how many are enforced as written
 //! (`flock_cluster_policies_enforced`).
 
+#[cfg(feature = "tool")]
+pub mod fleet;
 pub mod node;
 pub(crate) mod status;
 

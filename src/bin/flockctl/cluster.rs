@@ -22,7 +22,7 @@ pub struct ClusterArgs {
     pub context: Option<String>,
 }
 
-async fn client(args: &ClusterArgs) -> anyhow::Result<kube::Client> {
+pub async fn client(args: &ClusterArgs) -> anyhow::Result<kube::Client> {
     let options = KubeConfigOptions { context: args.context.clone(), ..KubeConfigOptions::default() };
     let config = match (&args.kubeconfig, &args.context) {
         (Some(path), _) => {

@@ -8,6 +8,7 @@ mod dataplane;
 mod explain;
 mod render;
 mod sim;
+mod status;
 mod sweep;
 mod whatif;
 
@@ -41,6 +42,10 @@ enum Command {
     /// Which flows a change (manifests to apply, objects to delete) would open or close:
     /// every pod pair, port and family whose verdict changes, and what decided it.
     Whatif(whatif::WhatifArgs),
+    /// Every node's enforcement as its flock-agent reports it (FlockNode): version, API
+    /// health, ruleset size and hash, last error, staleness, and each sandboxed run's policy;
+    /// exit status 1 when a node is not ok.
+    Status(status::StatusArgs),
 }
 
 /// The command line. Installed as `kubectl-flock` (kubectl's plugin convention: `kubectl
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
         Command::Conformance(args) => conformance::run(&args),
         Command::Explain(args) => explain::run(&args),
         Command::Whatif(args) => whatif::run(&args),
+        Command::Status(args) => status::run(&args),
     };
     // An interrupted simulation unwinds with an error; what counts is the interrupt.
     if let Some(code) = sim::exit_if_interrupted() {
