@@ -352,3 +352,51 @@ fn status_flags_the_nodes_that_are_not_ok() {
     assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
     assert!(text(&out.stdout).contains("1 nodes, 0 not ok; 1 runs"), "{}", text(&out.stdout));
 }
+
+/// `--flows`: of the connections the agent logged, those the change flips.
+#[test]
+fn whatif_flows_lists_the_observed_flows_a_change_flips() {
+    let s = Scratch::new("flows");
+    let change = s.path("change.yaml");
+    std::fs::write(&change, CHANGE).unwrap();
+    let record = |reason: &str, from: &str, to: &str, port: u16| {
+        serde_json::json!({"timestamp": "2026-11-27T10:00:00.000000Z", "level": "INFO", "target": "flock::denied",
+            "fields": {"message": "connection allowed (flock.dev/log-allowed)", "audit": false, "reason": reason, "direction": "ingress",
+                       "pod": to, "from": from, "to": to, "protocol": "TCP", "port": port, "policies": ""}})
+        .to_string()
+    };
+    let lines = [
+        record("allowed", "z/a", "y/b", 80),
+        record("allowed", "z/a", "y/b", 80),
+        record("allowed", "x/a", "y/b", 80),
+        record("allowed", "z/b", "x/a", 80),
+        r#"{"timestamp":"t","level":"INFO","target":"flock::sync","fields":{"message":"synced"}}"#.to_string(),
+        record("allowed", "z/c", "y/gone", 80),
+    ];
+    let flows = s.path("agent.log");
+    std::fs::write(&flows, lines.join("\n")).unwrap();
+    let out = flockctl_here(&["whatif", "-f", BASE, "--apply", &change, "--flows", &flows, "-o", "json", "--exit-code"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let w: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Only z/a → y/b flips (the guard denies z to y); x/a → y/b and z/b → x/a stay allowed.
+    assert_eq!((w["total"].as_u64(), w["flows"].as_u64(), w["records"].as_u64()), (Some(1), Some(4), Some(5)), "{w}");
+    let flip = &w["flips"][0];
+    assert_eq!((flip["from"].as_str(), flip["to"].as_str(), flip["seen_allowed"].as_u64()), (Some("z/a"), Some("y/b"), Some(2)), "{w}");
+    assert_eq!((flip["before"].as_str(), flip["after"].as_str()), (Some("Allow"), Some("Deny")));
+    assert!(flip["decided_after"].to_string().contains("guard-y"), "{flip}");
+    assert_eq!(w["skipped"]["otherLines"], 1);
+    assert!(w["unjudged"][0].as_str().unwrap().contains("y/gone"), "{w}");
+    // The same from stdin, as a table.
+    let mut child = Command::new(flockctl())
+        .args(["whatif", "-f", BASE, "--apply", &change, "--flows", "-"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), lines.join("\n").as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let table = text(&out.stdout);
+    assert!(table.contains("Allow → Deny") && table.contains("2 allowed") && table.contains("1 of 4 observed flows flip"), "{table}");
+}

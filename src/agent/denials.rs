@@ -111,25 +111,7 @@ fn handle(shared: &Shared, group: u16, event: Event) {
             let (_, snapshot) = shared.source.snapshot();
             for logged in &records {
                 let d = denial::denial(logged, &endpoints, &snapshot);
-                tracing::info!(
-                    target: "flock::denied",
-                    audit = d.audit,
-                    reason = d.reason.as_str(),
-                    direction = d.direction_label(),
-                    pod = d.pod.as_deref().unwrap_or(""),
-                    from = %d.from,
-                    to = %d.to,
-                    protocol = %d.protocol,
-                    port = d.port.unwrap_or(0),
-                    policies = %d.policies.join(", "),
-                    "{}",
-                    match (d.reason, d.audit) {
-                        (denial::Reason::Allowed, _) => "connection allowed (flock.dev/log-allowed)",
-                        (denial::Reason::Revoked, _) => "packet of a revoked connection (a policy change denies it): dropped, TCP reset",
-                        (_, true) => "packet would be denied (audit mode: accepted)",
-                        (_, false) => "packet denied",
-                    }
-                );
+                log(&d);
                 if d.reason == denial::Reason::Allowed {
                     metrics.allowed_logged(d.namespace.as_deref().unwrap_or(""), d.direction_label());
                 } else if d.audit {
@@ -154,5 +136,85 @@ fn handle(shared: &Shared, group: u16, event: Event) {
         Event::Failed(e) => {
             tracing::error!(group, error = %e, "cannot read denials from NFLOG (retrying); denied packets are dropped but not logged")
         }
+    }
+}
+
+/// One record as a log event (target `flock::denied`). `flockctl whatif --flows` reads these
+/// lines back (`crate::explain::observed`): the test below holds the two to one format.
+fn log(d: &denial::Denial) {
+    tracing::info!(
+        target: "flock::denied",
+        audit = d.audit,
+        reason = d.reason.as_str(),
+        direction = d.direction_label(),
+        pod = d.pod.as_deref().unwrap_or(""),
+        from = %d.from,
+        to = %d.to,
+        protocol = %d.protocol,
+        port = d.port.unwrap_or(0),
+        policies = %d.policies.join(", "),
+        "{}",
+        match (d.reason, d.audit) {
+            (denial::Reason::Allowed, _) => "connection allowed (flock.dev/log-allowed)",
+            (denial::Reason::Revoked, _) => "packet of a revoked connection (a policy change denies it): dropped, TCP reset",
+            (_, true) => "packet would be denied (audit mode: accepted)",
+            (_, false) => "packet denied",
+        }
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::explain::observed::{self, Flow};
+    use crate::model::Protocol;
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the agent logs with `--log-format json` is what `whatif --flows` reads.
+    #[test]
+    fn logged_records_read_back_as_flows() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt().json().with_current_span(true).with_writer(move || writer.clone()).finish();
+        let record = |reason, audit, from: &str, to: &str, port| denial::Denial {
+            reason,
+            direction: Some("ingress"),
+            pod: Some(to.into()),
+            namespace: Some("y".into()),
+            from: from.into(),
+            to: to.into(),
+            protocol: "TCP".into(),
+            port,
+            policies: vec!["networkpolicy y/deny".into()],
+            audit,
+            prefix: None,
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            log(&record(denial::Reason::Policy, false, "x/a", "y/b", Some(80)));
+            log(&record(denial::Reason::Policy, true, "198.18.0.7", "y/b", Some(8080)));
+            log(&record(denial::Reason::Allowed, false, "x/b", "y/b", Some(80)));
+            log(&record(denial::Reason::SpoofedSource, false, "198.18.0.9", "y/b", Some(80)));
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let log = observed::parse(&text);
+        assert_eq!((log.records, log.not_policy, log.unreadable_count, log.other_lines), (3, 1, 0, 0), "{text}");
+        let flow = |from: &str, port| Flow { from: from.into(), to: "y/b".into(), protocol: Protocol::Tcp, port };
+        assert_eq!(log.flows[&flow("x/a", 80)].denied, 1);
+        assert_eq!(log.flows[&flow("198.18.0.7", 8080)].audit, 1);
+        assert_eq!(log.flows[&flow("x/b", 80)].allowed, 1);
     }
 }

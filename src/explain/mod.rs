@@ -15,6 +15,7 @@
 //! Pure, like the translator: no I/O, clock or process.
 
 pub mod live;
+pub mod observed;
 pub mod whatif;
 
 use std::collections::BTreeMap;

@@ -151,7 +151,7 @@ pub fn whatif(before: &Snapshot, after: &Snapshot, options: &Options, scope: &Sc
     out
 }
 
-fn verdict(v: Verdict) -> &'static str {
+pub(super) fn verdict(v: Verdict) -> &'static str {
     match v {
         Verdict::Allow => "Allow",
         Verdict::Deny => "Deny",
@@ -165,7 +165,7 @@ fn pairs(src: &Class, dst: &Class) -> usize {
 }
 
 /// What decided each direction: the tier, and the rules or policies that did.
-fn decided(e: &Explanation) -> Vec<String> {
+pub(super) fn decided(e: &Explanation) -> Vec<String> {
     let one = |dir: &str, d: &DirectionExplanation| {
         let refs: Vec<String> = d
             .deciding

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 
+use flock::explain::observed;
 use flock::explain::whatif::{self, Scope, WhatIf};
 use flock::model::manifest::{Kind, apply_change};
 use flock::model::{Family, ObjectRef, Protocol};
@@ -61,6 +62,11 @@ pub struct WhatifArgs {
     /// Exit with status 1 when any flow changes (0 when none; errors exit 2), for scripts.
     #[arg(long)]
     exit_code: bool,
+    /// Judge only the flows flock-agent saw: its JSON log lines (--log-format json) of target
+    /// flock::denied (denials and allowed connections), from files or `-` (stdin);
+    /// repeatable. Lists the observed flows the change flips.
+    #[arg(long, value_name = "FILE")]
+    flows: Vec<PathBuf>,
 }
 
 /// `kind/ns/name` or, cluster-scoped, `kind/name`.
@@ -113,12 +119,126 @@ pub fn run(args: &WhatifArgs) -> anyhow::Result<ExitCode> {
     apply_change(&mut after, &change.objects, &deletes);
     let options = Options { isolate_run_pods: !args.no_run_pod_isolation, audit_mode: args.allow_audit_mode, dns_resolvers: None };
     let scope = Scope { port: args.port, protocol: args.protocol, family: args.family };
+    if !args.flows.is_empty() {
+        return observed(args, &before, &after, &options, &scope);
+    }
     let w = whatif::whatif(&before, &after, &options, &scope, args.max_changes);
     match args.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&w)?),
         Output::Table => print!("{}", table(&w)),
     }
     Ok(if args.exit_code && w.total > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+/// The logged flows, read whole (the log is the operator's file; stdin once).
+fn read_flows(paths: &[PathBuf]) -> anyhow::Result<String> {
+    let mut text = String::new();
+    for p in paths {
+        if p.as_os_str() == "-" {
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).context("--flows -: reading stdin")?;
+        } else {
+            text += &std::fs::read_to_string(p).with_context(|| format!("--flows {}", p.display()))?;
+        }
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+/// `--flows`: which observed flows the change flips.
+fn observed(
+    args: &WhatifArgs,
+    before: &flock::model::Snapshot,
+    after: &flock::model::Snapshot,
+    options: &Options,
+    scope: &Scope,
+) -> anyhow::Result<ExitCode> {
+    let mut log = observed::parse(&read_flows(&args.flows)?);
+    for u in &log.unreadable {
+        eprintln!("warning: --flows: left out: {u}");
+    }
+    if log.unreadable_count > log.unreadable.len() {
+        eprintln!("warning: --flows: {} more records left out", log.unreadable_count - log.unreadable.len());
+    }
+    if log.records == 0 {
+        eprintln!("warning: --flows: no flock::denied records found (flock-agent logs them as JSON with --log-format json)");
+    }
+    log.flows.retain(|f, _| scope.port.is_none_or(|p| p == f.port) && scope.protocol.is_none_or(|p| p == f.protocol));
+    let mut f = observed::flips(before, after, options, &log);
+    if let Some(family) = scope.family {
+        f.flips.retain(|x| x.family == family.as_str());
+    }
+    let total = f.flips.len();
+    f.flips.truncate(args.max_changes);
+    match args.output {
+        Output::Json => {
+            let doc = serde_json::json!({
+                "flips": f.flips,
+                "total": total,
+                "flows": f.flows,
+                "records": f.records,
+                "unjudged": f.unjudged,
+                "skipped": {"otherLines": log.other_lines, "notPolicy": log.not_policy, "portless": log.portless, "unreadable": log.unreadable_count},
+            });
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+        Output::Table => print!("{}", flips_table(&f, total, &log)),
+    }
+    Ok(if args.exit_code && total > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+fn flips_table(f: &observed::Flips, total: usize, log: &observed::FlowLog) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let rows: Vec<[String; 8]> = f
+        .flips
+        .iter()
+        .map(|c| {
+            let mut seen = Vec::new();
+            for (n, what) in [(c.seen_denied, "denied"), (c.seen_audit, "audit"), (c.seen_allowed, "allowed")] {
+                if n > 0 {
+                    seen.push(format!("{n} {what}"));
+                }
+            }
+            [
+                c.from.clone(),
+                c.to.clone(),
+                format!("{}/{}", c.port, c.protocol),
+                c.family.to_string(),
+                format!("{} → {}", c.before, c.after),
+                seen.join(", "),
+                c.decided_before.join("; "),
+                c.decided_after.join("; "),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        let header = ["FROM", "TO", "PORT", "FAMILY", "VERDICT", "SEEN", "DECIDED BEFORE", "DECIDED AFTER"].map(String::from);
+        let widths: Vec<usize> = (0..6).map(|i| rows.iter().chain([&header]).map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+        for row in [&header].into_iter().chain(&rows) {
+            let mut line = String::new();
+            for (i, cell) in row.iter().enumerate() {
+                match widths.get(i) {
+                    Some(w) => {
+                        let _ = write!(line, "{cell:<w$}  ");
+                    }
+                    None => {
+                        let _ = write!(line, "{cell}  ");
+                    }
+                }
+            }
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+    }
+    for u in &f.unjudged {
+        let _ = writeln!(out, "not judged: {u}");
+    }
+    let listed = if f.flips.len() < total { format!(" ({} listed: --max-changes)", f.flips.len()) } else { String::new() };
+    let _ = writeln!(
+        out,
+        "{total} of {} observed flows flip{listed} ({} records; left out: {} other lines, {} not policy verdicts, {} without a port, {} unreadable)",
+        f.flows, f.records, log.other_lines, log.not_policy, log.portless, log.unreadable_count
+    );
+    out
 }
 
 fn table(w: &WhatIf) -> String {
