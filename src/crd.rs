@@ -471,6 +471,21 @@ pub(crate) struct FlockNodeStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub(crate) run_policies: Vec<EnforcedPolicy>,
+    /// The flock-agent pod that wrote this status (`flockctl status` compares it with the
+    /// pod running on the node now: another one has not written, so the status is stale).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) agent_pod: Option<AgentPod>,
+}
+
+/// A flock-agent pod.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentPod {
+    /// `namespace/name`.
+    #[schemars(length(max = 317))]
+    pub name: String,
+    #[schemars(length(max = 64))]
+    pub uid: String,
 }
 
 /// The last committed ruleset of a node.

@@ -37,12 +37,27 @@ pub enum LogFormat {
 /// Logs to stderr, filtered by `filter` (`RUST_LOG` syntax; `info` if it does not parse),
 /// as text or as JSON with the current span.
 pub fn init_logging(filter: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).init(),
+        LogFormat::Text => {
+            let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into());
+            tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).init();
+        }
+        LogFormat::Json => {
+            // Only fails when a subscriber is set already (then that one logs).
+            let _ = tracing::subscriber::set_global_default(json_subscriber(filter, std::io::stderr));
+        }
     }
+}
+
+/// The JSON log format (one object per line, the event's fields under `fields`, the current
+/// span), writing to `writer`: flock-agent's `--log-format json`, and what `flockctl whatif
+/// --flows` reads back.
+pub fn json_subscriber<W>(filter: &str, writer: W) -> impl tracing::Subscriber + Send + Sync + 'static
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_writer(writer).with_env_filter(filter).json().with_current_span(true).finish()
 }
 
 /// A stop signal that turns true on SIGTERM or SIGINT; `what_stays` is logged with it (what

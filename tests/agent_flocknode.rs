@@ -18,6 +18,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use flock::agent::AgentConfig;
+use flock::crd::AgentPod;
 use flock::daemon::{self, DaemonOptions};
 use flock::report::node::NodeStatusOptions;
 use flock::testkit::kernel::{Node, Pod, TempDir, require_root};
@@ -117,7 +118,12 @@ async fn cni_add(node: &Node, dir: &TempDir, name: &str, ip: &str) -> Pod {
 /// The daemon of `agent`, its endpoints under `dir`, writing its FlockNode every [`INTERVAL`].
 fn daemon_options(agent: AgentConfig, dir: &TempDir) -> DaemonOptions {
     DaemonOptions {
-        node_status: Some(NodeStatusOptions { interval: INTERVAL, retry: Duration::from_millis(200), max_retry: Duration::from_secs(1) }),
+        node_status: Some(NodeStatusOptions {
+            agent_pod: Some(AgentPod { name: "flock-system/flock-agent-x1".into(), uid: "uid-agent".into() }),
+            interval: INTERVAL,
+            retry: Duration::from_millis(200),
+            max_retry: Duration::from_secs(1),
+        }),
         ..common::daemon_options(agent, &dir.path)
     }
 }
@@ -177,6 +183,8 @@ async fn the_agent_keeps_its_flocknode_current() {
     assert!(owners[0]["uid"].as_str().is_some_and(|u| !u.is_empty()));
     let status = &fnode["status"];
     assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+    // Who wrote it: flockctl status compares it with the agent pod running there.
+    assert_eq!(status["agentPod"], json!({"name": "flock-system/flock-agent-x1", "uid": "uid-agent"}));
     assert_eq!(status["api"], "Connected");
     let hash = status["ruleset"]["hash"].as_str().unwrap().to_string();
     assert!(hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{hash}");
@@ -291,7 +299,8 @@ fn start_status_writer(server: &ApiServer) -> (watch::Sender<bool>, watch::Sende
     let sync = SyncStatus { ready: true, committed: 1, last_applied: 1, ruleset_digest: Some(digest), ..SyncStatus::default() };
     let (sync_tx, sync_rx) = watch::channel(sync);
     let (stop, stop_rx) = watch::channel(false);
-    let opts = NodeStatusOptions { interval: INTERVAL, retry: Duration::from_millis(200), max_retry: Duration::from_secs(1) };
+    let opts =
+        NodeStatusOptions { agent_pod: None, interval: INTERVAL, retry: Duration::from_millis(200), max_retry: Duration::from_secs(1) };
     let writer = NodeStatusWriter::new(server.client(), NODE, opts, Arc::new(flock::agent::metrics::Metrics::new()));
     let health = Arc::new(flock::source::kube::ApiHealth::new(Duration::from_secs(5), Duration::from_secs(60)));
     (stop, sync_tx, tokio::spawn(writer.run(sync_rx, health, stop_rx)))

@@ -341,7 +341,12 @@ fn status_flags_the_nodes_that_are_not_ok() {
     let table = flockctl_in(&ns, &["status", "--kubeconfig", &kubeconfig]);
     assert_eq!(table.status.code(), Some(1));
     let table = text(&table.stdout);
-    assert!(table.contains("node-2: the last sync failed") && table.contains("STALE") && table.contains("3 nodes, 2 not ok"), "{table}");
+    assert!(
+        table.contains("node-2: the last sync failed")
+            && table.contains("STALE")
+            && table.contains("3 nodes, 2 not ok; 1 runs, 0 not enforced"),
+        "{table}"
+    );
     drop(server);
 
     // A fleet where every node is fine: exit 0.
@@ -350,7 +355,7 @@ fn status_flags_the_nodes_that_are_not_ok() {
     let (_server, kubeconfig) = serve(&ns, &s, &[&s.path("fine.yaml")]);
     let out = flockctl_in(&ns, &["status", "--kubeconfig", &kubeconfig]);
     assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
-    assert!(text(&out.stdout).contains("1 nodes, 0 not ok; 1 runs"), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("1 nodes, 0 not ok; 1 runs, 0 not enforced"), "{}", text(&out.stdout));
 }
 
 /// `--flows`: of the connections the agent logged, those the change flips.
@@ -367,7 +372,8 @@ fn whatif_flows_lists_the_observed_flows_a_change_flips() {
     };
     let lines = [
         record("allowed", "z/a", "y/b", 80),
-        record("allowed", "z/a", "y/b", 80),
+        // As `kubectl logs --prefix` shows it.
+        format!("[pod/flock-agent-x/flock-agent] {}", record("allowed", "z/a", "y/b", 80)),
         record("allowed", "x/a", "y/b", 80),
         record("allowed", "z/b", "x/a", 80),
         r#"{"timestamp":"t","level":"INFO","target":"flock::sync","fields":{"message":"synced"}}"#.to_string(),
@@ -399,4 +405,9 @@ fn whatif_flows_lists_the_observed_flows_a_change_flips() {
     assert!(out.status.success());
     let table = text(&out.stdout);
     assert!(table.contains("Allow → Deny") && table.contains("2 allowed") && table.contains("1 of 4 observed flows flip"), "{table}");
+    // A log without a record (the text format, another container's): no answer, exit 2.
+    std::fs::write(&flows, "2026-11-27T10:00:00Z  INFO flock::denied: packet denied from=z/a\n").unwrap();
+    let out = flockctl_here(&["whatif", "-f", BASE, "--apply", &change, "--flows", &flows]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("no flock::denied records found in 1 lines"), "{}", text(&out.stderr));
 }

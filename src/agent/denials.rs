@@ -151,8 +151,10 @@ fn log(d: &denial::Denial) {
         from = %d.from,
         to = %d.to,
         protocol = %d.protocol,
+        family = d.family,
         port = d.port.unwrap_or(0),
         policies = %d.policies.join(", "),
+        prefix = d.prefix.as_deref().unwrap_or(""),
         "{}",
         match (d.reason, d.audit) {
             (denial::Reason::Allowed, _) => "connection allowed (flock.dev/log-allowed)",
@@ -169,7 +171,7 @@ mod tests {
 
     use super::*;
     use crate::explain::observed::{self, Flow};
-    use crate::model::Protocol;
+    use crate::model::{Family, Protocol};
 
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);
@@ -189,7 +191,7 @@ mod tests {
     fn logged_records_read_back_as_flows() {
         let buffer = Buffer::default();
         let writer = buffer.clone();
-        let subscriber = tracing_subscriber::fmt().json().with_current_span(true).with_writer(move || writer.clone()).finish();
+        let subscriber = crate::process::json_subscriber("info", move || writer.clone());
         let record = |reason, audit, from: &str, to: &str, port| denial::Denial {
             reason,
             direction: Some("ingress"),
@@ -198,6 +200,7 @@ mod tests {
             from: from.into(),
             to: to.into(),
             protocol: "TCP".into(),
+            family: "IPv4",
             port,
             policies: vec!["networkpolicy y/deny".into()],
             audit,
@@ -208,11 +211,15 @@ mod tests {
             log(&record(denial::Reason::Policy, true, "198.18.0.7", "y/b", Some(8080)));
             log(&record(denial::Reason::Allowed, false, "x/b", "y/b", Some(80)));
             log(&record(denial::Reason::SpoofedSource, false, "198.18.0.9", "y/b", Some(80)));
+            // Another table's drop logged to the group: no flock verdict.
+            let mut other = record(denial::Reason::Policy, false, "x/c", "y/b", Some(80));
+            other.prefix = Some("other-table: ".into());
+            log(&other);
         });
         let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
         let log = observed::parse(&text);
-        assert_eq!((log.records, log.not_policy, log.unreadable_count, log.other_lines), (3, 1, 0, 0), "{text}");
-        let flow = |from: &str, port| Flow { from: from.into(), to: "y/b".into(), protocol: Protocol::Tcp, port };
+        assert_eq!((log.records, log.not_policy, log.unreadable_count, log.other_lines), (3, 2, 0, 0), "{text}");
+        let flow = |from: &str, port| Flow { from: from.into(), to: "y/b".into(), protocol: Protocol::Tcp, port, family: Some(Family::V4) };
         assert_eq!(log.flows[&flow("x/a", 80)].denied, 1);
         assert_eq!(log.flows[&flow("198.18.0.7", 8080)].audit, 1);
         assert_eq!(log.flows[&flow("x/b", 80)].allowed, 1);

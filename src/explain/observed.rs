@@ -6,10 +6,9 @@
 //! [`parse`] reads the lines (the `tracing` JSON format, fields nested under `fields` or
 //! flattened), keeps one flow per (from, to, protocol, port) with how often and how it was
 //! seen, and counts what it leaves out by why: other log lines, records that are no
-//! policy verdict (spoofed source, unknown pod), flows without a port (ICMP), unreadable lines.
-//! [`flips`] explains each flow on the cluster before and after the change (each address
-//! family both ends have: a log names pods, not the family) and keeps those whose verdict
-//! differs. Pure.
+//! policy verdict (spoofed source, unknown pod, another table's drops), flows without a port
+//! (ICMP), unreadable lines. [`flips`] explains each flow on the cluster before and after the
+//! change (in the family logged) and keeps those whose verdict differs. Pure.
 
 use std::collections::BTreeMap;
 
@@ -33,6 +32,8 @@ pub struct Flow {
     pub to: String,
     pub protocol: Protocol,
     pub port: u16,
+    /// As logged (`None` from an agent that did not log it: each family both ends have).
+    pub family: Option<Family>,
 }
 
 /// How a logged flow was seen: what the agent did with it.
@@ -67,7 +68,11 @@ pub struct FlowLog {
 pub fn parse(text: &str) -> FlowLog {
     let mut out = FlowLog::default();
     for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
+        if line.trim().is_empty() {
+            continue;
+        }
+        // What `kubectl logs --prefix` or `--timestamps` puts before the JSON is skipped.
+        let line = line.find('{').map_or("", |i| line[i..].trim());
         let Ok(Value::Object(record)) = serde_json::from_str::<Value>(line) else {
             out.other_lines += 1;
             continue;
@@ -120,6 +125,10 @@ enum Skip {
 fn read_record(f: &serde_json::Map<String, Value>) -> Result<Option<(Flow, How)>, Skip> {
     let text = |k: &str| f.get(k).and_then(Value::as_str).ok_or_else(|| Skip::Bad(format!("no {k:?} string")));
     let audit = f.get("audit").and_then(Value::as_bool).unwrap_or(false);
+    // Another table's drop logged to the group: no verdict of flock's.
+    if f.get("prefix").and_then(Value::as_str).is_some_and(|p| !p.is_empty()) {
+        return Err(Skip::NotPolicy);
+    }
     let how = match text("reason")? {
         "policy" if audit => How::Audit,
         "policy" | "revoked" => How::Denied,
@@ -134,11 +143,17 @@ fn read_record(f: &serde_json::Map<String, Value>) -> Result<Option<(Flow, How)>
         Some(p) => u16::try_from(p).map_err(|_| Skip::Bad(format!("port {p} out of range")))?,
         None => return Err(Skip::Bad("no \"port\" number".into())),
     };
+    let family = match f.get("family").and_then(Value::as_str) {
+        None | Some("") => None,
+        Some("IPv4") => Some(Family::V4),
+        Some("IPv6") => Some(Family::V6),
+        Some(other) => return Err(Skip::Bad(format!("unknown family {other:?}"))),
+    };
     let (from, to) = (text("from")?, text("to")?);
     for end in [from, to] {
         End::parse(end).map_err(|e| Skip::Bad(e.to_string()))?;
     }
-    Ok(Some((Flow { from: from.into(), to: to.into(), protocol, port }, how)))
+    Ok(Some((Flow { from: from.into(), to: to.into(), protocol, port, family }, how)))
 }
 
 /// One observed flow the change flips.
@@ -179,10 +194,14 @@ pub fn flips(before: &Snapshot, after: &Snapshot, options: &Options, log: &FlowL
     let mut out = Flips { flips: Vec::new(), flows: log.flows.len(), records: log.records, unjudged: Vec::new() };
     for (flow, seen) in &log.flows {
         let (Ok(from), Ok(to)) = (End::parse(&flow.from), End::parse(&flow.to)) else { continue };
-        // A pod-to-pod record does not say its family: judge each one both have. An address
-        // end fixes the family.
-        let families: &[Option<Family>] =
-            if matches!((&from, &to), (End::Pod(_), End::Pod(_))) { &[Some(Family::V4), Some(Family::V6)] } else { &[None] };
+        // The family as logged; an older agent's pod-to-pod record does not say it: each one
+        // both pods have. An address end fixes the family.
+        let families: &[Option<Family>] = match (&from, &to, flow.family) {
+            (End::Pod(_), End::Pod(_), Some(Family::V4)) => &[Some(Family::V4)],
+            (End::Pod(_), End::Pod(_), Some(Family::V6)) => &[Some(Family::V6)],
+            (End::Pod(_), End::Pod(_), None) => &[Some(Family::V4), Some(Family::V6)],
+            _ => &[None],
+        };
         let mut judged = false;
         let mut why = None;
         for family in families {
@@ -263,9 +282,9 @@ mod tests {
         let log = parse(&text);
         assert_eq!((log.records, log.flows.len(), log.other_lines, log.not_policy, log.portless, log.unreadable_count), (4, 3, 2, 1, 1, 1));
         assert!(log.unreadable[0].starts_with("line 6: "), "{:?}", log.unreadable);
-        let seen = log.flows[&Flow { from: "x/a".into(), to: "y/b".into(), protocol: Protocol::Tcp, port: 80 }];
+        let seen = log.flows[&Flow { from: "x/a".into(), to: "y/b".into(), protocol: Protocol::Tcp, port: 80, family: None }];
         assert_eq!((seen.denied, seen.allowed, seen.audit), (2, 0, 0));
-        let audit = log.flows[&Flow { from: "198.18.0.7".into(), to: "x/a".into(), protocol: Protocol::Udp, port: 53 }];
+        let audit = log.flows[&Flow { from: "198.18.0.7".into(), to: "x/a".into(), protocol: Protocol::Udp, port: 53, family: None }];
         assert_eq!(audit.audit, 1);
     }
 

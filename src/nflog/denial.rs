@@ -118,6 +118,8 @@ pub struct Denial {
     /// The destination: `namespace/name` of a pod, else the address.
     pub to: String,
     pub(crate) protocol: String,
+    /// `IPv4` or `IPv6`.
+    pub(crate) family: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) port: Option<u16>,
     /// What denies in that direction (see the module doc); `unknown pod` when the interface
@@ -181,6 +183,7 @@ pub(crate) fn denial(logged: &Logged, endpoints: &Endpoints, snapshot: &Snapshot
         from,
         to,
         protocol: logged.protocol_name(),
+        family: crate::model::Family::of(logged.src).as_str(),
         port: logged.dport,
         policies: Vec::new(),
         audit: false,

@@ -20,18 +20,21 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::controller::{enforced, render};
-use crate::crd::{FlockNode, FlockNodeStatus, Run};
+use crate::crd::{AgentPod, FlockNode, FlockNodeStatus, Run};
 
 /// Where the agents run: their namespace and pod label selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Agents {
     pub namespace: String,
     pub selector: String,
+    /// Only the Nodes this label selector selects (those the agent's DaemonSet runs on);
+    /// empty: every Node.
+    pub nodes: String,
 }
 
 impl Default for Agents {
     fn default() -> Self {
-        Self { namespace: "flock-system".into(), selector: "app.kubernetes.io/name=flock-agent".into() }
+        Self { namespace: "flock-system".into(), selector: "app.kubernetes.io/name=flock-agent".into(), nodes: String::new() }
     }
 }
 
@@ -52,21 +55,25 @@ pub struct Fleet {
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     #[error("cannot list {resource}: the API server refused (RBAC: the user needs the `list` verb on {resource}): {message}")]
-    Forbidden { resource: &'static str, message: String },
+    Forbidden { resource: String, message: String },
+    #[error("cannot list {resource}: the API server does not know these credentials (401): {message}")]
+    Unauthorized { resource: String, message: String },
     #[error("cannot list {resource}: the API server does not serve it ({why})")]
     NotServed { resource: &'static str, why: &'static str },
     #[error("cannot list {resource}: {source}")]
     Api {
-        resource: &'static str,
+        resource: String,
         #[source]
         source: kube::Error,
     },
 }
 
 impl FleetError {
-    fn new(resource: &'static str, e: kube::Error) -> Self {
+    fn new(resource: impl Into<String>, e: kube::Error) -> Self {
+        let resource = resource.into();
         match e {
-            kube::Error::Api(s) if s.code == 403 || s.code == 401 => Self::Forbidden { resource, message: s.message },
+            kube::Error::Api(s) if s.code == 403 => Self::Forbidden { resource, message: s.message },
+            kube::Error::Api(s) if s.code == 401 => Self::Unauthorized { resource, message: s.message },
             source => Self::Api { resource, source },
         }
     }
@@ -80,7 +87,11 @@ fn not_found(e: &kube::Error) -> bool {
 /// Runs are optional (flock-controller may not be installed).
 pub async fn read(client: &Client, agents: Agents) -> Result<Fleet, FleetError> {
     let all = ListParams::default();
-    let nodes = Api::<Node>::all(client.clone()).list(&all).await.map_err(|e| FleetError::new("nodes", e))?.items;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default().labels(&agents.nodes))
+        .await
+        .map_err(|e| FleetError::new("nodes", e))?
+        .items;
     let flock_nodes = match Api::<FlockNode>::all(client.clone()).list(&all).await {
         Ok(l) => l.items,
         Err(e) if not_found(&e) => {
@@ -94,7 +105,7 @@ pub async fn read(client: &Client, agents: Agents) -> Result<Fleet, FleetError> 
     let agent_pods = Api::<Pod>::namespaced(client.clone(), &agents.namespace)
         .list(&ListParams::default().labels(&agents.selector))
         .await
-        .map_err(|e| FleetError::new("pods (flock-agent)", e))?
+        .map_err(|e| FleetError::new(format!("pods in namespace {} ({})", agents.namespace, agents.selector), e))?
         .items;
     let runs = match Api::<Run>::all(client.clone()).list(&all).await {
         Ok(l) => l.items,
@@ -107,7 +118,7 @@ pub async fn read(client: &Client, agents: Agents) -> Result<Fleet, FleetError> 
         Api::<Pod>::all(client.clone())
             .list(&ListParams::default().labels(crate::model::RUN_LABEL))
             .await
-            .map_err(|e| FleetError::new("pods (flock.dev/run)", e))?
+            .map_err(|e| FleetError::new("pods in all namespaces (labelled flock.dev/run)", e))?
             .items
     };
     Ok(Fleet { nodes, flock_nodes, agent_pods, runs, run_pods, agents })
@@ -126,9 +137,9 @@ pub struct FleetStatus {
 }
 
 impl FleetStatus {
-    /// Whether every node is ok (runs count through their nodes).
+    /// Whether every node is ok and every run enforced.
     pub fn ok(&self) -> bool {
-        self.nodes.iter().all(|n| n.ok)
+        self.nodes.iter().all(|n| n.ok) && self.runs.iter().all(|r| r.enforced)
     }
 }
 
@@ -203,16 +214,26 @@ fn pod_trouble(p: &Pod) -> String {
     out.join(", ")
 }
 
+/// The agent pod that speaks for a node: the FlockNode's writer if it is there and not
+/// terminating, else a Ready one that is not terminating, else any.
+fn pick<'a>(pods: &[&'a Pod], writer: Option<&AgentPod>) -> Option<&'a Pod> {
+    let terminating = |p: &Pod| p.metadata.deletion_timestamp.is_some();
+    let rank = |p: &Pod| {
+        let wrote = writer.is_some_and(|w| p.uid().as_deref() == Some(w.uid.as_str()));
+        (!terminating(p) && wrote, !terminating(p) && pod_ready(p), !terminating(p))
+    };
+    pods.iter().copied().max_by_key(|p| rank(p))
+}
+
 /// The fleet's state as `client_version` (flockctl's) sees it.
 pub fn judge(fleet: &Fleet, client_version: &str) -> FleetStatus {
     let reports: BTreeMap<String, &FlockNode> = fleet.flock_nodes.iter().map(|f| (f.name_any(), f)).collect();
-    // Prefer a Ready agent pod where a node has several (a rollout).
-    let mut agents: BTreeMap<&str, &Pod> = BTreeMap::new();
+    // Where a node has several agent pods (a rollout): the one that wrote its FlockNode if it
+    // is still there and not terminating, else a Ready one that is not terminating.
+    let mut agents: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
     for p in &fleet.agent_pods {
-        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
-        let better = agents.get(node).is_none_or(|q| !pod_ready(q) && pod_ready(p));
-        if better {
-            agents.insert(node, p);
+        if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            agents.entry(node).or_default().push(p);
         }
     }
     let statuses: BTreeMap<String, FlockNodeStatus> =
@@ -245,7 +266,8 @@ pub fn judge(fleet: &Fleet, client_version: &str) -> FleetStatus {
                 row.reasons.push(format!("node {what} (its kubelet is not reporting?): its FlockNode may be stale"));
             }
         }
-        match agents.get(name.as_str()) {
+        let writer = reports.get(&name).and_then(|f| f.status.as_ref()).and_then(|s| s.agent_pod.as_ref());
+        match agents.get(name.as_str()).and_then(|pods| pick(pods, writer)) {
             None => {
                 row.stale = true;
                 row.reasons.push(format!(
@@ -258,6 +280,14 @@ pub fn judge(fleet: &Fleet, client_version: &str) -> FleetStatus {
                 if !pod_ready(p) {
                     row.stale = true;
                     row.reasons.push(format!("flock-agent pod {pod} is not ready ({}): its FlockNode may be stale", pod_trouble(p)));
+                } else if let Some(w) = writer
+                    && p.uid().as_deref() != Some(w.uid.as_str())
+                {
+                    row.stale = true;
+                    row.reasons.push(format!(
+                        "its FlockNode was written by flock-agent pod {} (uid {}), not by {pod}, which runs there now: that agent has not written it (RBAC or admission refusing it? --node-status=false?)",
+                        w.name, w.uid
+                    ));
                 }
                 row.agent_pod = Some(pod);
             }
@@ -319,7 +349,11 @@ fn judge_runs(fleet: &Fleet, statuses: &BTreeMap<String, FlockNodeStatus>) -> (V
         let name = format!("{namespace}/{}", run.name_any());
         let policy_name = format!("{namespace}/{}", policy.name);
         let generation = policy.generation.unwrap_or(0);
-        let Some(selector) = render::run_selector(run).ok().as_ref().and_then(enforced::compile) else {
+        // The controller's choice for an invalid run too (its own selector when that part is
+        // valid, else the default one): its pods stay isolated either way.
+        let selector =
+            render::run_selector(run).ok().or_else(|| render::own_selector(run)).unwrap_or_else(|| render::default_selector(run));
+        let Some(selector) = enforced::compile(&selector) else {
             rows.push(RunRow {
                 name,
                 policy: policy_name,
@@ -360,7 +394,7 @@ mod tests {
 
     fn agent(node: &str, ready: bool) -> Pod {
         serde_json::from_value(json!({
-            "metadata": {"name": format!("flock-agent-{node}"), "namespace": "flock-system"},
+            "metadata": {"name": format!("flock-agent-{node}"), "namespace": "flock-system", "uid": format!("uid-{node}-{ready}")},
             "spec": {"nodeName": node, "containers": []},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
                        "containerStatuses": [{"name": "agent", "ready": ready, "restartCount": if ready {0} else {4}, "image": "", "imageID": "",
@@ -486,13 +520,64 @@ mod tests {
     }
 
     #[test]
-    fn a_ready_agent_pod_is_preferred_during_a_rollout() {
+    fn a_ready_agent_pod_is_preferred_during_a_rollout_whatever_the_order() {
+        for pods in [vec![agent("a", false), agent("a", true)], vec![agent("a", true), agent("a", false)]] {
+            let fleet = Fleet {
+                nodes: vec![node("a", "True")],
+                flock_nodes: vec![flock_node("a", healthy("0.1.0"))],
+                agent_pods: pods,
+                ..Fleet::default()
+            };
+            assert!(judge(&fleet, "0.1.0").ok());
+        }
+    }
+
+    /// A status written by another agent pod than the one running now is stale: the running
+    /// one has not written (RBAC, admission, --node-status=false).
+    #[test]
+    fn a_status_written_by_another_agent_pod_is_stale() {
+        let mut status = healthy("0.1.0");
+        status["agentPod"] = json!({"name": "flock-system/flock-agent-old", "uid": "uid-old"});
+        let mut fleet = Fleet {
+            nodes: vec![node("a", "True")],
+            flock_nodes: vec![flock_node("a", status.clone())],
+            agent_pods: vec![agent("a", true)],
+            ..Fleet::default()
+        };
+        let s = judge(&fleet, "0.1.0");
+        let a = row(&s, "a");
+        assert!(!a.ok && a.stale && a.reasons[0].contains("written by flock-agent pod flock-system/flock-agent-old"), "{a:#?}");
+        // The writer itself, terminating, beside its Ready successor that has not written:
+        // still stale (the successor speaks for the node).
+        let mut old = agent("a", true);
+        old.metadata.uid = Some("uid-old".into());
+        old.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        fleet.agent_pods = vec![old.clone(), agent("a", true)];
+        assert!(row(&judge(&fleet, "0.1.0"), "a").stale);
+        // Written by the pod running now: ok.
+        status["agentPod"]["uid"] = "uid-a-true".into();
+        fleet.flock_nodes = vec![flock_node("a", status)];
+        fleet.agent_pods = vec![old, agent("a", true)];
+        assert!(judge(&fleet, "0.1.0").ok());
+    }
+
+    /// An invalid run keeps its pods isolated: its nodes are still judged (by its own
+    /// selector or the default one), and a run not enforced fails the status.
+    #[test]
+    fn an_invalid_run_is_still_judged_and_counts() {
+        let mut r = run("r", 3);
+        r.spec.profile = String::new();
         let fleet = Fleet {
             nodes: vec![node("a", "True")],
             flock_nodes: vec![flock_node("a", healthy("0.1.0"))],
-            agent_pods: vec![agent("a", false), agent("a", true)],
-            ..Fleet::default()
+            agent_pods: vec![agent("a", true)],
+            runs: vec![r],
+            run_pods: vec![run_pod("r", "a"), run_pod("r", "gone")],
+            agents: Agents::default(),
         };
-        assert!(judge(&fleet, "0.1.0").ok());
+        let s = judge(&fleet, "0.1.0");
+        assert_eq!(s.runs[0].pending, ["a", "gone"], "{s:#?}");
+        assert!(!s.ok());
     }
 }

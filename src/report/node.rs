@@ -37,7 +37,7 @@ use tokio::sync::watch;
 
 use crate::agent::SyncStatus;
 use crate::agent::metrics::Metrics;
-use crate::crd::{EnforcedPolicy, FlockNode, FlockNodeSpec, FlockNodeStatus, NodeRuleset};
+use crate::crd::{AgentPod, EnforcedPolicy, FlockNode, FlockNodeSpec, FlockNodeStatus, NodeRuleset};
 use crate::source::kube::{ApiHealth, HealthState};
 
 /// The field manager of the status writes.
@@ -51,6 +51,8 @@ const DIGEST_WAIT: Duration = Duration::from_secs(3);
 /// How this node's FlockNode is written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeStatusOptions {
+    /// This agent's pod (from the downward API), written into the status.
+    pub agent_pod: Option<AgentPod>,
     /// At most one status write per this long.
     pub interval: Duration,
     /// A failed attempt is retried after this, doubling up to `max_retry`.
@@ -60,7 +62,7 @@ pub struct NodeStatusOptions {
 
 impl Default for NodeStatusOptions {
     fn default() -> Self {
-        Self { interval: Duration::from_secs(10), retry: Duration::from_secs(5), max_retry: Duration::from_secs(60) }
+        Self { agent_pod: None, interval: Duration::from_secs(10), retry: Duration::from_secs(5), max_retry: Duration::from_secs(60) }
     }
 }
 
@@ -86,7 +88,7 @@ pub(crate) enum NodeStatusError {
 }
 
 /// The status this node's FlockNode should have; `None` before the agent's first commit.
-pub(crate) fn desired(sync: &SyncStatus, api: HealthState) -> Option<FlockNodeStatus> {
+pub(crate) fn desired(sync: &SyncStatus, api: HealthState, agent_pod: Option<&AgentPod>) -> Option<FlockNodeStatus> {
     if !sync.ready {
         return None;
     }
@@ -106,6 +108,7 @@ pub(crate) fn desired(sync: &SyncStatus, api: HealthState) -> Option<FlockNodeSt
             .iter()
             .map(|(name, generation)| EnforcedPolicy { name: name.to_string(), generation: *generation })
             .collect(),
+        agent_pod: agent_pod.cloned(),
     })
 }
 
@@ -158,7 +161,7 @@ impl NodeStatusWriter {
             }
             let (want, pending) = {
                 let s = sync.borrow_and_update();
-                (desired(&s, health.state()), digest_pending(&s))
+                (desired(&s, health.state(), self.opts.agent_pod.as_ref()), digest_pending(&s))
             };
             digest_since = if pending { digest_since.or_else(|| Some(Instant::now())) } else { None };
             let due = match &want {
@@ -363,13 +366,13 @@ mod tests {
 
     #[test]
     fn nothing_before_the_first_commit() {
-        assert_eq!(desired(&SyncStatus::default(), HealthState::Connected), None);
+        assert_eq!(desired(&SyncStatus::default(), HealthState::Connected, None), None);
         assert!(!digest_pending(&SyncStatus::default()));
     }
 
     #[test]
     fn the_desired_status_of_a_commit() {
-        let d = desired(&committed(), HealthState::Degraded).unwrap();
+        let d = desired(&committed(), HealthState::Degraded, None).unwrap();
         assert_eq!(d.version, env!("CARGO_PKG_VERSION"));
         assert_eq!(d.api, "Degraded");
         assert_eq!(d.ruleset, Some(NodeRuleset { hash: "ab".repeat(32), rules: 12, set_elements: 7, local_endpoints: 2 }));
@@ -379,14 +382,14 @@ mod tests {
         assert_eq!(names, [("a/q", 0), ("b/p", 2)]);
         assert!(!digest_pending(&committed()));
         // The same inputs, the same status: nothing to write.
-        assert_eq!(desired(&committed(), HealthState::Degraded), Some(d));
+        assert_eq!(desired(&committed(), HealthState::Degraded, None), Some(d));
     }
 
     #[test]
     fn a_failed_sync_shows_its_error_cut_on_a_character_boundary() {
         let mut s = committed();
         s.error = Some(format!("nft refused: {}", "é".repeat(3000)));
-        let d = desired(&s, HealthState::Connected).unwrap();
+        let d = desired(&s, HealthState::Connected, None).unwrap();
         assert!(d.last_error.len() <= MAX_ERROR && d.last_error.len() > MAX_ERROR - 2, "{}", d.last_error.len());
         assert!(d.last_error.starts_with("nft refused: é"));
         // The last committed ruleset stays.
@@ -400,12 +403,12 @@ mod tests {
         assert!(digest_pending(&s));
         s.ruleset_digest = None;
         assert!(digest_pending(&s));
-        assert_eq!(desired(&s, HealthState::Connected).unwrap().ruleset, None);
+        assert_eq!(desired(&s, HealthState::Connected, None).unwrap().ruleset, None);
     }
 
     #[test]
     fn the_merge_patch_clears_what_went_away() {
-        let d = desired(&committed(), HealthState::Connected).unwrap();
+        let d = desired(&committed(), HealthState::Connected, None).unwrap();
         let full = merge_patch(&d).unwrap();
         assert_eq!(full["status"]["ruleset"]["setElements"], 7);
         assert_eq!(full["status"]["runPolicies"][0], json!({"name": "a/q", "generation": 0}));

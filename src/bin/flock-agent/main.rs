@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::Parser;
 use flock::agent::AgentConfig;
 use flock::agent::http::ListenAddr;
+use flock::crd::AgentPod;
 use flock::daemon::{self, DaemonOptions};
 use flock::lease::LeaseSettings;
 use flock::netns::Netns;
@@ -202,6 +203,10 @@ struct Args {
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
+    /// This pod's uid (from the downward API), written into the FlockNode with its name and
+    /// namespace: `flockctl status` tells a status the running agent wrote from an older one.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
 }
 
 /// One bit of the ct mark, as `0x…` or decimal.
@@ -250,7 +255,12 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// How this node's FlockNode is written (`None`: not at all).
 fn node_status_options(args: &Args) -> Option<NodeStatusOptions> {
-    args.node_status.then(|| NodeStatusOptions { interval: args.node_status_interval, ..NodeStatusOptions::default() })
+    let agent_pod = args
+        .pod_uid
+        .as_ref()
+        .filter(|uid| !uid.is_empty())
+        .map(|uid| AgentPod { name: format!("{}/{}", args.reporter_lease_namespace, args.pod_name), uid: uid.clone() });
+    args.node_status.then(|| NodeStatusOptions { agent_pod, interval: args.node_status_interval, ..NodeStatusOptions::default() })
 }
 
 fn main() -> ExitCode {

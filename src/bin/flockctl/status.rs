@@ -28,6 +28,10 @@ pub struct StatusArgs {
     /// The label selector of flock-agent's pods there.
     #[arg(long, default_value = "app.kubernetes.io/name=flock-agent", value_name = "SELECTOR")]
     agent_selector: String,
+    /// Only the Nodes this label selector selects (those flock-agent's DaemonSet runs on;
+    /// default: every Node).
+    #[arg(long, value_name = "SELECTOR")]
+    node_selector: Option<String>,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value = "table")]
     output: Output,
@@ -35,7 +39,11 @@ pub struct StatusArgs {
 
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
-    let agents = Agents { namespace: args.agent_namespace.clone(), selector: args.agent_selector.clone() };
+    let agents = Agents {
+        namespace: args.agent_namespace.clone(),
+        selector: args.agent_selector.clone(),
+        nodes: args.node_selector.clone().unwrap_or_default(),
+    };
     let fleet = runtime
         .block_on(async {
             let client = crate::cluster::client(&args.cluster).await?;
@@ -101,6 +109,7 @@ fn table(s: &FleetStatus) -> String {
         let _ = writeln!(out, "FlockNode {l}: no such Node (a leftover; delete it)");
     }
     let bad = s.nodes.iter().filter(|n| !n.ok).count();
-    let _ = writeln!(out, "{} nodes, {bad} not ok; {} runs", s.nodes.len(), s.runs.len());
+    let unenforced = s.runs.iter().filter(|r| !r.enforced).count();
+    let _ = writeln!(out, "{} nodes, {bad} not ok; {} runs, {unenforced} not enforced", s.nodes.len(), s.runs.len());
     out
 }

@@ -160,9 +160,18 @@ fn observed(
         eprintln!("warning: --flows: {} more records left out", log.unreadable_count - log.unreadable.len());
     }
     if log.records == 0 {
-        eprintln!("warning: --flows: no flock::denied records found (flock-agent logs them as JSON with --log-format json)");
+        // Nothing judged is no answer: a script must not read it as "nothing flips".
+        bail!(
+            "--flows: no flock::denied records found in {} lines (flock-agent logs them as JSON with --log-format json)",
+            log.other_lines + log.unreadable_count + log.not_policy + log.portless
+        );
     }
-    log.flows.retain(|f, _| scope.port.is_none_or(|p| p == f.port) && scope.protocol.is_none_or(|p| p == f.protocol));
+    log.flows.retain(|f, _| {
+        scope.port.is_none_or(|p| p == f.port)
+            && scope.protocol.is_none_or(|p| p == f.protocol)
+            && scope.family.is_none_or(|want| f.family.is_none_or(|got| got == want))
+    });
+    log.records = log.flows.values().map(|s| s.denied + s.audit + s.allowed).sum();
     let mut f = observed::flips(before, after, options, &log);
     if let Some(family) = scope.family {
         f.flips.retain(|x| x.family == family.as_str());
@@ -183,7 +192,8 @@ fn observed(
         }
         Output::Table => print!("{}", flips_table(&f, total, &log)),
     }
-    Ok(if args.exit_code && total > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    // A flow that cannot be judged is not known not to flip.
+    Ok(if args.exit_code && (total > 0 || !f.unjudged.is_empty()) { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 fn flips_table(f: &observed::Flips, total: usize, log: &observed::FlowLog) -> String {
