@@ -215,7 +215,7 @@ impl Ctx<'_> {
             pod: pod.clone(),
             ips: addrs.clone(),
         });
-        if let Err(e) = protocol::call(&self.socket(), request, timeout) {
+        if let Err(e) = protocol::call_waiting(&self.socket(), request, timeout) {
             let failed = CniError::new(code::TRY_AGAIN_LATER, format!("flock-agent did not program pod {}/{}", pod.namespace, pod.name));
             // A late or failed sync leaves the endpoint registered in the agent (or about to
             // be): withdraw it before the lease can go to another pod.

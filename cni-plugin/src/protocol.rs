@@ -14,7 +14,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -169,9 +169,44 @@ impl AgentError {
 
 /// Sends `request` and waits at most `timeout` for the reply.
 pub fn call(socket: &Path, request: Request, timeout: Duration) -> Result<(), AgentError> {
+    let stream = UnixStream::connect(socket).map_err(|source| AgentError::Unreachable { socket: socket.to_path_buf(), source })?;
+    exchange(socket, stream, request, timeout)
+}
+
+/// How often [`call_waiting`] tries to connect again.
+const RECONNECT: Duration = Duration::from_millis(50);
+
+/// [`call`], for an agent that may be restarting: while its socket is missing or refuses
+/// connections (the old process gone, the new one not listening yet), connect again every
+/// 50 ms; `timeout` bounds the whole call, waiting included. Any other failure is returned
+/// at once.
+pub fn call_waiting(socket: &Path, request: Request, timeout: Duration) -> Result<(), AgentError> {
+    let deadline = Instant::now() + timeout;
+    let mut waited = false;
+    let stream = loop {
+        match UnixStream::connect(socket) {
+            Ok(s) => break s,
+            Err(e)
+                if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused)
+                    && Instant::now() + RECONNECT < deadline =>
+            {
+                if !waited {
+                    tracing::info!(socket = %socket.display(), error = %e, "flock-agent is not listening (restarting?): waiting for it");
+                    waited = true;
+                }
+                std::thread::sleep(RECONNECT);
+            }
+            Err(source) => return Err(AgentError::Unreachable { socket: socket.to_path_buf(), source }),
+        }
+    };
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
+    exchange(socket, stream, request, left)
+}
+
+/// One request and its reply on a connected `stream`.
+fn exchange(socket: &Path, mut stream: UnixStream, request: Request, timeout: Duration) -> Result<(), AgentError> {
     let op = request.op();
     let unreachable = |source| AgentError::Unreachable { socket: socket.to_path_buf(), source };
-    let mut stream = UnixStream::connect(socket).map_err(unreachable)?;
     stream.set_read_timeout(Some(timeout)).map_err(unreachable)?;
     stream.set_write_timeout(Some(timeout)).map_err(unreachable)?;
     let mut line = serde_json::to_vec(&RequestEnvelope { version: PROTOCOL_VERSION, request }).map_err(|e| AgentError::Protocol {
@@ -366,6 +401,37 @@ mod tests {
         server.join().unwrap();
         let e = call(&dir.join("absent.sock"), Request::Status, Duration::from_secs(1)).unwrap_err();
         assert!(matches!(e, AgentError::Unreachable { .. }), "{e}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// An agent restarting: its old socket left behind (connections refused), then a new one
+    /// in its place. The ADD waits and goes through; with nobody ever listening it gives up
+    /// at its timeout.
+    #[test]
+    fn call_waiting_waits_for_a_restarting_agent() {
+        let dir = temp("waiting");
+        let sock = dir.join("s.sock");
+        drop(UnixListener::bind(&sock).unwrap());
+        let path = sock.clone();
+        let agent = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let _ = std::fs::remove_file(&path);
+            let listener = UnixListener::bind(&path).unwrap();
+            let (conn, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(conn.try_clone().unwrap());
+            decode_request(&read_line(&mut r).unwrap().unwrap()).unwrap();
+            let mut w = conn;
+            w.write_all(&encode_reply(&Reply::ok())).unwrap();
+        });
+        assert!(matches!(call(&sock, add(), Duration::from_secs(1)), Err(AgentError::Unreachable { .. })));
+        let started = std::time::Instant::now();
+        call_waiting(&sock, add(), Duration::from_secs(5)).unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        agent.join().unwrap();
+        let started = std::time::Instant::now();
+        let e = call_waiting(&dir.join("absent.sock"), add(), Duration::from_millis(300)).unwrap_err();
+        assert!(matches!(e, AgentError::Unreachable { .. }) && !e.may_have_reached_agent(), "{e}");
+        assert!(started.elapsed() >= Duration::from_millis(200));
         std::fs::remove_dir_all(dir).unwrap();
     }
 

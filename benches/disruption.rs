@@ -1,0 +1,610 @@
+//! Restarts without disruption, measured like a conn-disrupt test (root: network namespaces,
+//! real nft, real processes). Two nodes (network namespaces joined by a link) run real
+//! `flock-agent` processes against the in-repo API server (listening on node a's address);
+//! pods are attached through `flock-cni` as a container runtime would. While traffic runs,
+//! node a's agent is restarted:
+//!
+//! - `graceful-restart`: SIGTERM, then a new process;
+//! - `kill-restart`: SIGKILL, then a new process.
+//!
+//! The traffic: long-lived TCP streams (16 bytes each way every 10 ms; one same-node, one
+//! cross-node per direction of the cluster), new TCP connections every 20 ms (connect and a
+//! reply within 1 s), UDP request/response every 20 ms (an answer within 1 s), probes that
+//! policy denies every 50 ms (counted if one connects), and a CNI ADD of a new pod on node a
+//! issued while its agent is down (the runtime's ADD must wait and succeed).
+//!
+//! Prints JSON: `{"scenarios": [{"name", "established", "established_broken", "new_conns",
+//! "new_conn_failed", "udp_requests", "udp_unanswered", "denied_probes", "denied_admitted",
+//! "cni_adds", "cni_add_failed", "cni_add_max_ms", "agent_gap_ms"}]}` (`agent_gap_ms`: from the
+//! old process's end to the new one's readiness). Not measured yet: DNS through the agent's
+//! proxy, `upgrade` and `surge-rollout` (see docs/development.md).
+//!
+//! `cargo bench --bench disruption [-- --runs N]` (the full scenarios, each N times). Under
+//! `cargo test` (no `--bench` argument) it runs a short version of each scenario and fails
+//! unless every disruption count is zero.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flock::testkit::kernel::{NetnsGuard, Node, TempDir, flock_cni_binary, require_root, serve_in, sweep, workspace_binary};
+use flock_cni::netns::{self, Netns};
+use flock_cni::runtime::{ConfList, Runtime, Sandbox};
+use flock_test_apiserver::{ApiServer, Config};
+use serde_json::{Value, json};
+
+const NODE_A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 80);
+const NODE_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 81);
+const STREAM_PORT: u16 = 8080;
+const CONN_PORT: u16 = 8081;
+const UDP_PORT: u16 = 8082;
+
+/// How long traffic runs before and after the disruption, and how long the agent stays down.
+#[derive(Clone, Copy)]
+struct Timing {
+    before: Duration,
+    after: Duration,
+    down: Duration,
+}
+
+/// The counts of one scenario.
+#[derive(Default)]
+struct Counts {
+    established: AtomicU64,
+    established_broken: AtomicU64,
+    new_conns: AtomicU64,
+    new_conn_failed: AtomicU64,
+    udp_requests: AtomicU64,
+    udp_unanswered: AtomicU64,
+    denied_probes: AtomicU64,
+    denied_admitted: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A flock-agent process, killed on drop.
+struct Agent {
+    child: Option<Child>,
+}
+
+impl Agent {
+    fn signal(&mut self, sig: &str) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill").args([&format!("-{sig}"), &child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.signal("KILL");
+    }
+}
+
+struct NodeRig {
+    name: &'static str,
+    node: Node,
+    dir: PathBuf,
+    cidr: &'static str,
+}
+
+impl NodeRig {
+    fn socket(&self) -> PathBuf {
+        self.dir.join("cni.sock")
+    }
+
+    fn conflist(&self) -> ConfList {
+        let text = json!({
+            "cniVersion": "1.0.0",
+            "name": format!("flock-bench-{}", self.name),
+            "plugins": [
+                {"type": "loopback"},
+                {
+                    "type": "flock-cni",
+                    "agentSocket": self.socket(),
+                    "stateDir": self.dir.join("cni-state"),
+                    "pendingDelDir": self.dir.join("pending-del"),
+                    "agentTimeoutSeconds": 60,
+                    "ipam": {"type": "host-local", "dataDir": self.dir.join("ipam"), "ranges": [[{"subnet": self.cidr}]]}
+                }
+            ]
+        })
+        .to_string();
+        ConfList::parse(&text).unwrap()
+    }
+
+    fn runtime(&self) -> Runtime {
+        let bin = flock_cni_binary();
+        Runtime { cni_path: vec![bin.parent().unwrap().to_path_buf(), PathBuf::from("/usr/lib/cni")], netns: self.node.ns.netns() }
+    }
+
+    /// Starts this node's agent; `generation` names its log file.
+    fn start_agent(&self, kubeconfig: &Path, generation: usize) -> Agent {
+        let log = std::fs::File::create(self.dir.join(format!("agent-{generation}.log"))).unwrap();
+        let bin = workspace_binary("flock", "flock-agent");
+        let d = |p: &str| self.dir.join(p).to_str().unwrap().to_string();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.node.ns.name, bin.to_str().unwrap()])
+            .args(["--node-name", self.name, "--socket", &d("cni.sock"), "--pending-del-dir", &d("pending-del")])
+            .args(["--state-dir", &d("state"), "--metrics-address", &format!("unix:{}", d("metrics.sock"))])
+            .args(["--no-cni-conf", "--no-events", "--node-status", "false", "--dns-proxy", "false", "--log-format", "json"])
+            .args(["--pod-name", &format!("flock-agent-{}-{generation}", self.name)])
+            .env("KUBECONFIG", kubeconfig)
+            .env_remove("FLOCK_LOG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Agent { child: Some(child) }
+    }
+
+    fn ready(&self) -> bool {
+        http_get(&self.dir.join("metrics.sock"), "/readyz").0 == 200
+    }
+}
+
+fn http_get(socket: &Path, path: &str) -> (u16, String) {
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) else { return (0, String::new()) };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if write!(s, "GET {path} HTTP/1.0\r\nHost: flock\r\n\r\n").is_err() {
+        return (0, String::new());
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    start.elapsed()
+}
+
+/// A pod: its network namespace and address.
+struct PodRig {
+    ns: NetnsGuard,
+    ip: IpAddr,
+}
+
+struct Cluster {
+    _dir: TempDir,
+    nodes: [NodeRig; 2],
+    server: ApiServer,
+    _api: (tokio::sync::watch::Sender<bool>, std::thread::JoinHandle<()>),
+    kubeconfig: PathBuf,
+    pods: Vec<PodRig>,
+    added: usize,
+}
+
+fn pod_json(name: &str, node: &str, app: &str, ip: Option<IpAddr>) -> Value {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "labels": {"app": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": "Running"}});
+    if let Some(ip) = ip {
+        p["status"]["podIP"] = json!(ip.to_string());
+        p["status"]["podIPs"] = json!([{"ip": ip.to_string()}]);
+    }
+    p
+}
+
+impl Cluster {
+    fn new() -> Self {
+        sweep();
+        let dir = TempDir::new("disrupt");
+        let make = |name: &'static str, cidr: &'static str| {
+            let node = Node::new(&format!("dis{name}"));
+            let d = dir.join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            NodeRig { name, node, dir: d, cidr }
+        };
+        let nodes = [make("a", "198.18.80.0/24"), make("b", "198.18.81.0/24")];
+        let (a, b) = (&nodes[0].node.ns, &nodes[1].node.ns);
+        a.ip(&["link", "add", "to-b", "type", "veth", "peer", "name", "to-a", "netns", &b.name]);
+        for (ns, dev, own, peer, peer_cidr) in
+            [(a, "to-b", NODE_A, NODE_B, "198.18.81.0/24"), (b, "to-a", NODE_B, NODE_A, "198.18.80.0/24")]
+        {
+            ns.ip(&["addr", "add", &format!("{own}/32"), "dev", dev]);
+            ns.ip(&["link", "set", dev, "up"]);
+            ns.ip(&["route", "add", &format!("{peer}/32"), "dev", dev]);
+            ns.ip(&["route", "add", peer_cidr, "via", &peer.to_string(), "dev", dev]);
+        }
+        // The API server listens on node a's address (node b reaches it over the link).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let api = serve_in(a.netns(), move |mut stop, ready| {
+            Box::pin(async move {
+                let server = ApiServer::start_tcp(SocketAddr::from((NODE_A, 0)), Config::default()).await.unwrap();
+                flock_test_apiserver::load::install_crds(&server).unwrap();
+                tx.send(server).unwrap();
+                ready.send(()).unwrap();
+                let _ = stop.changed().await;
+            })
+        });
+        let server = rx.recv().unwrap();
+        let addr = server.local_addr().unwrap();
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: http://{addr}\nusers:\n- name: t\n  user: {{}}\n\
+                 contexts:\n- name: t\n  context:\n    cluster: t\n    user: t\ncurrent-context: t\n"
+            ),
+        )
+        .unwrap();
+        for (n, ip, cidr) in [("a", NODE_A, "198.18.80.0/24"), ("b", NODE_B, "198.18.81.0/24")] {
+            server
+                .apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
+                    "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
+                    "status": {"addresses": [{"type": "InternalIP", "address": ip.to_string()}], "conditions": [{"type": "Ready", "status": "True"}]}}))
+                .unwrap();
+        }
+        server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "labels": {"kubernetes.io/metadata.name": "default"}}})).unwrap();
+        // The servers take the clients' streams, connections and datagrams; nothing else.
+        server
+            .apply(json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": "srv", "namespace": "default"},
+                "spec": {"podSelector": {"matchLabels": {"app": "srv"}}, "policyTypes": ["Ingress"],
+                         "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "cli"}}}],
+                                      "ports": [{"port": STREAM_PORT, "protocol": "TCP"}, {"port": CONN_PORT, "protocol": "TCP"}, {"port": UDP_PORT, "protocol": "UDP"}]}]}}))
+            .unwrap();
+        Self { _dir: dir, nodes, server, _api: api, kubeconfig, pods: Vec::new(), added: 0 }
+    }
+
+    /// A pod through the runtime: the object first (the agent waits for it), then CNI ADD,
+    /// then its address in the object's status (as kubelet reports it). How long the ADD took.
+    fn add_pod(&mut self, name: &str, node: usize, app: &str) -> Result<Duration, String> {
+        let n = &self.nodes[node];
+        let ns = NetnsGuard::new(&format!("p{name}"));
+        self.server.apply(pod_json(name, n.name, app, None)).unwrap();
+        let sandbox = Sandbox {
+            container_id: format!("cid-{name}"),
+            netns: format!("/run/netns/{}", ns.name),
+            ifname: "eth0".into(),
+            args: vec![
+                ("IgnoreUnknown".into(), "1".into()),
+                ("K8S_POD_NAMESPACE".into(), "default".into()),
+                ("K8S_POD_NAME".into(), name.into()),
+                ("K8S_POD_UID".into(), format!("uid-{name}")),
+            ],
+            capability_args: Default::default(),
+        };
+        let started = Instant::now();
+        let result = n.runtime().add(&n.conflist(), &sandbox).map_err(|e| format!("CNI ADD of {name}: {e}"))?;
+        let took = started.elapsed();
+        // The loopback plugin's address comes first.
+        let ip: IpAddr = result["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse::<IpAddr>().ok())
+            .find(|a| !a.is_loopback())
+            .unwrap();
+        self.server.apply(pod_json(name, n.name, app, Some(ip))).unwrap();
+        self.pods.push(PodRig { ns, ip });
+        Ok(took)
+    }
+
+    fn pod(&self, i: usize) -> (Netns, IpAddr) {
+        (self.pods[i].ns.netns(), self.pods[i].ip)
+    }
+}
+
+/// Runs `f` on a thread of its own inside `ns`.
+fn spawn_in(ns: Netns, f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || netns::run_in(&ns, f).unwrap())
+}
+
+/// The servers of the `srv` pod, until `stop`.
+fn servers(ns: Netns, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+    let s1 = stop.clone();
+    let echo = spawn_in(ns.clone(), move || {
+        let l = TcpListener::bind(("0.0.0.0", STREAM_PORT)).unwrap();
+        l.set_nonblocking(true).unwrap();
+        while !s1.load(Ordering::Relaxed) {
+            match l.accept() {
+                Ok((mut c, _)) => {
+                    c.set_nonblocking(false).unwrap();
+                    let stop = s1.clone();
+                    std::thread::spawn(move || {
+                        let _ = c.set_read_timeout(Some(Duration::from_millis(200)));
+                        let mut buf = [0u8; 64];
+                        while !stop.load(Ordering::Relaxed) {
+                            match c.read(&mut buf) {
+                                Ok(0) => return,
+                                Ok(n) => {
+                                    if c.write_all(&buf[..n]).is_err() {
+                                        return;
+                                    }
+                                }
+                                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                                Err(_) => return,
+                            }
+                        }
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    });
+    let s2 = stop.clone();
+    let hello = spawn_in(ns.clone(), move || {
+        let l = TcpListener::bind(("0.0.0.0", CONN_PORT)).unwrap();
+        l.set_nonblocking(true).unwrap();
+        while !s2.load(Ordering::Relaxed) {
+            match l.accept() {
+                Ok((mut c, _)) => {
+                    let _ = c.set_nonblocking(false);
+                    let _ = c.write_all(b"y");
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    });
+    let udp = spawn_in(ns, move || {
+        let s = UdpSocket::bind(("0.0.0.0", UDP_PORT)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        let mut buf = [0u8; 64];
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok((n, from)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(&buf[..n], from);
+            }
+        }
+    });
+    vec![echo, hello, udp]
+}
+
+/// One long-lived stream from a client pod, until `stop`.
+fn stream(ns: Netns, to: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) -> std::thread::JoinHandle<()> {
+    spawn_in(ns, move || {
+        let Ok(mut c) = TcpStream::connect_timeout(&SocketAddr::new(to, STREAM_PORT), Duration::from_secs(2)) else {
+            bump(&counts.established_broken);
+            return;
+        };
+        bump(&counts.established);
+        c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let msg = [7u8; 16];
+        let mut back = [0u8; 16];
+        while !stop.load(Ordering::Relaxed) {
+            if c.write_all(&msg).is_err() || c.read_exact(&mut back).is_err() || back != msg {
+                bump(&counts.established_broken);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+}
+
+/// New connections every 20 ms, each answered within 1 s.
+fn new_conns(ns: Netns, to: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) -> std::thread::JoinHandle<()> {
+    spawn_in(ns, move || {
+        while !stop.load(Ordering::Relaxed) {
+            bump(&counts.new_conns);
+            let ok = TcpStream::connect_timeout(&SocketAddr::new(to, CONN_PORT), Duration::from_secs(1)).is_ok_and(|mut c| {
+                let mut b = [0u8; 1];
+                c.set_read_timeout(Some(Duration::from_secs(1))).is_ok() && c.read_exact(&mut b).is_ok()
+            });
+            if !ok {
+                bump(&counts.new_conn_failed);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+}
+
+/// A UDP request every 20 ms, answered within 1 s.
+fn udp(ns: Netns, to: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) -> std::thread::JoinHandle<()> {
+    spawn_in(ns, move || {
+        let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut n: u64 = 0;
+        let mut buf = [0u8; 16];
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            bump(&counts.udp_requests);
+            let _ = s.send_to(&n.to_be_bytes(), SocketAddr::new(to, UDP_PORT));
+            // Late answers to earlier requests are skipped.
+            let deadline = Instant::now() + Duration::from_secs(1);
+            let answered = loop {
+                match s.recv(&mut buf) {
+                    Ok(8) if buf[..8] == n.to_be_bytes() => break true,
+                    Ok(_) if Instant::now() < deadline => {}
+                    _ => break false,
+                }
+            };
+            if !answered {
+                bump(&counts.udp_unanswered);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+}
+
+/// Connections policy denies, every 50 ms.
+fn denied(ns: Netns, to: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) -> std::thread::JoinHandle<()> {
+    spawn_in(ns, move || {
+        while !stop.load(Ordering::Relaxed) {
+            bump(&counts.denied_probes);
+            if TcpStream::connect_timeout(&SocketAddr::new(to, CONN_PORT), Duration::from_millis(200)).is_ok() {
+                bump(&counts.denied_admitted);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+}
+
+/// Tries a connection until one succeeds (the peers' addresses reach the other node).
+fn connects(ns: &Netns, to: IpAddr, port: u16) -> bool {
+    netns::run_in(ns, || TcpStream::connect_timeout(&SocketAddr::new(to, port), Duration::from_millis(300)).is_ok()).unwrap()
+}
+
+/// One scenario on `cluster`: traffic, node a's agent stopped with `signal` and started again.
+fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usize, name: &str, signal: &str, t: Timing) -> Value {
+    let counts = Arc::new(Counts::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    // Pods: 0 srv (a), 1 cli (a), 2 cli (b), 3 bad (b).
+    let (srv_ns, srv) = cluster.pod(0);
+    let mut threads = servers(srv_ns.clone(), stop.clone());
+    for client in [1, 2] {
+        let (ns, _) = cluster.pod(client);
+        let start = Instant::now();
+        while !connects(&ns, srv, CONN_PORT) {
+            if start.elapsed() > Duration::from_secs(20) {
+                let dump = |n: &NodeRig| {
+                    let rules = n.node.ns.try_exec(&["nft", "list", "ruleset"]);
+                    let log = std::fs::read_to_string(n.dir.join(format!("agent-{generation}.log"))).unwrap_or_default();
+                    format!("== {}: ruleset\n{}\n== log\n{}", n.name, String::from_utf8_lossy(&rules.stdout), log)
+                };
+                panic!("pod {client} cannot connect to srv {srv}\n{}\n{}", dump(&cluster.nodes[0]), dump(&cluster.nodes[1]));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        threads.push(stream(ns.clone(), srv, stop.clone(), counts.clone()));
+        threads.push(new_conns(ns.clone(), srv, stop.clone(), counts.clone()));
+        threads.push(udp(ns, srv, stop.clone(), counts.clone()));
+    }
+    let (bad_ns, _) = cluster.pod(3);
+    threads.push(denied(bad_ns, srv, stop.clone(), counts.clone()));
+    std::thread::sleep(t.before);
+
+    let status = agents[0].signal(signal);
+    let down_at = Instant::now();
+    assert!(status.is_some(), "{name}: the agent did not stop");
+    // A pod created while the agent is down: the runtime's ADD waits for the new agent.
+    cluster.added += 1;
+    let new_pod = format!("new{}", cluster.added);
+    let add = {
+        let server = cluster.server.clone();
+        let n = &cluster.nodes[0];
+        let (runtime, conf, dir) = (n.runtime(), n.conflist(), n.dir.clone());
+        let ns = NetnsGuard::new(&format!("p{new_pod}"));
+        server.apply(pod_json(&new_pod, "a", "cli", None)).unwrap();
+        let sandbox = Sandbox {
+            container_id: format!("cid-{new_pod}"),
+            netns: format!("/run/netns/{}", ns.name),
+            ifname: "eth0".into(),
+            args: vec![
+                ("IgnoreUnknown".into(), "1".into()),
+                ("K8S_POD_NAMESPACE".into(), "default".into()),
+                ("K8S_POD_NAME".into(), new_pod.clone()),
+                ("K8S_POD_UID".into(), format!("uid-{new_pod}")),
+            ],
+            capability_args: Default::default(),
+        };
+        let _ = dir;
+        let result = Arc::new(Mutex::new(None));
+        let out = result.clone();
+        let handle = std::thread::spawn(move || {
+            let started = Instant::now();
+            let r = runtime.add(&conf, &sandbox).map(|_| started.elapsed()).map_err(|e| e.to_string());
+            *out.lock().unwrap() = Some(r);
+        });
+        (handle, result, ns)
+    };
+    std::thread::sleep(t.down);
+    *generation += 1;
+    agents[0] = cluster.nodes[0].start_agent(&cluster.kubeconfig, *generation);
+    wait_for("the new agent's readiness", Duration::from_secs(30), || cluster.nodes[0].ready());
+    let gap = down_at.elapsed();
+    std::thread::sleep(t.after);
+    stop.store(true, Ordering::Relaxed);
+    for th in threads {
+        th.join().unwrap();
+    }
+    let (handle, result, ns) = add;
+    handle.join().unwrap();
+    let added = result.lock().unwrap().take().unwrap();
+    // The pod stays (its sandbox is this run's); its netns goes with the guard.
+    drop(ns);
+    let (add_ms, add_failed) = match &added {
+        Ok(d) => (d.as_secs_f64() * 1000.0, 0),
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            (0.0, 1)
+        }
+    };
+    let c = |x: &AtomicU64| x.load(Ordering::Relaxed);
+    json!({
+        "name": name,
+        "established": c(&counts.established),
+        "established_broken": c(&counts.established_broken),
+        "new_conns": c(&counts.new_conns),
+        "new_conn_failed": c(&counts.new_conn_failed),
+        "udp_requests": c(&counts.udp_requests),
+        "udp_unanswered": c(&counts.udp_unanswered),
+        "denied_probes": c(&counts.denied_probes),
+        "denied_admitted": c(&counts.denied_admitted),
+        "cni_adds": 1,
+        "cni_add_failed": add_failed,
+        "cni_add_max_ms": (add_ms * 10.0).round() / 10.0,
+        "agent_gap_ms": (gap.as_secs_f64() * 10_000.0).round() / 10.0,
+    })
+}
+
+/// The failures of a scenario's counts (what must be zero).
+fn failures(s: &Value) -> Vec<String> {
+    ["established_broken", "new_conn_failed", "udp_unanswered", "denied_admitted", "cni_add_failed"]
+        .iter()
+        .filter(|k| s[**k].as_u64() != Some(0))
+        .map(|k| format!("{} {k}={}", s["name"], s[*k]))
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let bench = args.iter().any(|a| a == "--bench");
+    if !require_root("disruption") {
+        return;
+    }
+    let runs = args.iter().position(|a| a == "--runs").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(1usize);
+    let timing = if bench {
+        Timing { before: Duration::from_secs(3), after: Duration::from_secs(3), down: Duration::from_millis(500) }
+    } else {
+        Timing { before: Duration::from_millis(800), after: Duration::from_millis(800), down: Duration::from_millis(300) }
+    };
+    let mut cluster = Cluster::new();
+    let mut generation = 0;
+    let mut agents = [cluster.nodes[0].start_agent(&cluster.kubeconfig, 0), cluster.nodes[1].start_agent(&cluster.kubeconfig, 0)];
+    for n in &cluster.nodes {
+        wait_for("the agents' readiness", Duration::from_secs(30), || n.ready());
+    }
+    for (name, node, app) in [("srv", 0, "srv"), ("cli-a", 0, "cli"), ("cli-b", 1, "cli"), ("bad-b", 1, "bad")] {
+        cluster.add_pod(name, node, app).unwrap();
+    }
+    let mut scenarios = Vec::new();
+    for _ in 0..runs {
+        for (name, signal) in [("graceful-restart", "TERM"), ("kill-restart", "KILL")] {
+            scenarios.push(scenario(&mut cluster, &mut agents, &mut generation, name, signal, timing));
+        }
+    }
+    let out = json!({"scenarios": scenarios});
+    println!("{}", serde_json::to_string_pretty(&out).unwrap());
+    let bad: Vec<String> = scenarios.iter().flat_map(failures).collect();
+    if !bench {
+        assert!(bad.is_empty(), "disruption: {bad:?}\n{out:#}");
+    } else if !bad.is_empty() {
+        eprintln!("disruption: not zero: {bad:?}");
+    }
+}
