@@ -5,7 +5,11 @@
 //! node a's agent is restarted:
 //!
 //! - `graceful-restart`: SIGTERM, then a new process;
-//! - `kill-restart`: SIGKILL, then a new process.
+//! - `kill-restart`: SIGKILL, then a new process;
+//! - `upgrade`: SIGTERM, the previous release's table (a fixture, ruleset format 0) in place
+//!   of this one's, then a new process, which adopts it;
+//! - `surge-rollout`: a new process starts while the old one runs (as a DaemonSet with
+//!   `maxSurge` would), waits for the node lock, and takes over when the old one gets SIGTERM.
 //!
 //! The traffic: long-lived TCP streams (16 bytes each way every 10 ms; one same-node, one
 //! cross-node per direction of the cluster), new TCP connections every 20 ms (connect and a
@@ -17,7 +21,7 @@
 //! "new_conn_failed", "udp_requests", "udp_unanswered", "denied_probes", "denied_admitted",
 //! "cni_adds", "cni_add_failed", "cni_add_max_ms", "agent_gap_ms"}]}` (`agent_gap_ms`: from the
 //! old process's end to the new one's readiness). Not measured yet: DNS through the agent's
-//! proxy, `upgrade` and `surge-rollout` (see docs/development.md).
+//! proxy (see docs/development.md).
 //!
 //! `cargo bench --bench disruption [-- --runs N]` (the full scenarios, each N times). Under
 //! `cargo test` (no `--bench` argument) it runs a short version of each scenario and fails
@@ -64,6 +68,17 @@ struct Counts {
     udp_unanswered: AtomicU64,
     denied_probes: AtomicU64,
     denied_admitted: AtomicU64,
+    /// What failed and when (since the disruption began; 0: before it), for the report.
+    failed: Mutex<Vec<String>>,
+    started: Mutex<Option<Instant>>,
+}
+
+impl Counts {
+    fn fail(&self, counter: &AtomicU64, what: String) {
+        bump(counter);
+        let at = self.started.lock().unwrap().map(|t| t.elapsed().as_millis()).unwrap_or(0);
+        self.failed.lock().unwrap().push(format!("{at} ms: {what}"));
+    }
 }
 
 fn bump(c: &AtomicU64) {
@@ -388,8 +403,8 @@ fn stream(ns: Netns, to: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) -> 
         let msg = [7u8; 16];
         let mut back = [0u8; 16];
         while !stop.load(Ordering::Relaxed) {
-            if c.write_all(&msg).is_err() || c.read_exact(&mut back).is_err() || back != msg {
-                bump(&counts.established_broken);
+            if let Err(e) = c.write_all(&msg).and_then(|()| c.read_exact(&mut back)) {
+                counts.fail(&counts.established_broken, format!("stream to {to}: {e}"));
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -402,12 +417,13 @@ fn new_conns(ns: Netns, to: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) 
     spawn_in(ns, move || {
         while !stop.load(Ordering::Relaxed) {
             bump(&counts.new_conns);
+            let began = counts.started.lock().unwrap().map(|t| t.elapsed().as_millis());
             let ok = TcpStream::connect_timeout(&SocketAddr::new(to, CONN_PORT), Duration::from_secs(1)).is_ok_and(|mut c| {
                 let mut b = [0u8; 1];
                 c.set_read_timeout(Some(Duration::from_secs(1))).is_ok() && c.read_exact(&mut b).is_ok()
             });
             if !ok {
-                bump(&counts.new_conn_failed);
+                counts.fail(&counts.new_conn_failed, format!("new connection to {to} begun at {} ms", began.unwrap_or(0)));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -435,7 +451,7 @@ fn udp(ns: Netns, to: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) -> std
                 }
             };
             if !answered {
-                bump(&counts.udp_unanswered);
+                counts.fail(&counts.udp_unanswered, format!("UDP request {n} to {to}"));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -448,7 +464,7 @@ fn denied(ns: Netns, to: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) -> 
         while !stop.load(Ordering::Relaxed) {
             bump(&counts.denied_probes);
             if TcpStream::connect_timeout(&SocketAddr::new(to, CONN_PORT), Duration::from_millis(200)).is_ok() {
-                bump(&counts.denied_admitted);
+                counts.fail(&counts.denied_admitted, format!("denied connection to {to} admitted"));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -466,7 +482,10 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
     let stop = Arc::new(AtomicBool::new(false));
     // Pods: 0 srv (a), 1 cli (a), 2 cli (b), 3 bad (b).
     let (srv_ns, srv) = cluster.pod(0);
-    let mut threads = servers(srv_ns.clone(), stop.clone());
+    // The servers stop after the clients (a server gone first would refuse their last tries).
+    let servers_stop = Arc::new(AtomicBool::new(false));
+    let server_threads = servers(srv_ns.clone(), servers_stop.clone());
+    let mut threads = Vec::new();
     for client in [1, 2] {
         let (ns, _) = cluster.pod(client);
         let start = Instant::now();
@@ -488,10 +507,35 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
     let (bad_ns, _) = cluster.pod(3);
     threads.push(denied(bad_ns, srv, stop.clone(), counts.clone()));
     std::thread::sleep(t.before);
+    *counts.started.lock().unwrap() = Some(Instant::now());
 
-    let status = agents[0].signal(signal);
+    // A surge rollout: the new agent starts beside the old one, waits for the node, and takes
+    // over when the old one is told to stop.
+    let mut successor = None;
+    if signal == "SURGE" {
+        *generation += 1;
+        successor = Some(cluster.nodes[0].start_agent(&cluster.kubeconfig, *generation));
+        std::thread::sleep(t.down);
+        assert!(cluster.nodes[0].ready(), "{name}: the old agent stopped serving while the new one waited");
+    }
+    let status = agents[0].signal(match signal {
+        "SURGE" | "UPGRADE" => "TERM",
+        other => other,
+    });
     let down_at = Instant::now();
     assert!(status.is_some(), "{name}: the agent did not stop");
+    if signal == "UPGRADE" {
+        // The previous release's table, as it wrote it, in place of this one's (one
+        // transaction): the new agent starts on it.
+        let (ns, fixture) = (&cluster.nodes[0].node.ns, fixture_path());
+        let text = format!("delete table inet flock\n{}", std::fs::read_to_string(&fixture).unwrap());
+        let script = cluster.nodes[0].dir.join("previous.nft");
+        std::fs::write(&script, text).unwrap();
+        let out = ns.try_exec(&["nft", "-f", script.to_str().unwrap()]);
+        assert!(out.status.success(), "{name}: loading {}: {}", fixture.display(), String::from_utf8_lossy(&out.stderr));
+        let listed = String::from_utf8_lossy(&ns.exec(&["nft", "list", "table", "inet", "flock"]).stdout).to_string();
+        assert_eq!(flock::render::table_format(&listed), Some(0), "{name}: the fixture is not a format-0 table");
+    }
     // A pod created while the agent is down: the runtime's ADD waits for the new agent.
     cluster.added += 1;
     let new_pod = format!("new{}", cluster.added);
@@ -523,14 +567,32 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
         });
         (handle, result, ns)
     };
-    std::thread::sleep(t.down);
-    *generation += 1;
-    agents[0] = cluster.nodes[0].start_agent(&cluster.kubeconfig, *generation);
+    agents[0] = match successor {
+        Some(a) => a,
+        None => {
+            std::thread::sleep(t.down);
+            *generation += 1;
+            cluster.nodes[0].start_agent(&cluster.kubeconfig, *generation)
+        }
+    };
     wait_for("the new agent's readiness", Duration::from_secs(30), || cluster.nodes[0].ready());
     let gap = down_at.elapsed();
+    // The mechanism each scenario is about was exercised, as the new agent's log says.
+    let log = std::fs::read_to_string(cluster.nodes[0].dir.join(format!("agent-{generation}.log"))).unwrap_or_default();
+    match signal {
+        "UPGRADE" => {
+            assert!(log.contains("another flock-agent version wrote"), "{name}: the new agent did not adopt the old table:\n{log}")
+        }
+        "SURGE" => assert!(log.contains("holds this node's lock") && log.contains("takes over"), "{name}: no handover:\n{log}"),
+        _ => {}
+    }
     std::thread::sleep(t.after);
     stop.store(true, Ordering::Relaxed);
     for th in threads {
+        th.join().unwrap();
+    }
+    servers_stop.store(true, Ordering::Relaxed);
+    for th in server_threads {
         th.join().unwrap();
     }
     let (handle, result, ns) = add;
@@ -545,6 +607,17 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
             (0.0, 1)
         }
     };
+    if !counts.failed.lock().unwrap().is_empty() {
+        // What the agents said about it: revocations, warnings, errors.
+        for n in &cluster.nodes {
+            for g in generation.saturating_sub(1)..=*generation {
+                let log = std::fs::read_to_string(n.dir.join(format!("agent-{g}.log"))).unwrap_or_default();
+                for line in log.lines().filter(|l| l.contains("revok") || l.contains("\"WARN\"") || l.contains("\"ERROR\"")) {
+                    eprintln!("{name}: node {} agent {g}: {line}", n.name);
+                }
+            }
+        }
+    }
     let c = |x: &AtomicU64| x.load(Ordering::Relaxed);
     json!({
         "name": name,
@@ -560,7 +633,24 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
         "cni_add_failed": add_failed,
         "cni_add_max_ms": (add_ms * 10.0).round() / 10.0,
         "agent_gap_ms": (gap.as_secs_f64() * 10_000.0).round() / 10.0,
+        "failures": counts.failed.lock().unwrap().clone(),
     })
+}
+
+/// The table a previous release (ruleset format 0) wrote on node a for this cluster's first
+/// pods: the `upgrade` scenario's starting point. `FLOCK_BLESS=1` captured it from format 0's
+/// agent; it is kept as it is when the format changes.
+fn fixture_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fixtures/format-0-node-a.nft")
+}
+
+/// Writes the fixture from node a's table now, as format 0 named it (`FLOCK_BLESS=1`).
+fn bless_fixture(cluster: &Cluster) {
+    let listed = String::from_utf8_lossy(&cluster.nodes[0].node.ns.exec(&["nft", "list", "table", "inet", "flock"]).stdout).to_string();
+    let current = format!("flock ruleset format {}: ", flock::render::RULESET_FORMAT);
+    let text = listed.replace(&current, "flock: ");
+    std::fs::create_dir_all(fixture_path().parent().unwrap()).unwrap();
+    std::fs::write(fixture_path(), text).unwrap();
 }
 
 /// The failures of a scenario's counts (what must be zero).
@@ -593,9 +683,15 @@ fn main() {
     for (name, node, app) in [("srv", 0, "srv"), ("cli-a", 0, "cli"), ("cli-b", 1, "cli"), ("bad-b", 1, "bad")] {
         cluster.add_pod(name, node, app).unwrap();
     }
+    if std::env::var_os("FLOCK_BLESS").is_some_and(|v| v == "1") {
+        wait_for("node a's table", Duration::from_secs(10), || {
+            cluster.nodes[0].node.ns.try_exec(&["nft", "list", "table", "inet", "flock"]).status.success()
+        });
+        bless_fixture(&cluster);
+    }
     let mut scenarios = Vec::new();
     for _ in 0..runs {
-        for (name, signal) in [("graceful-restart", "TERM"), ("kill-restart", "KILL")] {
+        for (name, signal) in [("upgrade", "UPGRADE"), ("graceful-restart", "TERM"), ("kill-restart", "KILL"), ("surge-rollout", "SURGE")] {
             scenarios.push(scenario(&mut cluster, &mut agents, &mut generation, name, signal, timing));
         }
     }

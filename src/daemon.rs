@@ -54,6 +54,8 @@ pub enum DaemonError {
     Agent(crate::agent::StartError),
     #[error("cannot report policy problems: {0}")]
     Report(LeaseError),
+    #[error("{0}")]
+    Lock(crate::agent::node_lock::NodeLockError),
     /// A task of the agent panicked or ended: the process must exit so the kubelet restarts
     /// it (the rules stay in the kernel meanwhile).
     #[error("the node agent crashed: {0}")]
@@ -75,6 +77,24 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
         metrics.clone(),
         stop.clone(),
     )));
+
+    // One agent per node: wait (informers already listing) while another holds the node.
+    let _node_lock = match &opts.agent.state_dir {
+        Some(dir) => {
+            let mut waiting = stop.clone();
+            match crate::agent::node_lock::acquire(&dir.join("agent.lock"), &mut waiting).await.map_err(DaemonError::Lock)? {
+                Some(lock) => Some(lock),
+                None => {
+                    for t in tasks {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+                    }
+                    tracing::info!("flock-agent stopped before it took the node over");
+                    return Ok(());
+                }
+            }
+        }
+        None => None,
+    };
 
     let mut cfg = opts.agent.clone();
     cfg.full_resync = Some(health.resyncs());

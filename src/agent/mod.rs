@@ -24,6 +24,7 @@ pub mod dns_proxy;
 pub mod domains;
 pub mod http;
 pub mod metrics;
+pub mod node_lock;
 mod registry;
 pub mod revocation;
 pub(crate) mod routes;

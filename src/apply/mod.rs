@@ -292,6 +292,22 @@ impl<B: Backend> Applier<B> {
                             self.record_baseline()?;
                             return Ok(Outcome::Unchanged);
                         }
+                        // Another agent's table (an upgrade, a downgrade, a changed cluster):
+                        // replaced below in one transaction, never flushed and refilled.
+                        match crate::render::table_format(&listing) {
+                            Some(f) if f == crate::render::RULESET_FORMAT => {
+                                tracing::info!(
+                                    format = f,
+                                    "adopting the table on this node (same ruleset format): updating it in one transaction"
+                                )
+                            }
+                            Some(f) => tracing::info!(
+                                found = f,
+                                writes = crate::render::RULESET_FORMAT,
+                                "adopting a table another flock-agent version wrote (another ruleset format): replacing it in one transaction"
+                            ),
+                            None => tracing::warn!("table flock exists but names no flock ruleset format: replacing it in one transaction"),
+                        }
                         self.list_existing()?
                     }
                 }

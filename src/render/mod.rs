@@ -108,7 +108,25 @@ pub const DNS_PROXIED_MARK: u32 = 0x0400_0000;
 /// Host-side pod interfaces flock owns (see `flock_cni::HOST_INTERFACE_PREFIX`).
 pub(crate) const POD_INTERFACES: &str = "flk*";
 
-const TABLE_COMMENT: &str = "flock: NetworkPolicy enforcement for the pods of this node; managed by flock-agent, edits are reverted";
+/// The format of the table this renderer writes, named in the table's comment: an agent
+/// that finds a table on start reads it ([`table_format`]) and knows what it adopts (tables
+/// written before the marker existed are format 0). Bump it when the table's layout changes
+/// in a way a reader of `nft list ruleset` (or a tool) would notice; an agent replaces any
+/// table that is not exactly its render in one transaction, whatever its format.
+pub const RULESET_FORMAT: u32 = 1;
+
+const TABLE_COMMENT: &str =
+    "flock ruleset format 1: NetworkPolicy enforcement for the pods of this node; managed by flock-agent, edits are reverted";
+
+/// The ruleset format a table listing (`nft list table`) names in its comment: `Some(0)` for
+/// a flock table from before the marker, `None` for a table flock did not write.
+pub fn table_format(listing: &str) -> Option<u32> {
+    let comment = listing.lines().map(str::trim).find_map(|l| l.strip_prefix("comment \""))?;
+    if let Some(rest) = comment.strip_prefix("flock ruleset format ") {
+        return rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok();
+    }
+    comment.starts_with("flock: ").then_some(0)
+}
 
 /// The base chain's hook; never changed once created (a changed hook would need a delete).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

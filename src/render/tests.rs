@@ -299,3 +299,19 @@ fn domain_rules_render_timed_sets_and_dns_steering() {
     let traced = TracedCluster::build_with(&s, &options);
     assert_eq!(traced.reaches_address("y/a", "198.18.250.80".parse().unwrap(), crate::model::Protocol::Tcp, 443), Ok(false));
 }
+
+/// The table names its format; a listing tells which format wrote it.
+#[test]
+fn the_table_comment_names_the_ruleset_format() {
+    assert!(TABLE_COMMENT.starts_with(&format!("flock ruleset format {RULESET_FORMAT}: ")));
+    let listing = |comment: &str| format!("table inet flock {{\n\tcomment \"{comment}\"\n\tchain forward {{\n\t}}\n}}\n");
+    assert_eq!(table_format(&listing(TABLE_COMMENT)), Some(RULESET_FORMAT));
+    assert_eq!(table_format(&listing("flock ruleset format 7: from the future")), Some(7));
+    // Before the marker.
+    assert_eq!(
+        table_format(&listing("flock: NetworkPolicy enforcement for the pods of this node; managed by flock-agent, edits are reverted")),
+        Some(0)
+    );
+    assert_eq!(table_format(&listing("somebody else's")), None);
+    assert_eq!(table_format("table inet flock {\n}\n"), None);
+}
