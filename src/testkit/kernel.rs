@@ -87,7 +87,12 @@ pub fn workspace_binary(package: &str, bin: &str) -> std::path::PathBuf {
     let path = profile_dir.join(bin);
     if !path.is_file() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo).args(["build", "-p", package, "--bin", bin]).status();
+        let mut args = vec!["build", "-p", package, "--bin", bin];
+        // A bench runs from target/release: build the binary there.
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            args.push("--release");
+        }
+        let status = std::process::Command::new(cargo).args(&args).status();
         if !matches!(status, Ok(s) if s.success()) || !path.is_file() {
             panic!("{bin} is not built at {} and cargo build failed", path.display());
         }
