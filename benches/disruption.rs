@@ -48,6 +48,8 @@ const NODE_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 81);
 const STREAM_PORT: u16 = 8080;
 const CONN_PORT: u16 = 8081;
 const UDP_PORT: u16 = 8082;
+/// The name the DNS client resolves (to srv's address) before each connection.
+const SRV_NAME: &str = "srv.bench.test";
 
 /// How long traffic runs before and after the disruption, and how long the agent stays down.
 #[derive(Clone, Copy)]
@@ -68,6 +70,8 @@ struct Counts {
     udp_unanswered: AtomicU64,
     denied_probes: AtomicU64,
     denied_admitted: AtomicU64,
+    dns_queries: AtomicU64,
+    dns_unanswered: AtomicU64,
     /// What failed and when (since the disruption began; 0: before it), for the report.
     failed: Mutex<Vec<String>>,
     started: Mutex<Option<Instant>>,
@@ -160,7 +164,9 @@ impl NodeRig {
             .args(["netns", "exec", &self.node.ns.name, bin.to_str().unwrap()])
             .args(["--node-name", self.name, "--socket", &d("cni.sock"), "--pending-del-dir", &d("pending-del")])
             .args(["--state-dir", &d("state"), "--metrics-address", &format!("unix:{}", d("metrics.sock"))])
-            .args(["--no-cni-conf", "--no-events", "--node-status", "false", "--dns-proxy", "false", "--log-format", "json"])
+            .args(["--no-cni-conf", "--no-events", "--node-status", "false", "--log-format", "json"])
+            // The DNS proxy, trusting the resolver pod.
+            .args(["--dns-proxy", "true", "--dns-resolver-pods", "default/app=dns"])
             .args(["--pod-name", &format!("flock-agent-{}-{generation}", self.name)])
             .env("KUBECONFIG", kubeconfig)
             .env_remove("FLOCK_LOG")
@@ -215,8 +221,14 @@ struct Cluster {
 }
 
 fn pod_json(name: &str, node: &str, app: &str, ip: Option<IpAddr>) -> Value {
+    // `app` may carry a role: `cli+dns-client`.
+    let (app, role) = app.split_once('+').map_or((app, None), |(a, r)| (a, Some(r)));
+    let mut labels = json!({"app": app});
+    if let Some(r) = role {
+        labels["role"] = json!(r);
+    }
     let mut p = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "labels": {"app": app}},
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "labels": labels},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
         "status": {"phase": "Running"}});
     if let Some(ip) = ip {
@@ -284,6 +296,15 @@ impl Cluster {
                 "spec": {"podSelector": {"matchLabels": {"app": "srv"}}, "policyTypes": ["Ingress"],
                          "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "cli"}}}],
                                       "ports": [{"port": STREAM_PORT, "protocol": "TCP"}, {"port": CONN_PORT, "protocol": "TCP"}, {"port": UDP_PORT, "protocol": "UDP"}]}]}}))
+            .unwrap();
+        // The DNS client may ask the resolver and reach srv's name (and only that).
+        server
+            .apply(json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": "by-name", "namespace": "default",
+                             "annotations": {"flock.dev/egress-domains": format!("[{{\"name\": \"{SRV_NAME}\", \"ports\": [{{\"protocol\": \"TCP\", \"port\": {CONN_PORT}}}]}}]")}},
+                "spec": {"podSelector": {"matchLabels": {"role": "dns-client"}}, "policyTypes": ["Egress"],
+                         "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "dns"}}}],
+                                     "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}]}}))
             .unwrap();
         Self { _dir: dir, nodes, server, _api: api, kubeconfig, pods: Vec::new(), added: 0 }
     }
@@ -458,6 +479,71 @@ fn udp(ns: Netns, to: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) -> std
     })
 }
 
+/// The A query for `name`, id `id`.
+fn dns_query(name: &str, id: u16) -> Vec<u8> {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    let mut q = Message::new();
+    q.set_id(id);
+    q.set_recursion_desired(true);
+    q.add_query(Query::query(Name::from_ascii(format!("{name}.")).unwrap(), RecordType::A));
+    q.to_vec().unwrap()
+}
+
+/// The first A record of an answer to query `id`.
+fn dns_answer(buf: &[u8], id: u16) -> Option<IpAddr> {
+    let m = hickory_proto::op::Message::from_vec(buf).ok()?;
+    if m.id() != id {
+        return None;
+    }
+    m.answers().iter().find_map(|r| match r.data() {
+        hickory_proto::rr::RData::A(a) => Some(IpAddr::V4(a.0)),
+        _ => None,
+    })
+}
+
+/// Every 100 ms: resolve srv's name at the resolver (an answer within 1 s, one retry), then
+/// connect to the answer (within 1 s).
+fn dns_client(ns: Netns, resolver: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) -> std::thread::JoinHandle<()> {
+    spawn_in(ns, move || {
+        let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+        s.connect((resolver, 53)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let mut id: u16 = 0;
+        let mut buf = [0u8; 512];
+        while !stop.load(Ordering::Relaxed) {
+            bump(&counts.dns_queries);
+            let mut answer = None;
+            'tries: for _ in 0..2 {
+                id = id.wrapping_add(1);
+                let _ = s.send(&dns_query(SRV_NAME, id));
+                let deadline = Instant::now() + Duration::from_secs(1);
+                while Instant::now() < deadline {
+                    if let Ok(n) = s.recv(&mut buf)
+                        && let Some(a) = dns_answer(&buf[..n], id)
+                    {
+                        answer = Some(a);
+                        break 'tries;
+                    }
+                }
+            }
+            let Some(addr) = answer else {
+                counts.fail(&counts.dns_unanswered, format!("DNS query for {SRV_NAME} (twice)"));
+                continue;
+            };
+            bump(&counts.new_conns);
+            let ok = TcpStream::connect_timeout(&SocketAddr::new(addr, CONN_PORT), Duration::from_secs(1)).is_ok_and(|mut c| {
+                let mut b = [0u8; 1];
+                c.set_read_timeout(Some(Duration::from_secs(1))).is_ok() && c.read_exact(&mut b).is_ok()
+            });
+            if !ok {
+                counts.fail(&counts.new_conn_failed, format!("connection to {addr}, resolved"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
+
 /// Connections policy denies, every 50 ms.
 fn denied(ns: Netns, to: IpAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) -> std::thread::JoinHandle<()> {
     spawn_in(ns, move || {
@@ -506,6 +592,10 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
     }
     let (bad_ns, _) = cluster.pod(3);
     threads.push(denied(bad_ns, srv, stop.clone(), counts.clone()));
+    // Pods 4 dns (b), 5 dns-cli (a): the client's DNS goes through node a's proxy.
+    let (_, resolver) = cluster.pod(4);
+    let (dns_ns, _) = cluster.pod(5);
+    threads.push(dns_client(dns_ns, resolver, stop.clone(), counts.clone()));
     std::thread::sleep(t.before);
     *counts.started.lock().unwrap() = Some(Instant::now());
 
@@ -528,7 +618,11 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
         // The previous release's table, as it wrote it, in place of this one's (one
         // transaction): the new agent starts on it.
         let (ns, fixture) = (&cluster.nodes[0].node.ns, fixture_path());
-        let text = format!("delete table inet flock\n{}", std::fs::read_to_string(&fixture).unwrap());
+        // What the old agent learned from DNS stays, as in a real upgrade (the fixture's
+        // timed sets are empty).
+        let learned = learned_elements(ns);
+        assert!(!learned.is_empty(), "{name}: nothing learned from DNS before the upgrade");
+        let text = format!("delete table inet flock\n{}\n{}", std::fs::read_to_string(&fixture).unwrap(), learned.join("\n"));
         let script = cluster.nodes[0].dir.join("previous.nft");
         std::fs::write(&script, text).unwrap();
         let out = ns.try_exec(&["nft", "-f", script.to_str().unwrap()]);
@@ -577,6 +671,9 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
     };
     wait_for("the new agent's readiness", Duration::from_secs(30), || cluster.nodes[0].ready());
     let gap = down_at.elapsed();
+    if signal == "UPGRADE" {
+        assert!(!learned_elements(&cluster.nodes[0].node.ns).is_empty(), "{name}: the learned addresses did not survive the upgrade");
+    }
     // The mechanism each scenario is about was exercised, as the new agent's log says.
     let log = std::fs::read_to_string(cluster.nodes[0].dir.join(format!("agent-{generation}.log"))).unwrap_or_default();
     match signal {
@@ -629,6 +726,8 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
         "udp_unanswered": c(&counts.udp_unanswered),
         "denied_probes": c(&counts.denied_probes),
         "denied_admitted": c(&counts.denied_admitted),
+        "dns_queries": c(&counts.dns_queries),
+        "dns_unanswered": c(&counts.dns_unanswered),
         "cni_adds": 1,
         "cni_add_failed": add_failed,
         "cni_add_max_ms": (add_ms * 10.0).round() / 10.0,
@@ -644,6 +743,25 @@ fn fixture_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fixtures/format-0-node-a.nft")
 }
 
+/// The elements of the table's timed sets (what DNS taught), as `add element` commands with
+/// the time each has left.
+fn learned_elements(ns: &NetnsGuard) -> Vec<String> {
+    let out = ns.exec(&["nft", "-j", "list", "table", "inet", "flock"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut cmds = Vec::new();
+    for o in v["nftables"].as_array().into_iter().flatten() {
+        let set = &o["set"];
+        if !set["flags"].as_array().is_some_and(|f| f.iter().any(|x| x == "timeout")) {
+            continue;
+        }
+        for e in set["elem"].as_array().into_iter().flatten() {
+            let (Some(addr), Some(left)) = (e["elem"]["val"].as_str(), e["elem"]["expires"].as_u64()) else { continue };
+            cmds.push(format!("add element inet flock {} {{ {addr} timeout {}s }}", set["name"].as_str().unwrap(), left.max(1)));
+        }
+    }
+    cmds
+}
+
 /// Writes the fixture from node a's table now, as format 0 named it (`FLOCK_BLESS=1`).
 fn bless_fixture(cluster: &Cluster) {
     let listed = String::from_utf8_lossy(&cluster.nodes[0].node.ns.exec(&["nft", "list", "table", "inet", "flock"]).stdout).to_string();
@@ -655,7 +773,7 @@ fn bless_fixture(cluster: &Cluster) {
 
 /// The failures of a scenario's counts (what must be zero).
 fn failures(s: &Value) -> Vec<String> {
-    ["established_broken", "new_conn_failed", "udp_unanswered", "denied_admitted", "cni_add_failed"]
+    ["established_broken", "new_conn_failed", "udp_unanswered", "denied_admitted", "dns_unanswered", "cni_add_failed"]
         .iter()
         .filter(|k| s[**k].as_u64() != Some(0))
         .map(|k| format!("{} {k}={}", s["name"], s[*k]))
@@ -680,9 +798,24 @@ fn main() {
     for n in &cluster.nodes {
         wait_for("the agents' readiness", Duration::from_secs(30), || n.ready());
     }
-    for (name, node, app) in [("srv", 0, "srv"), ("cli-a", 0, "cli"), ("cli-b", 1, "cli"), ("bad-b", 1, "bad")] {
+    for (name, node, app) in [
+        ("srv", 0, "srv"),
+        ("cli-a", 0, "cli"),
+        ("cli-b", 1, "cli"),
+        ("bad-b", 1, "bad"),
+        ("dns", 1, "dns"),
+        ("dns-cli", 0, "cli+dns-client"),
+    ] {
         cluster.add_pod(name, node, app).unwrap();
     }
+    // The resolver pod serves srv's name.
+    let (dns_ns, dns_ip) = cluster.pod(4);
+    let zone = flock::sim::dns::Zone::new(vec![flock::sim::dns::Record {
+        name: SRV_NAME.into(),
+        ttl: 300,
+        data: flock::sim::dns::RecordData::Address(cluster.pods[0].ip),
+    }]);
+    let _dns = flock::testkit::kernel::serve_dns(dns_ns, vec![dns_ip], zone);
     if std::env::var_os("FLOCK_BLESS").is_some_and(|v| v == "1") {
         wait_for("node a's table", Duration::from_secs(10), || {
             cluster.nodes[0].node.ns.try_exec(&["nft", "list", "table", "inet", "flock"]).status.success()
