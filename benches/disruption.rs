@@ -204,6 +204,22 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Durat
     start.elapsed()
 }
 
+/// The sandbox of pod `name` (namespace default) in `ns`, as the runtime describes it.
+fn sandbox(name: &str, ns: &NetnsGuard) -> Sandbox {
+    Sandbox {
+        container_id: format!("cid-{name}"),
+        netns: format!("/run/netns/{}", ns.name),
+        ifname: "eth0".into(),
+        args: vec![
+            ("IgnoreUnknown".into(), "1".into()),
+            ("K8S_POD_NAMESPACE".into(), "default".into()),
+            ("K8S_POD_NAME".into(), name.into()),
+            ("K8S_POD_UID".into(), format!("uid-{name}")),
+        ],
+        capability_args: Default::default(),
+    }
+}
+
 /// A pod: its network namespace and address.
 struct PodRig {
     ns: NetnsGuard,
@@ -315,18 +331,7 @@ impl Cluster {
         let n = &self.nodes[node];
         let ns = NetnsGuard::new(&format!("p{name}"));
         self.server.apply(pod_json(name, n.name, app, None)).unwrap();
-        let sandbox = Sandbox {
-            container_id: format!("cid-{name}"),
-            netns: format!("/run/netns/{}", ns.name),
-            ifname: "eth0".into(),
-            args: vec![
-                ("IgnoreUnknown".into(), "1".into()),
-                ("K8S_POD_NAMESPACE".into(), "default".into()),
-                ("K8S_POD_NAME".into(), name.into()),
-                ("K8S_POD_UID".into(), format!("uid-{name}")),
-            ],
-            capability_args: Default::default(),
-        };
+        let sandbox = sandbox(name, &ns);
         let started = Instant::now();
         let result = n.runtime().add(&n.conflist(), &sandbox).map_err(|e| format!("CNI ADD of {name}: {e}"))?;
         let took = started.elapsed();
@@ -636,22 +641,10 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
     let add = {
         let server = cluster.server.clone();
         let n = &cluster.nodes[0];
-        let (runtime, conf, dir) = (n.runtime(), n.conflist(), n.dir.clone());
+        let (runtime, conf) = (n.runtime(), n.conflist());
         let ns = NetnsGuard::new(&format!("p{new_pod}"));
         server.apply(pod_json(&new_pod, "a", "cli", None)).unwrap();
-        let sandbox = Sandbox {
-            container_id: format!("cid-{new_pod}"),
-            netns: format!("/run/netns/{}", ns.name),
-            ifname: "eth0".into(),
-            args: vec![
-                ("IgnoreUnknown".into(), "1".into()),
-                ("K8S_POD_NAMESPACE".into(), "default".into()),
-                ("K8S_POD_NAME".into(), new_pod.clone()),
-                ("K8S_POD_UID".into(), format!("uid-{new_pod}")),
-            ],
-            capability_args: Default::default(),
-        };
-        let _ = dir;
+        let sandbox = sandbox(&new_pod, &ns);
         let result = Arc::new(Mutex::new(None));
         let out = result.clone();
         let handle = std::thread::spawn(move || {
