@@ -22,7 +22,7 @@ use flock::source::SourceWriter;
 use flock::source::kube::ApiHealth;
 use flock_cni::protocol::{self, AddRequest, PodIdentity, Request};
 use flock_cni::testing::{NetnsGuard, TempDir};
-use flock_test_apiserver::{ApiServer, Config, client_for_socket};
+use flock_test_apiserver::{ApiServer, Config, client_for_socket, client_for_socket_counting};
 use k8s_openapi::api::networking::v1 as net;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
@@ -189,6 +189,9 @@ fn main() {
         std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let local: Vec<LocalPod> = serde_json::from_str(&line).expect("the API server child failed");
         let seed_s = t.elapsed().as_secs_f64();
+        // The agent's client counts what it receives; the bench writes through its own.
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let agent_client = client_for_socket_counting(&socket, received.clone());
         let client = client_for_socket(&socket);
         // Let the allocator settle, then measure the process before the agent exists.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -206,11 +209,17 @@ fn main() {
         let (writer, source) = SourceWriter::new(Snapshot::new(), false);
         let (_stop_tx, stop) = tokio::sync::watch::channel(false);
         let started = Instant::now();
-        tokio::spawn(flock::source::kube::run(client.clone(), writer, health, cfg.metrics.clone(), stop));
+        tokio::spawn(flock::source::kube::run(agent_client, writer, health, cfg.metrics.clone(), stop));
         let agent = Agent::start(cfg, source.clone()).await.unwrap();
         let mut status = agent.status();
         status.wait_for(|s| s.ready).await.unwrap();
         let first_sync_s = started.elapsed().as_secs_f64();
+        let bytes = |r: &std::sync::atomic::AtomicU64| r.load(std::sync::atomic::Ordering::Relaxed);
+        let initial_bytes = bytes(&received);
+        let initial_objects = {
+            let r = source.read();
+            r.snapshot.pods().count() + r.snapshot.policies().count() + r.snapshot.namespaces().count() + r.snapshot.nodes().count()
+        };
 
         // 110 local pods come up through flock-cni's socket (10 at a time).
         let socket = dir.join("cni.sock");
@@ -279,9 +288,44 @@ fn main() {
             policy_ms.push((done - t0).as_secs_f64() * 1000.0);
             policy_agent_ms.push((done - arrived).as_secs_f64() * 1000.0);
         }
+        // 1,000 updates of other nodes' pods (a label each: what the agent must read), and
+        // what the agent received for them.
+        let pods_api = Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
+        let some = pods_api.list(&kube::api::ListParams::default().limit(1000)).await.unwrap();
+        let targets: Vec<(String, String)> = some
+            .items
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some("node-0"))
+            .filter_map(|p| Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?)))
+            .collect();
+        let before = bytes(&received);
+        for (ns, name) in &targets {
+            let patch = json!({"metadata": {"labels": {"bench-rev": "1"}}});
+            Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
+                .patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+        // One watch: the last update in means every earlier one is.
+        if let Some((ns, name)) = targets.last() {
+            let key = ObjectRef::new(ns.clone(), name.clone());
+            loop {
+                let seen = source.read().snapshot.pod_by_name(&key).is_some_and(|p| p.labels.get("bench-rev").is_some_and(|v| v == "1"));
+                if seen {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let update_bytes = bytes(&received) - before;
+        let per_1000 = if targets.is_empty() { 0.0 } else { update_bytes as f64 * 1000.0 / targets.len() as f64 };
         println!(
             "{}",
             json!({
+                "api_received_bytes": {
+                    "initial_list": initial_bytes, "initial_objects": initial_objects,
+                    "pod_updates": targets.len(), "per_1000_pod_updates": per_1000.round(),
+                },
                 "pods": pods, "policies": policies, "local_endpoints": local.len(),
                 "seed_api_server_s": seed_s,
                 "start_to_first_committed_sync_s": first_sync_s,

@@ -51,7 +51,7 @@ mod status;
 mod store;
 mod watch;
 
-pub use client::{UnixConnector, client_for_address, client_for_socket};
+pub use client::{Counted, UnixConnector, client_for_address, client_for_socket, client_for_socket_counting};
 pub use error::{Error, Result};
 pub use faults::{FailRule, RequestRecord};
 pub use registry::{Gvr, ResourceDef};
