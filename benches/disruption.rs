@@ -206,18 +206,7 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Durat
 
 /// The sandbox of pod `name` (namespace default) in `ns`, as the runtime describes it.
 fn sandbox(name: &str, ns: &NetnsGuard) -> Sandbox {
-    Sandbox {
-        container_id: format!("cid-{name}"),
-        netns: format!("/run/netns/{}", ns.name),
-        ifname: "eth0".into(),
-        args: vec![
-            ("IgnoreUnknown".into(), "1".into()),
-            ("K8S_POD_NAMESPACE".into(), "default".into()),
-            ("K8S_POD_NAME".into(), name.into()),
-            ("K8S_POD_UID".into(), format!("uid-{name}")),
-        ],
-        capability_args: Default::default(),
-    }
+    Sandbox::for_pod(&format!("cid-{name}"), &format!("/run/netns/{}", ns.name), "default", name, Some(&format!("uid-{name}")))
 }
 
 /// A pod: its network namespace and address.

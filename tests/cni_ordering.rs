@@ -111,18 +111,11 @@ fn add_waits_for_the_agent_and_nothing_passes_before_the_rules() {
     )
     .unwrap();
     let (pa, pb) = (NetnsGuard::new("pa"), NetnsGuard::new("pb"));
-    let sandbox = |p: &NetnsGuard, name: &str, ip: IpAddr| Sandbox {
-        container_id: format!("cid-{name}"),
-        netns: format!("/run/netns/{}", p.name),
-        ifname: "eth0".into(),
-        args: vec![
-            ("IgnoreUnknown".into(), "1".into()),
-            ("K8S_POD_NAMESPACE".into(), "default".into()),
-            ("K8S_POD_NAME".into(), name.into()),
-            ("K8S_POD_UID".into(), format!("uid-{name}")),
-            ("IP".into(), ip.to_string()),
-        ],
-        capability_args: Default::default(),
+    let sandbox = |p: &NetnsGuard, name: &str, ip: IpAddr| {
+        let mut s =
+            Sandbox::for_pod(&format!("cid-{name}"), &format!("/run/netns/{}", p.name), "default", name, Some(&format!("uid-{name}")));
+        s.args.push(("IP".into(), ip.to_string()));
+        s
     };
     runtime.add(&conf, &sandbox(&pa, "a", ip_a)).unwrap();
 

@@ -22,17 +22,7 @@ fn run(runtime: &Runtime, conf: &ConfList, pods: &[NetnsGuard], tag: &str) -> se
     let sandboxes: Vec<Sandbox> = pods
         .iter()
         .enumerate()
-        .map(|(i, p)| Sandbox {
-            container_id: format!("{tag}-{i}"),
-            netns: format!("/run/netns/{}", p.name),
-            ifname: "eth0".into(),
-            args: vec![
-                ("IgnoreUnknown".into(), "1".into()),
-                ("K8S_POD_NAMESPACE".into(), "bench".into()),
-                ("K8S_POD_NAME".into(), format!("p{i}")),
-            ],
-            capability_args: Default::default(),
-        })
+        .map(|(i, p)| Sandbox::for_pod(&format!("{tag}-{i}"), &format!("/run/netns/{}", p.name), "bench", &format!("p{i}"), None))
         .collect();
     let mut add = Vec::new();
     let mut results = Vec::new();

@@ -62,6 +62,24 @@ pub struct Sandbox {
     pub capability_args: Map<String, Value>,
 }
 
+impl Sandbox {
+    /// A pod's sandbox as kubelet's runtime describes it: interface `eth0` in the network
+    /// namespace at `netns`, `CNI_ARGS` naming the pod (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`,
+    /// `K8S_POD_INFRA_CONTAINER_ID`, and `K8S_POD_UID` when known) with `IgnoreUnknown=1`.
+    pub fn for_pod(container_id: &str, netns: &str, namespace: &str, name: &str, uid: Option<&str>) -> Self {
+        let mut args = vec![
+            ("IgnoreUnknown".to_string(), "1".to_string()),
+            ("K8S_POD_NAMESPACE".to_string(), namespace.to_string()),
+            ("K8S_POD_NAME".to_string(), name.to_string()),
+            ("K8S_POD_INFRA_CONTAINER_ID".to_string(), container_id.to_string()),
+        ];
+        if let Some(uid) = uid {
+            args.push(("K8S_POD_UID".to_string(), uid.to_string()));
+        }
+        Self { container_id: container_id.into(), netns: netns.into(), ifname: "eth0".into(), args, capability_args: Map::new() }
+    }
+}
+
 /// Runs plugins from `cni_path`, in network namespace `netns` (the node's).
 #[derive(Debug, Clone)]
 pub struct Runtime {

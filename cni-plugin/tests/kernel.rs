@@ -76,19 +76,7 @@ impl Fixture {
     }
 
     fn sandbox(&self, pod: &NetnsGuard, name: &str) -> Sandbox {
-        Sandbox {
-            container_id: format!("cid-{name}"),
-            netns: format!("/run/netns/{}", pod.name),
-            ifname: "eth0".into(),
-            args: vec![
-                ("IgnoreUnknown".into(), "1".into()),
-                ("K8S_POD_NAMESPACE".into(), "default".into()),
-                ("K8S_POD_NAME".into(), name.into()),
-                ("K8S_POD_INFRA_CONTAINER_ID".into(), format!("cid-{name}")),
-                ("K8S_POD_UID".into(), format!("uid-{name}")),
-            ],
-            capability_args: Default::default(),
-        }
+        Sandbox::for_pod(&format!("cid-{name}"), &format!("/run/netns/{}", pod.name), "default", name, Some(&format!("uid-{name}")))
     }
 
     /// Lease files held by host-local.

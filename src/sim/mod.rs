@@ -635,19 +635,7 @@ impl Sim {
             ips.push(Value::String(format!("{ip}/{}", cidr.prefix_len())));
         }
         self.fabric.add_netns(ns)?;
-        let mut sandbox = Sandbox {
-            container_id: container_id.to_string(),
-            netns: format!("/run/netns/{ns}"),
-            ifname: "eth0".into(),
-            args: vec![
-                ("IgnoreUnknown".into(), "1".into()),
-                ("K8S_POD_NAMESPACE".into(), p.namespace.clone()),
-                ("K8S_POD_NAME".into(), p.name.clone()),
-                ("K8S_POD_UID".into(), p.uid.clone()),
-                ("K8S_POD_INFRA_CONTAINER_ID".into(), container_id.to_string()),
-            ],
-            capability_args: Default::default(),
-        };
+        let mut sandbox = Sandbox::for_pod(container_id, &format!("/run/netns/{ns}"), &p.namespace, &p.name, Some(&p.uid));
         if !ips.is_empty() {
             sandbox.capability_args.insert("ips".into(), Value::Array(ips));
         }
