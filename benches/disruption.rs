@@ -349,9 +349,19 @@ fn spawn_in(ns: Netns, f: impl FnOnce() + Send + 'static) -> std::thread::JoinHa
 
 /// The servers of the `srv` pod, until `stop`.
 fn servers(ns: Netns, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+    // Bound in the pod's namespace before any client starts (a socket stays in the namespace
+    // it was made in; the threads serving them need not enter it).
+    let (echo_l, hello_l, udp_s) = netns::run_in(&ns, || {
+        (
+            TcpListener::bind(("0.0.0.0", STREAM_PORT)).unwrap(),
+            TcpListener::bind(("0.0.0.0", CONN_PORT)).unwrap(),
+            UdpSocket::bind(("0.0.0.0", UDP_PORT)).unwrap(),
+        )
+    })
+    .unwrap();
     let s1 = stop.clone();
-    let echo = spawn_in(ns.clone(), move || {
-        let l = TcpListener::bind(("0.0.0.0", STREAM_PORT)).unwrap();
+    let echo = std::thread::spawn(move || {
+        let l = echo_l;
         l.set_nonblocking(true).unwrap();
         while !s1.load(Ordering::Relaxed) {
             match l.accept() {
@@ -380,8 +390,8 @@ fn servers(ns: Netns, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>>
         }
     });
     let s2 = stop.clone();
-    let hello = spawn_in(ns.clone(), move || {
-        let l = TcpListener::bind(("0.0.0.0", CONN_PORT)).unwrap();
+    let hello = std::thread::spawn(move || {
+        let l = hello_l;
         l.set_nonblocking(true).unwrap();
         while !s2.load(Ordering::Relaxed) {
             match l.accept() {
@@ -393,8 +403,8 @@ fn servers(ns: Netns, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>>
             }
         }
     });
-    let udp = spawn_in(ns, move || {
-        let s = UdpSocket::bind(("0.0.0.0", UDP_PORT)).unwrap();
+    let udp = std::thread::spawn(move || {
+        let s = udp_s;
         s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
         let mut buf = [0u8; 64];
         while !stop.load(Ordering::Relaxed) {
