@@ -10,6 +10,7 @@ mod render;
 mod sim;
 mod status;
 mod sweep;
+mod table;
 mod whatif;
 
 use std::process::ExitCode;

@@ -83,15 +83,7 @@ fn table(s: &FleetStatus) -> String {
             ]
         })
         .collect();
-    let header = ["NODE", "STATUS", "VERSION", "API", "ENDPOINTS", "RULES", "ELEMENTS", "HASH"].map(String::from);
-    let widths: Vec<usize> = (0..8).map(|i| rows.iter().chain([&header]).map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
-    for row in [&header].into_iter().chain(&rows) {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            let _ = write!(line, "{cell:<w$}  ", w = widths[i]);
-        }
-        let _ = writeln!(out, "{}", line.trim_end());
-    }
+    out.push_str(&crate::table::columns(["NODE", "STATUS", "VERSION", "API", "ENDPOINTS", "RULES", "ELEMENTS", "HASH"], &rows, 8));
     // Why, under the table: the reasons are sentences, too long for a column.
     for n in &s.nodes {
         for r in &n.reasons {

@@ -222,22 +222,11 @@ fn flips_table(f: &observed::Flips, total: usize, log: &observed::FlowLog) -> St
         })
         .collect();
     if !rows.is_empty() {
-        let header = ["FROM", "TO", "PORT", "FAMILY", "VERDICT", "SEEN", "DECIDED BEFORE", "DECIDED AFTER"].map(String::from);
-        let widths: Vec<usize> = (0..6).map(|i| rows.iter().chain([&header]).map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
-        for row in [&header].into_iter().chain(&rows) {
-            let mut line = String::new();
-            for (i, cell) in row.iter().enumerate() {
-                match widths.get(i) {
-                    Some(w) => {
-                        let _ = write!(line, "{cell:<w$}  ");
-                    }
-                    None => {
-                        let _ = write!(line, "{cell}  ");
-                    }
-                }
-            }
-            let _ = writeln!(out, "{}", line.trim_end());
-        }
+        out.push_str(&crate::table::columns(
+            ["FROM", "TO", "PORT", "FAMILY", "VERDICT", "SEEN", "DECIDED BEFORE", "DECIDED AFTER"],
+            &rows,
+            6,
+        ));
     }
     for u in &f.unjudged {
         let _ = writeln!(out, "not judged: {u}");
@@ -270,19 +259,7 @@ fn table(w: &WhatIf) -> String {
         })
         .collect();
     if !rows.is_empty() {
-        let header = ["FROM", "TO", "PORT", "FAMILY", "VERDICT", "DECIDED BEFORE", "DECIDED AFTER"].map(String::from);
-        let widths: Vec<usize> = (0..5).map(|i| rows.iter().chain([&header]).map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
-        for row in [&header].into_iter().chain(&rows) {
-            let mut line = String::new();
-            for (i, cell) in row.iter().enumerate() {
-                if i < 5 {
-                    let _ = write!(line, "{cell:<w$}  ", w = widths[i]);
-                } else {
-                    let _ = write!(line, "{cell}  ");
-                }
-            }
-            let _ = writeln!(out, "{}", line.trim_end());
-        }
+        out.push_str(&crate::table::columns(["FROM", "TO", "PORT", "FAMILY", "VERDICT", "DECIDED BEFORE", "DECIDED AFTER"], &rows, 5));
     }
     let listed = if w.changes.len() < w.total { format!(" ({} listed: --max-changes)", w.changes.len()) } else { String::new() };
     let _ = writeln!(
