@@ -35,8 +35,8 @@ COPY . .
 ARG FLOCK_COMMIT=unknown
 # What ships is stripped (flock-agent: 146 MB -> 21 MB); the symbols and line tables
 # go to /out/debug, kept by the `symbols` stage below.
-RUN cargo build --release --locked -p flock --bin flock-agent --bin flock-controller --bin flockctl -p flock-cni --bin flock-cni \
-    && deploy/split-debuginfo.sh target/release /out flock-agent flock-controller flockctl flock-cni
+RUN cargo build --release --locked -p flock --bin flock-agent --bin flock-controller --bin flockctl --bin flock-socket-keeper -p flock-cni --bin flock-cni \
+    && deploy/split-debuginfo.sh target/release /out flock-agent flock-controller flockctl flock-socket-keeper flock-cni
 
 # The debug files of the shipped binaries, as /usr/lib/debug/usr/local/bin/<binary>.debug
 # (where gdb looks for them), for a maintainer to resolve a backtrace or core of a release
@@ -62,7 +62,7 @@ FROM debian:12.11-slim AS agent
 RUN apt-get update \
     && apt-get install -y --no-install-recommends nftables iproute2 \
     && rm -rf /var/lib/apt/lists/*
-COPY --from=build /out/flock-agent /out/flock-cni /out/flockctl /usr/local/bin/
+COPY --from=build /out/flock-agent /out/flock-cni /out/flockctl /out/flock-socket-keeper /usr/local/bin/
 # kubectl's plugin name for the same binary: `kubectl flock explain …`.
 RUN ln -s flockctl /usr/local/bin/kubectl-flock
 ENTRYPOINT ["/usr/local/bin/flock-agent"]

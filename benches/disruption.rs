@@ -9,23 +9,29 @@
 //! - `upgrade`: SIGTERM, the previous release's table (a fixture, ruleset format 0) in place
 //!   of this one's, then a new process, which adopts it;
 //! - `surge-rollout`: a new process starts while the old one runs (as a DaemonSet with
-//!   `maxSurge` would), waits for the node lock, and takes over when the old one gets SIGTERM.
+//!   `maxSurge` would), waits for the node lock, and takes over when the old one gets SIGTERM;
+//! - `long-restart`: SIGKILL, and the new process only after the DNS client's timeout (an
+//!   agent slow to come back: its image pulled, its node busy).
+//!
+//! Each node runs `flock-socket-keeper` (as deploy/ does), which holds the DNS proxy's
+//! listeners across the restarts; `--no-keeper` runs without it, to show what it is for.
 //!
 //! The traffic: long-lived TCP streams (16 bytes each way every 10 ms; one same-node, one
 //! cross-node per direction of the cluster), new TCP connections every 20 ms (connect and a
 //! reply within 1 s), UDP request/response every 20 ms (an answer within 1 s), probes that
-//! policy denies every 50 ms (counted if one connects), and a CNI ADD of a new pod on node a
-//! issued while its agent is down (the runtime's ADD must wait and succeed).
+//! policy denies every 50 ms (counted if one connects), DNS through node a's proxy for a pod
+//! with a domain rule every 100 ms (an answer within 1 s, one retry) followed by a connection
+//! to the answer, and a CNI ADD of a new pod on node a issued while its agent is down (the
+//! runtime's ADD must wait and succeed).
 //!
 //! Prints JSON: `{"scenarios": [{"name", "established", "established_broken", "new_conns",
 //! "new_conn_failed", "udp_requests", "udp_unanswered", "denied_probes", "denied_admitted",
-//! "cni_adds", "cni_add_failed", "cni_add_max_ms", "agent_gap_ms"}]}` (`agent_gap_ms`: from the
-//! old process's end to the new one's readiness). Not measured yet: DNS through the agent's
-//! proxy (see docs/development.md).
+//! "dns_queries", "dns_unanswered", "cni_adds", "cni_add_failed", "cni_add_max_ms",
+//! "agent_gap_ms"}]}` (`agent_gap_ms`: from the old process's end to the new one's readiness).
 //!
-//! `cargo bench --bench disruption [-- --runs N]` (the full scenarios, each N times). Under
-//! `cargo test` (no `--bench` argument) it runs a short version of each scenario and fails
-//! unless every disruption count is zero.
+//! `cargo bench --bench disruption [-- --runs N] [--no-keeper]` (the full scenarios, each N
+//! times). Under `cargo test` (no `--bench` argument) it runs a short version of each
+//! scenario and fails unless every disruption count is zero.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -57,6 +63,8 @@ struct Timing {
     before: Duration,
     after: Duration,
     down: Duration,
+    /// How long the agent stays down in `long-restart`: past the DNS client's timeout.
+    long_down: Duration,
 }
 
 /// The counts of one scenario.
@@ -89,7 +97,7 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-/// A flock-agent process, killed on drop.
+/// A child process (a flock-agent, a socket keeper), killed on drop.
 struct Agent {
     child: Option<Child>,
 }
@@ -123,6 +131,8 @@ struct NodeRig {
     node: Node,
     dir: PathBuf,
     cidr: &'static str,
+    /// The socket keeper's socket, which the agents hold the DNS proxy's listeners with.
+    keeper: Option<PathBuf>,
 }
 
 impl NodeRig {
@@ -168,6 +178,7 @@ impl NodeRig {
             // The DNS proxy, trusting the resolver pod.
             .args(["--dns-proxy", "true", "--dns-resolver-pods", "default/app=dns"])
             .args(["--pod-name", &format!("flock-agent-{}-{generation}", self.name)])
+            .args(self.keeper.iter().flat_map(|k| [Path::new("--dns-socket-keeper"), k]))
             .env("KUBECONFIG", kubeconfig)
             .env_remove("FLOCK_LOG")
             .stdin(Stdio::null())
@@ -175,6 +186,23 @@ impl NodeRig {
             .stderr(log)
             .spawn()
             .unwrap();
+        Agent { child: Some(child) }
+    }
+
+    /// Starts this node's socket keeper (as its own DaemonSet would run it).
+    fn start_keeper(&mut self) -> Agent {
+        let path = self.dir.join("keeper.sock");
+        let log = std::fs::File::create(self.dir.join("keeper.log")).unwrap();
+        let child = Command::new(workspace_binary("flock", "flock-socket-keeper"))
+            .args(["--socket", path.to_str().unwrap(), "--log-format", "json"])
+            .env_remove("FLOCK_LOG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        wait_for("the socket keeper", Duration::from_secs(10), || path.exists());
+        self.keeper = Some(path);
         Agent { child: Some(child) }
     }
 
@@ -251,7 +279,7 @@ impl Cluster {
             let node = Node::new(&format!("dis{name}"));
             let d = dir.join(name);
             std::fs::create_dir_all(&d).unwrap();
-            NodeRig { name, node, dir: d, cidr }
+            NodeRig { name, node, dir: d, cidr, keeper: None }
         };
         let nodes = [make("a", "198.18.80.0/24"), make("b", "198.18.81.0/24")];
         let (a, b) = (&nodes[0].node.ns, &nodes[1].node.ns);
@@ -675,6 +703,9 @@ fn scenario(cluster: &mut Cluster, agents: &mut [Agent; 2], generation: &mut usi
         "SURGE" => assert!(log.contains("holds this node's lock") && log.contains("takes over"), "{name}: no handover:\n{log}"),
         _ => {}
     }
+    if cluster.nodes[0].keeper.is_some() {
+        assert!(log.contains("took over the listeners"), "{name}: the DNS listeners were not taken from the socket keeper:\n{log}");
+    }
     std::thread::sleep(t.after);
     stop.store(true, Ordering::Relaxed);
     for th in threads {
@@ -780,11 +811,25 @@ fn main() {
     }
     let runs = args.iter().position(|a| a == "--runs").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(1usize);
     let timing = if bench {
-        Timing { before: Duration::from_secs(3), after: Duration::from_secs(3), down: Duration::from_millis(500) }
+        Timing {
+            before: Duration::from_secs(3),
+            after: Duration::from_secs(3),
+            down: Duration::from_millis(500),
+            long_down: Duration::from_millis(1200),
+        }
     } else {
-        Timing { before: Duration::from_millis(800), after: Duration::from_millis(800), down: Duration::from_millis(300) }
+        Timing {
+            before: Duration::from_millis(800),
+            after: Duration::from_millis(800),
+            down: Duration::from_millis(300),
+            long_down: Duration::from_millis(1000),
+        }
     };
     let mut cluster = Cluster::new();
+    // `--no-keeper`: the agents hold the DNS proxy's listeners alone (to see what the keeper
+    // is for: DNS of the agent's down time is lost).
+    let _keepers: Vec<Agent> =
+        if args.iter().any(|a| a == "--no-keeper") { Vec::new() } else { cluster.nodes.iter_mut().map(NodeRig::start_keeper).collect() };
     let mut generation = 0;
     let mut agents = [cluster.nodes[0].start_agent(&cluster.kubeconfig, 0), cluster.nodes[1].start_agent(&cluster.kubeconfig, 0)];
     for n in &cluster.nodes {
@@ -816,8 +861,15 @@ fn main() {
     }
     let mut scenarios = Vec::new();
     for _ in 0..runs {
-        for (name, signal) in [("upgrade", "UPGRADE"), ("graceful-restart", "TERM"), ("kill-restart", "KILL"), ("surge-rollout", "SURGE")] {
-            scenarios.push(scenario(&mut cluster, &mut agents, &mut generation, name, signal, timing));
+        for (name, signal) in [
+            ("upgrade", "UPGRADE"),
+            ("graceful-restart", "TERM"),
+            ("kill-restart", "KILL"),
+            ("surge-rollout", "SURGE"),
+            ("long-restart", "KILL"),
+        ] {
+            let t = if name == "long-restart" { Timing { down: timing.long_down, ..timing } } else { timing };
+            scenarios.push(scenario(&mut cluster, &mut agents, &mut generation, name, signal, t));
         }
     }
     let out = json!({"scenarios": scenarios});

@@ -54,6 +54,41 @@ fn daemonset_has_the_install_identity_and_known_flags() {
     assert_eq!(spec["tolerations"][0]["operator"], "Exists");
 }
 
+/// The socket keeper is its own DaemonSet that an agent rollout does not restart (OnDelete),
+/// with no capability, host network or API token, and the agent is pointed at its socket.
+#[test]
+fn socket_keeper_outlives_agent_rollouts_with_nothing_it_does_not_need() {
+    let ds = docs(&root().join("deploy/agent/socket-keeper.yaml")).remove(0);
+    assert_eq!((ds["kind"].as_str(), ds["metadata"]["namespace"].as_str()), (Some("DaemonSet"), Some("flock-system")));
+    assert_eq!(ds["spec"]["updateStrategy"]["type"], "OnDelete");
+    let spec = &ds["spec"]["template"]["spec"];
+    assert!(spec["hostNetwork"].is_null() || spec["hostNetwork"] == false);
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    assert_eq!(spec["tolerations"][0]["operator"], "Exists");
+    let c = &spec["containers"][0];
+    assert_eq!(c["command"][0], "/usr/local/bin/flock-socket-keeper");
+    assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
+    assert!(c["securityContext"]["capabilities"]["add"].is_null());
+    let env = |c: &serde_json::Value, name: &str| -> Option<String> {
+        c["env"].as_array()?.iter().find(|e| e["name"] == name).and_then(|e| e["value"].as_str().map(String::from))
+    };
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_flock-socket-keeper")).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for e in c["env"].as_array().unwrap() {
+        let name = e["name"].as_str().unwrap();
+        assert!(help.contains(&format!("[env: {name}")), "flock-socket-keeper has no flag for {name}");
+    }
+    let agent = docs(&root().join("deploy/agent/daemonset.yaml")).remove(0);
+    let socket = env(c, "FLOCK_SOCKET_KEEPER").unwrap();
+    assert_eq!(env(&agent["spec"]["template"]["spec"]["containers"][0], "FLOCK_DNS_SOCKET_KEEPER"), Some(socket.clone()));
+    assert_eq!(socket, flock::agent::keeper::DEFAULT_SOCKET);
+    // The same hostPath as the agent's /run/flock.
+    assert_eq!(c["volumeMounts"][0]["mountPath"], "/run/flock");
+    assert_eq!(spec["volumes"][0]["hostPath"]["path"], "/run/flock");
+    // The agent and the keeper run as one user: the keeper serves only its own.
+    assert_eq!(c["securityContext"]["runAsUser"], agent["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsUser"]);
+}
+
 #[test]
 fn cluster_role_grants_only_what_the_agent_uses() {
     let got = grants("deploy/agent/rbac.yaml", &["ClusterRole", "Role"]);
@@ -410,7 +445,7 @@ fn dockerfile_agent_image_has_nft_and_ip() {
         assert!(installs.iter().any(|r| r.split_whitespace().any(|w| w == package)), "the agent image lacks {package}");
     }
     let bins = d.binaries("agent");
-    for bin in ["flock-agent", "flock-cni", "flockctl"] {
+    for bin in ["flock-agent", "flock-cni", "flockctl", "flock-socket-keeper"] {
         assert!(bins.contains(&format!("/usr/local/bin/{bin}")), "{bin} not in the agent image: {bins:?}");
     }
     assert!(!bins.iter().any(|b| b.ends_with("flock-controller")), "the controller has its own image");

@@ -475,3 +475,109 @@ spec:
     proxy_thread.join().unwrap();
     dns_thread.join().unwrap();
 }
+
+/// The socket keeper between two proxies (an agent restart): the first proxy's listeners,
+/// deposited with the keeper, stay open after it is gone, so a query (UDP) and a connection
+/// with a query (TCP) made while no proxy runs wait in them and are answered by the next
+/// proxy, which takes them from the keeper. Listeners that do not fit the next proxy's
+/// configuration are refused, by address.
+#[test]
+fn queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next() {
+    use flock::agent::dns_proxy::Listeners;
+    use flock::agent::keeper::{self, Keeper, Store};
+    if !require_root("queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next") {
+        return;
+    }
+    const KEPT_PORT: u16 = 15354;
+    let node = Node::new("dnsk");
+    let client_ip: IpAddr = "198.18.215.2".parse().unwrap();
+    let client = node.add_pod("dnskc", "vc-dnsk", &[client_ip]);
+    let resolver_ip: IpAddr = "198.18.216.53".parse().unwrap();
+    let resolver = node.add_pod("dnskr", "vr-dnsk", &[resolver_ip]);
+    node.ns.ip(&["addr", "add", "198.18.217.1/32", "dev", "uplink"]);
+    redirect_dns(&node, "vc-dnsk", KEPT_PORT, "");
+    let zone =
+        Zone::new(vec![Record { name: "api.example.test".into(), ttl: 300, data: RecordData::Address("198.18.1.10".parse().unwrap()) }]);
+    let (stop_dns, dns_thread) = serve_dns(resolver.ns.netns(), vec![resolver_ip], zone);
+
+    let dir = flock::testkit::kernel::TempDir::new("dnsk");
+    let path = dir.join("keeper.sock");
+    let listener = keeper::listen(&path).unwrap();
+    std::thread::spawn(move || keeper::serve(&listener, &mut Store::default()));
+    let k = Keeper::new(&path);
+    let mut config = ProxyConfig::new(KEPT_PORT, vec![resolver_ip]);
+    config.ipv6 = false;
+
+    // The first proxy binds and deposits, then is gone without ever reading.
+    {
+        let (k, config) = (k.clone(), config.clone());
+        let (_stop, t) = serve_in(node.ns.netns(), move |_, ready| {
+            Box::pin(async move {
+                let l = Listeners::bind(&config).unwrap();
+                let fds = l.fds().unwrap();
+                let borrowed: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
+                k.deposit(keeper::DNS_PROXY, &borrowed).unwrap();
+                let _ = ready.send(());
+            })
+        });
+        t.join().unwrap();
+    }
+    let resolver_addr = SocketAddr::new(resolver_ip, 53);
+    let udp = {
+        let ns = client.ns.netns();
+        std::thread::spawn(move || {
+            netns::run_in(&ns, || {
+                let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+                s.connect(resolver_addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                s.send(&query("api.example.test", RecordType::A, 5)).unwrap();
+                let mut buf = vec![0u8; 512];
+                let n = s.recv(&mut buf).unwrap_or_else(|e| panic!("the query that waited got no answer: {e}"));
+                buf.truncate(n);
+                buf
+            })
+            .unwrap()
+        })
+    };
+    let tcp = {
+        let ns = client.ns.netns();
+        std::thread::spawn(move || ask_tcp(&ns, resolver_addr, vec![query("api.example.test", RecordType::A, 6)]))
+    };
+    // Nothing reads them yet.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!udp.is_finished() && !tcp.is_finished(), "answered while no proxy ran");
+
+    // Listeners that do not fit are refused (the keeper keeps them).
+    let mut other = ProxyConfig::new(KEPT_PORT + 1, vec![resolver_ip]);
+    other.ipv6 = false;
+    let err = netns::run_in(&node.ns.netns(), || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async { Listeners::adopt(&other, k.take(keeper::DNS_PROXY).unwrap()).err() })
+    })
+    .unwrap();
+    assert!(err.is_some_and(|e| e.contains(&format!("127.0.0.1:{}", KEPT_PORT + 1))));
+
+    // The next proxy takes them and answers what waited.
+    let learner = Arc::new(Recorder::default());
+    let proxy = DnsProxy::new(config.clone(), learner.clone());
+    let (stop_proxy, proxy_thread) = {
+        let (k, config) = (k.clone(), config.clone());
+        serve_in(node.ns.netns(), move |stop, ready| {
+            Box::pin(async move {
+                let l = Listeners::adopt(&config, k.take(keeper::DNS_PROXY).unwrap()).unwrap();
+                let _ = ready.send(());
+                proxy.serve(l, stop).await;
+            })
+        })
+    };
+    let want = vec!["198.18.1.10".parse::<IpAddr>().unwrap()];
+    assert_eq!(addresses(&udp.join().unwrap()), want);
+    let answers = tcp.join().unwrap();
+    assert_eq!(answers.len(), 1);
+    assert_eq!(addresses(&answers[0].0), want);
+    assert_eq!(learner.seen.lock().unwrap().len(), 2, "the learner saw both waiting queries");
+    stop_proxy.send(true).unwrap();
+    proxy_thread.join().unwrap();
+    stop_dns.send(true).unwrap();
+    dns_thread.join().unwrap();
+}

@@ -235,6 +235,7 @@ fn programs() -> Vec<(String, String, Vec<String>)> {
     let mut out = vec![
         ("flock-agent flags".to_string(), env!("CARGO_BIN_EXE_flock-agent").to_string(), vec![]),
         ("flock-controller flags".to_string(), env!("CARGO_BIN_EXE_flock-controller").to_string(), vec![]),
+        ("flock-socket-keeper flags".to_string(), env!("CARGO_BIN_EXE_flock-socket-keeper").to_string(), vec![]),
         ("flockctl flags".to_string(), flockctl.to_string(), vec![]),
         ("flock-test-apiserver flags".to_string(), apiserver.to_string_lossy().into_owned(), vec![]),
     ];

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 
 use super::dns_proxy::{DnsProxy, Listeners, ProxyConfig, ProxyError};
 use super::domains::{DomainLearner, DomainRule, KernelWriter};
+use super::keeper::{self, Keeper};
 use crate::netns::{self, Netns};
 use crate::render::{self, DnsSteer};
 use crate::translate::NodePolicy;
@@ -58,6 +59,9 @@ pub struct DnsConfig {
     pub randomize_case: bool,
     /// Learned addresses per domain rule's set and per node.
     pub learned: super::domains::LearnedBounds,
+    /// The socket keeper ([`super::keeper`]) that holds the proxy's listeners across the
+    /// agent's restarts; `None`: they close with the agent.
+    pub keeper: Option<PathBuf>,
 }
 
 impl Default for DnsConfig {
@@ -74,6 +78,7 @@ impl Default for DnsConfig {
             bounds: super::dns_proxy::Bounds::default(),
             randomize_case: true,
             learned: super::domains::LearnedBounds::default(),
+            keeper: None,
         }
     }
 }
@@ -108,8 +113,80 @@ pub(crate) struct DnsService {
     configured: Vec<IpAddr>,
     /// Where the trusted resolvers are remembered across restarts, and what was written last.
     remembered: Option<(PathBuf, std::sync::Mutex<BTreeSet<IpAddr>>)>,
+    /// Turns true with the first domain rules: the proxy reads queries only then (or after
+    /// [`RULES_WAIT`]).
+    ruled: watch::Sender<bool>,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How long the proxy leaves queries waiting for the first committed sync's domain rules. An
+/// answer served before them teaches nothing (its addresses stay closed to the pod), so after
+/// a restart the queries that waited for the new agent wait a little longer, for its first
+/// sync; an agent whose API server does not answer serves them after this, admitting only
+/// what its table still holds from before.
+pub const RULES_WAIT: Duration = Duration::from_secs(10);
+
+/// How often the agent hands its listeners to the socket keeper again (a keeper that
+/// restarted holds nothing until then).
+const KEEP_PERIOD: Duration = Duration::from_secs(10);
+
+/// The proxy's listeners: the ones a previous agent left with the socket keeper (the
+/// queries that arrived meanwhile waiting in them) when they fit `config`, else new ones.
+fn listeners(config: &ProxyConfig, keeper: Option<&Keeper>) -> Result<Listeners, ProxyError> {
+    if let Some(k) = keeper {
+        let at = k.path().display();
+        match k.take(keeper::DNS_PROXY) {
+            Ok(fds) if fds.is_empty() => tracing::info!(keeper = %at, "DNS proxy: the socket keeper holds no listeners yet; binding them"),
+            Ok(fds) => match Listeners::adopt(config, fds) {
+                Ok(l) => {
+                    tracing::info!(keeper = %at, "DNS proxy: took over the listeners the previous agent left with the socket keeper");
+                    return Ok(l);
+                }
+                Err(why) => {
+                    tracing::warn!(keeper = %at, why, "DNS proxy: the socket keeper's listeners do not fit this configuration; binding new ones");
+                    // They hold the addresses the new ones bind.
+                    if let Err(e) = k.deposit(keeper::DNS_PROXY, &[]) {
+                        tracing::warn!(error = %e, "DNS proxy: cannot clear the socket keeper's listeners");
+                    }
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "DNS proxy: no listeners from the socket keeper; binding them (DNS is dropped while the agent restarts)")
+            }
+        }
+    }
+    Listeners::bind(config)
+}
+
+/// Hands the listeners' descriptors to the keeper now and every [`KEEP_PERIOD`] until `stop`;
+/// says when that starts or stops working.
+async fn keep(keeper: Keeper, fds: Vec<std::os::fd::OwnedFd>, mut stop: watch::Receiver<bool>) {
+    let fds = Arc::new(fds);
+    let mut held = None;
+    loop {
+        let (k, f) = (keeper.clone(), fds.clone());
+        let deposited = tokio::task::spawn_blocking(move || {
+            let borrowed: Vec<_> = f.iter().map(std::os::fd::AsFd::as_fd).collect();
+            k.deposit(keeper::DNS_PROXY, &borrowed)
+        })
+        .await;
+        match deposited {
+            Ok(Ok(())) if held != Some(true) => {
+                tracing::info!(keeper = %keeper.path().display(), "DNS proxy: the socket keeper holds the listeners (DNS waits, not drops, while the agent restarts)");
+                held = Some(true);
+            }
+            Ok(Err(e)) if held != Some(false) => {
+                tracing::warn!(error = %e, "DNS proxy: the socket keeper does not hold the listeners (DNS is dropped while the agent restarts); trying again every 10 s");
+                held = Some(false);
+            }
+            _ => {}
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(KEEP_PERIOD) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
 }
 
 /// The trusted resolvers remembered in `path` (one address per line); none when there is no
@@ -171,6 +248,8 @@ impl DnsService {
             (path, std::sync::Mutex::new(addrs))
         });
         let (stop, stop_rx) = watch::channel(false);
+        let (ruled, mut ruled_rx) = watch::channel(false);
+        let keeper = config.keeper.clone().map(Keeper::new);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), DnsError>>();
         let (thread_ns, routing) = (ns.clone(), config.clone());
         let desc = ns.describe();
@@ -187,7 +266,7 @@ impl DnsService {
                         }
                     };
                     rt.block_on(async move {
-                        let listeners = match Listeners::bind(proxy.config()) {
+                        let listeners = match listeners(proxy.config(), keeper.as_ref()) {
                             Ok(l) => l,
                             Err(error) => {
                                 let _ = ready_tx.send(Err(DnsError::Proxy { netns: desc.clone(), error }));
@@ -203,7 +282,21 @@ impl DnsService {
                             }));
                             return;
                         }
+                        if let Some(k) = keeper {
+                            match listeners.fds() {
+                                Ok(fds) => drop(tokio::spawn(keep(k, fds, stop_rx.clone()))),
+                                Err(e) => tracing::warn!(error = %e, "DNS proxy: cannot hand the listeners to the socket keeper"),
+                            }
+                        }
                         let _ = ready_tx.send(Ok(()));
+                        let mut stop = stop_rx.clone();
+                        tokio::select! {
+                            _ = ruled_rx.wait_for(|r| *r) => {}
+                            _ = tokio::time::sleep(RULES_WAIT) => {
+                                tracing::warn!("DNS proxy: no committed sync yet; answering without domain rules (only what the table holds is admitted)");
+                            }
+                            _ = stop.wait_for(|s| *s) => return,
+                        }
                         proxy.serve(listeners, stop_rx).await;
                     });
                 });
@@ -213,7 +306,9 @@ impl DnsService {
             })
             .map_err(|e| DnsError::Thread { netns: ns.describe(), message: e.to_string() })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self { learner, trusted, configured: config.resolvers.clone(), remembered, stop, thread: Some(thread) }),
+            Ok(Ok(())) => {
+                Ok(Self { learner, trusted, configured: config.resolvers.clone(), remembered, ruled, stop, thread: Some(thread) })
+            }
             Ok(Err(e)) => Err(e),
             Err(_) => Err(DnsError::Thread { netns: ns.describe(), message: "the proxy thread ended before it was ready".into() }),
         }
@@ -224,6 +319,7 @@ impl DnsService {
     pub(crate) fn set_rules(&self, np: &NodePolicy) {
         self.trusted.set(self.configured.iter().chain(&np.dns_resolvers).copied().collect());
         self.learner.set_rules(domain_rules(np));
+        self.ruled.send_replace(true);
         if let Some((path, last)) = &self.remembered {
             let found: BTreeSet<IpAddr> = np.dns_resolvers.iter().copied().collect();
             let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -39,7 +39,7 @@
 use std::collections::HashMap;
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -285,7 +285,7 @@ impl Drop for Slot {
 
 /// The proxy's sockets, bound in the network namespace that was current when
 /// [`Listeners::bind`] ran (the agent's: the node's).
-pub(crate) struct Listeners {
+pub struct Listeners {
     udp: Vec<UdpSocket>,
     tcp: Vec<TcpListener>,
 }
@@ -293,11 +293,8 @@ pub(crate) struct Listeners {
 impl Listeners {
     /// Binds the transparent listeners on 127.0.0.1 (and ::1) at `config.port`. Needs a
     /// tokio runtime (the sockets register with it) and CAP_NET_ADMIN (transparent sockets).
-    pub(crate) fn bind(config: &ProxyConfig) -> Result<Self, ProxyError> {
-        let mut addrs = vec![SocketAddr::from((Ipv4Addr::LOCALHOST, config.port))];
-        if config.ipv6 {
-            addrs.push(SocketAddr::from((Ipv6Addr::LOCALHOST, config.port)));
-        }
+    pub fn bind(config: &ProxyConfig) -> Result<Self, ProxyError> {
+        let addrs = Self::addrs(config);
         let mut udp = Vec::new();
         let mut tcp = Vec::new();
         for addr in addrs {
@@ -309,6 +306,63 @@ impl Listeners {
             tcp.push(TcpListener::from_std(std::net::TcpListener::from(fd)).map_err(|e| listen("TCP", e))?);
         }
         Ok(Self { udp, tcp })
+    }
+
+    /// The loopback addresses the listeners are bound to, in order.
+    fn addrs(config: &ProxyConfig) -> Vec<SocketAddr> {
+        let mut addrs = vec![SocketAddr::from((Ipv4Addr::LOCALHOST, config.port))];
+        if config.ipv6 {
+            addrs.push(SocketAddr::from((Ipv6Addr::LOCALHOST, config.port)));
+        }
+        addrs
+    }
+
+    /// Listeners a previous agent bound (from the socket keeper, in [`Listeners::fds`]'
+    /// order), if they are exactly what [`Listeners::bind`] would bind for `config`: a UDP
+    /// and a listening TCP socket, transparent, on each address. Why not otherwise.
+    pub fn adopt(config: &ProxyConfig, fds: Vec<OwnedFd>) -> Result<Self, String> {
+        let addrs = Self::addrs(config);
+        if fds.len() != 2 * addrs.len() {
+            return Err(format!("{} sockets, not {}", fds.len(), 2 * addrs.len()));
+        }
+        let (mut udp, mut tcp) = (Vec::new(), Vec::new());
+        let mut fds = fds.into_iter();
+        for addr in addrs {
+            for kind in [SockType::Datagram, SockType::Stream] {
+                let Some(fd) = fds.next() else { return Err("too few sockets".into()) };
+                let what = if kind == SockType::Datagram { "UDP" } else { "TCP" };
+                let check = || -> Result<bool, nix::Error> {
+                    let bound = socket::getsockname::<SockaddrStorage>(fd.as_raw_fd())?;
+                    Ok(socket::getsockopt(&fd, sockopt::SockType)? == kind
+                        && std_addr(&bound) == Some(addr)
+                        && socket::getsockopt(&fd, sockopt::IpTransparent)?
+                        && (kind == SockType::Datagram || socket::getsockopt(&fd, sockopt::AcceptConn)?))
+                };
+                match check() {
+                    Ok(true) => {}
+                    Ok(false) => return Err(format!("not a transparent {what} listener on {addr}")),
+                    Err(e) => return Err(format!("the {what} socket for {addr}: {e}")),
+                }
+                let err = |e: io::Error| format!("the {what} socket for {addr}: {e}");
+                if kind == SockType::Datagram {
+                    udp.push(UdpSocket::from_std(std::net::UdpSocket::from(fd)).map_err(err)?);
+                } else {
+                    tcp.push(TcpListener::from_std(std::net::TcpListener::from(fd)).map_err(err)?);
+                }
+            }
+        }
+        Ok(Self { udp, tcp })
+    }
+
+    /// Duplicates of the listeners' descriptors, per address UDP then TCP (what
+    /// [`Listeners::adopt`] takes).
+    pub fn fds(&self) -> io::Result<Vec<OwnedFd>> {
+        let mut out = Vec::new();
+        for (u, t) in self.udp.iter().zip(&self.tcp) {
+            out.push(u.as_fd().try_clone_to_owned()?);
+            out.push(t.as_fd().try_clone_to_owned()?);
+        }
+        Ok(out)
     }
 }
 
@@ -442,7 +496,7 @@ impl<L: Learner> DnsProxy<L> {
 
     /// Serves until `stop` turns true (or its sender is gone). Each query is served on a
     /// task of its own.
-    pub(crate) async fn serve(self, listeners: Listeners, stop: watch::Receiver<bool>) {
+    pub async fn serve(self, listeners: Listeners, stop: watch::Receiver<bool>) {
         let mut tasks = tokio::task::JoinSet::new();
         for sock in listeners.udp {
             tasks.spawn(self.clone().serve_udp(sock, stop.clone()));

@@ -23,6 +23,7 @@ pub mod dns;
 pub mod dns_proxy;
 pub mod domains;
 pub mod http;
+pub mod keeper;
 pub mod metrics;
 pub mod node_lock;
 mod registry;

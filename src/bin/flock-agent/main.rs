@@ -200,6 +200,11 @@ struct Args {
     /// that expire first are evicted.
     #[arg(long, env = "FLOCK_DNS_LEARNED_PER_NODE", default_value_t = flock::agent::domains::LearnedBounds::default().per_node)]
     dns_learned_per_node: usize,
+    /// The socket of flock-socket-keeper, which holds the DNS proxy's listeners across the
+    /// agent's restarts and upgrades (queries wait in them for the next agent instead of
+    /// being dropped). Unset: the listeners close with the agent.
+    #[arg(long, env = "FLOCK_DNS_SOCKET_KEEPER")]
+    dns_socket_keeper: Option<PathBuf>,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
@@ -324,6 +329,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                     ..flock::agent::dns_proxy::Bounds::default()
                 },
                 randomize_case: args.dns_randomize_case,
+                keeper: args.dns_socket_keeper.clone().filter(|p| !p.as_os_str().is_empty()),
                 learned: flock::agent::domains::LearnedBounds { per_set: args.dns_learned_per_set, per_node: args.dns_learned_per_node },
             });
         }

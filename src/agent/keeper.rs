@@ -1,0 +1,319 @@
+//! The socket keeper: sockets that outlive the agent's process. `flock-socket-keeper` (its
+//! own small DaemonSet, updated only by hand) holds descriptors the agent deposits and hands
+//! them to the next agent, over a unix socket (`SOCK_SEQPACKET`, `SCM_RIGHTS`). The agent's
+//! DNS proxy keeps its listeners there: while the agent restarts, is killed or is upgraded,
+//! the listeners stay open, so the queries the table steers to them wait in the kernel (the
+//! UDP receive queue, the TCP accept backlog) instead of being dropped, and the next agent
+//! answers them. The keeper reads no packet and needs no capability: a descriptor keeps its
+//! socket in the namespace it was made in.
+//!
+//! This module owns the protocol, the keeper's store and loop ([`listen`], [`serve`]) and the
+//! agent's client ([`Keeper`]). One request per connection, one reply:
+//! `GET <name>` → `OK <n>` with the `n` descriptors held under `name` (duplicates: the keeper
+//! keeps its own); `PUT <name>` with descriptors → `OK <n>` (they replace what was held; none
+//! clears it); anything else → `ERR <why>`. Only a peer with the keeper's own uid is served
+//! (and the socket is mode 0600), a request is bounded in size, descriptors ([`MAX_FDS`]) and
+//! time ([`TIMEOUT`]), and the store in names ([`MAX_NAMES`]).
+
+use std::collections::BTreeMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+// rustix, not nix, for this module: it receives descriptors as `OwnedFd`s, which nix hands
+// out only as raw numbers (owning those takes `unsafe`, which this crate forbids).
+use rustix::io::Errno;
+use rustix::net::{
+    self as net, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType, sockopt,
+};
+
+/// flock-socket-keeper's socket, and the agent's `--dns-socket-keeper` in deploy/.
+pub const DEFAULT_SOCKET: &str = "/run/flock/socket-keeper.sock";
+/// The name the DNS proxy's listeners are kept under.
+pub const DNS_PROXY: &str = "dns-proxy";
+/// Descriptors per name.
+pub const MAX_FDS: usize = 8;
+/// Names the keeper holds.
+pub const MAX_NAMES: usize = 8;
+/// How long one exchange may take, either side.
+pub const TIMEOUT: Duration = Duration::from_secs(2);
+/// A request's or reply's text (`PUT ` and a name of at most 32 bytes fit well inside).
+const MAX_MESSAGE: usize = 64;
+
+/// What went wrong talking to (or being) the keeper.
+#[derive(Debug, thiserror::Error)]
+pub enum KeeperError {
+    #[error("socket keeper {path}: cannot connect: {source}")]
+    Connect { path: PathBuf, source: Errno },
+    #[error("socket keeper {path}: {op}: {source}")]
+    Io { path: PathBuf, op: &'static str, source: Errno },
+    #[error("socket keeper {path}: {message}")]
+    Refused { path: PathBuf, message: String },
+    #[error("socket keeper {path}: cannot listen: {source}")]
+    Listen { path: PathBuf, source: std::io::Error },
+}
+
+/// The agent's side: takes and deposits descriptors at the keeper's socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keeper {
+    path: PathBuf,
+}
+
+impl Keeper {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The descriptors held under `name` (none: nothing is held).
+    pub fn take(&self, name: &str) -> Result<Vec<OwnedFd>, KeeperError> {
+        self.exchange(&format!("GET {name}"), &[])
+    }
+
+    /// Makes `fds` what is held under `name` (empty: holds nothing).
+    pub fn deposit(&self, name: &str, fds: &[BorrowedFd<'_>]) -> Result<(), KeeperError> {
+        self.exchange(&format!("PUT {name}"), fds).map(drop)
+    }
+
+    fn exchange(&self, request: &str, fds: &[BorrowedFd<'_>]) -> Result<Vec<OwnedFd>, KeeperError> {
+        let io = |op, source| KeeperError::Io { path: self.path.clone(), op, source };
+        let sock = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).map_err(|e| io("socket", e))?;
+        bound_in_time(&sock).map_err(|e| io("timeouts", e))?;
+        let connect = |source| KeeperError::Connect { path: self.path.clone(), source };
+        let addr = SocketAddrUnix::new(&self.path).map_err(connect)?;
+        net::connect(&sock, &addr).map_err(connect)?;
+        send(&sock, request.as_bytes(), fds).map_err(|e| io("send", e))?;
+        let (reply, got) = receive(&sock).map_err(|e| io("receive", e))?;
+        let reply = String::from_utf8_lossy(&reply).into_owned();
+        match reply.strip_prefix("OK ").and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) if request.starts_with("GET") && n == got.len() => Ok(got),
+            Some(n) if request.starts_with("PUT") && n == fds.len() && got.is_empty() => Ok(got),
+            _ => Err(KeeperError::Refused { path: self.path.clone(), message: reply }),
+        }
+    }
+}
+
+/// What the keeper holds, by name.
+#[derive(Debug, Default)]
+pub struct Store {
+    held: BTreeMap<String, Vec<OwnedFd>>,
+}
+
+/// The store's answer to one request: the reply's text and the descriptors that go with it.
+#[derive(Debug)]
+pub struct Reply<'a> {
+    pub text: String,
+    pub fds: Vec<BorrowedFd<'a>>,
+}
+
+impl Store {
+    /// Answers one request (`fds`: the descriptors that came with it).
+    pub fn handle(&mut self, request: &[u8], fds: Vec<OwnedFd>) -> Reply<'_> {
+        let refuse = |why: &str| Reply { text: format!("ERR {why}"), fds: Vec::new() };
+        let request = String::from_utf8_lossy(request);
+        let Some((verb, name)) = request.split_once(' ') else {
+            return refuse("not GET or PUT <name>");
+        };
+        if name.is_empty() || name.len() > 32 || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+            return refuse("a name is 1 to 32 of a-z, 0-9 and -");
+        }
+        match verb {
+            "GET" if fds.is_empty() => {
+                let held = self.held.get(name).map(|v| v.iter().map(|f| f.as_fd()).collect()).unwrap_or_default();
+                Reply { text: format!("OK {}", Vec::len(&held)), fds: held }
+            }
+            "PUT" if fds.len() > MAX_FDS => refuse("too many descriptors"),
+            "PUT" if !self.held.contains_key(name) && self.held.len() >= MAX_NAMES && !fds.is_empty() => refuse("too many names"),
+            "PUT" => {
+                let n = fds.len();
+                if fds.is_empty() {
+                    self.held.remove(name);
+                } else {
+                    self.held.insert(name.to_string(), fds);
+                }
+                Reply { text: format!("OK {n}"), fds: Vec::new() }
+            }
+            _ => refuse("not GET or PUT <name>"),
+        }
+    }
+
+    /// Descriptors held under `name`.
+    pub fn held(&self, name: &str) -> usize {
+        self.held.get(name).map_or(0, Vec::len)
+    }
+}
+
+/// The keeper's listening socket at `path` (a stale one from a previous keeper replaced),
+/// mode 0600.
+pub fn listen(path: &Path) -> Result<OwnedFd, KeeperError> {
+    let fail = |source| KeeperError::Listen { path: path.to_path_buf(), source };
+    let errno = |e: Errno| fail(e.into());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
+        _ => {}
+    }
+    let sock = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).map_err(errno)?;
+    net::bind(&sock, &SocketAddrUnix::new(path).map_err(errno)?).map_err(errno)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    net::listen(&sock, 16).map_err(errno)?;
+    Ok(sock)
+}
+
+/// Serves `listener` (from [`listen`]) forever, one connection at a time (each bounded by
+/// [`TIMEOUT`]); returns only if accepting fails.
+pub fn serve(listener: &OwnedFd, store: &mut Store) -> Errno {
+    let uid = nix::unistd::geteuid().as_raw();
+    loop {
+        let conn = match net::accept_with(listener, SocketFlags::CLOEXEC) {
+            Ok(fd) => fd,
+            Err(Errno::INTR | Errno::CONNABORTED) => continue,
+            Err(e) => return e,
+        };
+        if let Err(e) = one(&conn, store, uid) {
+            tracing::warn!(error = %e, "socket keeper: a request failed");
+        }
+    }
+}
+
+fn one(conn: &OwnedFd, store: &mut Store, uid: u32) -> Result<(), Errno> {
+    bound_in_time(conn)?;
+    let peer = sockopt::socket_peercred(conn)?;
+    let pid = peer.pid.as_raw_nonzero().get();
+    if peer.uid.as_raw() != uid {
+        tracing::warn!(pid, uid = peer.uid.as_raw(), "socket keeper: refused a peer of another user");
+        return send(conn, b"ERR not the keeper's user", &[]);
+    }
+    let (request, fds) = receive(conn)?;
+    let (verb, count) = (String::from_utf8_lossy(request.get(..3).unwrap_or_default()).into_owned(), fds.len());
+    let reply = store.handle(&request, fds);
+    let text = reply.text;
+    match text.strip_prefix("ERR ") {
+        Some(why) => tracing::warn!(pid, why, "socket keeper: refused a request"),
+        None if verb == "PUT" => tracing::info!(pid, sockets = count, "socket keeper: holding the agent's sockets"),
+        None => tracing::info!(pid, sockets = reply.fds.len(), "socket keeper: handed its sockets to an agent"),
+    }
+    send(conn, text.as_bytes(), &reply.fds)
+}
+
+fn bound_in_time(fd: &OwnedFd) -> Result<(), Errno> {
+    sockopt::set_socket_timeout(fd, sockopt::Timeout::Recv, Some(TIMEOUT))?;
+    sockopt::set_socket_timeout(fd, sockopt::Timeout::Send, Some(TIMEOUT))
+}
+
+fn send(fd: &OwnedFd, text: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Errno> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(Errno::MSGSIZE);
+    }
+    net::sendmsg(fd, &[IoSlice::new(text)], &mut control, SendFlags::empty()).map(drop)
+}
+
+/// One message and the descriptors that came with it (owned: closed if unused). More than
+/// [`MAX_FDS`] descriptors or a longer text is an error (what came is closed).
+fn receive(fd: &OwnedFd) -> Result<(Vec<u8>, Vec<OwnedFd>), Errno> {
+    let mut buf = [0u8; MAX_MESSAGE];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = net::recvmsg(fd, &mut [IoSliceMut::new(&mut buf)], &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    let mut fds = Vec::new();
+    for c in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(got) = c {
+            fds.extend(got);
+        }
+    }
+    if msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) {
+        return Err(Errno::MSGSIZE);
+    }
+    Ok((buf.get(..msg.bytes).unwrap_or_default().to_vec(), fds))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        nix::unistd::pipe().unwrap()
+    }
+
+    #[test]
+    fn the_store_holds_replaces_and_clears() {
+        let mut s = Store::default();
+        assert_eq!(s.handle(b"GET dns-proxy", vec![]).text, "OK 0");
+        let (a, b) = pipe();
+        assert_eq!(s.handle(b"PUT dns-proxy", vec![a, b]).text, "OK 2");
+        let r = s.handle(b"GET dns-proxy", vec![]);
+        assert_eq!((r.text.as_str(), r.fds.len()), ("OK 2", 2));
+        let (c, _d) = pipe();
+        assert_eq!(s.handle(b"PUT dns-proxy", vec![c]).text, "OK 1");
+        assert_eq!(s.held("dns-proxy"), 1);
+        assert_eq!(s.handle(b"PUT dns-proxy", vec![]).text, "OK 0");
+        assert_eq!(s.held("dns-proxy"), 0);
+    }
+
+    #[test]
+    fn the_store_refuses_what_it_does_not_understand() {
+        let mut s = Store::default();
+        for bad in [&b"GET"[..], b"GET ", b"GET Dns", b"GET ../x", b"DEL dns", b"", b"GET aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"] {
+            assert!(s.handle(bad, vec![]).text.starts_with("ERR "), "{}", String::from_utf8_lossy(bad));
+        }
+        // A GET carrying descriptors is not a GET.
+        let (a, _b) = pipe();
+        assert!(s.handle(b"GET x", vec![a]).text.starts_with("ERR "));
+        let many: Vec<OwnedFd> = (0..=MAX_FDS / 2)
+            .flat_map(|_| {
+                let (a, b) = pipe();
+                [a, b]
+            })
+            .collect();
+        assert!(s.handle(b"PUT x", many).text.starts_with("ERR "));
+        for i in 0..MAX_NAMES {
+            let (a, _b) = pipe();
+            assert_eq!(s.handle(format!("PUT n{i}").as_bytes(), vec![a]).text, "OK 1");
+        }
+        let (a, _b) = pipe();
+        assert!(s.handle(b"PUT one-too-many", vec![a]).text.starts_with("ERR "));
+    }
+
+    /// A keeper on a real socket: an agent deposits a pipe's write end, the "next agent"
+    /// takes it and writes into the same pipe.
+    #[test]
+    fn descriptors_outlive_the_process_that_deposited_them() {
+        let dir = flock_cni::testing::TempDir::new("keeper");
+        let path = dir.join("k.sock");
+        let listener = listen(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        std::thread::spawn(move || {
+            let mut store = Store::default();
+            serve(&listener, &mut store)
+        });
+        let k = Keeper::new(&path);
+        assert!(k.take(DNS_PROXY).unwrap().is_empty());
+        let (r, w) = pipe();
+        k.deposit(DNS_PROXY, &[w.as_fd()]).unwrap();
+        drop(w);
+        let got = k.take(DNS_PROXY).unwrap();
+        assert_eq!(got.len(), 1);
+        nix::unistd::write(&got[0], b"x").unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(nix::unistd::read(&r, &mut b).unwrap(), 1);
+        // An unknown verb is refused, by name.
+        let e = k.exchange("DEL dns-proxy", &[]).unwrap_err();
+        assert!(e.to_string().contains("ERR"), "{e}");
+        // No keeper: a connect error naming the path.
+        let e = Keeper::new(dir.join("none.sock")).take(DNS_PROXY).unwrap_err();
+        assert!(e.to_string().contains("none.sock"), "{e}");
+    }
+}
