@@ -822,7 +822,7 @@ fn main() {
             before: Duration::from_millis(800),
             after: Duration::from_millis(800),
             down: Duration::from_millis(300),
-            long_down: Duration::from_millis(1000),
+            long_down: Duration::from_millis(1200),
         }
     };
     let mut cluster = Cluster::new();

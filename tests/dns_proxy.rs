@@ -484,7 +484,7 @@ spec:
 #[test]
 fn queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next() {
     use flock::agent::dns_proxy::Listeners;
-    use flock::agent::keeper::{self, Keeper, Store};
+    use flock::agent::keeper::{self, Keeper};
     if !require_root("queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next") {
         return;
     }
@@ -502,8 +502,26 @@ fn queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next() {
 
     let dir = flock::testkit::kernel::TempDir::new("dnsk");
     let path = dir.join("keeper.sock");
-    let listener = keeper::listen(&path).unwrap();
-    std::thread::spawn(move || keeper::serve(&listener, &mut Store::default()));
+    // The keeper binary in a PID namespace of its own, as in its own pod: the agent's pid is
+    // not visible to it (the kernel reports 0).
+    struct Keeping(std::process::Child);
+    impl Drop for Keeping {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _keeper = Keeping(
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", env!("CARGO_BIN_EXE_flock-socket-keeper"), "--socket", path.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "the socket keeper did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let k = Keeper::new(&path);
     let mut config = ProxyConfig::new(KEPT_PORT, vec![resolver_ip]);
     config.ipv6 = false;

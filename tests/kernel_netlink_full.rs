@@ -151,6 +151,13 @@ fn renders() -> Vec<(String, Ruleset)> {
             }
         }
     }
+    // An overlay: VXLAN taken from the nodes only.
+    let overlay = Options { overlay_port: Some(4789), ..Options::default() };
+    let s = dual_stack(&flock::testkit::base_cluster());
+    for node in ["node-1", "node-2"] {
+        let ir = translate(&s, &s.derived_endpoints(node), &overlay);
+        add(format!("overlay dual {node}"), render_with(&ir, &RenderOptions::default()));
+    }
     let mut p = flock::synth::Params::new(2_000, 200);
     (p.admin_policies, p.baseline_policies) = (20, 5);
     let cluster = flock::synth::generate(&p);
@@ -201,6 +208,8 @@ fn netlink_transactions_list_as_nft_writes_them() {
         "ct direction reply ct mark & 0x04000000 == 0x04000000",
         "type filter hook output priority mangle; policy accept;",
         "icmpv6 type nd-neighbor-solicit accept",
+        "ip saddr != @overlay-nodes-v4 udp dport 4789",
+        "ip6 saddr != @overlay-nodes-v6 udp dport 4789",
     ] {
         assert!(all.contains(want), "no render has {want}");
     }

@@ -125,7 +125,7 @@ pub(crate) struct DnsService {
 /// a restart the queries that waited for the new agent wait a little longer, for its first
 /// sync; an agent whose API server does not answer serves them after this, admitting only
 /// what its table still holds from before.
-pub const RULES_WAIT: Duration = Duration::from_secs(10);
+pub const RULES_WAIT: Duration = Duration::from_secs(3);
 
 /// How often the agent hands its listeners to the socket keeper again (a keeper that
 /// restarted holds nothing until then).
@@ -156,7 +156,31 @@ fn listeners(config: &ProxyConfig, keeper: Option<&Keeper>) -> Result<Listeners,
             }
         }
     }
-    Listeners::bind(config)
+    // Addresses in use: a socket keeper holds listeners this agent did not take (it does not
+    // use the keeper, or could not reach it). Cleared when the keeper is ours; else the
+    // keeper lets them go within its expiry, which this waits out.
+    let deadline = std::time::Instant::now() + keeper::EXPIRY + Duration::from_secs(30);
+    let mut said = false;
+    loop {
+        match Listeners::bind(config) {
+            Err(ProxyError::Listen { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline =>
+            {
+                if !said {
+                    tracing::warn!(
+                        port = config.port,
+                        "DNS proxy: its addresses are in use (a socket keeper this agent does not use still holds a previous agent's listeners?); waiting for them"
+                    );
+                    said = true;
+                }
+                if let Some(k) = keeper {
+                    let _ = k.deposit(keeper::DNS_PROXY, &[]);
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Hands the listeners' descriptors to the keeper now and every [`KEEP_PERIOD`] until `stop`;
@@ -177,7 +201,7 @@ async fn keep(keeper: Keeper, fds: Vec<std::os::fd::OwnedFd>, mut stop: watch::R
                 held = Some(true);
             }
             Ok(Err(e)) if held != Some(false) => {
-                tracing::warn!(error = %e, "DNS proxy: the socket keeper does not hold the listeners (DNS is dropped while the agent restarts); trying again every 10 s");
+                tracing::warn!(error = %e, "DNS proxy: the socket keeper does not hold the listeners (DNS is dropped while the agent restarts); trying again every {}s", KEEP_PERIOD.as_secs());
                 held = Some(false);
             }
             _ => {}

@@ -333,10 +333,20 @@ impl Listeners {
                 let what = if kind == SockType::Datagram { "UDP" } else { "TCP" };
                 let check = || -> Result<bool, nix::Error> {
                     let bound = socket::getsockname::<SockaddrStorage>(fd.as_raw_fd())?;
-                    Ok(socket::getsockopt(&fd, sockopt::SockType)? == kind
+                    let fits = socket::getsockopt(&fd, sockopt::SockType)? == kind
                         && std_addr(&bound) == Some(addr)
                         && socket::getsockopt(&fd, sockopt::IpTransparent)?
-                        && (kind == SockType::Datagram || socket::getsockopt(&fd, sockopt::AcceptConn)?))
+                        && (kind == SockType::Datagram || socket::getsockopt(&fd, sockopt::AcceptConn)?)
+                        && (addr.is_ipv4() || socket::getsockopt(&fd, sockopt::Ipv6V6Only)?);
+                    if fits && kind == SockType::Datagram {
+                        // What serving needs, set again whatever the previous agent set.
+                        if addr.is_ipv4() {
+                            socket::setsockopt(&fd, sockopt::Ipv4OrigDstAddr, &true)?;
+                        } else {
+                            socket::setsockopt(&fd, sockopt::Ipv6OrigDstAddr, &true)?;
+                        }
+                    }
+                    Ok(fits)
                 };
                 match check() {
                     Ok(true) => {}
@@ -344,6 +354,12 @@ impl Listeners {
                     Err(e) => return Err(format!("the {what} socket for {addr}: {e}")),
                 }
                 let err = |e: io::Error| format!("the {what} socket for {addr}: {e}");
+                // tokio takes only non-blocking sockets (the flag is the shared file's).
+                let fd = {
+                    let std_fd = std::net::UdpSocket::from(fd);
+                    std_fd.set_nonblocking(true).map_err(err)?;
+                    OwnedFd::from(std_fd)
+                };
                 if kind == SockType::Datagram {
                     udp.push(UdpSocket::from_std(std::net::UdpSocket::from(fd)).map_err(err)?);
                 } else {

@@ -33,8 +33,9 @@ use rustix::net::{
 
 /// flock-socket-keeper's socket, and the agent's `--dns-socket-keeper` in deploy/.
 pub const DEFAULT_SOCKET: &str = "/run/flock/socket-keeper.sock";
-/// The name the DNS proxy's listeners are kept under.
-pub const DNS_PROXY: &str = "dns-proxy";
+/// The name the DNS proxy's listeners are kept under (versioned: an agent whose listeners
+/// differ in kind takes none of another version's).
+pub const DNS_PROXY: &str = "dns-proxy-v1";
 /// Descriptors per name.
 pub const MAX_FDS: usize = 8;
 /// Names the keeper holds.
@@ -100,10 +101,16 @@ impl Keeper {
     }
 }
 
-/// What the keeper holds, by name.
+/// How long the keeper holds what was not deposited again (an agent deposits every 10 s).
+/// Past it, what waits in the sockets is stale for every client, and an agent that does not
+/// use the keeper (a rollback, the flag unset) could not bind their addresses while they
+/// are held.
+pub const EXPIRY: Duration = Duration::from_secs(60);
+
+/// What the keeper holds, by name, with when it was deposited.
 #[derive(Debug, Default)]
 pub struct Store {
-    held: BTreeMap<String, Vec<OwnedFd>>,
+    held: BTreeMap<String, (Vec<OwnedFd>, std::time::Instant)>,
 }
 
 /// The store's answer to one request: the reply's text and the descriptors that go with it.
@@ -114,8 +121,17 @@ pub struct Reply<'a> {
 }
 
 impl Store {
-    /// Answers one request (`fds`: the descriptors that came with it).
-    pub fn handle(&mut self, request: &[u8], fds: Vec<OwnedFd>) -> Reply<'_> {
+    /// Drops what was deposited longer than [`EXPIRY`] before `now`; the names dropped.
+    pub fn expire(&mut self, now: std::time::Instant) -> Vec<String> {
+        let old: Vec<String> = self.held.iter().filter(|(_, (_, at))| now.duration_since(*at) > EXPIRY).map(|(n, _)| n.clone()).collect();
+        for n in &old {
+            self.held.remove(n);
+        }
+        old
+    }
+
+    /// Answers one request (`fds`: the descriptors that came with it), at `now`.
+    pub fn handle(&mut self, request: &[u8], fds: Vec<OwnedFd>, now: std::time::Instant) -> Reply<'_> {
         let refuse = |why: &str| Reply { text: format!("ERR {why}"), fds: Vec::new() };
         let request = String::from_utf8_lossy(request);
         let Some((verb, name)) = request.split_once(' ') else {
@@ -126,7 +142,7 @@ impl Store {
         }
         match verb {
             "GET" if fds.is_empty() => {
-                let held = self.held.get(name).map(|v| v.iter().map(|f| f.as_fd()).collect()).unwrap_or_default();
+                let held = self.held.get(name).map(|(v, _)| v.iter().map(|f| f.as_fd()).collect()).unwrap_or_default();
                 Reply { text: format!("OK {}", Vec::len(&held)), fds: held }
             }
             "PUT" if fds.len() > MAX_FDS => refuse("too many descriptors"),
@@ -136,7 +152,7 @@ impl Store {
                 if fds.is_empty() {
                     self.held.remove(name);
                 } else {
-                    self.held.insert(name.to_string(), fds);
+                    self.held.insert(name.to_string(), (fds, now));
                 }
                 Reply { text: format!("OK {n}"), fds: Vec::new() }
             }
@@ -146,7 +162,7 @@ impl Store {
 
     /// Descriptors held under `name`.
     pub fn held(&self, name: &str) -> usize {
-        self.held.get(name).map_or(0, Vec::len)
+        self.held.get(name).map_or(0, |(v, _)| v.len())
     }
 }
 
@@ -158,9 +174,17 @@ pub fn listen(path: &Path) -> Result<OwnedFd, KeeperError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(fail)?;
     }
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
-        _ => {}
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+            // A keeper that still answers keeps its socket (and what it holds).
+            if Keeper::new(path).take("probe").is_ok() {
+                return Err(fail(std::io::Error::new(std::io::ErrorKind::AddrInUse, "another socket keeper answers there")));
+            }
+            std::fs::remove_file(path).map_err(fail)?;
+        }
+        Ok(_) => return Err(fail(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "not a socket"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(e)),
     }
     let sock = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).map_err(errno)?;
     net::bind(&sock, &SocketAddrUnix::new(path).map_err(errno)?).map_err(errno)?;
@@ -173,10 +197,17 @@ pub fn listen(path: &Path) -> Result<OwnedFd, KeeperError> {
 /// [`TIMEOUT`]); returns only if accepting fails.
 pub fn serve(listener: &OwnedFd, store: &mut Store) -> Errno {
     let uid = nix::unistd::geteuid().as_raw();
+    // accept wakes at least this often, to expire what is no longer deposited.
+    if let Err(e) = sockopt::set_socket_timeout(listener, sockopt::Timeout::Recv, Some(EXPIRY / 4)) {
+        return e;
+    }
     loop {
+        for name in store.expire(std::time::Instant::now()) {
+            tracing::info!(name, "socket keeper: closed sockets no agent deposited again within {}s", EXPIRY.as_secs());
+        }
         let conn = match net::accept_with(listener, SocketFlags::CLOEXEC) {
             Ok(fd) => fd,
-            Err(Errno::INTR | Errno::CONNABORTED) => continue,
+            Err(Errno::INTR | Errno::CONNABORTED | Errno::AGAIN) => continue,
             Err(e) => return e,
         };
         if let Err(e) = one(&conn, store, uid) {
@@ -187,15 +218,18 @@ pub fn serve(listener: &OwnedFd, store: &mut Store) -> Errno {
 
 fn one(conn: &OwnedFd, store: &mut Store, uid: u32) -> Result<(), Errno> {
     bound_in_time(conn)?;
-    let peer = sockopt::socket_peercred(conn)?;
-    let pid = peer.pid.as_raw_nonzero().get();
-    if peer.uid.as_raw() != uid {
-        tracing::warn!(pid, uid = peer.uid.as_raw(), "socket keeper: refused a peer of another user");
+    // nix's, not rustix's: across PID namespaces (the agent's pod and the keeper's) the
+    // kernel reports pid 0, which rustix's credentials cannot hold.
+    let peer =
+        nix::sys::socket::getsockopt(conn, nix::sys::socket::sockopt::PeerCredentials).map_err(|e| Errno::from_raw_os_error(e as i32))?;
+    let pid = peer.pid();
+    if peer.uid() != uid {
+        tracing::warn!(pid, uid = peer.uid(), "socket keeper: refused a peer of another user");
         return send(conn, b"ERR not the keeper's user", &[]);
     }
     let (request, fds) = receive(conn)?;
     let (verb, count) = (String::from_utf8_lossy(request.get(..3).unwrap_or_default()).into_owned(), fds.len());
-    let reply = store.handle(&request, fds);
+    let reply = store.handle(&request, fds, std::time::Instant::now());
     let text = reply.text;
     match text.strip_prefix("ERR ") {
         Some(why) => tracing::warn!(pid, why, "socket keeper: refused a request"),
@@ -247,18 +281,35 @@ mod tests {
         nix::unistd::pipe().unwrap()
     }
 
+    fn now() -> std::time::Instant {
+        std::time::Instant::now()
+    }
+
+    #[test]
+    fn what_is_not_deposited_again_expires() {
+        let mut s = Store::default();
+        let t0 = now();
+        let (a, _b) = pipe();
+        s.handle(b"PUT dns-proxy", vec![a], t0);
+        assert!(s.expire(t0 + EXPIRY).is_empty());
+        let (c, _d) = pipe();
+        s.handle(b"PUT other", vec![c], t0 + EXPIRY);
+        assert_eq!(s.expire(t0 + EXPIRY + Duration::from_secs(1)), vec!["dns-proxy".to_string()]);
+        assert_eq!((s.held("dns-proxy"), s.held("other")), (0, 1));
+    }
+
     #[test]
     fn the_store_holds_replaces_and_clears() {
         let mut s = Store::default();
-        assert_eq!(s.handle(b"GET dns-proxy", vec![]).text, "OK 0");
+        assert_eq!(s.handle(b"GET dns-proxy", vec![], now()).text, "OK 0");
         let (a, b) = pipe();
-        assert_eq!(s.handle(b"PUT dns-proxy", vec![a, b]).text, "OK 2");
-        let r = s.handle(b"GET dns-proxy", vec![]);
+        assert_eq!(s.handle(b"PUT dns-proxy", vec![a, b], now()).text, "OK 2");
+        let r = s.handle(b"GET dns-proxy", vec![], now());
         assert_eq!((r.text.as_str(), r.fds.len()), ("OK 2", 2));
         let (c, _d) = pipe();
-        assert_eq!(s.handle(b"PUT dns-proxy", vec![c]).text, "OK 1");
+        assert_eq!(s.handle(b"PUT dns-proxy", vec![c], now()).text, "OK 1");
         assert_eq!(s.held("dns-proxy"), 1);
-        assert_eq!(s.handle(b"PUT dns-proxy", vec![]).text, "OK 0");
+        assert_eq!(s.handle(b"PUT dns-proxy", vec![], now()).text, "OK 0");
         assert_eq!(s.held("dns-proxy"), 0);
     }
 
@@ -266,24 +317,24 @@ mod tests {
     fn the_store_refuses_what_it_does_not_understand() {
         let mut s = Store::default();
         for bad in [&b"GET"[..], b"GET ", b"GET Dns", b"GET ../x", b"DEL dns", b"", b"GET aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"] {
-            assert!(s.handle(bad, vec![]).text.starts_with("ERR "), "{}", String::from_utf8_lossy(bad));
+            assert!(s.handle(bad, vec![], now()).text.starts_with("ERR "), "{}", String::from_utf8_lossy(bad));
         }
         // A GET carrying descriptors is not a GET.
         let (a, _b) = pipe();
-        assert!(s.handle(b"GET x", vec![a]).text.starts_with("ERR "));
+        assert!(s.handle(b"GET x", vec![a], now()).text.starts_with("ERR "));
         let many: Vec<OwnedFd> = (0..=MAX_FDS / 2)
             .flat_map(|_| {
                 let (a, b) = pipe();
                 [a, b]
             })
             .collect();
-        assert!(s.handle(b"PUT x", many).text.starts_with("ERR "));
+        assert!(s.handle(b"PUT x", many, now()).text.starts_with("ERR "));
         for i in 0..MAX_NAMES {
             let (a, _b) = pipe();
-            assert_eq!(s.handle(format!("PUT n{i}").as_bytes(), vec![a]).text, "OK 1");
+            assert_eq!(s.handle(format!("PUT n{i}").as_bytes(), vec![a], now()).text, "OK 1");
         }
         let (a, _b) = pipe();
-        assert!(s.handle(b"PUT one-too-many", vec![a]).text.starts_with("ERR "));
+        assert!(s.handle(b"PUT one-too-many", vec![a], now()).text.starts_with("ERR "));
     }
 
     /// A keeper on a real socket: an agent deposits a pipe's write end, the "next agent"
@@ -292,6 +343,11 @@ mod tests {
     fn descriptors_outlive_the_process_that_deposited_them() {
         let dir = flock_cni::testing::TempDir::new("keeper");
         let path = dir.join("k.sock");
+        // Something else at the path is refused; a stale socket is replaced.
+        std::fs::write(&path, "x").unwrap();
+        assert!(listen(&path).unwrap_err().to_string().contains("not a socket"));
+        std::fs::remove_file(&path).unwrap();
+        drop(listen(&path).unwrap());
         let listener = listen(&path).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
@@ -309,6 +365,8 @@ mod tests {
         nix::unistd::write(&got[0], b"x").unwrap();
         let mut b = [0u8; 1];
         assert_eq!(nix::unistd::read(&r, &mut b).unwrap(), 1);
+        // A second keeper does not take over a keeper that answers.
+        assert!(listen(&path).unwrap_err().to_string().contains("another socket keeper"));
         // An unknown verb is refused, by name.
         let e = k.exchange("DEL dns-proxy", &[]).unwrap_err();
         assert!(e.to_string().contains("ERR"), "{e}");

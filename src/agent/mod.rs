@@ -28,7 +28,7 @@ pub mod metrics;
 pub mod node_lock;
 mod registry;
 pub mod revocation;
-pub(crate) mod routes;
+pub mod routes;
 pub mod run_policies;
 mod sync_state;
 mod translation;
@@ -81,6 +81,8 @@ pub struct AgentConfig {
     pub resync: Duration,
     /// Program routes to other nodes' pod CIDRs.
     pub routes: bool,
+    /// How other nodes' pods are reached (host-gw, VXLAN, auto) and the overlay's settings.
+    pub routing: routes::RoutingConfig,
     pub translate: translate::Options,
     /// The `nft` binary.
     pub nft: PathBuf,
@@ -140,6 +142,7 @@ impl AgentConfig {
             max_coalesce: Duration::from_millis(250),
             resync: Duration::from_secs(30),
             routes: true,
+            routing: routes::RoutingConfig::default(),
             translate: translate::Options::default(),
             nft: PathBuf::from("nft"),
             nft_transactions: false,
@@ -426,12 +429,16 @@ impl Agent {
         });
         let (endpoints, version) = prepared.await.map_err(|e| StartError::Panicked(e.to_string()))??;
         tracing::info!(nft = %version, "nft works here");
-        let router = if config.routes { Some(routes::Router::start(config.netns.clone())?) } else { None };
+        let router = if config.routes { Some(routes::Router::start(config.netns.clone(), config.routing.clone())?) } else { None };
         // Listening before the first sync renders a redirect to it.
         let dns = match &config.dns {
             Some(d) => {
                 let remembered = config.state_dir.as_ref().map(|d| d.join(dns::RESOLVERS_FILE));
-                let service = dns::DnsService::start(d, &config.netns, config.metrics.clone(), remembered)?;
+                // Off the runtime: it waits for the proxy's thread (and the socket keeper).
+                let (d2, ns, metrics) = (d.clone(), config.netns.clone(), config.metrics.clone());
+                let service = tokio::task::spawn_blocking(move || dns::DnsService::start(&d2, &ns, metrics, remembered))
+                    .await
+                    .map_err(|e| StartError::Panicked(e.to_string()))??;
                 tracing::info!(port = d.port, resolvers = ?d.resolvers, "DNS proxy listening");
                 Some(service)
             }
@@ -628,7 +635,12 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         dns: cfg.dns.as_ref().map(dns::DnsConfig::steer),
         ..render::RenderOptions::DEFAULT
     };
-    let mut translation = Some(translation::Translation::new(cfg.translate.clone(), render_options));
+    let mut translate = cfg.translate.clone();
+    // Under an overlay, the table takes VXLAN from nodes only.
+    if cfg.routes && cfg.routing.routing != routes::Routing::HostGw {
+        translate.overlay_port = Some(cfg.routing.vxlan.port);
+    }
+    let mut translation = Some(translation::Translation::new(translate, render_options));
     let mut run_policies = Some(run_policies::RunPolicies::new(&cfg.node));
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -752,7 +764,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             let out = tr.sync(&snapshot, source_version, &endpoints, journal.as_deref(), periodic);
             let runs = rp.sync(&snapshot, source_version, rp_changes, periodic);
             let counts = (snapshot.pod_count(), snapshot.policy_count(), endpoints.len(), snapshot.cluster_policies().count());
-            (tr, rp, out, runs, routes::desired_routes(&snapshot, &node), counts)
+            (tr, rp, out, runs, routes::peers(&snapshot, &node), counts)
         });
         let (tr, rp, translated, runs, wanted_routes, counts) = match render_job.await {
             Ok(r) => r,

@@ -1,9 +1,22 @@
-//! Node routing, "host-gw" style: a route to every other node's pod CIDRs via that node's
-//! InternalIP of the same family, programmed with rtnetlink in the node's namespace and
-//! tagged with flock's route protocol so stale ones can be found and removed without
-//! touching anyone else's routes.
+//! How this node reaches other nodes' pods, programmed with rtnetlink in the node's namespace
+//! (`--routing`):
+//!
+//! - **host-gw**: a route to every other node's pod CIDRs via that node's InternalIP of the
+//!   same family. Works only while the nodes share an L2 segment (the gateway is on-link).
+//! - **vxlan**: an overlay, flannel-style without flooding or learning: one VXLAN device per
+//!   underlay family (`flock.vxlan`, `flock.vxlan6`), and per other node a route to its pod
+//!   CIDR via that CIDR's first address on the device (`onlink`), a permanent neighbour entry
+//!   giving that address the node's VTEP MAC, and a forwarding entry sending the MAC to the
+//!   node's InternalIP. A VTEP MAC is derived from the node's underlay address
+//!   ([`vtep_mac`]), so no node needs to publish one.
+//! - **auto**: host-gw to nodes whose InternalIP is on-link (the kernel's routes reach it
+//!   without a gateway), VXLAN to the rest (Calico's CrossSubnet).
+//!
+//! The plan ([`plan`]) is pure; [`Router`] makes the kernel match it: routes tagged with
+//! flock's route protocol, neighbour and forwarding entries on flock's own devices only, so
+//! nobody else's routes or devices are touched.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use futures::TryStreamExt;
@@ -18,25 +31,209 @@ use crate::netns::{self, Netns};
 /// Route protocol number marking flock's routes (`ip route show proto 70`).
 pub(crate) const ROUTE_PROTOCOL: u8 = 70;
 
-/// One desired route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// How packets reach other nodes' pods (`--routing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Routing {
+    /// Via the other node's InternalIP (one L2 segment).
+    #[default]
+    HostGw,
+    /// Over VXLAN to every other node.
+    Vxlan,
+    /// host-gw where the other node is on-link, VXLAN elsewhere.
+    Auto,
+}
+
+impl std::fmt::Display for Routing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::HostGw => "host-gw",
+            Self::Vxlan => "vxlan",
+            Self::Auto => "auto",
+        })
+    }
+}
+
+impl std::str::FromStr for Routing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "host-gw" => Ok(Self::HostGw),
+            "vxlan" => Ok(Self::Vxlan),
+            "auto" => Ok(Self::Auto),
+            other => Err(format!("{other:?}: host-gw, vxlan or auto")),
+        }
+    }
+}
+
+/// The overlay's settings (`--vxlan-vni`, `--vxlan-port`, `--vxlan-device`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanConfig {
+    pub vni: u32,
+    pub port: u16,
+    /// The IPv4 underlay's device; the IPv6 underlay's is this with `6` appended.
+    pub device: String,
+}
+
+impl Default for VxlanConfig {
+    fn default() -> Self {
+        Self { vni: 1, port: 4789, device: "flock.vxlan".into() }
+    }
+}
+
+impl VxlanConfig {
+    /// The device of an underlay family.
+    pub fn device_for(&self, ipv6: bool) -> String {
+        if ipv6 { format!("{}6", self.device) } else { self.device.clone() }
+    }
+
+    /// Whether the settings can be used: a VNI of 24 bits, a port, a device name that fits
+    /// an interface name with `6` appended.
+    pub fn check(&self) -> Result<(), String> {
+        if self.vni == 0 || self.vni >= 1 << 24 {
+            return Err(format!("VXLAN VNI {}: 1 to 16777215", self.vni));
+        }
+        if self.port == 0 {
+            return Err("VXLAN port 0".into());
+        }
+        let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+        if self.device.is_empty() || self.device.len() > 14 || !self.device.chars().all(ok) {
+            return Err(format!("VXLAN device {:?}: 1 to 14 of a-z, A-Z, 0-9, '.', '-', '_'", self.device));
+        }
+        Ok(())
+    }
+}
+
+/// What the routing needs to know of the agent's configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RoutingConfig {
+    pub routing: Routing,
+    pub vxlan: VxlanConfig,
+}
+
+/// Bytes VXLAN adds to an inner Ethernet frame over an IPv4 underlay (outer IP 20, UDP 8,
+/// VXLAN 8, inner Ethernet 14) and over IPv6 (outer IP 40).
+pub const VXLAN_OVERHEAD_V4: u32 = 50;
+pub const VXLAN_OVERHEAD_V6: u32 = 70;
+
+/// A MAC address.
+pub type Mac = [u8; 6];
+
+/// The VTEP MAC of the node whose underlay address is `ip`: locally administered, unicast,
+/// the rest a hash of the address (every node computes every other's).
+pub fn vtep_mac(ip: IpAddr) -> Mac {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"flock-vtep ");
+    match ip {
+        IpAddr::V4(a) => h.update(a.octets()),
+        IpAddr::V6(a) => h.update(a.octets()),
+    }
+    let d = h.finalize();
+    [0x0a, d[0], d[1], d[2], d[3], d[4]]
+}
+
+/// One desired route: via a gateway on the node's own links, or (`dev`) on-link on an
+/// overlay device.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct NodeRoute {
     pub(crate) dst: IpNet,
     pub(crate) via: IpAddr,
+    pub(crate) dev: Option<String>,
 }
 
-/// Routes `node` needs: other nodes' pod CIDRs via their InternalIP of the same family. A
-/// CIDR of this node, or one without a gateway of its family, gets no route.
-pub(crate) fn desired_routes(snapshot: &Snapshot, node: &str) -> BTreeSet<NodeRoute> {
-    let mut out = BTreeSet::new();
-    for n in snapshot.nodes().filter(|n| n.name != node) {
-        for cidr in &n.pod_cidrs {
-            if let Some(via) = n.internal_ips.iter().find(|ip| ip.is_ipv4() == matches!(cidr, IpNet::V4(_))) {
-                out.insert(NodeRoute { dst: cidr.trunc(), via: *via });
+/// One VXLAN device: its name, the local underlay address and its MAC.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Vtep {
+    pub(crate) name: String,
+    pub(crate) local: IpAddr,
+    pub(crate) mac: Mac,
+}
+
+/// One other node over the overlay: the gateway address its route names, with the node's
+/// VTEP MAC (neighbour entry) and underlay address (forwarding entry).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Tunnel {
+    pub(crate) dev: String,
+    pub(crate) gateway: IpAddr,
+    pub(crate) mac: Mac,
+    pub(crate) underlay: IpAddr,
+}
+
+/// This node and the others, as routing sees them (from the snapshot).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Peers {
+    /// This node's InternalIPs (the overlay's local addresses).
+    pub own: Vec<IpAddr>,
+    /// Every other node: name, InternalIPs, pod CIDRs.
+    pub others: Vec<(String, Vec<IpAddr>, Vec<IpNet>)>,
+}
+
+/// The peers of `node` in `snapshot`.
+pub(crate) fn peers(snapshot: &Snapshot, node: &str) -> Peers {
+    let mut p = Peers::default();
+    for n in snapshot.nodes() {
+        if n.name == node {
+            p.own = n.internal_ips.clone();
+        } else {
+            p.others.push((n.name.clone(), n.internal_ips.clone(), n.pod_cidrs.clone()));
+        }
+    }
+    p
+}
+
+/// What the kernel should hold.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Plan {
+    pub(crate) routes: BTreeSet<NodeRoute>,
+    pub(crate) vteps: BTreeSet<Vtep>,
+    pub(crate) tunnels: BTreeSet<Tunnel>,
+    /// Pod CIDRs no path can be planned to, and why (reported; no route is better than a
+    /// wrong one).
+    pub(crate) unreachable: BTreeMap<IpNet, String>,
+}
+
+/// The plan for `peers` under `config`; `on_link(ip)`: whether this node reaches `ip` without
+/// a gateway (only asked under [`Routing::Auto`]).
+pub(crate) fn plan(peers: &Peers, config: &RoutingConfig, on_link: impl Fn(IpAddr) -> bool) -> Plan {
+    let mut out = Plan::default();
+    let own = |v6: bool| peers.own.iter().copied().find(|a| a.is_ipv6() == v6);
+    for (name, ips, cidrs) in &peers.others {
+        let theirs = |v6: bool| ips.iter().copied().find(|a| a.is_ipv6() == v6);
+        for cidr in cidrs {
+            let cidr = cidr.trunc();
+            let v6 = matches!(cidr, IpNet::V6(_));
+            let direct = theirs(v6).filter(|ip| match config.routing {
+                Routing::HostGw => true,
+                Routing::Vxlan => false,
+                Routing::Auto => on_link(*ip),
+            });
+            if let Some(via) = direct {
+                out.routes.insert(NodeRoute { dst: cidr, via, dev: None });
+                continue;
             }
+            if config.routing == Routing::HostGw {
+                out.unreachable.insert(cidr, format!("node {name} has no InternalIP of the pod CIDR's family"));
+                continue;
+            }
+            // The underlay: the pod CIDR's family where both nodes have it, else the other.
+            let Some((local, remote)) = [v6, !v6].into_iter().find_map(|f| Some((own(f)?, theirs(f)?))) else {
+                out.unreachable.insert(cidr, format!("node {name} and this node share no InternalIP family for VXLAN"));
+                continue;
+            };
+            let dev = config.vxlan.device_for(local.is_ipv6());
+            out.vteps.insert(Vtep { name: dev.clone(), local, mac: vtep_mac(local) });
+            let gateway = cidr.network();
+            out.tunnels.insert(Tunnel { dev: dev.clone(), gateway, mac: vtep_mac(remote), underlay: remote });
+            out.routes.insert(NodeRoute { dst: cidr, via: gateway, dev: Some(dev) });
         }
     }
     out
+}
+
+/// Whether `ip` is on-link by `routes` (the main table's `(destination, has a gateway)`): the
+/// longest matching prefix has no gateway. flock's own routes are not among them.
+pub(crate) fn on_link(ip: IpAddr, routes: &[(IpNet, bool)]) -> bool {
+    routes.iter().filter(|(dst, _)| dst.contains(&ip)).max_by_key(|(dst, _)| dst.prefix_len()).is_some_and(|(_, gw)| !gw)
 }
 
 /// Why routes could not be programmed.
@@ -56,25 +253,27 @@ pub enum RouteError {
     },
 }
 
-type Job = (BTreeSet<NodeRoute>, oneshot::Sender<Result<RouteChanges, RouteError>>);
+type Job = (Peers, oneshot::Sender<Result<RouteChanges, RouteError>>);
 
-/// What a reconcile changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct RouteChanges {
-    pub(crate) added: usize,
-    pub(crate) removed: usize,
+/// What a reconcile changed, and what it could not reach.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RouteChanges {
+    pub added: usize,
+    pub removed: usize,
+    /// Pod CIDRs without a path, and why.
+    pub unreachable: BTreeMap<IpNet, String>,
 }
 
 /// Programs routes in one namespace, from a thread of its own that entered it (a netlink
 /// socket talks to the namespace it was opened in; async workers never change namespace).
-pub(crate) struct Router {
+pub struct Router {
     tx: mpsc::Sender<Job>,
     netns: String,
 }
 
 impl Router {
     /// Starts the programmer thread for `ns`.
-    pub(crate) fn start(ns: Netns) -> Result<Self, RouteError> {
+    pub fn start(ns: Netns, config: RoutingConfig) -> Result<Self, RouteError> {
         let (tx, mut rx) = mpsc::channel::<Job>(4);
         let name = ns.describe();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -101,8 +300,19 @@ impl Router {
                         };
                         tokio::spawn(conn);
                         let _ = ready_tx.send(Ok(()));
-                        while let Some((want, reply)) = rx.recv().await {
-                            let _ = reply.send(reconcile(&handle, &want).await);
+                        // Said when it changes, not at every sync.
+                        let mut unreachable = BTreeMap::new();
+                        while let Some((peers, reply)) = rx.recv().await {
+                            let result = reconcile(&handle, &config, &peers).await;
+                            if let Ok(c) = &result
+                                && c.unreachable != unreachable
+                            {
+                                for (cidr, why) in c.unreachable.iter().filter(|(k, _)| !unreachable.contains_key(*k)) {
+                                    tracing::warn!(%cidr, why, "no route to another node's pod CIDR");
+                                }
+                                unreachable = c.unreachable.clone();
+                            }
+                            let _ = reply.send(result);
                         }
                     });
                 });
@@ -118,86 +328,288 @@ impl Router {
         }
     }
 
-    /// Makes flock's routes exactly `want`.
-    pub(crate) async fn sync(&self, want: BTreeSet<NodeRoute>) -> Result<RouteChanges, RouteError> {
+    /// Makes flock's routes, overlay devices and their entries what `peers` need.
+    pub async fn sync(&self, peers: Peers) -> Result<RouteChanges, RouteError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send((want, reply)).await.map_err(|_| RouteError::Stopped { netns: self.netns.clone() })?;
+        self.tx.send((peers, reply)).await.map_err(|_| RouteError::Stopped { netns: self.netns.clone() })?;
         rx.await.map_err(|_| RouteError::Stopped { netns: self.netns.clone() })?
     }
 }
 
-fn message(r: &NodeRoute) -> RouteMessage {
+fn netlink(what: impl std::fmt::Display) -> impl FnOnce(rtnetlink::Error) -> RouteError {
+    let route = what.to_string();
+    move |e| RouteError::Netlink { route, message: e.to_string() }
+}
+
+fn describe(r: &NodeRoute) -> String {
+    match &r.dev {
+        Some(d) => format!("{} via {} dev {d} onlink", r.dst, r.via),
+        None => format!("{} via {}", r.dst, r.via),
+    }
+}
+
+fn message(r: &NodeRoute, oif: Option<u32>) -> RouteMessage {
     let proto = RouteProtocol::Other(ROUTE_PROTOCOL);
-    match (r.dst, r.via) {
+    let mut m = match (r.dst, r.via) {
         (IpNet::V4(d), IpAddr::V4(g)) => {
             RouteMessageBuilder::<std::net::Ipv4Addr>::new().destination_prefix(d.addr(), d.prefix_len()).gateway(g).protocol(proto).build()
         }
         (IpNet::V6(d), IpAddr::V6(g)) => {
             RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(d.addr(), d.prefix_len()).gateway(g).protocol(proto).build()
         }
-        // desired_routes pairs families; a mismatch cannot be built.
+        // plan pairs families; a mismatch cannot be built.
         _ => RouteMessage::default(),
+    };
+    if let Some(index) = oif {
+        m.attributes.push(RouteAttribute::Oif(index));
+        m.header.flags.insert(rtnetlink::packet_route::route::RouteFlags::Onlink);
     }
+    m
 }
 
-fn parse_route(m: &RouteMessage) -> Option<NodeRoute> {
+/// A route of the kernel's: destination, gateway, output interface.
+fn parse_route(m: &RouteMessage) -> Option<(IpNet, Option<IpAddr>, Option<u32>)> {
     let mut dst = None;
     let mut via = None;
+    let mut oif = None;
     for a in &m.attributes {
         match a {
             RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = Some(IpAddr::V4(*d)),
             RouteAttribute::Destination(RouteAddress::Inet6(d)) => dst = Some(IpAddr::V6(*d)),
             RouteAttribute::Gateway(RouteAddress::Inet(g)) => via = Some(IpAddr::V4(*g)),
             RouteAttribute::Gateway(RouteAddress::Inet6(g)) => via = Some(IpAddr::V6(*g)),
+            RouteAttribute::Oif(i) => oif = Some(*i),
             _ => {}
         }
     }
-    let dst = IpNet::new(dst?, m.header.destination_prefix_length).ok()?;
-    Some(NodeRoute { dst, via: via? })
+    let dst = match dst {
+        Some(d) => IpNet::new(d, m.header.destination_prefix_length).ok()?,
+        // The default route has no destination attribute.
+        None if m.header.address_family == rtnetlink::packet_route::AddressFamily::Inet6 => IpNet::V6(ipnet::Ipv6Net::default()),
+        None => IpNet::V4(ipnet::Ipv4Net::default()),
+    };
+    Some((dst, via, oif))
 }
 
-async fn ours(handle: &Handle) -> Result<Vec<(NodeRoute, RouteMessage)>, RouteError> {
-    let mut out = Vec::new();
+/// flock's routes (as [`NodeRoute`]s, with their messages) and the main table's others
+/// (destination, has a gateway) for [`on_link`].
+async fn routes(
+    handle: &Handle,
+    devices: &BTreeMap<u32, String>,
+) -> Result<(Vec<(NodeRoute, RouteMessage)>, Vec<(IpNet, bool)>), RouteError> {
+    let (mut ours, mut main) = (Vec::new(), Vec::new());
     for probe in [RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(), RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()] {
         let mut stream = handle.route().get(probe).execute();
-        while let Some(m) = stream.try_next().await.map_err(|e| RouteError::Netlink { route: "listing".into(), message: e.to_string() })? {
-            if m.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL)
-                && let Some(r) = parse_route(&m)
-            {
-                out.push((r, m));
+        while let Some(m) = stream.try_next().await.map_err(netlink("listing"))? {
+            let Some((dst, via, oif)) = parse_route(&m) else { continue };
+            if m.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL) {
+                if let Some(via) = via {
+                    let dev = oif.and_then(|i| devices.get(&i).cloned());
+                    ours.push((NodeRoute { dst, via, dev }, m));
+                }
+            } else if m.header.table == 254 || m.header.table == 0 {
+                main.push((dst, via.is_some()));
             }
         }
+    }
+    Ok((ours, main))
+}
+
+/// The index of link `name`, if it exists.
+async fn link_index(handle: &Handle, name: &str) -> Result<Option<(u32, rtnetlink::packet_route::link::LinkMessage)>, RouteError> {
+    let mut s = handle.link().get().match_name(name.to_string()).execute();
+    match s.try_next().await {
+        Ok(Some(m)) => Ok(Some((m.header.index, m))),
+        Ok(None) => Ok(None),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -nix::libc::ENODEV => Ok(None),
+        Err(e) => Err(netlink(format!("device {name}"))(e)),
+    }
+}
+
+/// Whether link `m` is the VXLAN device `v` wants (VNI, port, local address).
+fn fits(m: &rtnetlink::packet_route::link::LinkMessage, v: &Vtep, config: &VxlanConfig) -> bool {
+    use rtnetlink::packet_route::link::{InfoData, InfoVxlan, LinkAttribute, LinkInfo};
+    let mut seen = (false, false, false);
+    for a in &m.attributes {
+        if let LinkAttribute::LinkInfo(infos) = a {
+            for i in infos {
+                if let LinkInfo::Data(InfoData::Vxlan(data)) = i {
+                    for d in data {
+                        match d {
+                            InfoVxlan::Id(id) => seen.0 = *id == config.vni,
+                            InfoVxlan::Port(p) => seen.1 = *p == config.port,
+                            InfoVxlan::Local(a) => seen.2 = IpAddr::V4(*a) == v.local,
+                            InfoVxlan::Local6(a) => seen.2 = IpAddr::V6(*a) == v.local,
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+    seen == (true, true, true)
+}
+
+/// The MTU of the link holding `local` (the underlay's), if found.
+async fn underlay_mtu(handle: &Handle, local: IpAddr) -> Result<Option<u32>, RouteError> {
+    use rtnetlink::packet_route::address::AddressAttribute;
+    use rtnetlink::packet_route::link::LinkAttribute;
+    let mut addrs = handle.address().get().execute();
+    let mut index = None;
+    while let Some(a) = addrs.try_next().await.map_err(netlink("addresses"))? {
+        if a.attributes.iter().any(|x| matches!(x, AddressAttribute::Address(ip) if *ip == local)) {
+            index = Some(a.header.index);
+        }
+    }
+    let Some(index) = index else { return Ok(None) };
+    let mut links = handle.link().get().match_index(index).execute();
+    let Some(link) = links.try_next().await.map_err(netlink("the underlay's link"))? else { return Ok(None) };
+    Ok(link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Mtu(m) => Some(*m),
+        _ => None,
+    }))
+}
+
+/// Makes the VXLAN devices exactly `want` (flock's names only); their indexes by name.
+async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -> Result<BTreeMap<String, u32>, RouteError> {
+    use rtnetlink::LinkVxlan;
+    let mut out = BTreeMap::new();
+    for v6 in [false, true] {
+        let name = config.device_for(v6);
+        let wanted = want.iter().find(|v| v.name == name);
+        let have = link_index(handle, &name).await?;
+        if let Some((index, m)) = &have {
+            if wanted.is_some_and(|v| fits(m, v, config)) {
+                out.insert(name, *index);
+                continue;
+            }
+            // Ours by name, and not what is wanted (another VNI, port or address, or no
+            // longer needed): replaced whole.
+            handle.link().del(*index).execute().await.map_err(netlink(format!("device {name}")))?;
+            tracing::info!(device = %name, "removed a VXLAN device that no longer fits");
+        }
+        let Some(v) = wanted else { continue };
+        let overhead = if v6 { VXLAN_OVERHEAD_V6 } else { VXLAN_OVERHEAD_V4 };
+        let mtu = underlay_mtu(handle, v.local).await?.unwrap_or(1500).saturating_sub(overhead);
+        let b = LinkVxlan::new(&name, config.vni).port(config.port).learning(false);
+        let b = match v.local {
+            IpAddr::V4(a) => b.local(a),
+            IpAddr::V6(a) => b.local6(a),
+        };
+        let msg = b.address(v.mac.to_vec()).mtu(mtu).up().build();
+        handle.link().add(msg).execute().await.map_err(|e| RouteError::Netlink {
+            route: format!("device {name} (VXLAN VNI {}, UDP port {})", config.vni, config.port),
+            message: format!("{e} (is the VNI and port taken by a device flock does not own?)"),
+        })?;
+        let (index, _) = link_index(handle, &name)
+            .await?
+            .ok_or_else(|| RouteError::Netlink { route: format!("device {name}"), message: "gone after it was added".into() })?;
+        tracing::info!(device = %name, vni = config.vni, port = config.port, local = %v.local, mtu, "added the VXLAN device");
+        out.insert(name, index);
     }
     Ok(out)
 }
 
-async fn reconcile(handle: &Handle, want: &BTreeSet<NodeRoute>) -> Result<RouteChanges, RouteError> {
-    let have = ours(handle).await?;
+/// Makes the neighbour and forwarding entries of flock's devices exactly `want`.
+async fn tunnels(handle: &Handle, devices: &BTreeMap<String, u32>, want: &BTreeSet<Tunnel>) -> Result<RouteChanges, RouteError> {
+    use rtnetlink::packet_route::AddressFamily;
+    use rtnetlink::packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourState};
     let mut changes = RouteChanges::default();
-    for (r, m) in &have {
-        if !want.contains(r) {
-            handle
-                .route()
-                .del(m.clone())
-                .execute()
-                .await
-                .map_err(|e| RouteError::Netlink { route: format!("{} via {}", r.dst, r.via), message: e.to_string() })?;
+    let by_index: BTreeMap<u32, &String> = devices.iter().map(|(n, i)| (*i, n)).collect();
+    // (device, gateway or underlay address, MAC, forwarding entry)
+    let mut have = BTreeMap::new();
+    // The IP neighbours, then the forwarding database (a dump of its own).
+    let mut listed = Vec::new();
+    for family in [None, Some(AddressFamily::Bridge)] {
+        let mut req = handle.neighbours().get();
+        if let Some(f) = family {
+            req = req.set_address_family(f);
+        }
+        let mut s = req.execute();
+        while let Some(m) = s.try_next().await.map_err(netlink("neighbours"))? {
+            listed.push(m);
+        }
+    }
+    for m in listed {
+        let Some(dev) = by_index.get(&m.header.ifindex) else { continue };
+        let (mut ip, mut mac) = (None, None);
+        for a in &m.attributes {
+            match a {
+                NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => ip = Some(IpAddr::V4(*a)),
+                NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => ip = Some(IpAddr::V6(*a)),
+                // A forwarding entry's destination comes unparsed (its family is the bridge's).
+                NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
+                    ip = <[u8; 4]>::try_from(b.as_slice())
+                        .map(IpAddr::from)
+                        .or_else(|_| <[u8; 16]>::try_from(b.as_slice()).map(IpAddr::from))
+                        .ok();
+                }
+                NeighbourAttribute::LinkLayerAddress(l) => mac = <Mac>::try_from(l.as_slice()).ok(),
+                _ => {}
+            }
+        }
+        let fdb = m.header.family == AddressFamily::Bridge;
+        if let (Some(ip), Some(mac)) = (ip, mac) {
+            have.entry(((*dev).clone(), ip, mac, fdb)).or_insert(m);
+        }
+    }
+    let mut wanted = BTreeSet::new();
+    for t in want {
+        wanted.insert((t.dev.clone(), t.gateway, t.mac, false));
+        wanted.insert((t.dev.clone(), t.underlay, t.mac, true));
+    }
+    for (key, m) in &have {
+        if !wanted.contains(key) {
+            handle.neighbours().del(m.clone()).execute().await.map_err(netlink(format!("{} {} on {}", key.1, mac_text(&key.2), key.0)))?;
             changes.removed += 1;
         }
     }
-    let present: BTreeSet<NodeRoute> = have.iter().map(|(r, _)| *r).collect();
-    for r in want.iter().filter(|r| !present.contains(r)) {
-        // `replace`: a route to the same prefix left by an earlier run with another gateway
-        // is taken over rather than failing with EEXIST.
-        handle
-            .route()
-            .add(message(r))
-            .replace()
-            .execute()
-            .await
-            .map_err(|e| RouteError::Netlink { route: format!("{} via {}", r.dst, r.via), message: e.to_string() })?;
+    for key in wanted.iter().filter(|k| !have.contains_key(*k)) {
+        let (dev, ip, mac, fdb) = key;
+        let Some(index) = devices.get(dev) else { continue };
+        let what = format!("{} {ip} on {dev}", mac_text(mac));
+        let req = if *fdb {
+            handle.neighbours().add_bridge(*index, mac).destination(*ip).flags(NeighbourFlags::Own)
+        } else {
+            handle.neighbours().add(*index, *ip).link_layer_address(mac).state(NeighbourState::Permanent)
+        };
+        req.replace().execute().await.map_err(netlink(what))?;
         changes.added += 1;
     }
+    Ok(changes)
+}
+
+fn mac_text(m: &Mac) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+async fn reconcile(handle: &Handle, config: &RoutingConfig, peers: &Peers) -> Result<RouteChanges, RouteError> {
+    // Devices first (their indexes name the overlay's routes), from a plan made with the main
+    // table as it is.
+    let (_, main) = routes(handle, &BTreeMap::new()).await?;
+    let plan = plan(peers, config, |ip| on_link(ip, &main));
+    let devices = devices(handle, &config.vxlan, &plan.vteps).await?;
+    let names: BTreeMap<u32, String> = devices.iter().map(|(n, i)| (*i, n.clone())).collect();
+    let mut changes = tunnels(handle, &devices, &plan.tunnels).await?;
+    let (have, _) = routes(handle, &names).await?;
+    for (r, m) in &have {
+        if !plan.routes.contains(r) {
+            handle.route().del(m.clone()).execute().await.map_err(netlink(describe(r)))?;
+            changes.removed += 1;
+        }
+    }
+    let present: BTreeSet<&NodeRoute> = have.iter().map(|(r, _)| r).collect();
+    for r in plan.routes.iter().filter(|r| !present.contains(r)) {
+        let oif = match &r.dev {
+            Some(d) => Some(*devices.get(d).ok_or_else(|| RouteError::Netlink { route: describe(r), message: format!("no device {d}") })?),
+            None => None,
+        };
+        // `replace`: a route to the same prefix left by an earlier run with another gateway
+        // is taken over rather than failing with EEXIST.
+        handle.route().add(message(r, oif)).replace().execute().await.map_err(netlink(describe(r)))?;
+        changes.added += 1;
+    }
+    changes.unreachable = plan.unreachable;
     Ok(changes)
 }
 
@@ -206,22 +618,121 @@ mod tests {
     use super::*;
     use crate::testkit;
 
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn cfg(routing: Routing) -> RoutingConfig {
+        RoutingConfig { routing, vxlan: VxlanConfig::default() }
+    }
+
     #[test]
-    fn routes_to_other_nodes_pod_cidrs_by_family() {
+    fn host_gw_routes_other_nodes_pod_cidrs_by_family() {
         let mut s = testkit::base_cluster();
-        let want = desired_routes(&s, "node-1");
+        let direct = |s: &Snapshot, node: &str| plan(&peers(s, node), &cfg(Routing::HostGw), |_| true);
+        let p = direct(&s, "node-1");
         assert_eq!(
-            want.into_iter().collect::<Vec<_>>(),
-            vec![NodeRoute { dst: "198.18.2.0/24".parse().unwrap(), via: "198.18.0.2".parse().unwrap() }]
+            p.routes.into_iter().collect::<Vec<_>>(),
+            vec![NodeRoute { dst: "198.18.2.0/24".parse().unwrap(), via: ip("198.18.0.2"), dev: None }]
         );
-        // An IPv6 CIDR without an IPv6 InternalIP gets no route; with one, it does.
+        assert!(p.vteps.is_empty() && p.tunnels.is_empty());
+        // An IPv6 CIDR without an IPv6 InternalIP gets no route (reported); with one, it does.
         let mut n2 = s.node("node-2").unwrap().clone();
         n2.pod_cidrs.push("2001:db8:2::/64".parse().unwrap());
         s.upsert_node(n2.clone());
-        assert_eq!(desired_routes(&s, "node-1").len(), 1);
-        n2.internal_ips.push("2001:db8:ff::2".parse().unwrap());
+        let p = direct(&s, "node-1");
+        assert_eq!(p.routes.len(), 1);
+        assert!(p.unreachable[&"2001:db8:2::/64".parse::<IpNet>().unwrap()].contains("node-2"));
+        n2.internal_ips.push(ip("2001:db8:ff::2"));
         s.upsert_node(n2);
-        assert_eq!(desired_routes(&s, "node-1").len(), 2);
-        assert!(desired_routes(&s, "node-2").iter().all(|r| r.dst.to_string() == "198.18.1.0/24"));
+        assert_eq!(direct(&s, "node-1").routes.len(), 2);
+        assert!(direct(&s, "node-2").routes.iter().all(|r| r.dst.to_string() == "198.18.1.0/24"));
+    }
+
+    #[test]
+    fn vxlan_routes_on_link_via_the_cidrs_first_address_to_the_nodes_vtep() {
+        let peers = Peers {
+            own: vec![ip("198.18.0.1"), ip("2001:db8:ff::1")],
+            others: vec![
+                (
+                    "b".into(),
+                    vec![ip("198.18.9.2"), ip("2001:db8:ff::2")],
+                    vec!["198.18.2.0/24".parse().unwrap(), "2001:db8:2::/64".parse().unwrap()],
+                ),
+                // No IPv6 underlay: its IPv6 pods go over the IPv4 one.
+                ("c".into(), vec![ip("198.18.9.3")], vec!["2001:db8:3::/64".parse().unwrap()]),
+            ],
+        };
+        let p = plan(&peers, &cfg(Routing::Vxlan), |_| true);
+        let routes: Vec<String> = p.routes.iter().map(describe).collect();
+        assert_eq!(
+            routes,
+            vec![
+                "198.18.2.0/24 via 198.18.2.0 dev flock.vxlan onlink",
+                "2001:db8:2::/64 via 2001:db8:2:: dev flock.vxlan6 onlink",
+                "2001:db8:3::/64 via 2001:db8:3:: dev flock.vxlan onlink",
+            ]
+        );
+        let vteps: Vec<(&str, IpAddr)> = p.vteps.iter().map(|v| (v.name.as_str(), v.local)).collect();
+        assert_eq!(vteps, vec![("flock.vxlan", ip("198.18.0.1")), ("flock.vxlan6", ip("2001:db8:ff::1"))]);
+        assert!(p.vteps.iter().all(|v| v.mac == vtep_mac(v.local)));
+        let b4 = p.tunnels.iter().find(|t| t.gateway == ip("198.18.2.0")).unwrap();
+        assert_eq!((b4.underlay, b4.mac, b4.dev.as_str()), (ip("198.18.9.2"), vtep_mac(ip("198.18.9.2")), "flock.vxlan"));
+        assert!(p.unreachable.is_empty());
+        // auto: host-gw to the on-link node, VXLAN to the other.
+        let p = plan(&peers, &cfg(Routing::Auto), |a| a == ip("198.18.9.2") || a == ip("2001:db8:ff::2"));
+        let routes: Vec<String> = p.routes.iter().map(describe).collect();
+        assert_eq!(
+            routes,
+            vec![
+                "198.18.2.0/24 via 198.18.9.2",
+                "2001:db8:2::/64 via 2001:db8:ff::2",
+                "2001:db8:3::/64 via 2001:db8:3:: dev flock.vxlan onlink",
+            ]
+        );
+        // No shared underlay family: unreachable, by name.
+        let lone = Peers {
+            own: vec![ip("2001:db8:ff::1")],
+            others: vec![("d".into(), vec![ip("198.18.9.4")], vec!["198.18.4.0/24".parse().unwrap()])],
+        };
+        let p = plan(&lone, &cfg(Routing::Vxlan), |_| true);
+        assert!(p.routes.is_empty() && p.unreachable.values().all(|w| w.contains("node d")));
+    }
+
+    #[test]
+    fn vtep_macs_are_unicast_locally_administered_and_distinct() {
+        let (a, b) = (vtep_mac(ip("198.18.0.1")), vtep_mac(ip("198.18.0.2")));
+        assert_ne!(a, b);
+        assert_eq!(a, vtep_mac(ip("198.18.0.1")));
+        assert_eq!(a[0] & 0b11, 0b10, "locally administered, unicast");
+    }
+
+    #[test]
+    fn on_link_is_the_longest_match_without_a_gateway() {
+        let table =
+            [("0.0.0.0/0".parse().unwrap(), true), ("198.18.9.0/24".parse().unwrap(), false), ("198.18.9.128/25".parse().unwrap(), true)];
+        assert!(on_link(ip("198.18.9.2"), &table));
+        assert!(!on_link(ip("198.18.9.200"), &table));
+        assert!(!on_link(ip("198.18.10.1"), &table));
+        assert!(!on_link(ip("2001:db8::1"), &table));
+        assert!(on_link(ip("198.18.10.1"), &[("0.0.0.0/0".parse().unwrap(), false)]));
+    }
+
+    #[test]
+    fn routing_modes_and_vxlan_settings_parse_and_check() {
+        for m in ["host-gw", "vxlan", "auto"] {
+            assert_eq!(m.parse::<Routing>().unwrap().to_string(), m);
+        }
+        assert!("hostgw".parse::<Routing>().is_err());
+        assert!(VxlanConfig::default().check().is_ok());
+        for bad in [
+            VxlanConfig { vni: 0, ..VxlanConfig::default() },
+            VxlanConfig { vni: 1 << 24, ..VxlanConfig::default() },
+            VxlanConfig { port: 0, ..VxlanConfig::default() },
+            VxlanConfig { device: "a-very-long-name".into(), ..VxlanConfig::default() },
+            VxlanConfig { device: "bad name".into(), ..VxlanConfig::default() },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
     }
 }

@@ -43,10 +43,11 @@ fn main() -> ExitCode {
     // The store lives on a thread of its own; the main thread waits for SIGTERM or SIGINT
     // (as a container's first process it has no default handlers) and ends the process,
     // which closes what it held.
+    let socket = args.socket.clone();
     std::thread::spawn(move || {
         let mut store = Store::default();
         let e = keeper::serve(&listener, &mut store);
-        tracing::error!(error = %e, "socket keeper: accepting failed; exiting");
+        tracing::error!(error = %e, socket = %socket.display(), "socket keeper: accepting failed; exiting");
         std::process::exit(1);
     });
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {

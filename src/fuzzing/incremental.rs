@@ -591,7 +591,12 @@ impl<'u, 'd> Gen<'u, 'd> {
             let m = g.endpoint_mutation(&snapshot, &endpoints)?;
             m.apply_to(&mut snapshot, &mut endpoints);
         }
-        let options = Options { isolate_run_pods: g.u.arbitrary()?, audit_mode: g.u.arbitrary()?, dns_resolvers: None };
+        let options = Options {
+            isolate_run_pods: g.u.arbitrary()?,
+            audit_mode: g.u.arbitrary()?,
+            dns_resolvers: None,
+            overlay_port: g.u.arbitrary::<bool>()?.then_some(4789),
+        };
         let render_options = RenderOptions { peer_classes_from: g.u.int_in_range(0..=10)?, ..RenderOptions::DEFAULT };
         Ok((g, snapshot, endpoints, options, render_options))
     }

@@ -708,12 +708,20 @@ impl RenderCache {
         if let Some(dns) = &self.options.dns {
             sets.extend(dns_sets(dns, &np.dns_resolvers, domains.values().flatten().copied()));
         }
+        if let Some(o) = &np.overlay {
+            sets.extend(overlay_sets(o));
+        }
         sets.sort_by(|a, b| a.name.cmp(&b.name));
         objects.extend(sets.into_iter().map(Object::Set));
         // Each object after those it refers to: ingress chains, their map, to-pods; then
         // egress-allowed (which goes to to-pods), egress chains, their map, from-pods, forward.
         let dns_mark = self.options.dns.as_ref().map(|d| d.mark);
-        let ([from_pods, to_pods, forward, to_node, input], shared_denials) = skeleton(self.options.log, self.options.revoked, dns_mark);
+        let ([from_pods, to_pods, forward, to_node, mut input], shared_denials) =
+            skeleton(self.options.log, self.options.revoked, dns_mark);
+        if let Some(o) = &np.overlay {
+            let spoofed = if self.options.log.is_some() { goto(DENY_SPOOFED) } else { Verdict::Drop };
+            input.rules.splice(0..0, overlay_guard(o, &spoofed));
+        }
         objects.extend(shared_denials.into_iter().map(Object::Chain));
         let flatten = |mut v: Vec<EndpointChains>| {
             v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -913,6 +921,50 @@ fn domain_sets<'a>(domains: impl Iterator<Item = &'a DomainDef>) -> Vec<Set> {
         }
     }
     out
+}
+
+/// The overlay's senders, per family ([`OverlayGuard`]).
+pub const OVERLAY_NODES_V4: &str = "overlay-nodes-v4";
+pub const OVERLAY_NODES_V6: &str = "overlay-nodes-v6";
+
+fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
+    [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
+        .into_iter()
+        .map(|(fam, name)| Set {
+            name: name.into(),
+            comment: format!("the nodes' {} InternalIPs: the only senders of VXLAN (UDP {}) this node takes", fam.as_str(), o.port),
+            key: vec![addr_type(fam)],
+            data: None,
+            interval: false,
+            timeout: false,
+            elements: Arc::new(sorted(
+                o.nodes
+                    .iter()
+                    .filter(|a| a.is_ipv6() == (fam == Family::V6))
+                    .map(|a| element_of(Key::one(KeyPart::Addr(*a)), "node"))
+                    .collect(),
+            )),
+        })
+        .collect()
+}
+
+/// The input chain's first rules under an overlay: VXLAN from anything but a node is dropped
+/// as spoofed (a pod cannot send as a node: `from-pods` drops a pod's forged source).
+fn overlay_guard(o: &crate::translate::OverlayGuard, spoofed: &Verdict) -> Vec<Rule> {
+    [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
+        .into_iter()
+        .map(|(fam, set)| {
+            Rule::new(
+                vec![
+                    Stmt::Lookup { fields: vec![Field::Saddr(fam)], neg: true, set: set.into() },
+                    Stmt::Dport(Proto::Udp, Ports::One(o.port)),
+                    Stmt::Counter,
+                ],
+                Some(spoofed.clone()),
+            )
+            .comment("VXLAN from an address that is not a node's: spoofed")
+        })
+        .collect()
 }
 
 /// The pod interfaces whose DNS goes through the proxy, and the trusted resolvers.

@@ -578,6 +578,26 @@ pub struct NodePolicy {
     pub problems: Vec<PolicyProblem>,
     /// The trusted DNS resolvers' addresses, sorted (`Options::dns_resolvers`).
     pub dns_resolvers: Vec<IpAddr>,
+    /// Who may send this node VXLAN (`Options::overlay_port`); `None`: no overlay.
+    pub overlay: Option<OverlayGuard>,
+}
+
+/// The overlay's senders: VXLAN to `port` is taken only from the nodes' InternalIPs (a pod,
+/// or any other host, could otherwise inject frames the node decapsulates as another node's
+/// pods' packets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverlayGuard {
+    pub port: u16,
+    /// Every node's InternalIPs, sorted.
+    pub nodes: Vec<IpAddr>,
+}
+
+impl OverlayGuard {
+    /// The guard for `port` from the nodes of `snapshot`.
+    pub fn of(snapshot: &crate::model::Snapshot, port: u16) -> Self {
+        let nodes: std::collections::BTreeSet<IpAddr> = snapshot.nodes().flat_map(|n| n.internal_ips.iter().copied()).collect();
+        Self { port, nodes: nodes.into_iter().collect() }
+    }
 }
 
 #[cfg(test)]

@@ -55,11 +55,14 @@ pub struct Options {
     /// Which pods are the trusted DNS resolvers (their addresses become
     /// [`NodePolicy::dns_resolvers`]); `None`: none but what the agent is given.
     pub dns_resolvers: Option<ResolverPods>,
+    /// The VXLAN overlay's UDP port, when the node takes overlay traffic
+    /// ([`NodePolicy::overlay`]).
+    pub overlay_port: Option<u16>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { isolate_run_pods: true, audit_mode: false, dns_resolvers: None }
+        Self { isolate_run_pods: true, audit_mode: false, dns_resolvers: None, overlay_port: None }
     }
 }
 
@@ -161,6 +164,7 @@ pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Opt
     problems.dedup();
     out.problems = problems;
     out.dns_resolvers = options.dns_resolvers.as_ref().map(|r| r.addresses(snapshot)).unwrap_or_default();
+    out.overlay = options.overlay_port.map(|port| OverlayGuard::of(snapshot, port));
     out
 }
 

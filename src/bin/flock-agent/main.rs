@@ -71,6 +71,20 @@ struct Args {
     /// Do not program routes to other nodes' pod CIDRs (another component routes).
     #[arg(long, env = "FLOCK_NO_ROUTES")]
     no_routes: bool,
+    /// How other nodes' pods are reached: host-gw (via the node's InternalIP: one L2
+    /// segment), vxlan (an overlay to every node) or auto (host-gw where the node is on-link,
+    /// VXLAN elsewhere).
+    #[arg(long, env = "FLOCK_ROUTING", default_value = "host-gw")]
+    routing: flock::agent::routes::Routing,
+    /// The overlay's VXLAN network identifier.
+    #[arg(long, env = "FLOCK_VXLAN_VNI", default_value_t = flock::agent::routes::VxlanConfig::default().vni)]
+    vxlan_vni: u32,
+    /// The overlay's UDP port.
+    #[arg(long, env = "FLOCK_VXLAN_PORT", default_value_t = flock::agent::routes::VxlanConfig::default().port)]
+    vxlan_port: u16,
+    /// The overlay's device over an IPv4 underlay (over IPv6: this and `6`).
+    #[arg(long, env = "FLOCK_VXLAN_DEVICE", default_value_t = flock::agent::routes::VxlanConfig::default().device)]
+    vxlan_device: String,
     /// A watch (or, while the watches are quiet, the API probe) failing this long makes the
     /// API health Degraded.
     #[arg(long, env = "FLOCK_DEGRADED_AFTER", default_value = "5s", value_parser = parse_duration)]
@@ -289,6 +303,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.revoke_ct_mark == flock::render::DOMAIN_MARK {
         anyhow::bail!("--revoke-ct-mark {:#x} is the ct mark bit domain rules use", args.revoke_ct_mark);
     }
+    if args.routing != flock::agent::routes::Routing::HostGw {
+        let v = flock::agent::routes::VxlanConfig { vni: args.vxlan_vni, port: args.vxlan_port, device: args.vxlan_device.clone() };
+        v.check().map_err(|e| anyhow::anyhow!("--routing {}: {e}", args.routing))?;
+    }
     if args.dns_min_ttl > args.dns_max_ttl {
         anyhow::bail!("--dns-min-ttl is above --dns-max-ttl");
     }
@@ -300,6 +318,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         agent.resync = args.resync_period;
         agent.pod_wait = args.pod_wait;
         agent.routes = !args.no_routes;
+        agent.routing = flock::agent::routes::RoutingConfig {
+            routing: args.routing,
+            vxlan: flock::agent::routes::VxlanConfig { vni: args.vxlan_vni, port: args.vxlan_port, device: args.vxlan_device.clone() },
+        };
         agent.translate.isolate_run_pods = !args.no_run_pod_isolation;
         agent.translate.audit_mode = args.allow_audit_mode;
         agent.nft = args.nft.clone();

@@ -159,7 +159,12 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             protocol: args.protocol,
             family: args.family,
         };
-        let options = Options { isolate_run_pods: !args.no_run_pod_isolation, audit_mode: args.allow_audit_mode, dns_resolvers: None };
+        let options = Options {
+            isolate_run_pods: !args.no_run_pod_isolation,
+            audit_mode: args.allow_audit_mode,
+            dns_resolvers: None,
+            overlay_port: None,
+        };
         let e = Explainer::new(&snapshot, options).explain(&query)?;
         let allowed = e.verdict == explain::Verdict::Allow;
         let text = match args.output {

@@ -59,7 +59,12 @@ pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
         eprintln!("warning: {p}");
     }
     let endpoints = snapshot.derived_endpoints(&args.node);
-    let options = Options { isolate_run_pods: !args.no_run_pod_isolation, audit_mode: args.allow_audit_mode, dns_resolvers: None };
+    let options = Options {
+        isolate_run_pods: !args.no_run_pod_isolation,
+        audit_mode: args.allow_audit_mode,
+        dns_resolvers: None,
+        overlay_port: None,
+    };
     let policy = translate::translate(&snapshot, &endpoints, &options);
     let ruleset = flock::render::render(&policy);
     let text = ruleset.to_text();

@@ -117,7 +117,12 @@ pub fn run(args: &WhatifArgs) -> anyhow::Result<ExitCode> {
     }
     let mut after = before.clone();
     apply_change(&mut after, &change.objects, &deletes);
-    let options = Options { isolate_run_pods: !args.no_run_pod_isolation, audit_mode: args.allow_audit_mode, dns_resolvers: None };
+    let options = Options {
+        isolate_run_pods: !args.no_run_pod_isolation,
+        audit_mode: args.allow_audit_mode,
+        dns_resolvers: None,
+        overlay_port: None,
+    };
     let scope = Scope { port: args.port, protocol: args.protocol, family: args.family };
     if !args.flows.is_empty() {
         return observed(args, &before, &after, &options, &scope);

@@ -1,0 +1,233 @@
+//! The VXLAN overlay against the real kernel (root only): two nodes on different subnets
+//! behind a router namespace (a routed underlay, where host-gw cannot reach the other node),
+//! each with a pod; flock's route programmer ([`flock::agent::routes::Router`]) makes the
+//! devices, neighbour and forwarding entries and routes, and the pods reach each other over
+//! IPv4 and IPv6, with full-size packets. host-gw on the same underlay fails, by route.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use flock::agent::routes::{Peers, Router, Routing, RoutingConfig, VxlanConfig, vtep_mac};
+use flock::testkit::kernel::{NetnsGuard, Node, Pod, require_root, run};
+
+struct Underlay {
+    _router: NetnsGuard,
+    nodes: [Node; 2],
+    pods: [Pod; 2],
+}
+
+/// Node i on 198.18.5i.0/24 and 2001:db8:5i::/64 behind the router; pod i in 198.18.15i.0/24
+/// and 2001:db8:15i::/64.
+fn underlay(tag: &str) -> Underlay {
+    let router = NetnsGuard::new(&format!("{tag}r"));
+    router.sysctl("net.ipv4.ip_forward", "1");
+    router.sysctl("net.ipv6.conf.all.forwarding", "1");
+    let nodes = [Node::new(&format!("{tag}a")), Node::new(&format!("{tag}b"))];
+    for (i, n) in nodes.iter().enumerate() {
+        let port = format!("r{i}");
+        run(&["ip", "-n", &router.name, "link", "add", &port, "type", "veth", "peer", "name", "wan", "netns", &n.ns.name]);
+        router.sysctl(&format!("net.ipv6.conf.{port}.accept_dad"), "0");
+        n.ns.sysctl("net.ipv6.conf.wan.accept_dad", "0");
+        router.ip(&["addr", "add", &format!("198.18.5{i}.254/24"), "dev", &port]);
+        router.ip(&["-6", "addr", "add", &format!("2001:db8:5{i}::fe/64"), "dev", &port, "nodad"]);
+        router.ip(&["link", "set", &port, "up"]);
+        n.ns.ip(&["addr", "add", &format!("198.18.5{i}.1/24"), "dev", "wan"]);
+        n.ns.ip(&["-6", "addr", "add", &format!("2001:db8:5{i}::1/64"), "dev", "wan", "nodad"]);
+        n.ns.ip(&["link", "set", "wan", "up"]);
+        n.ns.ip(&["route", "replace", "default", "via", &format!("198.18.5{i}.254"), "dev", "wan"]);
+        n.ns.ip(&["-6", "route", "replace", "default", "via", &format!("2001:db8:5{i}::fe"), "dev", "wan"]);
+    }
+    let pods = [0, 1].map(|i| {
+        nodes[i].add_pod(
+            &format!("{tag}p{i}"),
+            &format!("vp{i}"),
+            &[format!("198.18.15{i}.2").parse().unwrap(), format!("2001:db8:15{i}::2").parse().unwrap()],
+        )
+    });
+    Underlay { _router: router, nodes, pods }
+}
+
+fn peers(of: usize) -> Peers {
+    let node = |i: usize| -> (String, Vec<IpAddr>, Vec<ipnet::IpNet>) {
+        (
+            format!("node-{i}"),
+            vec![format!("198.18.5{i}.1").parse().unwrap(), format!("2001:db8:5{i}::1").parse().unwrap()],
+            vec![format!("198.18.15{i}.0/24").parse().unwrap(), format!("2001:db8:15{i}::/64").parse().unwrap()],
+        )
+    };
+    Peers { own: node(of).1, others: vec![node(1 - of)] }
+}
+
+/// A TCP exchange of `size` bytes each way from `from` to `to` (port 9000 served in `to`).
+fn exchange(from: &Pod, to: &Pod, dst: IpAddr, size: usize) -> Result<(), String> {
+    let listener =
+        flock_cni::netns::run_in(&to.ns.netns(), || TcpListener::bind(SocketAddr::new(dst, 9000))).unwrap().map_err(|e| e.to_string())?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut c, _) = listener.accept()?;
+        c.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut buf = vec![0u8; size];
+        c.read_exact(&mut buf)?;
+        c.write_all(&buf)
+    });
+    let client = flock_cni::netns::run_in(&from.ns.netns(), || -> std::io::Result<()> {
+        let mut c = TcpStream::connect_timeout(&SocketAddr::new(dst, 9000), Duration::from_secs(3))?;
+        c.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        c.write_all(&data)?;
+        let mut back = vec![0u8; size];
+        c.read_exact(&mut back)?;
+        if back != data {
+            return Err(std::io::Error::other("the echo differs"));
+        }
+        Ok(())
+    })
+    .unwrap();
+    let served = server.join().unwrap();
+    client.map_err(|e| format!("client: {e}"))?;
+    served.map_err(|e| format!("server: {e}"))
+}
+
+#[test]
+fn pods_on_a_routed_underlay_reach_each_other_over_vxlan_and_not_over_host_gw() {
+    if !require_root("pods_on_a_routed_underlay_reach_each_other_over_vxlan_and_not_over_host_gw") {
+        return;
+    }
+    let u = underlay("ovl");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let start = |i: usize, routing| Router::start(u.nodes[i].ns.netns(), RoutingConfig { routing, vxlan: VxlanConfig::default() }).unwrap();
+
+    // host-gw: the other node is off-link, so its pod CIDR's route cannot be made.
+    let r = start(0, Routing::HostGw);
+    let err = rt.block_on(r.sync(peers(0))).unwrap_err().to_string();
+    assert!(err.contains("198.18.151.0/24 via 198.18.51.1"), "{err}");
+    drop(r);
+
+    for routing in [Routing::Vxlan, Routing::Auto] {
+        let routers = [start(0, routing), start(1, routing)];
+        for (i, r) in routers.iter().enumerate() {
+            let c = rt.block_on(r.sync(peers(i))).unwrap_or_else(|e| panic!("{routing}: node {i}: {e}"));
+            assert!(c.unreachable.is_empty(), "{c:?}");
+            // Level-triggered: nothing to do the second time.
+            let again = rt.block_on(r.sync(peers(i))).unwrap();
+            if (again.added, again.removed) != (0, 0) {
+                let ns = &u.nodes[i].ns;
+                let show = |a: &[&str]| String::from_utf8_lossy(&ns.exec(a).stdout).into_owned();
+                panic!(
+                    "{routing}: node {i} changed again: {again:?}\n{}{}{}{}{}",
+                    show(&["ip", "neigh", "show", "nud", "permanent"]),
+                    show(&["ip", "-6", "neigh", "show", "nud", "permanent"]),
+                    show(&["bridge", "fdb", "show"]),
+                    show(&["ip", "route", "show", "proto", "70"]),
+                    show(&["ip", "-6", "route", "show", "proto", "70"]),
+                );
+            }
+        }
+        let dev = String::from_utf8(u.nodes[0].ns.exec(&["ip", "-d", "link", "show", "flock.vxlan"]).stdout).unwrap();
+        assert!(dev.contains("vxlan id 1") && dev.contains("dstport 4789") && dev.contains("nolearning"), "{dev}");
+        assert!(dev.contains("mtu 1450"), "{dev}");
+        let dev6 = String::from_utf8(u.nodes[0].ns.exec(&["ip", "-d", "link", "show", "flock.vxlan6"]).stdout).unwrap();
+        assert!(dev6.contains("mtu 1430"), "{dev6}");
+        // Both families, both ways; 1,400 bytes of payload per segment fits the overlay's MTU
+        // once the pods' MTU says so (here: path MTU discovery over the device's).
+        for (a, b) in [(0, 1), (1, 0)] {
+            for dst in u.pods[b].ips.clone() {
+                exchange(&u.pods[a], &u.pods[b], dst, 64 * 1024).unwrap_or_else(|e| panic!("{routing}: pod {a} to {dst}: {e}"));
+            }
+        }
+        drop(routers);
+        // Going back to host-gw removes the devices (and with them their entries and routes).
+        let r = start(0, Routing::HostGw);
+        let _ = rt.block_on(r.sync(Peers { own: peers(0).own, others: vec![] })).unwrap();
+        assert!(!u.nodes[0].ns.try_exec(&["ip", "link", "show", "flock.vxlan"]).status.success());
+        let r1 = start(1, Routing::HostGw);
+        let _ = rt.block_on(r1.sync(Peers { own: peers(1).own, others: vec![] })).unwrap();
+    }
+}
+
+/// A VXLAN frame (VNI 1) carrying an IPv4 UDP datagram from `src` to `dst`:9999, addressed
+/// to the VTEP MAC of `to_node`, as if from that of `from_node`.
+fn forged_vxlan(from_node: IpAddr, to_node: IpAddr, src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
+    f.extend(vtep_mac(to_node));
+    f.extend(vtep_mac(from_node));
+    f.extend([0x08, 0x00]);
+    let total = (20 + 8 + payload.len()) as u16;
+    let mut ip = vec![0x45, 0, (total >> 8) as u8, total as u8, 0, 0, 0x40, 0, 64, 17, 0, 0];
+    ip.extend(src.octets());
+    ip.extend(dst.octets());
+    let sum = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum::<u32>();
+    let sum = !(((sum & 0xffff) + (sum >> 16)) as u16);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    f.extend(ip);
+    let len = (8 + payload.len()) as u16;
+    f.extend([0x15, 0xb3, 0x27, 0x0f]);
+    f.extend(len.to_be_bytes());
+    f.extend([0, 0]);
+    f.extend(payload);
+    f
+}
+
+#[test]
+fn vxlan_from_anything_but_a_node_is_dropped_as_spoofed() {
+    if !require_root("vxlan_from_anything_but_a_node_is_dropped_as_spoofed") {
+        return;
+    }
+    let u = underlay("ovs");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let routers = [0, 1]
+        .map(|i| Router::start(u.nodes[i].ns.netns(), RoutingConfig { routing: Routing::Vxlan, vxlan: VxlanConfig::default() }).unwrap());
+    for (i, r) in routers.iter().enumerate() {
+        rt.block_on(r.sync(peers(i))).unwrap();
+    }
+    let (node0, node1): (IpAddr, IpAddr) = ("198.18.50.1".parse().unwrap(), "198.18.51.1".parse().unwrap());
+    let (pod0, pod1) = ("198.18.150.2".parse().unwrap(), "198.18.151.2".parse().unwrap());
+    let sink = flock_cni::netns::run_in(&u.pods[1].ns.netns(), || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:9999").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        s
+    })
+    .unwrap();
+    // From the router's address: not a node.
+    let forge = |tag: &str| {
+        let frame = forged_vxlan(node0, node1, pod0, pod1, tag.as_bytes());
+        flock_cni::netns::run_in(&u._router.netns(), || {
+            let s = std::net::UdpSocket::bind("198.18.51.254:0").unwrap();
+            s.send_to(&frame, SocketAddr::new(node1, 4789)).unwrap();
+        })
+        .unwrap();
+        let mut buf = [0u8; 64];
+        sink.recv(&mut buf).ok().map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    // The control: without flock's table the kernel takes the forged frame.
+    assert_eq!(
+        forge("before").as_deref(),
+        Some("before"),
+        "the forged frame does not reach the pod even unguarded: the test proves nothing"
+    );
+    // flock's table for node 1 under the overlay: the nodes' addresses only.
+    let mut snap = flock::testkit::base_cluster();
+    for (name, ip) in [("node-1", node0), ("node-2", node1)] {
+        let mut n = snap.node(name).unwrap().clone();
+        n.internal_ips = vec![ip];
+        snap.upsert_node(n);
+    }
+    let options = flock::translate::Options { overlay_port: Some(4789), ..flock::translate::Options::default() };
+    let ir = flock::translate::translate(&snap, &[], &options);
+    let text = flock::render::render(&ir).to_text();
+    let script = std::env::temp_dir().join(format!("flock-overlay-{}.nft", std::process::id()));
+    std::fs::write(&script, &text).unwrap();
+    let out = u.nodes[1].ns.try_exec(&["nft", "-f", script.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&script);
+    assert!(out.status.success(), "{}\n{text}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(forge("after"), None, "VXLAN from a non-node reached the pod");
+    let listed = String::from_utf8(u.nodes[1].ns.exec(&["nft", "list", "chain", "inet", "flock", "input"]).stdout).unwrap();
+    let guard = listed.lines().find(|l| l.contains("ip saddr != @overlay-nodes-v4")).unwrap_or_else(|| panic!("no guard:\n{listed}"));
+    assert!(guard.contains("counter packets 1 "), "the spoofed frame was not counted: {guard}");
+    // The real overlay still works, both ways.
+    for (a, b) in [(0, 1), (1, 0)] {
+        exchange(&u.pods[a], &u.pods[b], u.pods[b].ips[0], 16 * 1024).unwrap_or_else(|e| panic!("pod {a} to pod {b} under the guard: {e}"));
+    }
+}
