@@ -148,11 +148,26 @@ pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool
         let mut writer = Some(cniconf::Writer::new(&dir, &file, opts.agent.socket.clone(), opts.agent.spool_dir.clone(), opts.cni_mtu));
         let (mut status, mut versions, source, node, mut stop) =
             (agent.status(), source.versions(), source.clone(), opts.agent.node.clone(), stop.clone());
+        let (explicit_mtu, routing) =
+            (opts.cni_mtu, if opts.agent.routes { opts.agent.routing.routing } else { crate::agent::routes::Routing::HostGw });
         tasks.push(tokio::spawn(async move {
             loop {
                 let ready = status.borrow().ready;
                 if ready && let Some(mut w) = writer.take() {
-                    let cidrs = source.read().snapshot.node(&node).map(|n| n.pod_cidrs.clone()).unwrap_or_default();
+                    let (cidrs, own) =
+                        source.read().snapshot.node(&node).map(|n| (n.pod_cidrs.clone(), n.internal_ips.clone())).unwrap_or_default();
+                    // Under an overlay, unless --cni-mtu says otherwise, pods' MTU leaves
+                    // room for the encapsulation.
+                    if explicit_mtu.is_none() && !own.is_empty() {
+                        match crate::agent::routes::overlay_pod_mtu(&own, routing).await {
+                            Ok(Some(m)) if w.mtu != Some(m) => {
+                                tracing::info!(mtu = m, "pods' MTU: the underlay's less the VXLAN encapsulation");
+                                w.mtu = Some(m);
+                            }
+                            Ok(_) => {}
+                            Err(e) => tracing::warn!(error = %e, "cannot find the underlay's MTU; pods keep the default"),
+                        }
+                    }
                     // A file write: on a blocking thread.
                     let job = tokio::task::spawn_blocking(move || {
                         let r = w.write(&cidrs);

@@ -61,6 +61,34 @@ fn peers(of: usize) -> Peers {
     Peers { own: node(of).1, others: vec![node(1 - of)] }
 }
 
+/// Fragments created and reassemblies asked for in `ns`, IPv4 and IPv6.
+fn fragments(ns: &NetnsGuard) -> u64 {
+    let mut total = 0;
+    for file in ["/proc/net/snmp", "/proc/net/snmp6"] {
+        let text = String::from_utf8(ns.exec(&["cat", file]).stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        // snmp: a header line of names, then a line of values; snmp6: "name value" lines.
+        for pair in lines.windows(2) {
+            if pair[0].starts_with("Ip: ") && pair[1].starts_with("Ip: ") {
+                for (k, v) in pair[0].split_whitespace().zip(pair[1].split_whitespace()) {
+                    if k == "FragCreates" || k == "ReasmReqds" {
+                        total += v.parse::<u64>().unwrap();
+                    }
+                }
+            }
+        }
+        for l in &lines {
+            let mut w = l.split_whitespace();
+            if let (Some(k), Some(v)) = (w.next(), w.next())
+                && (k == "Ip6FragCreates" || k == "Ip6ReasmReqds")
+            {
+                total += v.parse::<u64>().unwrap();
+            }
+        }
+    }
+    total
+}
+
 /// A TCP exchange of `size` bytes each way from `from` to `to` (port 9000 served in `to`).
 fn exchange(from: &Pod, to: &Pod, dst: IpAddr, size: usize) -> Result<(), String> {
     let listener =
@@ -130,13 +158,29 @@ fn pods_on_a_routed_underlay_reach_each_other_over_vxlan_and_not_over_host_gw() 
         assert!(dev.contains("mtu 1450"), "{dev}");
         let dev6 = String::from_utf8(u.nodes[0].ns.exec(&["ip", "-d", "link", "show", "flock.vxlan6"]).stdout).unwrap();
         assert!(dev6.contains("mtu 1430"), "{dev6}");
-        // Both families, both ways; 1,400 bytes of payload per segment fits the overlay's MTU
-        // once the pods' MTU says so (here: path MTU discovery over the device's).
+        // The pods' MTU the agent writes into the CNI config: the underlay's less the
+        // encapsulation (dual stack: the IPv6 underlay's 70 bytes).
+        let mtu = flock_cni::netns::run_in(&u.nodes[0].ns.netns(), || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(flock::agent::routes::overlay_pod_mtu(&peers(0).own, routing))
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(mtu, Some(1430));
+        for (i, p) in u.pods.iter().enumerate() {
+            p.ns.ip(&["link", "set", "eth0", "mtu", "1430"]);
+            u.nodes[i].ns.ip(&["link", "set", &format!("vp{i}"), "mtu", "1430"]);
+        }
+        // Both families, both ways, full-size segments (1,390 and 1,370 bytes of TCP payload),
+        // and nothing fragmented anywhere on the way.
+        let frags = || -> Vec<u64> { u.nodes.iter().map(|n| fragments(&n.ns)).chain([fragments(&u._router)]).collect() };
+        let before = frags();
         for (a, b) in [(0, 1), (1, 0)] {
             for dst in u.pods[b].ips.clone() {
                 exchange(&u.pods[a], &u.pods[b], dst, 64 * 1024).unwrap_or_else(|e| panic!("{routing}: pod {a} to {dst}: {e}"));
             }
         }
+        assert_eq!(frags(), before, "{routing}: packets were fragmented or reassembled");
         drop(routers);
         // Going back to host-gw removes the devices (and with them their entries and routes).
         let r = start(0, Routing::HostGw);

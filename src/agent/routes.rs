@@ -470,6 +470,27 @@ async fn underlay_mtu(handle: &Handle, local: IpAddr) -> Result<Option<u32>, Rou
     }))
 }
 
+/// The MTU pods get under an overlay: the smallest of the underlay links' MTU (those holding
+/// `own`, this node's InternalIPs) minus the encapsulation of that underlay's family; `None`
+/// under host-gw or when no such link is found. Looked up in the current network namespace.
+pub async fn overlay_pod_mtu(own: &[IpAddr], routing: Routing) -> Result<Option<u32>, RouteError> {
+    if routing == Routing::HostGw {
+        return Ok(None);
+    }
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(|source| RouteError::Connect { netns: "the agent's".into(), source })?;
+    let task = tokio::spawn(conn);
+    let mut out: Option<u32> = None;
+    for ip in own {
+        if let Some(mtu) = underlay_mtu(&handle, *ip).await? {
+            let overhead = if ip.is_ipv6() { VXLAN_OVERHEAD_V6 } else { VXLAN_OVERHEAD_V4 };
+            let m = mtu.saturating_sub(overhead);
+            out = Some(out.map_or(m, |o| o.min(m)));
+        }
+    }
+    task.abort();
+    Ok(out)
+}
+
 /// Makes the VXLAN devices exactly `want` (flock's names only); their indexes by name.
 async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -> Result<BTreeMap<String, u32>, RouteError> {
     use rtnetlink::LinkVxlan;

@@ -62,7 +62,8 @@ struct Args {
     /// Do not write the CNI network config (another component manages it).
     #[arg(long, env = "FLOCK_NO_CNI_CONF")]
     no_cni_conf: bool,
-    /// MTU of pod interfaces (written into the CNI config).
+    /// MTU of pod interfaces (written into the CNI config). Unset under an overlay: the
+    /// underlay's less the VXLAN encapsulation.
     #[arg(long, env = "FLOCK_CNI_MTU")]
     cni_mtu: Option<u32>,
     /// Do not isolate the egress of pods labelled flock.dev/run that no policy selects yet.
