@@ -182,6 +182,25 @@ fn pods_on_a_routed_underlay_reach_each_other_over_vxlan_and_not_over_host_gw() 
         }
         assert_eq!(frags(), before, "{routing}: packets were fragmented or reassembled");
         drop(routers);
+        // Another device name: the device made under the old one goes (it is marked).
+        let renamed = Router::start(
+            u.nodes[0].ns.netns(),
+            RoutingConfig { routing, vxlan: VxlanConfig { device: "flock.vx2".into(), ..VxlanConfig::default() } },
+        )
+        .unwrap();
+        rt.block_on(renamed.sync(peers(0))).unwrap();
+        assert!(!u.nodes[0].ns.try_exec(&["ip", "link", "show", "flock.vxlan"]).status.success(), "{routing}: the old device stayed");
+        let alias = String::from_utf8(u.nodes[0].ns.exec(&["ip", "-d", "link", "show", "flock.vx2"]).stdout).unwrap();
+        assert!(alias.contains("alias flock overlay"), "{alias}");
+        drop(renamed);
+        // An agent without the overlay removes every device of flock's before anything else.
+        let gone = rt.block_on(flock::agent::routes::remove_overlay(&u.nodes[0].ns.netns())).unwrap();
+        assert_eq!(gone, 2, "{routing}: flock.vx2 and flock.vx26");
+        let _ = rt
+            .block_on(
+                Router::start(u.nodes[0].ns.netns(), RoutingConfig { routing, vxlan: VxlanConfig::default() }).unwrap().sync(peers(0)),
+            )
+            .unwrap();
         // Going back to host-gw removes the devices (and with them their entries and routes).
         let r = start(0, Routing::HostGw);
         let _ = rt.block_on(r.sync(Peers { own: peers(0).own, others: vec![] })).unwrap();

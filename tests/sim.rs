@@ -10,9 +10,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use flock::agent::routes::Routing;
 use flock::model::Protocol;
 use flock::sim::probe::{Outcome, Task, probe};
-use flock::sim::{ProbeSpec, Sim, SimOptions};
+use flock::sim::{ProbeSpec, Sim, SimOptions, Underlay};
 use flock::testkit::kernel::{NetnsGuard, flock_cni_binary, require_root};
 use flock::testkit::{self, policies};
 
@@ -410,6 +411,66 @@ fn sim_collects_the_kernels_denials() {
 
 fn sim_options() -> SimOptions {
     SimOptions::new(flock_cni_binary().parent().unwrap().to_path_buf())
+}
+
+/// On a routed underlay (each node behind a router), pods reach the other node's pods over
+/// VXLAN (and `auto`, which finds no node on-link), and not with host-gw, whose routes cannot
+/// be made there: the underlay is really routed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pods_cross_a_routed_underlay_over_vxlan_and_not_over_host_gw() {
+    if !require_root("pods_cross_a_routed_underlay_over_vxlan_and_not_over_host_gw") {
+        return;
+    }
+    let spec = ProbeSpec { port: 80, protocol: Protocol::Tcp, family: None };
+    for routing in [Routing::Vxlan, Routing::Auto, Routing::HostGw] {
+        let mut opts = sim_options();
+        opts.underlay = Underlay::Routed;
+        opts.routing.routing = routing;
+        let snap = testkit::base_cluster();
+        let node_of: std::collections::BTreeMap<String, Option<String>> =
+            snap.pods().map(|p| (p.key().to_string(), p.node.clone())).collect();
+        let sim = Sim::build(snap, opts).await.unwrap();
+        let pods = sim.pod_names();
+        let cells = sim.probe(spec, &pods, &pods).unwrap();
+        let cross: Vec<_> = cells.iter().filter(|c| node_of[&c.from] != node_of[&c.to]).collect();
+        assert!(!cross.is_empty());
+        let connected = cross.iter().filter(|c| c.outcome == Some(Outcome::Connected)).count();
+        if routing == Routing::HostGw {
+            assert_eq!(connected, 0, "host-gw crossed a routed underlay");
+        } else {
+            assert_eq!(
+                connected,
+                cross.len(),
+                "{routing}: {:?}",
+                cross.iter().filter(|c| c.outcome != Some(Outcome::Connected)).collect::<Vec<_>>()
+            );
+        }
+        sim.teardown().await.unwrap();
+    }
+}
+
+/// A sample of the conformance suite, IPv4 and dual stack, over VXLAN on a routed underlay
+/// (`flockctl conformance --underlay routed --routing vxlan`; the whole suite passes there
+/// too, docs/architecture.md#routing-between-nodes).
+#[test]
+fn conformance_cases_pass_over_vxlan_on_a_routed_underlay() {
+    if !require_root("conformance_cases_pass_over_vxlan_on_a_routed_underlay") {
+        return;
+    }
+    let out = flockctl(&[
+        "conformance",
+        "--underlay",
+        "routed",
+        "--routing",
+        "vxlan",
+        "tests/conformance/011-default-deny-all",
+        "tests/conformance/012-allow-from-pods-in-server-namespace-by-podselector",
+        "tests/conformance/103-dual-stack-ipv6",
+        "tests/conformance/224-egress-deny-all-covers-own-node",
+        "tests/conformance/301-dns-exact-name",
+    ]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("5 passed, 0 failed"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

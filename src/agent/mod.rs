@@ -429,6 +429,15 @@ impl Agent {
         });
         let (endpoints, version) = prepared.await.map_err(|e| StartError::Panicked(e.to_string()))??;
         tracing::info!(nft = %version, "nft works here");
+        // Without the overlay, no device of flock's may stay up (and unguarded) from an
+        // earlier configuration; before any sync, so never with a table without the guard.
+        if !config.routes || config.routing.routing == routes::Routing::HostGw {
+            match routes::remove_overlay(&config.netns).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(devices = n, "removed the VXLAN devices of an earlier configuration"),
+                Err(e) => tracing::warn!(error = %e, "cannot look for VXLAN devices of an earlier configuration"),
+            }
+        }
         let router = if config.routes { Some(routes::Router::start(config.netns.clone(), config.routing.clone())?) } else { None };
         // Listening before the first sync renders a redirect to it.
         let dns = match &config.dns {
@@ -849,7 +858,8 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         let needs_baseline = ap.needs_baseline();
         state.applied(needs_baseline, Instant::now());
         applier = Some(ap);
-        if let Some(r) = &router {
+        // Only over a committed table: VXLAN devices never come up before the table's guard.
+        if let Some(r) = router.as_ref().filter(|_| result.is_ok()) {
             match r.sync(wanted_routes).await {
                 Ok(c) if c.added + c.removed > 0 => tracing::info!(added = c.added, removed = c.removed, "node routes updated"),
                 Ok(_) => {}

@@ -379,8 +379,16 @@ fn parse_route(m: &RouteMessage) -> Option<(IpNet, Option<IpAddr>, Option<u32>)>
             RouteAttribute::Gateway(RouteAddress::Inet(g)) => via = Some(IpAddr::V4(*g)),
             RouteAttribute::Gateway(RouteAddress::Inet6(g)) => via = Some(IpAddr::V6(*g)),
             RouteAttribute::Oif(i) => oif = Some(*i),
+            // Several next hops, or a nexthop object: not on-link, as with a gateway.
+            RouteAttribute::MultiPath(_) | RouteAttribute::NhId(_) if via.is_none() => {
+                via = Some(IpAddr::from([0, 0, 0, 0]));
+            }
             _ => {}
         }
+    }
+    // Blackhole, unreachable, prohibit, throw: no link at all.
+    if m.header.kind != rtnetlink::packet_route::route::RouteType::Unicast {
+        via = via.or(Some(IpAddr::from([0, 0, 0, 0])));
     }
     let dst = match dst {
         Some(d) => IpNet::new(d, m.header.destination_prefix_length).ok()?,
@@ -494,7 +502,17 @@ pub async fn overlay_pod_mtu(own: &[IpAddr], routing: Routing) -> Result<Option<
 /// Makes the VXLAN devices exactly `want` (flock's names only); their indexes by name.
 async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -> Result<BTreeMap<String, u32>, RouteError> {
     use rtnetlink::LinkVxlan;
+    use rtnetlink::packet_route::link::LinkAttribute;
     let mut out = BTreeMap::new();
+    // Devices flock made under another name (a changed --vxlan-device) go first: they would
+    // take VXLAN nobody routes or guards.
+    let names = [config.device_for(false), config.device_for(true)];
+    for (index, name) in marked_devices(handle).await? {
+        if !names.contains(&name) {
+            handle.link().del(index).execute().await.map_err(netlink(format!("device {name}")))?;
+            tracing::info!(device = %name, "removed a VXLAN device flock made under another name");
+        }
+    }
     for v6 in [false, true] {
         let name = config.device_for(v6);
         let wanted = want.iter().find(|v| v.name == name);
@@ -511,7 +529,7 @@ async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -
         }
         let Some(v) = wanted else { continue };
         let overhead = if v6 { VXLAN_OVERHEAD_V6 } else { VXLAN_OVERHEAD_V4 };
-        let mtu = underlay_mtu(handle, v.local).await?.unwrap_or(1500).saturating_sub(overhead);
+        let mtu = underlay_mtu(handle, v.local).await?.unwrap_or(1500).saturating_sub(overhead).clamp(1280, 9000);
         let b = LinkVxlan::new(&name, config.vni).port(config.port).learning(false);
         let b = match v.local {
             IpAddr::V4(a) => b.local(a),
@@ -525,10 +543,68 @@ async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -
         let (index, _) = link_index(handle, &name)
             .await?
             .ok_or_else(|| RouteError::Netlink { route: format!("device {name}"), message: "gone after it was added".into() })?;
+        // The mark (the kernel sets an alias only on an existing device).
+        let mark = rtnetlink::LinkUnspec::new_with_index(index).append_extra_attribute(LinkAttribute::IfAlias(DEVICE_ALIAS.into())).build();
+        handle.link().set(mark).execute().await.map_err(netlink(format!("device {name}")))?;
         tracing::info!(device = %name, vni = config.vni, port = config.port, local = %v.local, mtu, "added the VXLAN device");
         out.insert(name, index);
     }
     Ok(out)
+}
+
+/// The alias marking flock's VXLAN devices (`ip -d link show` shows it).
+const DEVICE_ALIAS: &str = "flock overlay";
+
+/// flock's VXLAN devices (by their alias), whatever their names.
+async fn marked_devices(handle: &Handle) -> Result<Vec<(u32, String)>, RouteError> {
+    use rtnetlink::packet_route::link::LinkAttribute;
+    let mut out = Vec::new();
+    let mut links = handle.link().get().execute();
+    while let Some(m) = links.try_next().await.map_err(netlink("devices"))? {
+        let alias = m.attributes.iter().any(|a| matches!(a, LinkAttribute::IfAlias(x) if x == DEVICE_ALIAS));
+        let name = m.attributes.iter().find_map(|a| match a {
+            LinkAttribute::IfName(n) => Some(n.clone()),
+            _ => None,
+        });
+        if let (true, Some(name)) = (alias, name) {
+            out.push((m.header.index, name));
+        }
+    }
+    Ok(out)
+}
+
+/// Removes every VXLAN device flock made (host-gw, or routing left to another component):
+/// none may stay up without the table's guard.
+pub async fn remove_overlay(ns: &Netns) -> Result<usize, RouteError> {
+    let desc = ns.describe();
+    let ns = ns.clone();
+    let joined = tokio::task::spawn_blocking(move || {
+        netns::run_in(&ns, || -> Result<usize, RouteError> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|source| RouteError::Connect { netns: ns.describe(), source })?;
+            rt.block_on(async {
+                let (conn, handle, _) =
+                    rtnetlink::new_connection().map_err(|source| RouteError::Connect { netns: ns.describe(), source })?;
+                let task = tokio::spawn(conn);
+                let mut n = 0;
+                for (index, name) in marked_devices(&handle).await? {
+                    handle.link().del(index).execute().await.map_err(netlink(format!("device {name}")))?;
+                    tracing::info!(device = %name, "removed a VXLAN device: this agent does not run the overlay");
+                    n += 1;
+                }
+                task.abort();
+                Ok(n)
+            })
+        })
+    })
+    .await;
+    match joined {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(RouteError::Netns(e)),
+        Err(e) => Err(RouteError::Stopped { netns: format!("{desc}: {e}") }),
+    }
 }
 
 /// Makes the neighbour and forwarding entries of flock's devices exactly `want`.
@@ -570,6 +646,11 @@ async fn tunnels(handle: &Handle, devices: &BTreeMap<String, u32>, want: &BTreeS
             }
         }
         let fdb = m.header.family == AddressFamily::Bridge;
+        // Only what flock writes: permanent neighbours, forwarding entries with a destination
+        // (the kernel's own entries on the device are left alone).
+        if !fdb && m.header.state != NeighbourState::Permanent {
+            continue;
+        }
         if let (Some(ip), Some(mac)) = (ip, mac) {
             have.entry(((*dev).clone(), ip, mac, fdb)).or_insert(m);
         }

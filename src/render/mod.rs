@@ -716,11 +716,14 @@ impl RenderCache {
         // Each object after those it refers to: ingress chains, their map, to-pods; then
         // egress-allowed (which goes to to-pods), egress chains, their map, from-pods, forward.
         let dns_mark = self.options.dns.as_ref().map(|d| d.mark);
-        let ([from_pods, to_pods, forward, to_node, mut input], shared_denials) =
+        let ([mut from_pods, to_pods, forward, to_node, mut input], shared_denials) =
             skeleton(self.options.log, self.options.revoked, dns_mark);
         if let Some(o) = &np.overlay {
             let spoofed = if self.options.log.is_some() { goto(DENY_SPOOFED) } else { Verdict::Drop };
             input.rules.splice(0..0, overlay_guard(o, &spoofed));
+            // After the source check, before the egress policy (and before any SNAT could
+            // give a pod's packet a node's address).
+            from_pods.rules.splice(2..2, overlay_from_pods(o, &spoofed));
         }
         objects.extend(shared_denials.into_iter().map(Object::Chain));
         let flatten = |mut v: Vec<EndpointChains>| {
@@ -963,6 +966,25 @@ fn overlay_guard(o: &crate::translate::OverlayGuard, spoofed: &Verdict) -> Vec<R
                 Some(spoofed.clone()),
             )
             .comment("VXLAN from an address that is not a node's: spoofed")
+        })
+        .collect()
+}
+
+/// In `from-pods` under an overlay: a pod's VXLAN to a node is dropped as spoofed, whatever
+/// its policy (masqueraded on its way, it would leave with a node's address).
+fn overlay_from_pods(o: &crate::translate::OverlayGuard, spoofed: &Verdict) -> Vec<Rule> {
+    [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
+        .into_iter()
+        .map(|(fam, set)| {
+            Rule::new(
+                vec![
+                    Stmt::Lookup { fields: vec![Field::Daddr(fam)], neg: false, set: set.into() },
+                    Stmt::Dport(Proto::Udp, Ports::One(o.port)),
+                    Stmt::Counter,
+                ],
+                Some(spoofed.clone()),
+            )
+            .comment("VXLAN from a pod to a node: only nodes send the overlay")
         })
         .collect()
 }

@@ -50,20 +50,90 @@ pub(crate) struct Fabric {
     pub(crate) fabric_ns: String,
     created: Mutex<Vec<String>>,
     members: Mutex<usize>,
+    /// A routed underlay: the fabric namespace routes between its members instead of
+    /// bridging them (each member behind a port of its own, no member on-link with another).
+    pub(crate) routed: bool,
+    /// The fabric's port of each member namespace.
+    ports: Mutex<BTreeMap<String, String>>,
 }
 
+/// The routed underlay's gateway, on every fabric port (link-local data, as pods' gateways).
+pub(crate) const ROUTER_V4: &str = "169.254.0.1";
+pub(crate) const ROUTER_V6: &str = "fe80::1";
+/// The routed underlay's table of pod CIDRs, for hosts' packets.
+const HOSTS_TABLE: &str = "100";
+
 impl Fabric {
-    /// Creates the fabric namespace with bridge `br0`. Runs are named
-    /// `flks-<pid>-<n>`, so one process can hold several.
-    pub(crate) fn new() -> Result<Self, PlumbingError> {
+    /// Creates the fabric namespace: a bridge `br0` (an L2 underlay) or a router (`routed`).
+    /// Runs are named `flks-<pid>-<n>`, so one process can hold several.
+    pub(crate) fn new(routed: bool) -> Result<Self, PlumbingError> {
         static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let run_id = format!("{PREFIX}{}-{n}", std::process::id());
-        let f = Self { fabric_ns: format!("{run_id}-fabric"), run_id, created: Mutex::new(Vec::new()), members: Mutex::new(0) };
+        let f = Self {
+            fabric_ns: format!("{run_id}-fabric"),
+            run_id,
+            created: Mutex::new(Vec::new()),
+            members: Mutex::new(0),
+            routed,
+            ports: Mutex::new(BTreeMap::new()),
+        };
         f.add_netns(&f.fabric_ns)?;
-        run(&["ip", "-n", &f.fabric_ns, "link", "add", "br0", "type", "bridge"])?;
-        run(&["ip", "-n", &f.fabric_ns, "link", "set", "br0", "up"])?;
+        if routed {
+            sysctl(&f.fabric_ns, "net.ipv4.ip_forward", "1")?;
+            sysctl(&f.fabric_ns, "net.ipv6.conf.all.forwarding", "1")?;
+        } else {
+            run(&["ip", "-n", &f.fabric_ns, "link", "add", "br0", "type", "bridge"])?;
+            run(&["ip", "-n", &f.fabric_ns, "link", "set", "br0", "up"])?;
+        }
         Ok(f)
+    }
+
+    /// Routed underlay: `addr` of member `ns` reached through its port (the fabric's route).
+    pub(crate) fn route_member(&self, ns: &str, addr: IpAddr) -> Result<(), PlumbingError> {
+        if !self.routed {
+            return Ok(());
+        }
+        let port = self.port(ns)?;
+        let cidr = format!("{addr}/{}", if addr.is_ipv4() { 32 } else { 128 });
+        let fam = if addr.is_ipv4() { "-4" } else { "-6" };
+        run(&["ip", fam, "-n", &self.fabric_ns, "route", "replace", &cidr, "dev", &port]).map(drop)
+    }
+
+    /// Routed underlay: `cidr` (a node's pods) via the member's address `via`, for what comes
+    /// from hosts only ([`Fabric::admit_host`]): between nodes the router knows no pod, so
+    /// host-gw cannot cross it.
+    pub(crate) fn route_via_member(&self, cidr: &str, via: IpAddr) -> Result<(), PlumbingError> {
+        let fam = if via.is_ipv4() { "-4" } else { "-6" };
+        run(&["ip", fam, "-n", &self.fabric_ns, "route", "replace", cidr, "via", &via.to_string(), "table", HOSTS_TABLE]).map(drop)
+    }
+
+    /// Routed underlay: what host `ns` sends may reach pods ([`Fabric::route_via_member`]).
+    pub(crate) fn admit_host(&self, ns: &str) -> Result<(), PlumbingError> {
+        let port = self.port(ns)?;
+        for fam in ["-4", "-6"] {
+            run(&["ip", fam, "-n", &self.fabric_ns, "rule", "add", "iif", &port, "lookup", HOSTS_TABLE, "priority", "100"])?;
+        }
+        Ok(())
+    }
+
+    fn port(&self, ns: &str) -> Result<String, PlumbingError> {
+        self.ports
+            .lock()
+            .ok()
+            .and_then(|p| p.get(ns).cloned())
+            .ok_or_else(|| PlumbingError { command: format!("port of {ns}"), message: "not attached".into() })
+    }
+
+    /// A member's default routes: on-link on the bridge, or via the router.
+    pub(crate) fn default_routes(&self, ns: &str) -> Result<(), PlumbingError> {
+        if self.routed {
+            run(&["ip", "-4", "-n", ns, "route", "replace", "default", "via", ROUTER_V4, "dev", "eth0", "onlink"])?;
+            run(&["ip", "-6", "-n", ns, "route", "replace", "default", "via", ROUTER_V6, "dev", "eth0"]).map(drop)
+        } else {
+            self.route(ns, "default", None)?;
+            self.route(ns, "::/0", None)
+        }
     }
 
     /// A namespace name of this run.
@@ -101,7 +171,17 @@ impl Fabric {
             format!("m{}", *m)
         };
         run(&["ip", "-n", &self.fabric_ns, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns])?;
-        run(&["ip", "-n", &self.fabric_ns, "link", "set", &port, "master", "br0", "up"])?;
+        if self.routed {
+            sysctl(&self.fabric_ns, &format!("net.ipv6.conf.{port}.accept_dad"), "0")?;
+            run(&["ip", "-n", &self.fabric_ns, "addr", "add", &format!("{ROUTER_V4}/32"), "dev", &port])?;
+            run(&["ip", "-n", &self.fabric_ns, "addr", "add", &format!("{ROUTER_V6}/64"), "dev", &port, "nodad"])?;
+            run(&["ip", "-n", &self.fabric_ns, "link", "set", &port, "up"])?;
+            if let Ok(mut p) = self.ports.lock() {
+                p.insert(ns.to_string(), port.clone());
+            }
+        } else {
+            run(&["ip", "-n", &self.fabric_ns, "link", "set", &port, "master", "br0", "up"])?;
+        }
         run(&["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf.eth0.accept_dad=0"])?;
         for a in addrs {
             let cidr = format!("{a}/{}", if a.is_ipv4() { 32 } else { 128 });
@@ -112,6 +192,9 @@ impl Fabric {
             }
         }
         run(&["ip", "-n", ns, "link", "set", "eth0", "up"])?;
+        for a in addrs {
+            self.route_member(ns, *a)?;
+        }
         Ok(())
     }
 

@@ -106,6 +106,41 @@ pub struct SimOptions {
     pub revoke: bool,
     /// The agents run their DNS proxy (`--dns-resolvers`): domain rules are enforced.
     pub dns: Option<crate::agent::dns::DnsConfig>,
+    /// How the nodes are connected: one L2 segment, or each behind a router.
+    pub underlay: Underlay,
+    /// How the agents route to other nodes' pods (`--routing`).
+    pub routing: crate::agent::routes::RoutingConfig,
+}
+
+/// The simulated cluster's underlay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Underlay {
+    /// Every node and host on one bridge (on-link with each other).
+    #[default]
+    L2,
+    /// Every node and host behind its own port of a router: none on-link with another, so
+    /// host-gw cannot reach another node.
+    Routed,
+}
+
+impl std::str::FromStr for Underlay {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "l2" => Ok(Self::L2),
+            "routed" => Ok(Self::Routed),
+            other => Err(format!("{other:?}: l2 or routed")),
+        }
+    }
+}
+
+impl std::fmt::Display for Underlay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::L2 => "l2",
+            Self::Routed => "routed",
+        })
+    }
 }
 
 impl SimOptions {
@@ -136,6 +171,8 @@ impl SimOptions {
             sync_timeout: Duration::from_secs(30),
             revoke: true,
             dns: None,
+            underlay: Underlay::L2,
+            routing: crate::agent::routes::RoutingConfig::default(),
         }
     }
 }
@@ -245,7 +282,7 @@ impl Sim {
     /// Builds the simulation for `snapshot`.
     pub async fn build(snapshot: Snapshot, opts: SimOptions) -> Result<Self, SimError> {
         let swept = fabric::sweep(fabric::Sweep::Crashed);
-        let fabric = Arc::new(Fabric::new()?);
+        let fabric = Arc::new(Fabric::new(opts.underlay == Underlay::Routed)?);
         let mut snapshot = snapshot;
         augment_nodes(&mut snapshot)?;
         let source = StaticSource::new(snapshot.clone());
@@ -286,8 +323,7 @@ impl Sim {
             sim.fabric.attach(&ns, &node.internal_ips)?;
             sim.fabric.sysctl(&ns, "net.ipv4.ip_forward", "1")?;
             sim.fabric.sysctl(&ns, "net.ipv6.conf.all.forwarding", "1")?;
-            sim.fabric.route(&ns, "default", None)?;
-            sim.fabric.route(&ns, "::/0", None)?;
+            sim.fabric.default_routes(&ns)?;
             let dir = work.join(format!("n{i}"));
             let mut cfg = AgentConfig::new(name, Netns::named(&ns), dir.join("cni.sock"), dir.join("pending-del"));
             cfg.state_dir = Some(dir.join("agent"));
@@ -295,6 +331,7 @@ impl Sim {
             cfg.revoke = sim.opts.revoke.then_some(crate::render::REVOKED_MARK);
             cfg.coalesce = Duration::from_millis(10);
             cfg.dns = sim.opts.dns.clone();
+            cfg.routing = sim.opts.routing.clone();
             let agent = Agent::start(cfg, sim.source.subscribe())
                 .await
                 .map_err(|e| SimError::Node { node: name.clone(), message: e.to_string() })?;
@@ -304,6 +341,10 @@ impl Sim {
             let ns = sim.fabric.ns_name("h", k);
             sim.fabric.add_netns(&ns)?;
             sim.fabric.attach(&ns, &h.addrs)?;
+            if sim.fabric.routed {
+                sim.fabric.default_routes(&ns)?;
+                sim.fabric.admit_host(&ns)?;
+            }
             let servers = servers::Servers::start(Netns::named(&ns), sim.opts.host_ports.clone())
                 .map_err(|message| SimError::Host { host: h.name.clone(), message })?;
             sim.hosts.insert(h.name.clone(), SimHost { ns, addrs: h.addrs.clone(), _servers: servers });
@@ -466,8 +507,22 @@ impl Sim {
                 fabric::run(&["ip", "-n", &node.ns, "addr", "add", &cidr, "dev", "eth0", "nodad"])
                     .or_else(|_| fabric::run(&["ip", "-n", &node.ns, "addr", "add", &cidr, "dev", "eth0"]))?;
                 node.fabric_addrs.push(*a);
+                self.fabric.route_member(&node.ns, *a)?;
             }
             members.extend(want);
+        }
+        // Routed: the members reach each other through the router (their default routes);
+        // it routes each node's pod CIDRs via the node, as an underlay's route table would
+        // for the hosts outside the cluster.
+        if self.fabric.routed {
+            for n in snap.nodes() {
+                for cidr in &n.pod_cidrs {
+                    if let Some(via) = n.internal_ips.iter().find(|ip| ip.is_ipv4() == matches!(cidr, IpNet::V4(_))) {
+                        self.fabric.route_via_member(&cidr.to_string(), *via)?;
+                    }
+                }
+            }
+            return Ok(());
         }
         for h in self.hosts.values() {
             members.extend(h.addrs.iter().copied());

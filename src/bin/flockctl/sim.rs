@@ -62,6 +62,14 @@ pub struct CommonArgs {
     /// Directory with the loopback and host-local CNI plugins.
     #[arg(long, value_name = "DIR", default_value = "/usr/lib/cni")]
     pub cni_path: PathBuf,
+    /// How the simulated nodes are connected: `l2` (one segment) or `routed` (each node
+    /// behind a router: host-gw cannot reach another node).
+    #[arg(long, default_value = "l2")]
+    pub underlay: flock::sim::Underlay,
+    /// How the agents reach other nodes' pods: host-gw, vxlan or auto (flock-agent's
+    /// `--routing`).
+    #[arg(long, default_value = "host-gw")]
+    pub routing: flock::agent::routes::Routing,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -115,6 +123,8 @@ pub fn preflight(common: &CommonArgs) -> anyhow::Result<SimOptions> {
     o.cni_path = vec![common.cni_path.clone()];
     o.probe_timeout = Duration::from_millis(common.timeout_ms);
     o.parallelism = common.parallel.max(1);
+    o.underlay = common.underlay;
+    o.routing.routing = common.routing;
     Ok(o)
 }
 
