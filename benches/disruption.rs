@@ -126,6 +126,13 @@ impl Drop for Agent {
     }
 }
 
+/// `cmd` started with its output in `log` (and FLOCK_LOG unset: its own default filter).
+fn spawn_logged(mut cmd: Command, log: &Path) -> Agent {
+    let log = std::fs::File::create(log).unwrap();
+    let child = cmd.env_remove("FLOCK_LOG").stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap();
+    Agent { child: Some(child) }
+}
+
 struct NodeRig {
     name: &'static str,
     node: Node,
@@ -167,11 +174,10 @@ impl NodeRig {
 
     /// Starts this node's agent; `generation` names its log file.
     fn start_agent(&self, kubeconfig: &Path, generation: usize) -> Agent {
-        let log = std::fs::File::create(self.dir.join(format!("agent-{generation}.log"))).unwrap();
         let bin = workspace_binary("flock", "flock-agent");
         let d = |p: &str| self.dir.join(p).to_str().unwrap().to_string();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.node.ns.name, bin.to_str().unwrap()])
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.node.ns.name, bin.to_str().unwrap()])
             .args(["--node-name", self.name, "--socket", &d("cni.sock"), "--pending-del-dir", &d("pending-del")])
             .args(["--state-dir", &d("state"), "--metrics-address", &format!("unix:{}", d("metrics.sock"))])
             .args(["--no-cni-conf", "--no-events", "--node-status", "false", "--log-format", "json"])
@@ -179,31 +185,19 @@ impl NodeRig {
             .args(["--dns-proxy", "true", "--dns-resolver-pods", "default/app=dns"])
             .args(["--pod-name", &format!("flock-agent-{}-{generation}", self.name)])
             .args(self.keeper.iter().flat_map(|k| [Path::new("--dns-socket-keeper"), k]))
-            .env("KUBECONFIG", kubeconfig)
-            .env_remove("FLOCK_LOG")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Agent { child: Some(child) }
+            .env("KUBECONFIG", kubeconfig);
+        spawn_logged(cmd, &self.dir.join(format!("agent-{generation}.log")))
     }
 
     /// Starts this node's socket keeper (as its own DaemonSet would run it).
     fn start_keeper(&mut self) -> Agent {
         let path = self.dir.join("keeper.sock");
-        let log = std::fs::File::create(self.dir.join("keeper.log")).unwrap();
-        let child = Command::new(workspace_binary("flock", "flock-socket-keeper"))
-            .args(["--socket", path.to_str().unwrap(), "--log-format", "json"])
-            .env_remove("FLOCK_LOG")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(workspace_binary("flock", "flock-socket-keeper"));
+        cmd.args(["--socket", path.to_str().unwrap(), "--log-format", "json"]);
+        let keeper = spawn_logged(cmd, &self.dir.join("keeper.log"));
         wait_for("the socket keeper", Duration::from_secs(10), || path.exists());
         self.keeper = Some(path);
-        Agent { child: Some(child) }
+        keeper
     }
 
     fn ready(&self) -> bool {

@@ -551,3 +551,30 @@ async fn both_ends_of_a_cut_tcp_connection_get_a_reset() {
     assert!(committed.elapsed() < Duration::from_secs(1), "{:?}", committed.elapsed());
     sim.teardown().await.unwrap();
 }
+
+/// Revocation across agent restarts: a flow a change revoked stays cut while every node's
+/// agent is restarted (its ct mark is the kernel's, and the new agent's table stops it as the
+/// old one did), and an admitted flow keeps flowing through the restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revoked_connection_stays_cut_across_agent_restarts() {
+    if !require_root("a_revoked_connection_stays_cut_across_agent_restarts") {
+        return;
+    }
+    let mut sim = Sim::build(testkit::base_cluster(), sim_options()).await.unwrap();
+    let _echo = Echo::start(&sim, "x/b");
+    let cut = Flow::start(&sim, Proto::Udp, "y/b", "x/b");
+    let kept = Flow::start(&sim, Proto::Udp, "x/a", "x/b");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    sim.apply(|s| apply_yaml(s, CNP_DENY_Y_TO_X)).await.unwrap();
+    let committed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for node in ["node-1", "node-2"] {
+        sim.restart_agent(node).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (label, log) = cut.finish();
+    assert_cut(&format!("across restarts: {label}"), &log, committed);
+    let (label, log) = kept.finish();
+    assert_intact(&format!("across restarts: {label}"), &log);
+    sim.teardown().await.unwrap();
+}

@@ -954,37 +954,29 @@ fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
 /// The input chain's first rules under an overlay: VXLAN from anything but a node is dropped
 /// as spoofed (a pod cannot send as a node: `from-pods` drops a pod's forged source).
 fn overlay_guard(o: &crate::translate::OverlayGuard, spoofed: &Verdict) -> Vec<Rule> {
-    [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
-        .into_iter()
-        .map(|(fam, set)| {
-            Rule::new(
-                vec![
-                    Stmt::Lookup { fields: vec![Field::Saddr(fam)], neg: true, set: set.into() },
-                    Stmt::Dport(Proto::Udp, Ports::One(o.port)),
-                    Stmt::Counter,
-                ],
-                Some(spoofed.clone()),
-            )
-            .comment("VXLAN from an address that is not a node's: spoofed")
-        })
-        .collect()
+    overlay_rules(o, spoofed, Field::Saddr, true, "VXLAN from an address that is not a node's: spoofed")
 }
 
 /// In `from-pods` under an overlay: a pod's VXLAN to a node is dropped as spoofed, whatever
 /// its policy (masqueraded on its way, it would leave with a node's address).
 fn overlay_from_pods(o: &crate::translate::OverlayGuard, spoofed: &Verdict) -> Vec<Rule> {
+    overlay_rules(o, spoofed, Field::Daddr, false, "VXLAN from a pod to a node: only nodes send the overlay")
+}
+
+/// Per family: `<field> [!=] @overlay-nodes-… udp dport <port> counter <spoofed>`.
+fn overlay_rules(o: &crate::translate::OverlayGuard, spoofed: &Verdict, field: fn(Family) -> Field, neg: bool, why: &str) -> Vec<Rule> {
     [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
         .into_iter()
         .map(|(fam, set)| {
             Rule::new(
                 vec![
-                    Stmt::Lookup { fields: vec![Field::Daddr(fam)], neg: false, set: set.into() },
+                    Stmt::Lookup { fields: vec![field(fam)], neg, set: set.into() },
                     Stmt::Dport(Proto::Udp, Ports::One(o.port)),
                     Stmt::Counter,
                 ],
                 Some(spoofed.clone()),
             )
-            .comment("VXLAN from a pod to a node: only nodes send the overlay")
+            .comment(why)
         })
         .collect()
 }

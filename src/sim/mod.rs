@@ -212,6 +212,8 @@ impl DenialCollector {
 struct SimNode {
     ns: String,
     agent: Agent,
+    /// What its agent was started with (a restart starts the same).
+    config: AgentConfig,
     dir: PathBuf,
     fabric_addrs: Vec<IpAddr>,
     /// The servers of the node's host-network pods, and the ports they serve.
@@ -332,10 +334,11 @@ impl Sim {
             cfg.coalesce = Duration::from_millis(10);
             cfg.dns = sim.opts.dns.clone();
             cfg.routing = sim.opts.routing.clone();
-            let agent = Agent::start(cfg, sim.source.subscribe())
+            let agent = Agent::start(cfg.clone(), sim.source.subscribe())
                 .await
                 .map_err(|e| SimError::Node { node: name.clone(), message: e.to_string() })?;
-            sim.nodes.insert(name.clone(), SimNode { ns, agent, dir, fabric_addrs: node.internal_ips.clone(), host_servers: None });
+            sim.nodes
+                .insert(name.clone(), SimNode { ns, agent, config: cfg, dir, fabric_addrs: node.internal_ips.clone(), host_servers: None });
         }
         for (k, h) in sim.opts.hosts.clone().iter().enumerate() {
             let ns = sim.fabric.ns_name("h", k);
@@ -480,6 +483,24 @@ impl Sim {
             dns.running = Some((ns, ips, zone, server_));
         }
         Ok(())
+    }
+
+    /// Stops `node`'s agent and starts a new one with the same configuration (its rules, and
+    /// the kernel's connection tracking, stay as they are in between), then waits for the
+    /// new one to commit the current state.
+    pub async fn restart_agent(&mut self, node: &str) -> Result<(), SimError> {
+        let Some(n) = self.nodes.remove(node) else {
+            return Err(SimError::Node { node: node.to_string(), message: "no such node".into() });
+        };
+        let SimNode { ns, agent, config, dir, fabric_addrs, host_servers } = n;
+        agent.shutdown().await;
+        let agent = Agent::start(config.clone(), self.source.subscribe())
+            .await
+            .map_err(|e| SimError::Node { node: node.to_string(), message: e.to_string() })?;
+        self.nodes.insert(node.to_string(), SimNode { ns, agent, config, dir, fabric_addrs, host_servers });
+        // Nothing changes the source: its current version, as the new agent commits it.
+        let version = self.source.update(|_| {});
+        self.wait_synced(version).await
     }
 
     async fn wait_synced(&self, version: u64) -> Result<(), SimError> {
