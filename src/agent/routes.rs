@@ -115,6 +115,13 @@ pub struct RoutingConfig {
 pub const VXLAN_OVERHEAD_V4: u32 = 50;
 pub const VXLAN_OVERHEAD_V6: u32 = 70;
 
+/// The MTU inside the overlay over a link of `link_mtu` (an IPv6 underlay if `v6`), kept
+/// between IPv6's minimum and a jumbo frame's: the devices and the pods get the same one.
+fn overlay_mtu(link_mtu: u32, v6: bool) -> u32 {
+    let overhead = if v6 { VXLAN_OVERHEAD_V6 } else { VXLAN_OVERHEAD_V4 };
+    link_mtu.saturating_sub(overhead).clamp(1280, 9000)
+}
+
 /// A MAC address.
 pub type Mac = [u8; 6];
 
@@ -490,8 +497,7 @@ pub async fn overlay_pod_mtu(own: &[IpAddr], routing: Routing) -> Result<Option<
     let mut out: Option<u32> = None;
     for ip in own {
         if let Some(mtu) = underlay_mtu(&handle, *ip).await? {
-            let overhead = if ip.is_ipv6() { VXLAN_OVERHEAD_V6 } else { VXLAN_OVERHEAD_V4 };
-            let m = mtu.saturating_sub(overhead);
+            let m = overlay_mtu(mtu, ip.is_ipv6());
             out = Some(out.map_or(m, |o| o.min(m)));
         }
     }
@@ -528,8 +534,7 @@ async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -
             tracing::info!(device = %name, "removed a VXLAN device that no longer fits");
         }
         let Some(v) = wanted else { continue };
-        let overhead = if v6 { VXLAN_OVERHEAD_V6 } else { VXLAN_OVERHEAD_V4 };
-        let mtu = underlay_mtu(handle, v.local).await?.unwrap_or(1500).saturating_sub(overhead).clamp(1280, 9000);
+        let mtu = overlay_mtu(underlay_mtu(handle, v.local).await?.unwrap_or(1500), v6);
         let b = LinkVxlan::new(&name, config.vni).port(config.port).learning(false);
         let b = match v.local {
             IpAddr::V4(a) => b.local(a),
