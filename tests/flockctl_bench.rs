@@ -1,5 +1,5 @@
 //! `flockctl bench` end to end on a tiny cluster: it runs and prints the JSON it promises,
-//! `--dataplane` included, and leaves no namespace behind. (No timing is asserted; the
+//! `--dataplane` included (its overlay too), and leaves no namespace behind. (No timing is asserted; the
 //! numbers are for people.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -106,6 +106,17 @@ fn measures_the_data_path_in_throwaway_namespaces() {
             _ => assert!(s["client"]["denied_source_dropped"].is_string(), "{name}: {s}"),
         }
     }
+    // The overlay: pod to pod across two nodes, both modes measured, VXLAN's pods with the
+    // encapsulation's MTU and its tables with the guard.
+    let o = &dp["overlay"];
+    for mode in ["host_gw", "vxlan"] {
+        for key in ["conn_per_s", "bulk_gbit_per_s"] {
+            assert!(o[mode][key]["median"].as_f64().unwrap() > 0.0, "overlay {mode} {key}: {o}");
+        }
+    }
+    assert_eq!((o["host_gw"]["pod_mtu"].as_u64(), o["vxlan"]["pod_mtu"].as_u64()), (Some(1500), Some(1450)), "{o}");
+    assert!(o["vxlan"]["rules_in_tables"].as_u64() > o["host_gw"]["rules_in_tables"].as_u64(), "{o}");
+    assert!(o["vxlan_over_host_gw"]["bulk"]["median"].as_f64().unwrap() > 0.0, "{o}");
     assert!(dataplane_namespaces(pid).is_empty(), "left behind: {:?}", dataplane_namespaces(pid));
 }
 

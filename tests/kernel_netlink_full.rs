@@ -151,7 +151,7 @@ fn renders() -> Vec<(String, Ruleset)> {
             }
         }
     }
-    // An overlay: VXLAN taken from the nodes only.
+    // An overlay: VXLAN taken from the nodes only, carrying their pods' packets.
     let overlay = Options { overlay_port: Some(4789), ..Options::default() };
     let s = dual_stack(&flock::testkit::base_cluster());
     for node in ["node-1", "node-2"] {
@@ -208,8 +208,11 @@ fn netlink_transactions_list_as_nft_writes_them() {
         "ct direction reply ct mark & 0x04000000 == 0x04000000",
         "type filter hook output priority mangle; policy accept;",
         "icmpv6 type nd-neighbor-solicit accept",
-        "ip saddr != @overlay-nodes-v4 udp dport 4789",
-        "ip6 saddr != @overlay-nodes-v6 udp dport 4789",
+        "udp dport 4789 jump overlay-in",
+        "@th,224,16 0x800 ip saddr . @th,336,32 @overlay-v4-in-v4 return",
+        "@th,224,16 0x86dd ip6 saddr . @th,304,128 @overlay-v6-in-v6 return",
+        "typeof ip6 saddr . @th,336,32",
+        "ip daddr @overlay-nodes-v4 udp dport 4789",
     ] {
         assert!(all.contains(want), "no render has {want}");
     }

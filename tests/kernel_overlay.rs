@@ -210,32 +210,63 @@ fn pods_on_a_routed_underlay_reach_each_other_over_vxlan_and_not_over_host_gw() 
     }
 }
 
-/// A VXLAN frame (VNI 1) carrying an IPv4 UDP datagram from `src` to `dst`:9999, addressed
-/// to the VTEP MAC of `to_node`, as if from that of `from_node`.
-fn forged_vxlan(from_node: IpAddr, to_node: IpAddr, src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, payload: &[u8]) -> Vec<u8> {
+/// The Internet checksum of `data`.
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A VXLAN frame (VNI 1) carrying a UDP datagram from `src` to `dst`:9999 (IPv4 or IPv6),
+/// addressed to the VTEP MAC of `to_node`, as if from that of `from_node`.
+fn forged_vxlan(from_node: IpAddr, to_node: IpAddr, src: IpAddr, dst: IpAddr, payload: &[u8]) -> Vec<u8> {
     let mut f = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
     f.extend(vtep_mac(to_node));
     f.extend(vtep_mac(from_node));
-    f.extend([0x08, 0x00]);
-    let total = (20 + 8 + payload.len()) as u16;
-    let mut ip = vec![0x45, 0, (total >> 8) as u8, total as u8, 0, 0, 0x40, 0, 64, 17, 0, 0];
-    ip.extend(src.octets());
-    ip.extend(dst.octets());
-    let sum = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum::<u32>();
-    let sum = !(((sum & 0xffff) + (sum >> 16)) as u16);
-    ip[10..12].copy_from_slice(&sum.to_be_bytes());
-    f.extend(ip);
-    let len = (8 + payload.len()) as u16;
-    f.extend([0x15, 0xb3, 0x27, 0x0f]);
-    f.extend(len.to_be_bytes());
-    f.extend([0, 0]);
-    f.extend(payload);
+    let udp_len = (8 + payload.len()) as u16;
+    let mut udp = vec![0x15, 0xb3, 0x27, 0x0f];
+    udp.extend(udp_len.to_be_bytes());
+    udp.extend([0, 0]);
+    udp.extend(payload);
+    match (src, dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            f.extend([0x08, 0x00]);
+            let total = 20 + udp_len;
+            let mut ip = vec![0x45, 0, (total >> 8) as u8, total as u8, 0, 0, 0x40, 0, 64, 17, 0, 0];
+            ip.extend(src.octets());
+            ip.extend(dst.octets());
+            let sum = checksum(&ip);
+            ip[10..12].copy_from_slice(&sum.to_be_bytes());
+            f.extend(ip);
+        }
+        (IpAddr::V6(src), IpAddr::V6(dst)) => {
+            f.extend([0x86, 0xdd]);
+            // IPv6 makes the UDP checksum mandatory: over a pseudo-header and the datagram.
+            let mut pseudo = Vec::new();
+            pseudo.extend(src.octets());
+            pseudo.extend(dst.octets());
+            pseudo.extend(u32::from(udp_len).to_be_bytes());
+            pseudo.extend([0, 0, 0, 17]);
+            pseudo.extend(&udp);
+            let sum = checksum(&pseudo);
+            udp[6..8].copy_from_slice(&sum.to_be_bytes());
+            f.extend([0x60, 0, 0, 0]);
+            f.extend(udp_len.to_be_bytes());
+            f.extend([17, 64]);
+            f.extend(src.octets());
+            f.extend(dst.octets());
+        }
+        _ => panic!("{src} and {dst} are of different families"),
+    }
+    f.extend(udp);
     f
 }
 
 #[test]
-fn vxlan_from_anything_but_a_node_is_dropped_as_spoofed() {
-    if !require_root("vxlan_from_anything_but_a_node_is_dropped_as_spoofed") {
+fn vxlan_from_a_non_node_or_with_a_forged_inner_source_is_dropped() {
+    if !require_root("vxlan_from_a_non_node_or_with_a_forged_inner_source_is_dropped") {
         return;
     }
     let u = underlay("ovs");
@@ -245,36 +276,55 @@ fn vxlan_from_anything_but_a_node_is_dropped_as_spoofed() {
     for (i, r) in routers.iter().enumerate() {
         rt.block_on(r.sync(peers(i))).unwrap();
     }
-    let (node0, node1): (IpAddr, IpAddr) = ("198.18.50.1".parse().unwrap(), "198.18.51.1".parse().unwrap());
-    let (pod0, pod1) = ("198.18.150.2".parse().unwrap(), "198.18.151.2".parse().unwrap());
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+    // Node i's underlay address of a family.
+    let node = |i: usize, v6: bool| if v6 { ip(&format!("2001:db8:5{i}::1")) } else { ip(&format!("198.18.5{i}.1")) };
+    let (pod0, pod1, pod0_v6, pod1_v6) = (ip("198.18.150.2"), ip("198.18.151.2"), ip("2001:db8:150::2"), ip("2001:db8:151::2"));
     let sink = flock_cni::netns::run_in(&u.pods[1].ns.netns(), || {
-        let s = std::net::UdpSocket::bind("0.0.0.0:9999").unwrap();
+        let s = std::net::UdpSocket::bind("[::]:9999").unwrap();
         s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
         s
     })
     .unwrap();
-    // From the router's address: not a node.
-    let forge = |tag: &str| {
-        let frame = forged_vxlan(node0, node1, pod0, pod1, tag.as_bytes());
-        flock_cni::netns::run_in(&u._router.netns(), || {
-            let s = std::net::UdpSocket::bind("198.18.51.254:0").unwrap();
-            s.send_to(&frame, SocketAddr::new(node1, 4789)).unwrap();
+    // A frame carrying a UDP datagram from `src` to pod 1 (of `src`'s family), sent to node 1
+    // (of `from`'s family) from `from` in namespace `ns`; what pod 1 received.
+    let forge = |ns: &NetnsGuard, from: IpAddr, src: IpAddr, tag: &str| {
+        let v6 = from.is_ipv6();
+        let dst = if src.is_ipv6() { pod1_v6 } else { pod1 };
+        let frame = forged_vxlan(node(0, v6), node(1, v6), src, dst, tag.as_bytes());
+        flock_cni::netns::run_in(&ns.netns(), || {
+            let s = std::net::UdpSocket::bind(SocketAddr::new(from, 0)).unwrap();
+            s.send_to(&frame, SocketAddr::new(node(1, v6), 4789)).unwrap();
         })
         .unwrap();
         let mut buf = [0u8; 64];
         sink.recv(&mut buf).ok().map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
     };
-    // The control: without flock's table the kernel takes the forged frame.
-    assert_eq!(
-        forge("before").as_deref(),
-        Some("before"),
-        "the forged frame does not reach the pod even unguarded: the test proves nothing"
-    );
-    // flock's table for node 1 under the overlay: the nodes' addresses only.
+    let (router, node0_ns) = (&u._router, &u.nodes[0].ns);
+    let (router_v4, router_v6) = (ip("198.18.51.254"), ip("2001:db8:51::fe"));
+    let (elsewhere, elsewhere_v6) = (ip("198.18.99.9"), ip("2001:db8:99::9"));
+    // The controls: without flock's table the kernel takes every forged frame — from the
+    // router's address (not a node), and from node 0 carrying a source that is not its, over
+    // both underlays.
+    for (ns, from, src) in [
+        (router, router_v4, pod0),
+        (router, router_v6, pod0_v6),
+        (node0_ns, node(0, false), elsewhere),
+        (node0_ns, node(0, true), elsewhere_v6),
+        (node0_ns, node(0, true), elsewhere),
+    ] {
+        assert_eq!(
+            forge(ns, from, src, "before").as_deref(),
+            Some("before"),
+            "a frame from {from} carrying {src} does not reach the pod even unguarded: the test proves nothing"
+        );
+    }
+    // flock's table for node 1 under the overlay: the nodes' addresses and pod CIDRs.
     let mut snap = flock::testkit::base_cluster();
-    for (name, ip) in [("node-1", node0), ("node-2", node1)] {
+    for (name, i) in [("node-1", 0), ("node-2", 1)] {
         let mut n = snap.node(name).unwrap().clone();
-        n.internal_ips = vec![ip];
+        n.internal_ips = vec![node(i, false), node(i, true)];
+        n.pod_cidrs = vec![format!("198.18.15{i}.0/24").parse().unwrap(), format!("2001:db8:15{i}::/64").parse().unwrap()];
         snap.upsert_node(n);
     }
     let options = flock::translate::Options { overlay_port: Some(4789), ..flock::translate::Options::default() };
@@ -285,10 +335,31 @@ fn vxlan_from_anything_but_a_node_is_dropped_as_spoofed() {
     let out = u.nodes[1].ns.try_exec(&["nft", "-f", script.to_str().unwrap()]);
     let _ = std::fs::remove_file(&script);
     assert!(out.status.success(), "{}\n{text}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(forge("after"), None, "VXLAN from a non-node reached the pod");
-    let listed = String::from_utf8(u.nodes[1].ns.exec(&["nft", "list", "chain", "inet", "flock", "input"]).stdout).unwrap();
-    let guard = listed.lines().find(|l| l.contains("ip saddr != @overlay-nodes-v4")).unwrap_or_else(|| panic!("no guard:\n{listed}"));
-    assert!(guard.contains("counter packets 1 "), "the spoofed frame was not counted: {guard}");
+    for (from, src) in [(router_v4, pod0), (router_v6, pod0_v6)] {
+        assert_eq!(forge(router, from, src, "after").as_deref(), None, "VXLAN from non-node {from} reached the pod");
+    }
+    // From node 0, as node 0's pod, over either underlay and in either inner family: taken
+    // (the guard reads the frame right).
+    for (v6, src) in [(false, pod0), (true, pod0_v6), (true, pod0), (false, pod0_v6)] {
+        assert_eq!(forge(node0_ns, node(0, v6), src, "pod0").as_deref(), Some("pod0"), "node 0's pod's frame ({src}) was dropped");
+    }
+    // From node 0, as an address that is not node 0's pods': dropped, node 1's own pods too.
+    let forged = [
+        (false, elsewhere),
+        (false, ip("198.18.151.7")),
+        (false, node(1, false)),
+        (true, elsewhere_v6),
+        (true, ip("2001:db8:151::7")),
+        (true, elsewhere),
+        (false, elsewhere_v6),
+    ];
+    for (v6, src) in forged {
+        assert_eq!(forge(node0_ns, node(0, v6), src, "forged").as_deref(), None, "node 0's frame from {src} reached the pod");
+    }
+    let listed = String::from_utf8(u.nodes[1].ns.exec(&["nft", "list", "chain", "inet", "flock", "overlay-in"]).stdout).unwrap();
+    let guard = listed.lines().find(|l| l.contains("counter") && l.contains("spoofed")).unwrap_or_else(|| panic!("no guard:\n{listed}"));
+    let want = format!("counter packets {} ", 2 + forged.len());
+    assert!(guard.contains(&want), "the spoofed frames were not all counted ({want}): {guard}");
     // The real overlay still works, both ways.
     for (a, b) in [(0, 1), (1, 0)] {
         exchange(&u.pods[a], &u.pods[b], u.pods[b].ips[0], 16 * 1024).unwrap_or_else(|e| panic!("pod {a} to pod {b} under the guard: {e}"));

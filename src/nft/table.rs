@@ -395,7 +395,7 @@ impl Table {
                 let words = rule_words(r);
                 let hit = match kind {
                     Kind::Chain => words.windows(2).any(|w| (w[0] == "jump" || w[0] == "goto") && w[1] == name),
-                    Kind::Set | Kind::Map => words.iter().any(|w| w.strip_prefix('@') == Some(name)),
+                    Kind::Set | Kind::Map => words.iter().any(|w| set_ref(w) == Some(name)),
                 };
                 if hit {
                     return Some(format!("a rule in chain {cname}"));
@@ -416,7 +416,7 @@ impl Table {
     fn check_rule_refs(&self, rule: &str) -> Result<(), String> {
         let words = rule_words(rule);
         for (i, w) in words.iter().enumerate() {
-            if let Some(set) = w.strip_prefix('@')
+            if let Some(set) = set_ref(w)
                 && !self.sets.contains_key(set)
             {
                 return Err(format!("set {set} does not exist"));
@@ -500,6 +500,15 @@ impl Table {
 /// forms.
 pub fn canonical(text: &str) -> Result<String, TableError> {
     Ok(Ruleset::from_text(text)?.dump())
+}
+
+/// The set a rule's word refers to (`@name`); not a raw payload field (`@th,224,16`).
+fn set_ref(word: &str) -> Option<&str> {
+    let name = word.strip_prefix('@')?;
+    let raw = ["ll,", "nh,", "th,", "ih,"]
+        .iter()
+        .any(|base| name.strip_prefix(base).is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit())));
+    (!raw).then_some(name)
 }
 
 #[cfg(test)]

@@ -22,6 +22,17 @@ pub enum KeyPart {
     Proto(Proto),
     /// A port, or in an interval set an inclusive range of them (`inet_service`).
     Ports(u16, u16),
+    /// An address or prefix in a raw payload field (a `typeof @th,…` key part: the source
+    /// inside a VXLAN frame), written as nft writes integers: hex, a prefix as a range.
+    Raw(ipnet::IpNet),
+}
+
+/// The first and last address of `n` as integers.
+fn int_range(n: &ipnet::IpNet) -> (u128, u128) {
+    match n {
+        ipnet::IpNet::V4(n) => (u32::from(n.network()).into(), u32::from(n.broadcast()).into()),
+        ipnet::IpNet::V6(n) => (u128::from(n.network()), u128::from(n.broadcast())),
+    }
 }
 
 impl fmt::Display for KeyPart {
@@ -34,6 +45,10 @@ impl fmt::Display for KeyPart {
             Self::Proto(p) => f.write_str(p.keyword()),
             Self::Ports(a, b) if a == b => write!(f, "{a}"),
             Self::Ports(a, b) => write!(f, "{a}-{b}"),
+            Self::Raw(n) => match int_range(n) {
+                (a, b) if a == b => write!(f, "{a:#x}"),
+                (a, b) => write!(f, "{a:#x}-{b:#x}"),
+            },
         }
     }
 }
@@ -103,6 +118,10 @@ mod tests {
         assert_eq!(KeyPart::Ports(80, 80).to_string(), "80");
         assert_eq!(KeyPart::Net("198.18.1.7/32".parse().unwrap()).to_string(), "198.18.1.7");
         assert_eq!(KeyPart::Net("2001:db8::/32".parse().unwrap()).to_string(), "2001:db8::/32");
+        // As `nft list` prints a raw field: hex, unpadded.
+        assert_eq!(KeyPart::Raw("10.0.0.0/8".parse().unwrap()).to_string(), "0xa000000-0xaffffff");
+        assert_eq!(KeyPart::Raw("0.0.0.5/32".parse().unwrap()).to_string(), "0x5");
+        assert_eq!(KeyPart::Raw("2001:db8::1/128".parse().unwrap()).to_string(), "0x20010db8000000000000000000000001");
         let mut out = String::new();
         Element { key: Key::one(KeyPart::Ifname("flk1".into())), comment: "x/a".into(), verdict: Some(Verdict::Goto("c".into())) }
             .write(&mut out);

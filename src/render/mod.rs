@@ -151,7 +151,8 @@ pub struct Chain {
 pub struct Set {
     pub name: String,
     pub(crate) comment: String,
-    /// Key types, concatenated with ` . `.
+    /// Key types, concatenated with ` . ` (`type ipv4_addr . inet_service`); or, for a key
+    /// with a raw payload field, the key's expressions (`typeof ip saddr . @th,336,32`).
     pub key: Vec<&'static str>,
     /// `Some("verdict")` for verdict maps.
     pub data: Option<&'static str>,
@@ -201,7 +202,7 @@ impl Object {
                 let _ = write!(s, "comment \"{}\"; ", c.comment);
             }
             Self::Set(set) => {
-                let _ = write!(s, "type {}; ", set.type_text());
+                let _ = write!(s, "{}; ", set.type_text());
                 if let Some(flags) = set.flags_text() {
                     let _ = write!(s, "flags {flags}; ");
                 }
@@ -227,11 +228,18 @@ impl Set {
         (!flags.is_empty()).then(|| flags.join(","))
     }
 
+    /// Whether the key is declared by its expressions (`typeof`), not its types.
+    pub(crate) fn is_typeof(&self) -> bool {
+        self.key.iter().any(|k| k.contains(' ') || k.starts_with('@'))
+    }
+
+    /// `type K [: D]`, or `typeof K` for a key of expressions.
     fn type_text(&self) -> String {
+        let kw = if self.is_typeof() { "typeof" } else { "type" };
         let key = self.key.join(" . ");
         match self.data {
-            Some(d) => format!("{key} : {d}"),
-            None => key,
+            Some(d) => format!("{kw} {key} : {d}"),
+            None => format!("{kw} {key}"),
         }
     }
 }
@@ -296,7 +304,7 @@ impl Ruleset {
 
 fn write_set(out: &mut String, keyword: &str, s: &Set) {
     let _ = writeln!(out, "\t{keyword} {} {{", s.name);
-    let _ = writeln!(out, "\t\ttype {}", s.type_text());
+    let _ = writeln!(out, "\t\t{}", s.type_text());
     if let Some(flags) = s.flags_text() {
         let _ = writeln!(out, "\t\tflags {flags}");
     }
@@ -718,14 +726,15 @@ impl RenderCache {
         let dns_mark = self.options.dns.as_ref().map(|d| d.mark);
         let ([mut from_pods, to_pods, forward, to_node, mut input], shared_denials) =
             skeleton(self.options.log, self.options.revoked, dns_mark);
+        objects.extend(shared_denials.into_iter().map(Object::Chain));
         if let Some(o) = &np.overlay {
             let spoofed = if self.options.log.is_some() { goto(DENY_SPOOFED) } else { Verdict::Drop };
-            input.rules.splice(0..0, overlay_guard(o, &spoofed));
+            input.rules.insert(0, overlay_guard(o));
+            objects.push(Object::Chain(overlay_in(&spoofed)));
             // After the source check, before the egress policy (and before any SNAT could
             // give a pod's packet a node's address).
             from_pods.rules.splice(2..2, overlay_from_pods(o, &spoofed));
         }
-        objects.extend(shared_denials.into_iter().map(Object::Chain));
         let flatten = |mut v: Vec<EndpointChains>| {
             v.sort_by(|a, b| a.0.cmp(&b.0));
             v.into_iter().flat_map(|(_, c)| c).map(Object::Chain).collect::<Vec<_>>()
@@ -929,9 +938,38 @@ fn domain_sets<'a>(domains: impl Iterator<Item = &'a DomainDef>) -> Vec<Set> {
 /// The overlay's senders, per family ([`OverlayGuard`]).
 pub const OVERLAY_NODES_V4: &str = "overlay-nodes-v4";
 pub const OVERLAY_NODES_V6: &str = "overlay-nodes-v6";
+/// The chain every VXLAN packet to this node goes through first ([`overlay_in`]).
+pub const OVERLAY_IN: &str = "overlay-in";
+
+/// The families, as (outer, inner), of the sets of what each node's VXLAN may carry.
+const OVERLAY_PAIRS: [(Family, Family); 4] =
+    [(Family::V4, Family::V4), (Family::V4, Family::V6), (Family::V6, Family::V4), (Family::V6, Family::V6)];
+
+/// The set of a node's underlay address . an inner source it may send, for an (outer, inner)
+/// pair of families.
+fn overlay_sources_set(outer: Family, inner: Family) -> String {
+    let v = |f: Family| if f == Family::V6 { "v6" } else { "v4" };
+    format!("overlay-{}-in-{}", v(inner), v(outer))
+}
+
+/// A `typeof` key part: the outer source (`ip saddr`) and the raw inner one (`@th,…`), as
+/// [`Field::Saddr`] and [`Field::InnerSaddr`] print them.
+fn typeof_saddr(fam: Family) -> &'static str {
+    match fam {
+        Family::V4 => "ip saddr",
+        Family::V6 => "ip6 saddr",
+    }
+}
+
+fn typeof_inner_saddr(fam: Family) -> &'static str {
+    match fam {
+        Family::V4 => "@th,336,32",
+        Family::V6 => "@th,304,128",
+    }
+}
 
 fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
-    [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
+    let mut out: Vec<Set> = [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
         .into_iter()
         .map(|(fam, name)| Set {
             name: name.into(),
@@ -948,35 +986,93 @@ fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
                     .collect(),
             )),
         })
-        .collect()
+        .collect();
+    for (outer, inner) in OVERLAY_PAIRS {
+        let mut elements = Vec::new();
+        for s in &o.senders {
+            for u in s.underlay.iter().filter(|a| a.is_ipv6() == (outer == Family::V6)) {
+                for n in s.inner.iter().filter(|n| n.addr().is_ipv6() == (inner == Family::V6)) {
+                    let what = if n.prefix_len() == n.max_prefix_len() && s.underlay.contains(&n.addr()) {
+                        format!("{}: its address {}", s.node, n.addr())
+                    } else {
+                        format!("{}: pods {n}", s.node)
+                    };
+                    elements.push(element_of(Key(vec![KeyPart::Addr(*u), KeyPart::Raw(*n)]), &what));
+                }
+            }
+        }
+        out.push(Set {
+            name: overlay_sources_set(outer, inner),
+            comment: format!(
+                "node {} address . {} source inside its VXLAN: its pod CIDRs and its own addresses",
+                outer.as_str(),
+                inner.as_str()
+            ),
+            key: vec![typeof_saddr(outer), typeof_inner_saddr(inner)],
+            data: None,
+            interval: true,
+            timeout: false,
+            elements: Arc::new(sorted(elements)),
+        });
+    }
+    out
 }
 
-/// The input chain's first rules under an overlay: VXLAN from anything but a node is dropped
-/// as spoofed (a pod cannot send as a node: `from-pods` drops a pod's forged source).
-fn overlay_guard(o: &crate::translate::OverlayGuard, spoofed: &Verdict) -> Vec<Rule> {
-    overlay_rules(o, spoofed, Field::Saddr, true, "VXLAN from an address that is not a node's: spoofed")
+/// The input chain's first rule under an overlay: VXLAN to this node goes through
+/// [`overlay_in`].
+fn overlay_guard(o: &crate::translate::OverlayGuard) -> Rule {
+    Rule::new(vec![Stmt::Dport(Proto::Udp, Ports::One(o.port))], Some(Verdict::Jump(OVERLAY_IN.into())))
+        .comment("VXLAN to this node: checked for its sender and what it carries")
+}
+
+/// What a VXLAN packet to this node must be: from a node, carrying an IPv4 or IPv6 packet
+/// whose source is one of that node's pods or addresses. Anything else — from a host that is
+/// not a node, a forged inner source, another EtherType, a frame too short to read — is
+/// dropped as spoofed (a raw field that cannot be read matches nothing).
+fn overlay_in(spoofed: &Verdict) -> Chain {
+    let mut rules: Vec<Rule> = OVERLAY_PAIRS
+        .into_iter()
+        .map(|(outer, inner)| {
+            Rule::new(
+                vec![
+                    Stmt::InnerEtherType(inner),
+                    Stmt::Lookup {
+                        fields: vec![Field::Saddr(outer), Field::InnerSaddr(inner)],
+                        neg: false,
+                        set: overlay_sources_set(outer, inner),
+                    },
+                ],
+                Some(Verdict::Return),
+            )
+        })
+        .collect();
+    rules.push(
+        Rule::new(vec![Stmt::Counter], Some(spoofed.clone()))
+            .comment("VXLAN not from a node, or carrying a source that is not the sending node's: spoofed"),
+    );
+    Chain {
+        name: OVERLAY_IN.into(),
+        comment: "VXLAN to this node: a node's frames carrying its own pods' or addresses' packets return to input".into(),
+        hook: None,
+        rules,
+    }
 }
 
 /// In `from-pods` under an overlay: a pod's VXLAN to a node is dropped as spoofed, whatever
 /// its policy (masqueraded on its way, it would leave with a node's address).
 fn overlay_from_pods(o: &crate::translate::OverlayGuard, spoofed: &Verdict) -> Vec<Rule> {
-    overlay_rules(o, spoofed, Field::Daddr, false, "VXLAN from a pod to a node: only nodes send the overlay")
-}
-
-/// Per family: `<field> [!=] @overlay-nodes-… udp dport <port> counter <spoofed>`.
-fn overlay_rules(o: &crate::translate::OverlayGuard, spoofed: &Verdict, field: fn(Family) -> Field, neg: bool, why: &str) -> Vec<Rule> {
     [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
         .into_iter()
         .map(|(fam, set)| {
             Rule::new(
                 vec![
-                    Stmt::Lookup { fields: vec![field(fam)], neg, set: set.into() },
+                    Stmt::Lookup { fields: vec![Field::Daddr(fam)], neg: false, set: set.into() },
                     Stmt::Dport(Proto::Udp, Ports::One(o.port)),
                     Stmt::Counter,
                 ],
                 Some(spoofed.clone()),
             )
-            .comment(why)
+            .comment("VXLAN from a pod to a node: only nodes send the overlay")
         })
         .collect()
 }

@@ -31,6 +31,33 @@ pub enum Field {
     L4Proto,
     /// `th dport`: the destination port of any transport header.
     ThDport,
+    /// The source address of the IP packet inside a VXLAN frame, read raw from the UDP
+    /// header on: `@th,336,32` (IPv4), `@th,304,128` (IPv6). See [`INNER_ETHERTYPE`].
+    InnerSaddr(Family),
+}
+
+/// Offsets into a VXLAN packet from the start of its UDP header, in bits: UDP (8 bytes),
+/// VXLAN (8), the inner Ethernet header's addresses (12), its EtherType (2), then the inner
+/// IP header, whose source is 12 bytes in (IPv4) or 8 (IPv6).
+pub(crate) const INNER_ETHERTYPE: u32 = 28 * 8;
+const INNER_IP: u32 = 30 * 8;
+
+impl Field {
+    /// Where an inner source address lies (bits from the transport header) and its length.
+    pub(crate) fn inner_saddr(family: Family) -> (u32, u32) {
+        match family {
+            Family::V4 => (INNER_IP + 12 * 8, 32),
+            Family::V6 => (INNER_IP + 8 * 8, 128),
+        }
+    }
+
+    /// The EtherType of an inner IP packet of `family`.
+    pub(crate) fn ethertype(family: Family) -> u16 {
+        match family {
+            Family::V4 => 0x0800,
+            Family::V6 => 0x86dd,
+        }
+    }
 }
 
 impl fmt::Display for Field {
@@ -42,6 +69,10 @@ impl fmt::Display for Field {
             Self::Daddr(ip) => write!(f, "{} daddr", payload(*ip)),
             Self::L4Proto => f.write_str("meta l4proto"),
             Self::ThDport => f.write_str("th dport"),
+            Self::InnerSaddr(fam) => {
+                let (offset, len) = Self::inner_saddr(*fam);
+                write!(f, "@th,{offset},{len}")
+            }
         }
     }
 }
@@ -202,6 +233,8 @@ pub enum Stmt {
         neg: bool,
         set: String,
     },
+    /// `@th,224,16 0x800`: a VXLAN frame carries an IP packet of this family.
+    InnerEtherType(Family),
     /// `icmpv6 type T`
     IcmpV6Type(IcmpV6),
     Counter,
@@ -277,6 +310,7 @@ impl fmt::Display for Stmt {
                 fields(f, fs)?;
                 write!(f, " {}@{set}", if *neg { "!= " } else { "" })
             }
+            Self::InnerEtherType(fam) => write!(f, "@th,{INNER_ETHERTYPE},16 {:#x}", Field::ethertype(*fam)),
             Self::IcmpV6Type(t) => write!(f, "icmpv6 type {}", t.keyword()),
             Self::Counter => f.write_str("counter"),
             // nft does not print its default burst, 5.
@@ -417,6 +451,16 @@ mod tests {
         );
         assert_eq!(r.to_string(), "tcp dport { 80, 8000-8100 } ct mark set ct mark | 0x02000000");
         assert_eq!(Rule::verdict(Verdict::Drop).to_string(), "drop");
+        let r = Rule::new(
+            vec![
+                Stmt::InnerEtherType(Family::V6),
+                Stmt::Lookup { fields: vec![Field::Saddr(Family::V4), Field::InnerSaddr(Family::V6)], neg: false, set: "s".into() },
+            ],
+            Some(Verdict::Return),
+        );
+        assert_eq!(r.to_string(), "@th,224,16 0x86dd ip saddr . @th,304,128 @s return");
+        assert_eq!(Stmt::InnerEtherType(Family::V4).to_string(), "@th,224,16 0x800");
+        assert_eq!(Field::InnerSaddr(Family::V4).to_string(), "@th,336,32");
         assert_eq!(
             Rule::new(vec![Stmt::Limit { rate: 10, burst: 20 }, Stmt::Log { prefix: Some("flock:x".into()), group: 100 }], None)
                 .to_string(),

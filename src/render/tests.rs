@@ -85,6 +85,42 @@ fn golden_no_policy() {
     golden("no-policy-node-1", &render_node(&testkit::base_cluster(), "node-1").to_text());
 }
 
+/// Under an overlay: the `overlay-in` chain and its sets, for dual-stack nodes (node-2 with
+/// two InternalIPs of a family: each sends for its pods), and a node without InternalIPs (it
+/// sends nothing) — the whole table, as nft lists it.
+#[test]
+fn golden_overlay_dual_stack() {
+    let mut s = testkit::base_cluster();
+    for (name, ips, cidrs) in [
+        ("node-1", vec!["198.18.0.1", "2001:db8::1"], vec!["198.18.1.0/24", "2001:db8:1::/64"]),
+        ("node-2", vec!["198.18.0.2", "198.18.9.2", "2001:db8::2"], vec!["198.18.2.0/24", "2001:db8:2::/64"]),
+    ] {
+        let mut n = s.node(name).unwrap().clone();
+        n.internal_ips = ips.into_iter().map(|a| a.parse().unwrap()).collect();
+        n.pod_cidrs = cidrs.into_iter().map(|c| c.parse().unwrap()).collect();
+        s.upsert_node(n);
+    }
+    let mut lost = s.node("node-1").unwrap().clone();
+    lost.name = "node-3".into();
+    lost.internal_ips.clear();
+    s.upsert_node(lost);
+    let options = Options { overlay_port: Some(4789), ..Options::default() };
+    let rs = render(&translate(&s, &s.derived_endpoints("node-1"), &options));
+    let text = rs.to_text();
+    golden("overlay-dual-stack-node-1", &text);
+    // The last rule of the guard drops whatever no set took: fail closed.
+    let Some(Object::Chain(c)) = rs.object(OVERLAY_IN) else { panic!("no {OVERLAY_IN}") };
+    let last = c.rules.last().and_then(|r| r.verdict.clone());
+    assert!(matches!(&last, Some(Verdict::Drop)) || last == Some(Verdict::Goto(DENY_SPOOFED.into())), "{last:?}");
+    assert!(c.rules[..c.rules.len() - 1].iter().all(|r| r.verdict == Some(Verdict::Return)));
+    assert!(!text.contains("node-3"), "a node without InternalIPs sends no VXLAN");
+    assert!(text.contains("198.18.9.2 . 0xc6120200-0xc61202ff comment \"node-2: pods 198.18.2.0/24\""));
+    assert!(text.contains("2001:db8::2 . 0xc6120902 comment \"node-2: its address 198.18.9.2\""));
+    // Without the overlay, none of it.
+    let plain = render(&translate(&s, &s.derived_endpoints("node-1"), &Options::default())).to_text();
+    assert!(!plain.contains("overlay"));
+}
+
 #[test]
 fn golden_deny_and_allow() {
     golden("deny-and-allow-node-1", &render_node(&with(DENY_AND_ALLOW), "node-1").to_text());

@@ -584,19 +584,44 @@ pub struct NodePolicy {
 
 /// The overlay's senders: VXLAN to `port` is taken only from the nodes' InternalIPs (a pod,
 /// or any other host, could otherwise inject frames the node decapsulates as another node's
-/// pods' packets).
+/// pods' packets), and only carrying a packet from the sending node's pods or addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OverlayGuard {
     pub port: u16,
     /// Every node's InternalIPs, sorted.
     pub nodes: Vec<IpAddr>,
+    /// Per node, in name order: what its VXLAN may carry.
+    pub senders: Vec<OverlaySender>,
+}
+
+/// One node as a VXLAN sender: the underlay addresses it sends from and the inner sources
+/// its frames may carry (its pod CIDRs and its own addresses, which the host's own packets
+/// to other nodes' pods leave with).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverlaySender {
+    pub node: String,
+    /// Its InternalIPs, sorted.
+    pub underlay: Vec<IpAddr>,
+    /// Its pod CIDRs and InternalIPs (host prefixes), sorted.
+    pub inner: Vec<IpNet>,
 }
 
 impl OverlayGuard {
     /// The guard for `port` from the nodes of `snapshot`.
     pub fn of(snapshot: &crate::model::Snapshot, port: u16) -> Self {
         let nodes: std::collections::BTreeSet<IpAddr> = snapshot.nodes().flat_map(|n| n.internal_ips.iter().copied()).collect();
-        Self { port, nodes: nodes.into_iter().collect() }
+        let mut senders: Vec<OverlaySender> = snapshot
+            .nodes()
+            .filter(|n| !n.internal_ips.is_empty())
+            .map(|n| {
+                let underlay: std::collections::BTreeSet<IpAddr> = n.internal_ips.iter().copied().collect();
+                let inner: std::collections::BTreeSet<IpNet> =
+                    n.pod_cidrs.iter().map(IpNet::trunc).chain(n.internal_ips.iter().map(|a| IpNet::from(*a))).collect();
+                OverlaySender { node: n.name.clone(), underlay: underlay.into_iter().collect(), inner: inner.into_iter().collect() }
+            })
+            .collect();
+        senders.sort_by(|a, b| a.node.cmp(&b.node));
+        Self { port, nodes: nodes.into_iter().collect(), senders }
     }
 }
 

@@ -150,7 +150,11 @@ fn key_range(types: &[&str], key: &Key) -> Result<(Vec<u8>, Vec<u8>), String> {
                 b.resize(IFNAMSIZ, 0);
                 (b.clone(), b)
             }
-            ("ipv4_addr", KeyPart::Addr(a @ IpAddr::V4(_))) | ("ipv6_addr", KeyPart::Addr(a @ IpAddr::V6(_))) => (octets(*a), octets(*a)),
+            ("ipv4_addr" | "ip saddr", KeyPart::Addr(a @ IpAddr::V4(_)))
+            | ("ipv6_addr" | "ip6 saddr", KeyPart::Addr(a @ IpAddr::V6(_))) => (octets(*a), octets(*a)),
+            ("@th,336,32", KeyPart::Raw(n @ ipnet::IpNet::V4(_))) | ("@th,304,128", KeyPart::Raw(n @ ipnet::IpNet::V6(_))) => {
+                (octets(n.network()), octets(n.broadcast()))
+            }
             ("ipv4_addr", KeyPart::Net(n @ ipnet::IpNet::V4(_))) | ("ipv6_addr", KeyPart::Net(n @ ipnet::IpNet::V6(_))) => {
                 (octets(n.network()), octets(n.broadcast()))
             }

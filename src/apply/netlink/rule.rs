@@ -310,6 +310,11 @@ pub(super) fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &m
             }
             Stmt::Lookup { fields, neg, set } => lookup(fields, *neg, false, set, sets, &mut out.exprs)?,
             Stmt::Vmap { fields, map } => lookup(fields, false, true, map, sets, &mut out.exprs)?,
+            Stmt::InnerEtherType(fam) => {
+                let offset = crate::render::rule::INNER_ETHERTYPE / 8;
+                out.exprs.push(load(Load::Payload { base: NFT_PAYLOAD_TRANSPORT_HEADER, offset, len: 2, family: None }, NFT_REG_1));
+                out.exprs.push(cmp(NFT_CMP_EQ, &RuleField::ethertype(*fam).to_be_bytes()));
+            }
             Stmt::IcmpV6Type(t) => {
                 // The family, the protocol, then the type (the first byte of the ICMPv6 header).
                 out.exprs.push(load(Load::Meta { key: NFT_META_NFPROTO, len: 1 }, NFT_REG_1));
@@ -422,6 +427,10 @@ fn field(f: RuleField) -> Load {
         RuleField::Daddr(Family::V6) => addr(NFPROTO_IPV6, 24, 16),
         RuleField::L4Proto => L4PROTO,
         RuleField::ThDport => DPORT,
+        RuleField::InnerSaddr(fam) => {
+            let (offset, len) = RuleField::inner_saddr(fam);
+            Load::Payload { base: NFT_PAYLOAD_TRANSPORT_HEADER, offset: offset / 8, len: len as usize / 8, family: None }
+        }
     }
 }
 

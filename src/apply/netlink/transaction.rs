@@ -102,6 +102,60 @@ const DPORT_FIELD: u32 = 2;
 const EXPR_PAYLOAD: u32 = 7;
 /// nft's data type of ports.
 const INET_SERVICE: u32 = 13;
+/// nft's data type of a raw field.
+const INTEGER: u32 = 4;
+/// A raw payload field in a key's user data: its base (nft's `PROTO_BASE_TRANSPORT_HDR`),
+/// offset and length in bits.
+const UDATA_TYPEOF_PAYLOAD_BASE: u8 = 2;
+const UDATA_TYPEOF_PAYLOAD_OFFSET: u8 = 3;
+const UDATA_TYPEOF_PAYLOAD_LEN: u8 = 4;
+const PROTO_BASE_TRANSPORT_HDR: u32 = 3;
+/// A concatenation's part in a key's user data: its expression type and data.
+const UDATA_CONCAT_SUB_TYPE: u8 = 0;
+const UDATA_CONCAT_SUB_DATA: u8 = 1;
+
+/// The user data nft records for a `typeof` key part: a payload field's protocol header
+/// (`PROTO_DESC_IP`, `PROTO_DESC_IP6`) and field (`IPHDR_SADDR`, `IP6HDR_SADDR`), or for a
+/// raw field (`@th,OFFSET,LEN`) its base, offset and length.
+fn typeof_part(part: &str) -> Result<Vec<u8>, String> {
+    let u = |v: u32| v.to_ne_bytes();
+    let mut out = Vec::new();
+    match part {
+        "ip saddr" => {
+            udata(&mut out, UDATA_TYPEOF_PAYLOAD_DESC, &u(12))?;
+            udata(&mut out, UDATA_TYPEOF_PAYLOAD_FIELD, &u(11))?;
+        }
+        "ip6 saddr" => {
+            udata(&mut out, UDATA_TYPEOF_PAYLOAD_DESC, &u(13))?;
+            udata(&mut out, UDATA_TYPEOF_PAYLOAD_FIELD, &u(8))?;
+        }
+        raw => {
+            let mut it = raw.strip_prefix("@th,").ok_or_else(|| format!("key part {raw}"))?.split(',').map(str::parse::<u32>);
+            let (Some(Ok(offset)), Some(Ok(len)), None) = (it.next(), it.next(), it.next()) else {
+                return Err(format!("key part {raw}"));
+            };
+            udata(&mut out, UDATA_TYPEOF_PAYLOAD_DESC, &u(0))?;
+            udata(&mut out, UDATA_TYPEOF_PAYLOAD_FIELD, &u(0))?;
+            udata(&mut out, UDATA_TYPEOF_PAYLOAD_BASE, &u(PROTO_BASE_TRANSPORT_HDR))?;
+            udata(&mut out, UDATA_TYPEOF_PAYLOAD_OFFSET, &u(offset))?;
+            udata(&mut out, UDATA_TYPEOF_PAYLOAD_LEN, &u(len))?;
+        }
+    }
+    Ok(out)
+}
+
+/// A `typeof` concatenation's user data: per part, in a nest numbered by its position, the
+/// part's expression type (a payload field) and [`typeof_part`].
+fn typeof_concat(parts: &[&str]) -> Result<Vec<u8>, String> {
+    let mut data = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        let mut nest = Vec::new();
+        udata(&mut nest, UDATA_CONCAT_SUB_TYPE, &EXPR_PAYLOAD.to_ne_bytes())?;
+        udata(&mut nest, UDATA_CONCAT_SUB_DATA, &typeof_part(part)?)?;
+        udata(&mut data, u8::try_from(i).map_err(|_| "too many key parts".to_string())?, &nest)?;
+    }
+    Ok(data)
+}
 /// nft's expression type of a concatenation (`EXPR_CONCAT`), recorded in a concatenated
 /// key's user data.
 const EXPR_CONCAT: u32 = 13;
@@ -118,8 +172,11 @@ pub(super) struct KeyType {
 
 pub(super) fn key_type(name: &str) -> Option<KeyType> {
     let (id, len, byteorder) = match name {
-        "ipv4_addr" => (7, 4, BIG_ENDIAN),
-        "ipv6_addr" => (8, 16, BIG_ENDIAN),
+        "ipv4_addr" | "ip saddr" => (7, 4, BIG_ENDIAN),
+        "ipv6_addr" | "ip6 saddr" => (8, 16, BIG_ENDIAN),
+        // A raw field's type is nft's integer.
+        "@th,336,32" => (INTEGER, 4, BIG_ENDIAN),
+        "@th,304,128" => (INTEGER, 16, BIG_ENDIAN),
         "inet_proto" => (12, 1, 0),
         "inet_service" => (13, 2, BIG_ENDIAN),
         "ifname" => (41, 16, HOST_ENDIAN),
@@ -475,9 +532,12 @@ fn encode_set(s: &Set, id: u32) -> Result<Vec<u8>, NetlinkError> {
         udata(&mut ud, UDATA_SET_DATABYTEORDER, &0u32.to_ne_bytes()).map_err(err)?;
     }
     if concat {
+        // A key declared by type records its concatenation's parts by their types alone (no
+        // expressions); one declared by its expressions records them.
+        let parts = if s.is_typeof() { typeof_concat(&s.key).map_err(err)? } else { Vec::new() };
         let mut typeof_ = Vec::new();
         udata(&mut typeof_, UDATA_TYPEOF_EXPR, &EXPR_CONCAT.to_ne_bytes()).map_err(err)?;
-        udata(&mut typeof_, UDATA_TYPEOF_DATA, &[]).map_err(err)?;
+        udata(&mut typeof_, UDATA_TYPEOF_DATA, &parts).map_err(err)?;
         udata(&mut ud, UDATA_SET_KEY_TYPEOF, &typeof_).map_err(err)?;
     }
     if map {

@@ -90,6 +90,10 @@ pub struct DataplaneArgs {
     /// never has it).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     dataplane_revoke: bool,
+    /// --dataplane: also pod to pod across two nodes, host-gw next to VXLAN (new
+    /// connections per second and one stream's throughput).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    dataplane_overlay: bool,
 }
 
 impl DataplaneArgs {
@@ -103,7 +107,7 @@ impl DataplaneArgs {
 const CONNTRACK_ONLY: RenderOptions = RenderOptions { revoked: None, ..RenderOptions::DEFAULT };
 
 /// The port the hand-built scenarios' server listens on and their policies allow.
-const PORT: u16 = 8080;
+pub(crate) const PORT: u16 = 8080;
 /// The node's interface towards the client (not `flk*`: the node's uplink).
 const UPLINK: &str = "uplink0";
 /// Locally administered MAC addresses of the four veth ends (static neighbours).
@@ -115,13 +119,13 @@ const MAC_SERVER: &str = "02:66:6c:6b:00:04";
 const REQUEST: &[u8] = b"ping\n";
 const REPLY: &[u8] = b"pong\n";
 /// A connect that takes longer failed (a SYN retransmitted after 1 s still makes it).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const IO_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a connection the policy denies is given before it counts as dropped.
 const DENIED_TIMEOUT: Duration = Duration::from_millis(500);
 /// Conntrack timeouts (seconds) in the node namespace, so closed connections leave the
 /// table within the round (the defaults are 10 s and 120 s).
-const CT_TIMEOUTS: [(&str, &str); 2] =
+pub(crate) const CT_TIMEOUTS: [(&str, &str); 2] =
     [("net.netfilter.nf_conntrack_tcp_timeout_close", "1"), ("net.netfilter.nf_conntrack_tcp_timeout_time_wait", "1")];
 
 /// Which path of the node a scenario's connections take.
@@ -226,6 +230,15 @@ fn measure(params: &Params, args: &DataplaneArgs) -> anyhow::Result<Value> {
         out.insert(s.name.into(), report(s, topo, flock, ct, &ratios));
     }
     let Some((worst, ratio)) = worst else { bail!("no scenario") };
+    // The topologies go first: the overlay's twins are measured alone.
+    drop(topologies);
+    let overlay = if args.dataplane_overlay {
+        eprintln!("dataplane: overlay: wiring host-gw and VXLAN twins");
+        crate::overlay::measure(args.dataplane_rounds, seconds, args.dataplane_clients, args.dataplane_servers, &args.flock_options())
+            .context("the overlay")?
+    } else {
+        Value::Null
+    };
     let ct_timeouts: serde_json::Map<String, Value> = CT_TIMEOUTS.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
     Ok(json!({"dataplane": {
         "ratio": round3(ratio),
@@ -258,6 +271,7 @@ fn measure(params: &Params, args: &DataplaneArgs) -> anyhow::Result<Value> {
             "server": {"net.core.somaxconn": "4096", "listen_backlog": 4096},
         },
         "scenarios": out,
+        "overlay": overlay,
     }}))
 }
 
@@ -316,7 +330,7 @@ fn report(s: &Scenario, topo: &Topology, flock: &[Load], ct: &[Load], ratios: &[
 // Scenarios.
 
 /// The namespace of the hand-built scenarios.
-const NS: &str = "bench";
+pub(crate) const NS: &str = "bench";
 
 fn addr4(base: Ipv4Addr, offset: u32) -> IpAddr {
     IpAddr::V4(Ipv4Addr::from(u32::from(base) + offset))
@@ -335,7 +349,7 @@ fn server_pod() -> Pod {
     )
 }
 
-fn pod(name: &str, labels: Labels, node: &str, ip: IpAddr, ports: Vec<ContainerPort>) -> Pod {
+pub(crate) fn pod(name: &str, labels: Labels, node: &str, ip: IpAddr, ports: Vec<ContainerPort>) -> Pod {
     Pod {
         namespace: NS.into(),
         name: name.into(),
@@ -374,7 +388,7 @@ fn base_snapshot() -> Snapshot {
 }
 
 /// A policy selecting the server, allowing TCP [`PORT`] from `peers` in one ingress rule.
-fn server_policy(name: String, peers: Vec<PolicyPeer>) -> NetworkPolicy {
+pub(crate) fn server_policy(name: String, peers: Vec<PolicyPeer>) -> NetworkPolicy {
     let mut server = LabelSelector::default();
     server.match_labels.insert("app".into(), "server".into());
     NetworkPolicy {
@@ -808,7 +822,7 @@ fn target(verdict: &render::Verdict) -> Option<String> {
 // Namespaces and wiring.
 
 /// A namespace named `flkt-<pid>-dp<n>-<tag>`: swept like the test namespaces, deleted on drop.
-fn netns(tag: &str) -> anyhow::Result<NetnsGuard> {
+pub(crate) fn netns(tag: &str) -> anyhow::Result<NetnsGuard> {
     static N: AtomicUsize = AtomicUsize::new(0);
     let name = format!("{PREFIX}{}-dp{}-{tag}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
     sh(&["ip", "netns", "add", &name]).context("creating a network namespace")?;
@@ -828,12 +842,12 @@ fn add_address(ns: &str, addr: IpAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn sysctl(ns: &NetnsGuard, key: &str, value: &str) -> anyhow::Result<()> {
+pub(crate) fn sysctl(ns: &NetnsGuard, key: &str, value: &str) -> anyhow::Result<()> {
     flock::sim::fabric::sysctl(&ns.name, key, value)?;
     Ok(())
 }
 
-fn path(ns: &NetnsGuard) -> PathBuf {
+pub(crate) fn path(ns: &NetnsGuard) -> PathBuf {
     Path::new("/run/netns").join(&ns.name)
 }
 
@@ -862,9 +876,9 @@ impl Table {
 
 /// Load per slice: the two tables take turns in slices this long (ABBA…), so load from
 /// elsewhere on the machine that comes and goes hits both alike.
-const SLICE: Duration = Duration::from_millis(250);
+pub(crate) const SLICE: Duration = Duration::from_millis(250);
 /// Load before each round's first slice of a side, not counted.
-const WARM_UP: Duration = Duration::from_millis(50);
+pub(crate) const WARM_UP: Duration = Duration::from_millis(50);
 
 /// One scenario measured: twin topologies, identical but for the table (see the module doc).
 struct Topology {
@@ -1160,14 +1174,14 @@ fn remove_on_signal() -> anyhow::Result<()> {
 // The load generator.
 
 /// Accept loops on a listener in the server's namespace; stopped (and joined) on drop.
-struct Server {
+pub(crate) struct Server {
     listener: Arc<TcpListener>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Server {
-    fn start(ns: &Path, addr: SocketAddr, threads: usize) -> anyhow::Result<Self> {
+    pub(crate) fn start(ns: &Path, addr: SocketAddr, threads: usize) -> anyhow::Result<Self> {
         // The socket belongs to the namespace it was created in, whichever thread uses it.
         let listener = flock::netns::run_in(&Netns::Path(ns.to_path_buf()), || listen(addr))??;
         let listener = Arc::new(listener);
@@ -1258,14 +1272,14 @@ fn connect_once(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> std:
 }
 
 /// One connection in `ns` (a thread of its own enters it).
-fn probe(ns: &Path, src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
+pub(crate) fn probe(ns: &Path, src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
     flock::netns::run_in(&Netns::Path(ns.to_path_buf()), || connect_once(src, dst, timeout))?
         .with_context(|| format!("connecting in {}", ns.display()))
 }
 
 /// What one measurement saw.
 #[derive(Default)]
-struct Load {
+pub(crate) struct Load {
     completed: u64,
     failed: u64,
     first_error: Option<String>,
@@ -1274,7 +1288,7 @@ struct Load {
 }
 
 impl Load {
-    fn add(&mut self, other: &Load) {
+    pub(crate) fn add(&mut self, other: &Load) {
         self.completed += other.completed;
         self.failed += other.failed;
         self.elapsed += other.elapsed;
@@ -1284,12 +1298,12 @@ impl Load {
         }
     }
 
-    fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.completed as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
     /// A failed connection is an error, not a number.
-    fn check(&self) -> anyhow::Result<()> {
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
         if self.failed > 0 {
             bail!(
                 "{} of {} connections failed, first: {}",
@@ -1307,7 +1321,7 @@ impl Load {
 
 /// `threads` client threads in `ns`, each connecting to `dst` one connection after the other
 /// for `duration`.
-fn load(ns: &Path, dst: SocketAddr, threads: usize, duration: Duration) -> anyhow::Result<Load> {
+pub(crate) fn load(ns: &Path, dst: SocketAddr, threads: usize, duration: Duration) -> anyhow::Result<Load> {
     let start = std::sync::Barrier::new(threads + 1);
     let ns_file = File::open(ns).with_context(|| format!("opening {}", ns.display()))?;
     std::thread::scope(|scope| {
@@ -1371,11 +1385,11 @@ pub fn median<T: Copy + Default + PartialOrd>(v: &[T]) -> T {
     s.get(s.len() / 2).copied().unwrap_or_default()
 }
 
-fn round3(x: f64) -> f64 {
+pub(crate) fn round3(x: f64) -> f64 {
     (x * 1e3).round() / 1e3
 }
 
-fn spread(v: &[f64]) -> Value {
+pub(crate) fn spread(v: &[f64]) -> Value {
     json!({
         "median": round3(median(v)),
         "min": round3(v.iter().copied().fold(f64::INFINITY, f64::min)),

@@ -6,6 +6,7 @@ mod cluster;
 mod conformance;
 mod dataplane;
 mod explain;
+mod overlay;
 mod render;
 mod sim;
 mod status;

@@ -34,6 +34,28 @@ pub struct RenderArgs {
     /// (or in a namespace so annotated) are logged, not enforced.
     #[arg(long)]
     allow_audit_mode: bool,
+    #[command(flatten)]
+    routing: RoutingArgs,
+}
+
+/// How the node takes other nodes' pods' traffic, as flock-agent's flags of the same names:
+/// under an overlay the table takes VXLAN only from nodes, carrying their pods' packets.
+#[derive(Args)]
+pub struct RoutingArgs {
+    /// As flock-agent's --routing: host-gw, vxlan or auto (under vxlan and auto the table
+    /// guards the VXLAN port).
+    #[arg(long, value_name = "ROUTING", default_value = "host-gw")]
+    routing: flock::agent::routes::Routing,
+    /// As flock-agent's --vxlan-port.
+    #[arg(long, value_name = "PORT", default_value_t = 4789)]
+    vxlan_port: u16,
+}
+
+impl RoutingArgs {
+    /// The translator's `overlay_port`, as the agent sets it.
+    pub fn overlay_port(&self) -> Option<u16> {
+        (self.routing != flock::agent::routes::Routing::HostGw).then_some(self.vxlan_port)
+    }
 }
 
 pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
@@ -63,7 +85,7 @@ pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
         isolate_run_pods: !args.no_run_pod_isolation,
         audit_mode: args.allow_audit_mode,
         dns_resolvers: None,
-        overlay_port: None,
+        overlay_port: args.routing.overlay_port(),
     };
     let policy = translate::translate(&snapshot, &endpoints, &options);
     let ruleset = flock::render::render(&policy);
