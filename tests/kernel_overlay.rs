@@ -210,6 +210,53 @@ fn pods_on_a_routed_underlay_reach_each_other_over_vxlan_and_not_over_host_gw() 
     }
 }
 
+/// The path MTU `ip route get` reports from `pod` to `dst` (none when nothing was learned).
+fn learned_mtu(pod: &Pod, dst: IpAddr) -> Option<u32> {
+    let fam = if dst.is_ipv6() { "-6" } else { "-4" };
+    let out = String::from_utf8(pod.ns.exec(&["ip", fam, "route", "get", &dst.to_string()]).stdout).unwrap();
+    let mut words = out.split_whitespace();
+    words.find(|w| *w == "mtu").and_then(|_| words.next()).and_then(|m| m.parse().ok())
+}
+
+#[test]
+fn a_smaller_mtu_on_the_underlay_path_reaches_the_sender() {
+    if !require_root("a_smaller_mtu_on_the_underlay_path_reaches_the_sender") {
+        return;
+    }
+    // Node 1's link, both ends, is 1,400 bytes: a full-size frame of node 0's (its link is
+    // 1,500) does not fit on the last hop.
+    let u = underlay("ovm");
+    u._router.ip(&["link", "set", "r1", "mtu", "1400"]);
+    u.nodes[1].ns.ip(&["link", "set", "wan", "mtu", "1400"]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let routers = [0, 1]
+        .map(|i| Router::start(u.nodes[i].ns.netns(), RoutingConfig { routing: Routing::Vxlan, vxlan: VxlanConfig::default() }).unwrap());
+    for (i, r) in routers.iter().enumerate() {
+        rt.block_on(r.sync(peers(i))).unwrap();
+    }
+    let dev = String::from_utf8(u.nodes[1].ns.exec(&["ip", "-d", "link", "show", "flock.vxlan6"]).stdout).unwrap();
+    assert!(dev.contains("mtu 1330"), "node 1's device follows its link: {dev}");
+    // Both pods at node 0's MTU, so TCP's segments (MSS 1,370 and 1,390) do not fit the path.
+    for (i, p) in u.pods.iter().enumerate() {
+        p.ns.ip(&["link", "set", "eth0", "mtu", "1430"]);
+        u.nodes[i].ns.ip(&["link", "set", &format!("vp{i}"), "mtu", "1430"]);
+    }
+    for (a, b) in [(0, 1), (1, 0)] {
+        assert_eq!(learned_mtu(&u.pods[a], u.pods[b].ips[1]), None, "pod {a} knows a path MTU before sending");
+    }
+    // An exchange echoes: each pod sends full-size segments both ways.
+    for (a, b) in [(0, 1), (1, 0)] {
+        for dst in u.pods[b].ips.clone() {
+            exchange(&u.pods[a], &u.pods[b], dst, 64 * 1024).unwrap_or_else(|e| panic!("pod {a} to {dst}: {e}"));
+        }
+    }
+    // IPv6: the router's "packet too big" reached node 0, whose device told pod 0 (the
+    // overlay's 70 bytes less than the 1,400 hop); node 1 told pod 1 from its own device's
+    // MTU. (IPv4's outer packets may be fragmented on the way: VXLAN sends them without DF.)
+    assert_eq!(learned_mtu(&u.pods[0], u.pods[1].ips[1]), Some(1330), "pod 0 did not learn the path's MTU");
+    assert_eq!(learned_mtu(&u.pods[1], u.pods[0].ips[1]), Some(1330), "pod 1 did not learn its node's device MTU");
+}
+
 /// The Internet checksum of `data`.
 fn checksum(data: &[u8]) -> u16 {
     let mut sum: u32 = data.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
