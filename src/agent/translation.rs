@@ -53,11 +53,13 @@ pub(crate) struct Translation {
     options: translate::Options,
     render: RenderOptions,
     state: Option<State>,
+    /// The overlay guard's problems logged (each once, when it appears).
+    overlay_reported: Vec<String>,
 }
 
 impl Translation {
     pub(crate) fn new(options: translate::Options, render: RenderOptions) -> Self {
-        Self { options, render, state: None }
+        Self { options, render, state: None, overlay_reported: Vec::new() }
     }
 
     /// The translation kept, shared (`None`: none yet).
@@ -106,6 +108,11 @@ impl Translation {
             }
         }
         let problems = state.translation.policy().problems.clone();
+        let overlay = state.translation.policy().overlay.as_ref().map(|o| o.problems.as_slice()).unwrap_or_default();
+        for p in overlay.iter().filter(|p| !self.overlay_reported.contains(p)) {
+            tracing::warn!(problem = %p, "overlay: an address of a node is not trusted");
+        }
+        self.overlay_reported = overlay.to_vec();
         let deniers = crate::nflog::denial::Endpoints::of(state.translation.policy());
         self.state = Some(state);
         Translated { ruleset, problems, mode, checked, disagreed, deniers }

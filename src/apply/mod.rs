@@ -566,11 +566,39 @@ fn element_difference<'a>(
     before: &'a crate::render::Set,
     after: &'a crate::render::Set,
 ) -> (Vec<&'a crate::render::Element>, Vec<&'a crate::render::Element>) {
+    use std::cmp::Ordering;
     use std::collections::BTreeMap;
-    let was: BTreeMap<&crate::render::Key, &crate::render::Element> = before.elements.iter().map(|e| (&e.key, e)).collect();
-    let now: BTreeMap<&crate::render::Key, &crate::render::Element> = after.elements.iter().map(|e| (&e.key, e)).collect();
-    let gone = before.elements.iter().filter(|e| now.get(&e.key) != Some(e)).collect();
-    let new = after.elements.iter().filter(|e| was.get(&e.key) != Some(e)).collect();
+    let ascending = |v: &[crate::render::Element]| v.windows(2).all(|w| w[0].key < w[1].key);
+    if !(ascending(&before.elements) && ascending(&after.elements)) {
+        let was: BTreeMap<&crate::render::Key, &crate::render::Element> = before.elements.iter().map(|e| (&e.key, e)).collect();
+        let now: BTreeMap<&crate::render::Key, &crate::render::Element> = after.elements.iter().map(|e| (&e.key, e)).collect();
+        let gone = before.elements.iter().filter(|e| now.get(&e.key) != Some(e)).collect();
+        let new = after.elements.iter().filter(|e| was.get(&e.key) != Some(e)).collect();
+        return (gone, new);
+    }
+    // Both in key order (a peer set's addresses, the common large case): one merge, no index
+    // of 150k keys built twice per change.
+    let (mut gone, mut new) = (Vec::new(), Vec::new());
+    let (mut b, mut a) = (before.elements.iter().peekable(), after.elements.iter().peekable());
+    loop {
+        match (b.peek(), a.peek()) {
+            (Some(x), Some(y)) => match x.key.cmp(&y.key) {
+                Ordering::Less => gone.extend(b.next()),
+                Ordering::Greater => new.extend(a.next()),
+                Ordering::Equal => {
+                    if x != y {
+                        gone.push(x);
+                        new.push(y);
+                    }
+                    b.next();
+                    a.next();
+                }
+            },
+            (Some(_), None) => gone.extend(b.next()),
+            (None, Some(_)) => new.extend(a.next()),
+            (None, None) => break,
+        }
+    }
     (gone, new)
 }
 

@@ -396,3 +396,49 @@ fn a_full_sync_keeps_the_timed_sets_it_renders() {
         "{script}"
     );
 }
+
+/// The merge over sets in key order finds what the keyed comparison finds: added, removed and
+/// changed elements (a changed comment is deleted and added again), in each set's order.
+#[test]
+fn element_differences_of_ordered_sets_are_found_by_a_merge() {
+    use crate::render::{Element, Key, KeyPart, Set};
+    let set = |v: Vec<(u32, &str)>| Set {
+        name: "s".into(),
+        comment: "c".into(),
+        key: vec!["ipv4_addr"],
+        data: None,
+        interval: false,
+        timeout: false,
+        elements: std::sync::Arc::new(
+            v.into_iter()
+                .map(|(a, c)| Element {
+                    key: Key::one(KeyPart::Addr(std::net::Ipv4Addr::from(0xc612_0000 + a).into())),
+                    comment: c.into(),
+                    verdict: None,
+                })
+                .collect(),
+        ),
+    };
+    let mut rng = crate::synth::Rng::new(5);
+    for _ in 0..200 {
+        let pick = |rng: &mut crate::synth::Rng| {
+            let mut v: Vec<(u32, &str)> = Vec::new();
+            for a in 0..40 {
+                if rng.below(2) == 0 {
+                    v.push((a, if rng.below(8) == 0 { "x" } else { "p" }));
+                }
+            }
+            v
+        };
+        let (before, after) = (set(pick(&mut rng)), set(pick(&mut rng)));
+        let (gone, new) = element_difference(&before, &after);
+        // The keyed comparison, by hand.
+        let want_gone: Vec<&Element> = before.elements.iter().filter(|e| !after.elements.contains(e)).collect();
+        let want_new: Vec<&Element> = after.elements.iter().filter(|e| !before.elements.contains(e)).collect();
+        assert_eq!((gone, new), (want_gone, want_new));
+    }
+    // Out of key order (sets sorted as text): the keyed comparison still answers.
+    let (a, b) = (set(vec![(10, "p"), (9, "p")]), set(vec![(10, "p"), (8, "p")]));
+    let (gone, new) = element_difference(&a, &b);
+    assert_eq!((gone.len(), new.len()), (1, 1));
+}

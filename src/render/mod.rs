@@ -973,7 +973,7 @@ fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
         .into_iter()
         .map(|(fam, name)| Set {
             name: name.into(),
-            comment: format!("the nodes' {} InternalIPs: the only senders of VXLAN (UDP {}) this node takes", fam.as_str(), o.port),
+            comment: format!("every {} address of the nodes: a pod's VXLAN (UDP {}) to one is dropped", fam.as_str(), o.port),
             key: vec![addr_type(fam)],
             data: None,
             interval: false,
@@ -1058,8 +1058,9 @@ fn overlay_in(spoofed: &Verdict) -> Chain {
     }
 }
 
-/// In `from-pods` under an overlay: a pod's VXLAN to a node is dropped as spoofed, whatever
-/// its policy (masqueraded on its way, it would leave with a node's address).
+/// In `from-pods` under an overlay: a pod's VXLAN to any address of a node is dropped as
+/// spoofed, whatever its policy (masqueraded on its way, it would leave with a node's address
+/// and reach `overlay-in` as its node's frame).
 fn overlay_from_pods(o: &crate::translate::OverlayGuard, spoofed: &Verdict) -> Vec<Rule> {
     [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
         .into_iter()

@@ -86,26 +86,29 @@ fn golden_no_policy() {
 }
 
 /// Under an overlay: the `overlay-in` chain and its sets, for dual-stack nodes (node-2 with
-/// two InternalIPs of a family: each sends for its pods), and a node without InternalIPs (it
-/// sends nothing) — the whole table, as nft lists it.
+/// two InternalIPs of a family: each sends for its pods), a node without InternalIPs (it
+/// sends nothing), and what the guard does not trust: an InternalIP two nodes claim, one
+/// inside a pod CIDR, and pod CIDRs that overlap — the whole table, as nft lists it.
 #[test]
 fn golden_overlay_dual_stack() {
     let mut s = testkit::base_cluster();
     for (name, ips, cidrs) in [
-        ("node-1", vec!["198.18.0.1", "2001:db8::1"], vec!["198.18.1.0/24", "2001:db8:1::/64"]),
-        ("node-2", vec!["198.18.0.2", "198.18.9.2", "2001:db8::2"], vec!["198.18.2.0/24", "2001:db8:2::/64"]),
+        ("node-1", vec!["198.18.0.1", "2001:db8::1"], vec!["198.18.1.0/24", "198.18.1.128/25", "2001:db8:1::/64"]),
+        ("node-2", vec!["198.18.0.2", "198.18.9.2", "198.18.2.77", "2001:db8::2"], vec!["198.18.2.0/24", "2001:db8:2::/64"]),
     ] {
         let mut n = s.node(name).unwrap().clone();
         n.internal_ips = ips.into_iter().map(|a| a.parse().unwrap()).collect();
         n.pod_cidrs = cidrs.into_iter().map(|c| c.parse().unwrap()).collect();
         s.upsert_node(n);
     }
-    let mut lost = s.node("node-1").unwrap().clone();
-    lost.name = "node-3".into();
-    lost.internal_ips.clear();
-    s.upsert_node(lost);
+    let mut other = s.node("node-1").unwrap().clone();
+    other.name = "node-3".into();
+    other.internal_ips = vec!["198.18.9.2".parse().unwrap()];
+    other.pod_cidrs = vec!["198.18.3.0/24".parse().unwrap()];
+    s.upsert_node(other);
     let options = Options { overlay_port: Some(4789), ..Options::default() };
-    let rs = render(&translate(&s, &s.derived_endpoints("node-1"), &options));
+    let np = translate(&s, &s.derived_endpoints("node-1"), &options);
+    let rs = render(&np);
     let text = rs.to_text();
     golden("overlay-dual-stack-node-1", &text);
     // The last rule of the guard drops whatever no set took: fail closed.
@@ -113,9 +116,26 @@ fn golden_overlay_dual_stack() {
     let last = c.rules.last().and_then(|r| r.verdict.clone());
     assert!(matches!(&last, Some(Verdict::Drop)) || last == Some(Verdict::Goto(DENY_SPOOFED.into())), "{last:?}");
     assert!(c.rules[..c.rules.len() - 1].iter().all(|r| r.verdict == Some(Verdict::Return)));
-    assert!(!text.contains("node-3"), "a node without InternalIPs sends no VXLAN");
-    assert!(text.contains("198.18.9.2 . 0xc6120200-0xc61202ff comment \"node-2: pods 198.18.2.0/24\""));
-    assert!(text.contains("2001:db8::2 . 0xc6120902 comment \"node-2: its address 198.18.9.2\""));
+    assert!(text.contains("198.18.0.2 . 0xc6120200-0xc61202ff comment \"node-2: pods 198.18.2.0/24\""));
+    assert!(text.contains("2001:db8::2 . 0xc6120002 comment \"node-2: its address 198.18.0.2\""));
+    // Not trusted: 198.18.9.2 (node-2's and node-3's), so node-3 sends nothing; 198.18.2.77 as
+    // a source (node-2's pod CIDR holds it), though node-2 sends from it; the /25 is inside
+    // the /24 (one interval, or the kernel would refuse the set).
+    assert!(!text.contains("198.18.9.2 . ") && !text.contains("0xc6120902") && !text.contains("node-3"), "{text}");
+    assert!(text.contains("198.18.2.77 . 0xc6120200-0xc61202ff") && !text.contains("0xc612024d"), "{text}");
+    assert!(!text.contains("0xc6120180"), "{text}");
+    let problems = &np.overlay.as_ref().unwrap().problems;
+    assert_eq!(
+        problems,
+        &[
+            "node node-2: InternalIP 198.18.2.77 lies in a pod CIDR: not taken as a source inside its VXLAN",
+            "node node-2: InternalIP 198.18.9.2 is claimed by 2 nodes: no VXLAN is taken from it",
+            "node node-3: InternalIP 198.18.9.2 is claimed by 2 nodes: no VXLAN is taken from it",
+        ]
+    );
+    // The guard reads `@th` after the kernel reassembled the packet: IPv6 is reassembled
+    // before the input hook only because the table tracks connections (`ct`).
+    assert!(text.contains("ct state established,related accept"));
     // Without the overlay, none of it.
     let plain = render(&translate(&s, &s.derived_endpoints("node-1"), &Options::default())).to_text();
     assert!(!plain.contains("overlay"));

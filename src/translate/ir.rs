@@ -588,10 +588,14 @@ pub struct NodePolicy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OverlayGuard {
     pub port: u16,
-    /// Every node's InternalIPs, sorted.
+    /// Every address of every node (`status.addresses`, InternalIPs included), sorted: where
+    /// a pod's VXLAN is dropped.
     pub nodes: Vec<IpAddr>,
     /// Per node, in name order: what its VXLAN may carry.
     pub senders: Vec<OverlaySender>,
+    /// Addresses left out because they are ambiguous, by node (each names the node and the
+    /// address): the guard takes less, never more.
+    pub problems: Vec<String>,
 }
 
 /// One node as a VXLAN sender: the underlay addresses it sends from and the inner sources
@@ -600,28 +604,61 @@ pub struct OverlayGuard {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OverlaySender {
     pub node: String,
-    /// Its InternalIPs, sorted.
+    /// Its InternalIPs no other node claims, sorted.
     pub underlay: Vec<IpAddr>,
-    /// Its pod CIDRs and InternalIPs (host prefixes), sorted.
+    /// Its pod CIDRs and those InternalIPs (host prefixes) not inside any node's pod CIDR,
+    /// sorted, none inside another (an interval set takes no overlap).
     pub inner: Vec<IpNet>,
 }
 
 impl OverlayGuard {
-    /// The guard for `port` from the nodes of `snapshot`.
+    /// The guard for `port` from the nodes of `snapshot`. A node's `status.addresses` are
+    /// its kubelet's word: an InternalIP two nodes claim is taken from neither, and one inside
+    /// a pod CIDR is no node's inner source (a node could otherwise speak for other pods).
     pub fn of(snapshot: &crate::model::Snapshot, port: u16) -> Self {
-        let nodes: std::collections::BTreeSet<IpAddr> = snapshot.nodes().flat_map(|n| n.internal_ips.iter().copied()).collect();
-        let mut senders: Vec<OverlaySender> = snapshot
-            .nodes()
-            .filter(|n| !n.internal_ips.is_empty())
-            .map(|n| {
-                let underlay: std::collections::BTreeSet<IpAddr> = n.internal_ips.iter().copied().collect();
-                let inner: std::collections::BTreeSet<IpNet> =
-                    n.pod_cidrs.iter().map(IpNet::trunc).chain(n.internal_ips.iter().map(|a| IpNet::from(*a))).collect();
-                OverlaySender { node: n.name.clone(), underlay: underlay.into_iter().collect(), inner: inner.into_iter().collect() }
-            })
-            .collect();
+        use std::collections::{BTreeMap, BTreeSet};
+        let nodes: BTreeSet<IpAddr> = snapshot.nodes().flat_map(|n| n.internal_ips.iter().chain(&n.addresses).copied()).collect();
+        let mut claims: BTreeMap<IpAddr, BTreeSet<&str>> = BTreeMap::new();
+        for n in snapshot.nodes() {
+            for ip in &n.internal_ips {
+                claims.entry(*ip).or_default().insert(n.name.as_str());
+            }
+        }
+        let pod_cidrs: Vec<IpNet> = snapshot.nodes().flat_map(|n| n.pod_cidrs.iter().map(IpNet::trunc)).collect();
+        let mut problems = Vec::new();
+        let mut senders: Vec<OverlaySender> = Vec::new();
+        for n in snapshot.nodes() {
+            let node = crate::model::clip(&n.name);
+            let mut underlay = BTreeSet::new();
+            let mut inner: BTreeSet<IpNet> = n.pod_cidrs.iter().map(IpNet::trunc).collect();
+            for ip in &n.internal_ips {
+                let owners = claims.get(ip).map_or(0, BTreeSet::len);
+                if owners > 1 {
+                    problems.push(format!("node {node}: InternalIP {ip} is claimed by {owners} nodes: no VXLAN is taken from it"));
+                    continue;
+                }
+                underlay.insert(*ip);
+                if pod_cidrs.iter().any(|c| c.contains(ip)) {
+                    problems.push(format!("node {node}: InternalIP {ip} lies in a pod CIDR: not taken as a source inside its VXLAN"));
+                } else {
+                    inner.insert(IpNet::from(*ip));
+                }
+            }
+            if underlay.is_empty() {
+                continue;
+            }
+            // Sorted by network then length: a prefix inside another comes after it.
+            let mut merged: Vec<IpNet> = Vec::with_capacity(inner.len());
+            for net in inner {
+                if !merged.iter().any(|m| m.contains(&net)) {
+                    merged.push(net);
+                }
+            }
+            senders.push(OverlaySender { node: n.name.clone(), underlay: underlay.into_iter().collect(), inner: merged });
+        }
         senders.sort_by(|a, b| a.node.cmp(&b.node));
-        Self { port, nodes: nodes.into_iter().collect(), senders }
+        problems.sort();
+        Self { port, nodes: nodes.into_iter().collect(), senders, problems }
     }
 }
 
