@@ -150,6 +150,17 @@ impl Applied {
     }
 }
 
+/// Elements past which a replaced ruleset is freed on a thread of its own: freeing the sets a
+/// change replaced (150k pod addresses) takes milliseconds the change should not wait for.
+const FREE_ASIDE: usize = 20_000;
+
+/// Drops `old`, a large one on another thread (inline if no thread can be started).
+fn retire(old: Option<Applied>) {
+    if let Some(old) = old.filter(|o| o.rs.stats().elements > FREE_ASIDE) {
+        let _ = std::thread::Builder::new().name("flock-free".into()).spawn(move || drop(old));
+    }
+}
+
 /// Applies rulesets through a [`Backend`], de-duplicated against the last applied one.
 pub struct Applier<B> {
     backend: B,
@@ -246,7 +257,7 @@ impl<B: Backend> Applier<B> {
         };
         match written {
             Some(Ok(())) => {
-                self.last = Some(Applied::new(rs.clone()));
+                retire(self.last.replace(Applied::new(rs.clone())));
                 self.committed()?;
                 return Ok(Outcome::Applied { stale_deleted: 0, incremental: true });
             }
@@ -264,7 +275,7 @@ impl<B: Backend> Applier<B> {
             let stale_deleted = last.rs.objects.iter().filter(|o| !desired.contains(&object_key(o))).count();
             match self.backend.write_steps(&steps, rs) {
                 Ok(()) => {
-                    self.last = Some(Applied::new(rs.clone()));
+                    retire(self.last.replace(Applied::new(rs.clone())));
                     self.committed()?;
                     return Ok(Outcome::Applied { stale_deleted, incremental: true });
                 }
@@ -567,39 +578,56 @@ fn element_difference<'a>(
     after: &'a crate::render::Set,
 ) -> (Vec<&'a crate::render::Element>, Vec<&'a crate::render::Element>) {
     use std::cmp::Ordering;
-    use std::collections::BTreeMap;
-    let ascending = |v: &[crate::render::Element]| v.windows(2).all(|w| w[0].key < w[1].key);
-    if !(ascending(&before.elements) && ascending(&after.elements)) {
-        let was: BTreeMap<&crate::render::Key, &crate::render::Element> = before.elements.iter().map(|e| (&e.key, e)).collect();
-        let now: BTreeMap<&crate::render::Key, &crate::render::Element> = after.elements.iter().map(|e| (&e.key, e)).collect();
-        let gone = before.elements.iter().filter(|e| now.get(&e.key) != Some(e)).collect();
-        let new = after.elements.iter().filter(|e| was.get(&e.key) != Some(e)).collect();
-        return (gone, new);
-    }
-    // Both in key order (a peer set's addresses, the common large case): one merge, no index
-    // of 150k keys built twice per change.
+    // Positions in key order: the elements' own where they are in it already (a peer set's
+    // addresses), else sorted — one merge then finds the changes, with no index of every key
+    // built per change (150k pods: a set of all of them).
+    let in_key_order = |v: &[crate::render::Element]| {
+        let mut idx: Vec<usize> = (0..v.len()).collect();
+        if !v.windows(2).all(|w| w[0].key <= w[1].key) {
+            idx.sort_by(|&i, &j| v[i].key.cmp(&v[j].key));
+        }
+        idx
+    };
+    let (b, a) = (&before.elements[..], &after.elements[..]);
+    // What both share at the start and at the end is unchanged (keys are unique in a set, so
+    // an element there cannot be elsewhere in the other): a pod's change leaves a middle of
+    // one element or two to merge.
+    let pre = b.iter().zip(a).take_while(|(x, y)| x == y).count();
+    let suf = b[pre..].iter().rev().zip(a[pre..].iter().rev()).take_while(|(x, y)| x == y).count();
+    let (b, a) = (&b[pre..b.len() - suf], &a[pre..a.len() - suf]);
+    let (bi, ai) = (in_key_order(b), in_key_order(a));
     let (mut gone, mut new) = (Vec::new(), Vec::new());
-    let (mut b, mut a) = (before.elements.iter().peekable(), after.elements.iter().peekable());
-    loop {
-        match (b.peek(), a.peek()) {
-            (Some(x), Some(y)) => match x.key.cmp(&y.key) {
-                Ordering::Less => gone.extend(b.next()),
-                Ordering::Greater => new.extend(a.next()),
-                Ordering::Equal => {
-                    if x != y {
-                        gone.push(x);
-                        new.push(y);
-                    }
-                    b.next();
-                    a.next();
+    let (mut i, mut j) = (0, 0);
+    while i < bi.len() || j < ai.len() {
+        let order = match (bi.get(i), ai.get(j)) {
+            (Some(&x), Some(&y)) => b[x].key.cmp(&a[y].key),
+            (Some(_), None) => Ordering::Less,
+            _ => Ordering::Greater,
+        };
+        match order {
+            Ordering::Less => {
+                gone.push(bi[i]);
+                i += 1;
+            }
+            Ordering::Greater => {
+                new.push(ai[j]);
+                j += 1;
+            }
+            Ordering::Equal => {
+                // A changed comment or verdict: deleted and added again.
+                if b[bi[i]] != a[ai[j]] {
+                    gone.push(bi[i]);
+                    new.push(ai[j]);
                 }
-            },
-            (Some(_), None) => gone.extend(b.next()),
-            (None, Some(_)) => new.extend(a.next()),
-            (None, None) => break,
+                i += 1;
+                j += 1;
+            }
         }
     }
-    (gone, new)
+    // In each set's own order, as the sets list them.
+    gone.sort_unstable();
+    new.sort_unstable();
+    (gone.into_iter().map(|k| &b[k]).collect(), new.into_iter().map(|k| &a[k]).collect())
 }
 
 /// [`element_changes`] as an nft script (deletions first).

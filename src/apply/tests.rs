@@ -397,7 +397,7 @@ fn a_full_sync_keeps_the_timed_sets_it_renders() {
     );
 }
 
-/// The merge over sets in key order finds what the keyed comparison finds: added, removed and
+/// The merge over the sets in key order finds what comparing element by element finds: added, removed and
 /// changed elements (a changed comment is deleted and added again), in each set's order.
 #[test]
 fn element_differences_of_ordered_sets_are_found_by_a_merge() {
@@ -437,7 +437,7 @@ fn element_differences_of_ordered_sets_are_found_by_a_merge() {
         let want_new: Vec<&Element> = after.elements.iter().filter(|e| !before.elements.contains(e)).collect();
         assert_eq!((gone, new), (want_gone, want_new));
     }
-    // Out of key order (sets sorted as text): the keyed comparison still answers.
+    // Out of key order (sets sorted as text): sorted first, the same answer.
     let (a, b) = (set(vec![(10, "p"), (9, "p")]), set(vec![(10, "p"), (8, "p")]));
     let (gone, new) = element_difference(&a, &b);
     assert_eq!((gone.len(), new.len()), (1, 1));
