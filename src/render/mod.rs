@@ -952,22 +952,6 @@ fn overlay_sources_set(outer: Family, inner: Family) -> String {
     format!("overlay-{}-in-{}", v(inner), v(outer))
 }
 
-/// A `typeof` key part: the outer source (`ip saddr`) and the raw inner one (`@th,…`), as
-/// [`Field::Saddr`] and [`Field::InnerSaddr`] print them.
-fn typeof_saddr(fam: Family) -> &'static str {
-    match fam {
-        Family::V4 => "ip saddr",
-        Family::V6 => "ip6 saddr",
-    }
-}
-
-fn typeof_inner_saddr(fam: Family) -> &'static str {
-    match fam {
-        Family::V4 => "@th,336,32",
-        Family::V6 => "@th,304,128",
-    }
-}
-
 fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
     let mut out: Vec<Set> = [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
         .into_iter()
@@ -1008,7 +992,7 @@ fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
                 outer.as_str(),
                 inner.as_str()
             ),
-            key: vec![typeof_saddr(outer), typeof_inner_saddr(inner)],
+            key: [Field::Saddr(outer), Field::InnerSaddr(inner)].into_iter().filter_map(Field::typeof_part).collect(),
             data: None,
             interval: true,
             timeout: false,

@@ -42,7 +42,26 @@ pub enum Field {
 pub(crate) const INNER_ETHERTYPE: u32 = 28 * 8;
 const INNER_IP: u32 = 30 * 8;
 
+/// `typeof` key parts (a set's key when one of its fields is a raw payload): the outer source
+/// and the inner one, per family, written as [`Field::Saddr`] and [`Field::InnerSaddr`]
+/// print them (a test holds them equal). The netlink writer matches on these.
+pub(crate) const TYPEOF_SADDR_V4: &str = "ip saddr";
+pub(crate) const TYPEOF_SADDR_V6: &str = "ip6 saddr";
+pub(crate) const TYPEOF_INNER_SADDR_V4: &str = "@th,336,32";
+pub(crate) const TYPEOF_INNER_SADDR_V6: &str = "@th,304,128";
+
 impl Field {
+    /// This field as a `typeof` key part, for the fields a `typeof` key may hold.
+    pub(crate) fn typeof_part(self) -> Option<&'static str> {
+        match self {
+            Self::Saddr(Family::V4) => Some(TYPEOF_SADDR_V4),
+            Self::Saddr(Family::V6) => Some(TYPEOF_SADDR_V6),
+            Self::InnerSaddr(Family::V4) => Some(TYPEOF_INNER_SADDR_V4),
+            Self::InnerSaddr(Family::V6) => Some(TYPEOF_INNER_SADDR_V6),
+            _ => None,
+        }
+    }
+
     /// Where an inner source address lies (bits from the transport header) and its length.
     pub(crate) fn inner_saddr(family: Family) -> (u32, u32) {
         match family {
@@ -461,6 +480,11 @@ mod tests {
         assert_eq!(r.to_string(), "@th,224,16 0x86dd ip saddr . @th,304,128 @s return");
         assert_eq!(Stmt::InnerEtherType(Family::V4).to_string(), "@th,224,16 0x800");
         assert_eq!(Field::InnerSaddr(Family::V4).to_string(), "@th,336,32");
+        for fam in [Family::V4, Family::V6] {
+            for field in [Field::Saddr(fam), Field::InnerSaddr(fam)] {
+                assert_eq!(field.typeof_part(), Some(field.to_string().as_str()));
+            }
+        }
         assert_eq!(
             Rule::new(vec![Stmt::Limit { rate: 10, burst: 20 }, Stmt::Log { prefix: Some("flock:x".into()), group: 100 }], None)
                 .to_string(),

@@ -32,6 +32,7 @@ use crate::nfnetlink::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, attr, attributes, message, messages, nested, nul_terminated,
 };
 use crate::render::names::TABLE;
+use crate::render::rule::{TYPEOF_INNER_SADDR_V4, TYPEOF_INNER_SADDR_V6, TYPEOF_SADDR_V4, TYPEOF_SADDR_V6};
 use crate::render::{Element, Key, KeyPart, Set};
 
 /// The elements of one set to delete and to add (deletions go first).
@@ -150,11 +151,10 @@ fn key_range(types: &[&str], key: &Key) -> Result<(Vec<u8>, Vec<u8>), String> {
                 b.resize(IFNAMSIZ, 0);
                 (b.clone(), b)
             }
-            ("ipv4_addr" | "ip saddr", KeyPart::Addr(a @ IpAddr::V4(_)))
-            | ("ipv6_addr" | "ip6 saddr", KeyPart::Addr(a @ IpAddr::V6(_))) => (octets(*a), octets(*a)),
-            ("@th,336,32", KeyPart::Raw(n @ ipnet::IpNet::V4(_))) | ("@th,304,128", KeyPart::Raw(n @ ipnet::IpNet::V6(_))) => {
-                (octets(n.network()), octets(n.broadcast()))
-            }
+            ("ipv4_addr" | TYPEOF_SADDR_V4, KeyPart::Addr(a @ IpAddr::V4(_)))
+            | ("ipv6_addr" | TYPEOF_SADDR_V6, KeyPart::Addr(a @ IpAddr::V6(_))) => (octets(*a), octets(*a)),
+            (TYPEOF_INNER_SADDR_V4, KeyPart::Raw(n @ ipnet::IpNet::V4(_)))
+            | (TYPEOF_INNER_SADDR_V6, KeyPart::Raw(n @ ipnet::IpNet::V6(_))) => (octets(n.network()), octets(n.broadcast())),
             ("ipv4_addr", KeyPart::Net(n @ ipnet::IpNet::V4(_))) | ("ipv6_addr", KeyPart::Net(n @ ipnet::IpNet::V6(_))) => {
                 (octets(n.network()), octets(n.broadcast()))
             }

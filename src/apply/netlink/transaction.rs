@@ -29,8 +29,10 @@ use super::{
     verdict_data,
 };
 use crate::apply::Step;
+use crate::model::Family;
 use crate::nft::parse::Kind;
 use crate::render::names::TABLE;
+use crate::render::rule::{Field as RuleField, TYPEOF_INNER_SADDR_V4, TYPEOF_INNER_SADDR_V6, TYPEOF_SADDR_V4, TYPEOF_SADDR_V6};
 use crate::render::{Chain, Element, Object, Ruleset, Set};
 
 const NFT_MSG_NEWTABLE: u16 = 0;
@@ -114,32 +116,34 @@ const PROTO_BASE_TRANSPORT_HDR: u32 = 3;
 const UDATA_CONCAT_SUB_TYPE: u8 = 0;
 const UDATA_CONCAT_SUB_DATA: u8 = 1;
 
-/// The user data nft records for a `typeof` key part: a payload field's protocol header
-/// (`PROTO_DESC_IP`, `PROTO_DESC_IP6`) and field (`IPHDR_SADDR`, `IP6HDR_SADDR`), or for a
-/// raw field (`@th,OFFSET,LEN`) its base, offset and length.
+/// nft's ids of the IPv4 and IPv6 headers (`PROTO_DESC_IP`, `PROTO_DESC_IP6`) and of their
+/// source fields (`IPHDR_SADDR`, `IP6HDR_SADDR`).
+const PROTO_DESC_IP: u32 = 12;
+const PROTO_DESC_IP6: u32 = 13;
+const IPHDR_SADDR: u32 = 11;
+const IP6HDR_SADDR: u32 = 8;
+
+/// The user data nft records for a `typeof` key part: a payload field's protocol header and
+/// field, or for a raw field (`@th,OFFSET,LEN`) its base, offset and length.
 fn typeof_part(part: &str) -> Result<Vec<u8>, String> {
     let u = |v: u32| v.to_ne_bytes();
+    let header = |out: &mut Vec<u8>, desc: u32, field: u32| -> Result<(), String> {
+        udata(out, UDATA_TYPEOF_PAYLOAD_DESC, &u(desc))?;
+        udata(out, UDATA_TYPEOF_PAYLOAD_FIELD, &u(field))
+    };
     let mut out = Vec::new();
     match part {
-        "ip saddr" => {
-            udata(&mut out, UDATA_TYPEOF_PAYLOAD_DESC, &u(12))?;
-            udata(&mut out, UDATA_TYPEOF_PAYLOAD_FIELD, &u(11))?;
-        }
-        "ip6 saddr" => {
-            udata(&mut out, UDATA_TYPEOF_PAYLOAD_DESC, &u(13))?;
-            udata(&mut out, UDATA_TYPEOF_PAYLOAD_FIELD, &u(8))?;
-        }
-        raw => {
-            let mut it = raw.strip_prefix("@th,").ok_or_else(|| format!("key part {raw}"))?.split(',').map(str::parse::<u32>);
-            let (Some(Ok(offset)), Some(Ok(len)), None) = (it.next(), it.next(), it.next()) else {
-                return Err(format!("key part {raw}"));
-            };
-            udata(&mut out, UDATA_TYPEOF_PAYLOAD_DESC, &u(0))?;
-            udata(&mut out, UDATA_TYPEOF_PAYLOAD_FIELD, &u(0))?;
+        TYPEOF_SADDR_V4 => header(&mut out, PROTO_DESC_IP, IPHDR_SADDR)?,
+        TYPEOF_SADDR_V6 => header(&mut out, PROTO_DESC_IP6, IP6HDR_SADDR)?,
+        TYPEOF_INNER_SADDR_V4 | TYPEOF_INNER_SADDR_V6 => {
+            let fam = if part == TYPEOF_INNER_SADDR_V4 { Family::V4 } else { Family::V6 };
+            let (offset, len) = RuleField::inner_saddr(fam);
+            header(&mut out, 0, 0)?;
             udata(&mut out, UDATA_TYPEOF_PAYLOAD_BASE, &u(PROTO_BASE_TRANSPORT_HDR))?;
             udata(&mut out, UDATA_TYPEOF_PAYLOAD_OFFSET, &u(offset))?;
             udata(&mut out, UDATA_TYPEOF_PAYLOAD_LEN, &u(len))?;
         }
+        other => return Err(format!("key part {other}")),
     }
     Ok(out)
 }
@@ -172,11 +176,11 @@ pub(super) struct KeyType {
 
 pub(super) fn key_type(name: &str) -> Option<KeyType> {
     let (id, len, byteorder) = match name {
-        "ipv4_addr" | "ip saddr" => (7, 4, BIG_ENDIAN),
-        "ipv6_addr" | "ip6 saddr" => (8, 16, BIG_ENDIAN),
+        "ipv4_addr" | TYPEOF_SADDR_V4 => (7, 4, BIG_ENDIAN),
+        "ipv6_addr" | TYPEOF_SADDR_V6 => (8, 16, BIG_ENDIAN),
         // A raw field's type is nft's integer.
-        "@th,336,32" => (INTEGER, 4, BIG_ENDIAN),
-        "@th,304,128" => (INTEGER, 16, BIG_ENDIAN),
+        TYPEOF_INNER_SADDR_V4 => (INTEGER, 4, BIG_ENDIAN),
+        TYPEOF_INNER_SADDR_V6 => (INTEGER, 16, BIG_ENDIAN),
         "inet_proto" => (12, 1, 0),
         "inet_service" => (13, 2, BIG_ENDIAN),
         "ifname" => (41, 16, HOST_ENDIAN),
