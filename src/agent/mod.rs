@@ -798,6 +798,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         for p in state.new_problems(&problems) {
             tracing::warn!(problem = %p, "policy cannot be enforced as written");
         }
+        for p in state.new_overlay_problems(&translated.overlay_problems) {
+            tracing::warn!(problem = %p, "overlay: an address of a node is not trusted");
+        }
         cfg.metrics.problems(problems.len());
         cfg.metrics.coalesced(state.coalesced(generation));
         let Some(mut ap) = applier.take() else { return };

@@ -89,8 +89,9 @@ pub(crate) struct LoopState {
     last_observed: u64,
     /// The endpoint generation of the last sync (how many changes one sync coalesced).
     last_generation: u64,
-    /// The problems logged (each once, when it appears).
+    /// The problems logged (each once, when it appears): the policies', the overlay guard's.
     reported: Vec<PolicyProblem>,
+    reported_overlay: Vec<String>,
     /// Whether a ruleset was left for hashing yet (the first commit's is, changed or not).
     digest_owed: bool,
     /// A revocation sweep is owed: the first commit of this agent (connections may predate
@@ -121,6 +122,7 @@ impl LoopState {
             last_observed: 0,
             last_generation: 0,
             reported: Vec::new(),
+            reported_overlay: Vec::new(),
             digest_owed: true,
             sweep_owed: revoke,
             sweeping: false,
@@ -186,9 +188,12 @@ impl LoopState {
 
     /// The problems of this sync not logged yet; `problems` sorted.
     pub(crate) fn new_problems<'a>(&mut self, problems: &'a [PolicyProblem]) -> Vec<&'a PolicyProblem> {
-        let new = problems.iter().filter(|p| self.reported.binary_search(p).is_err()).collect();
-        self.reported = problems.to_vec();
-        new
+        newly_seen(&mut self.reported, problems)
+    }
+
+    /// The overlay guard's problems of this sync not logged yet; `problems` sorted.
+    pub(crate) fn new_overlay_problems<'a>(&mut self, problems: &'a [String]) -> Vec<&'a String> {
+        newly_seen(&mut self.reported_overlay, problems)
     }
 
     /// How long the committed table has had no baseline.
@@ -301,6 +306,13 @@ impl LoopState {
     fn next_sweep(&self, now: Instant) -> Instant {
         self.last_sweep.map_or(now, |l| (l + SWEEP_INTERVAL).max(now))
     }
+}
+
+/// What of `now` (sorted) is not in `reported`; `reported` becomes `now`.
+fn newly_seen<'a, T: Ord + Clone>(reported: &mut Vec<T>, now: &'a [T]) -> Vec<&'a T> {
+    let new = now.iter().filter(|p| reported.binary_search(p).is_err()).collect();
+    *reported = now.to_vec();
+    new
 }
 
 #[cfg(test)]

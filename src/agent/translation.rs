@@ -32,6 +32,8 @@ impl Mode {
 pub(crate) struct Translated {
     pub(crate) ruleset: Ruleset,
     pub(crate) problems: Vec<PolicyProblem>,
+    /// Addresses of nodes the overlay guard does not trust (sorted).
+    pub(crate) overlay_problems: Vec<String>,
     pub(crate) mode: Mode,
     /// The periodic check ran (a full translation compared with the incremental state).
     pub(crate) checked: bool,
@@ -53,13 +55,11 @@ pub(crate) struct Translation {
     options: translate::Options,
     render: RenderOptions,
     state: Option<State>,
-    /// The overlay guard's problems logged (each once, when it appears).
-    overlay_reported: Vec<String>,
 }
 
 impl Translation {
     pub(crate) fn new(options: translate::Options, render: RenderOptions) -> Self {
-        Self { options, render, state: None, overlay_reported: Vec::new() }
+        Self { options, render, state: None }
     }
 
     /// The translation kept, shared (`None`: none yet).
@@ -108,14 +108,10 @@ impl Translation {
             }
         }
         let problems = state.translation.policy().problems.clone();
-        let overlay = state.translation.policy().overlay.as_ref().map(|o| o.problems.as_slice()).unwrap_or_default();
-        for p in overlay.iter().filter(|p| !self.overlay_reported.contains(p)) {
-            tracing::warn!(problem = %p, "overlay: an address of a node is not trusted");
-        }
-        self.overlay_reported = overlay.to_vec();
+        let overlay_problems = state.translation.policy().overlay.as_ref().map(|o| o.problems.clone()).unwrap_or_default();
         let deniers = crate::nflog::denial::Endpoints::of(state.translation.policy());
         self.state = Some(state);
-        Translated { ruleset, problems, mode, checked, disagreed, deniers }
+        Translated { ruleset, problems, overlay_problems, mode, checked, disagreed, deniers }
     }
 
     fn fresh(&self, snapshot: &Snapshot, version: u64, endpoints: &[LocalEndpoint]) -> State {
