@@ -1181,19 +1181,32 @@ pub(crate) struct Server {
 }
 
 impl Server {
+    /// Answers each connection's request ([`serve`]).
     pub(crate) fn start(ns: &Path, addr: SocketAddr, threads: usize) -> anyhow::Result<Self> {
+        Self::serving(ns, addr, threads, |conn| {
+            // Errors of one connection (a reset, a timeout) end that connection.
+            let _ = serve(conn);
+        })
+    }
+
+    /// Hands each connection to `handle`, on `threads` accept loops.
+    pub(crate) fn serving(
+        ns: &Path,
+        addr: SocketAddr,
+        threads: usize,
+        handle: impl Fn(TcpStream) + Clone + Send + 'static,
+    ) -> anyhow::Result<Self> {
         // The socket belongs to the namespace it was created in, whichever thread uses it.
         let listener = flock::netns::run_in(&Netns::Path(ns.to_path_buf()), || listen(addr))??;
         let listener = Arc::new(listener);
         let stop = Arc::new(AtomicBool::new(false));
         let threads = (0..threads)
             .map(|_| {
-                let (l, stop) = (listener.clone(), stop.clone());
+                let (l, stop, handle) = (listener.clone(), stop.clone(), handle.clone());
                 std::thread::spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
-                        // Errors of one connection (a reset, a timeout) end that connection.
                         if let Ok((conn, _)) = l.accept() {
-                            let _ = serve(conn);
+                            handle(conn);
                         }
                     }
                 })

@@ -14,16 +14,13 @@
 //! host-gw of that round.
 
 use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use nix::sys::socket as sock;
 use serde_json::{Value, json};
 
 use flock::agent::routes::{Peers, Router, Routing, RoutingConfig, VXLAN_OVERHEAD_V4, VxlanConfig};
@@ -96,7 +93,9 @@ struct Side {
     rules: usize,
     /// Held for their drop, before the namespaces go.
     _server: Server,
-    sink: Sink,
+    _sink: Server,
+    /// What the sink has read.
+    received: Arc<AtomicU64>,
     _routers: Vec<Router>,
     client: NetnsGuard,
     _server_ns: NetnsGuard,
@@ -176,10 +175,21 @@ impl Side {
         }
         let dst = SocketAddr::new(IpAddr::V4(SERVER), PORT);
         let server_loop = Server::start(&path(&server), dst, servers).with_context(|| format!("server in {}", server.name))?;
-        let sink = Sink::start(&path(&server), SocketAddr::new(IpAddr::V4(SERVER), BULK_PORT))?;
+        let (sink, received) = sink(&path(&server), SocketAddr::new(IpAddr::V4(SERVER), BULK_PORT))?;
         probe(&path(&client), Some(IpAddr::V4(CLIENT)), dst, CONNECT_TIMEOUT)
             .with_context(|| format!("client to server over {routing}"))?;
-        Ok(Self { routing, pod_mtu, rules, _server: server_loop, sink, _routers: routers, client, _server_ns: server, _nodes: nodes })
+        Ok(Self {
+            routing,
+            pod_mtu,
+            rules,
+            _server: server_loop,
+            _sink: sink,
+            received,
+            _routers: routers,
+            client,
+            _server_ns: server,
+            _nodes: nodes,
+        })
     }
 
     fn dst(&self) -> SocketAddr {
@@ -204,9 +214,9 @@ impl Side {
             })
         };
         std::thread::sleep(WARM_UP);
-        let (c0, t0) = (self.sink.bytes.load(Ordering::Relaxed), Instant::now());
+        let (c0, t0) = (self.received.load(Ordering::Relaxed), Instant::now());
         std::thread::sleep(duration);
-        let (c1, t1) = (self.sink.bytes.load(Ordering::Relaxed), Instant::now());
+        let (c1, t1) = (self.received.load(Ordering::Relaxed), Instant::now());
         stop.store(true, Ordering::Relaxed);
         let written = writer.join().map_err(|_| anyhow::anyhow!("the bulk writer panicked"))?;
         written.with_context(|| format!("bulk stream over {}", self.routing))?;
@@ -217,53 +227,20 @@ impl Side {
     }
 }
 
-/// A listener that reads and counts whatever its connections send; stopped on drop.
-struct Sink {
-    listener: Arc<TcpListener>,
-    bytes: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Sink {
-    fn start(ns: &Path, addr: SocketAddr) -> anyhow::Result<Self> {
-        let listener = Arc::new(
-            flock::netns::run_in(&Netns::Path(ns.to_path_buf()), || TcpListener::bind(addr))?.with_context(|| format!("binding {addr}"))?,
-        );
-        let (bytes, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
-        let thread = {
-            let (l, bytes, stop) = (listener.clone(), bytes.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let Ok((mut conn, _)) = l.accept() else { continue };
-                    let bytes = bytes.clone();
-                    // One stream at a time is measured; each ends when its writer closes.
-                    std::thread::spawn(move || {
-                        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-                        let mut buf = vec![0u8; 256 * 1024];
-                        while let Ok(n) = conn.read(&mut buf) {
-                            if n == 0 {
-                                break;
-                            }
-                            bytes.fetch_add(n as u64, Ordering::Relaxed);
-                        }
-                    });
-                }
-            })
-        };
-        Ok(Self { listener, bytes, stop, thread: Some(thread) })
-    }
-}
-
-impl Drop for Sink {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // A shut-down listening socket wakes its accept() with EINVAL.
-        let _ = sock::shutdown(self.listener.as_raw_fd(), sock::Shutdown::Both);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+/// A server that reads and counts whatever its connections send (one stream at a time).
+fn sink(ns: &Path, addr: SocketAddr) -> anyhow::Result<(Server, Arc<AtomicU64>)> {
+    let bytes = Arc::new(AtomicU64::new(0));
+    let counted = bytes.clone();
+    let server = Server::serving(ns, addr, 1, move |mut conn| {
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut buf = vec![0u8; 256 * 1024];
+        // Until the writer closes (or the read times out).
+        while let Ok(n @ 1..) = conn.read(&mut buf) {
+            counted.fetch_add(n as u64, Ordering::Relaxed);
         }
-    }
+    })
+    .with_context(|| format!("bulk sink on {addr}"))?;
+    Ok((server, bytes))
 }
 
 /// host-gw and VXLAN twins measured in `rounds` rounds of `seconds` each per mode and
