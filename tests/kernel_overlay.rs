@@ -91,16 +91,22 @@ fn fragments(ns: &NetnsGuard) -> u64 {
 
 /// A TCP exchange of `size` bytes each way from `from` to `to` (port 9000 served in `to`).
 fn exchange(from: &Pod, to: &Pod, dst: IpAddr, size: usize) -> Result<(), String> {
+    exchange_from(&from.ns, to, dst, size).map(|_| ())
+}
+
+/// [`exchange`] from any namespace; the source address the server saw.
+fn exchange_from(from: &NetnsGuard, to: &Pod, dst: IpAddr, size: usize) -> Result<IpAddr, String> {
     let listener =
         flock_cni::netns::run_in(&to.ns.netns(), || TcpListener::bind(SocketAddr::new(dst, 9000))).unwrap().map_err(|e| e.to_string())?;
-    let server = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut c, _) = listener.accept()?;
+    let server = std::thread::spawn(move || -> std::io::Result<IpAddr> {
+        let (mut c, peer) = listener.accept()?;
         c.set_read_timeout(Some(Duration::from_secs(5)))?;
         let mut buf = vec![0u8; size];
         c.read_exact(&mut buf)?;
-        c.write_all(&buf)
+        c.write_all(&buf)?;
+        Ok(peer.ip())
     });
-    let client = flock_cni::netns::run_in(&from.ns.netns(), || -> std::io::Result<()> {
+    let client = flock_cni::netns::run_in(&from.netns(), || -> std::io::Result<()> {
         let mut c = TcpStream::connect_timeout(&SocketAddr::new(dst, 9000), Duration::from_secs(3))?;
         c.set_read_timeout(Some(Duration::from_secs(5)))?;
         let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
@@ -113,9 +119,9 @@ fn exchange(from: &Pod, to: &Pod, dst: IpAddr, size: usize) -> Result<(), String
         Ok(())
     })
     .unwrap();
-    let served = server.join().unwrap();
+    // A failed client leaves the server waiting on accept: it is not joined then.
     client.map_err(|e| format!("client: {e}"))?;
-    served.map_err(|e| format!("server: {e}"))
+    server.join().unwrap().map_err(|e| format!("server: {e}"))
 }
 
 #[test]
@@ -311,6 +317,12 @@ fn forged_vxlan(from_node: IpAddr, to_node: IpAddr, src: IpAddr, dst: IpAddr, pa
     f
 }
 
+/// The guard's counting rule in `ns`'s `overlay-in` chain.
+fn listed_guard(ns: &NetnsGuard) -> String {
+    let listed = String::from_utf8(ns.exec(&["nft", "list", "chain", "inet", "flock", "overlay-in"]).stdout).unwrap();
+    listed.lines().find(|l| l.contains("counter") && l.contains("spoofed")).unwrap_or_else(|| panic!("no guard:\n{listed}")).to_string()
+}
+
 #[test]
 fn vxlan_from_a_non_node_or_with_a_forged_inner_source_is_dropped() {
     if !require_root("vxlan_from_a_non_node_or_with_a_forged_inner_source_is_dropped") {
@@ -403,10 +415,19 @@ fn vxlan_from_a_non_node_or_with_a_forged_inner_source_is_dropped() {
     for (v6, src) in forged {
         assert_eq!(forge(node0_ns, node(0, v6), src, "forged").as_deref(), None, "node 0's frame from {src} reached the pod");
     }
-    let listed = String::from_utf8(u.nodes[1].ns.exec(&["nft", "list", "chain", "inet", "flock", "overlay-in"]).stdout).unwrap();
-    let guard = listed.lines().find(|l| l.contains("counter") && l.contains("spoofed")).unwrap_or_else(|| panic!("no guard:\n{listed}"));
+    let guard = listed_guard(&u.nodes[1].ns);
     let want = format!("counter packets {} ", 2 + forged.len());
     assert!(guard.contains(&want), "the spoofed frames were not all counted ({want}): {guard}");
+    // Node 0's own packets to pod 1 leave with its InternalIP, whatever other addresses it
+    // holds: the route names the source. An address on lo (a service or BGP address) would
+    // otherwise be the kernel's choice, and the guard would drop it as spoofed.
+    node0_ns.ip(&["addr", "add", "198.18.60.1/32", "dev", "lo"]);
+    node0_ns.ip(&["-6", "addr", "add", "2001:db8:100::1/128", "dev", "lo"]);
+    for dst in u.pods[1].ips.clone() {
+        let seen = exchange_from(node0_ns, &u.pods[1], dst, 4 * 1024).unwrap_or_else(|e| panic!("node 0 to pod 1 ({dst}): {e}"));
+        assert_eq!(seen, node(0, dst.is_ipv6()), "node 0's packets to {dst} left with another source");
+    }
+    assert!(listed_guard(&u.nodes[1].ns).contains(&want), "node 0's own packets were counted as spoofed");
     // The real overlay still works, both ways.
     for (a, b) in [(0, 1), (1, 0)] {
         exchange(&u.pods[a], &u.pods[b], u.pods[b].ips[0], 16 * 1024).unwrap_or_else(|e| panic!("pod {a} to pod {b} under the guard: {e}"));

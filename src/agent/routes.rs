@@ -7,7 +7,9 @@
 //!   underlay family (`flock.vxlan`, `flock.vxlan6`), and per other node a route to its pod
 //!   CIDR via that CIDR's first address on the device (`onlink`), a permanent neighbour entry
 //!   giving that address the node's VTEP MAC, and a forwarding entry sending the MAC to the
-//!   node's InternalIP. A VTEP MAC is derived from the node's underlay address
+//!   node's InternalIP. The route's preferred source is this node's InternalIP of the inner
+//!   family: the device has no address, and the host's own packets must leave with a source
+//!   the other node's guard takes from this node (an address on `lo` would otherwise win). A VTEP MAC is derived from the node's underlay address
 //!   ([`vtep_mac`]), so no node needs to publish one.
 //! - **auto**: host-gw to nodes whose InternalIP is on-link (the kernel's routes reach it
 //!   without a gateway), VXLAN to the rest (Calico's CrossSubnet).
@@ -140,12 +142,13 @@ pub fn vtep_mac(ip: IpAddr) -> Mac {
 }
 
 /// One desired route: via a gateway on the node's own links, or (`dev`) on-link on an
-/// overlay device.
+/// overlay device, with (`src`) the source the host's own packets take.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct NodeRoute {
     pub(crate) dst: IpNet,
     pub(crate) via: IpAddr,
     pub(crate) dev: Option<String>,
+    pub(crate) src: Option<IpAddr>,
 }
 
 /// One VXLAN device: its name, the local underlay address and its MAC.
@@ -215,7 +218,7 @@ pub(crate) fn plan(peers: &Peers, config: &RoutingConfig, on_link: impl Fn(IpAdd
                 Routing::Auto => on_link(*ip),
             });
             if let Some(via) = direct {
-                out.routes.insert(NodeRoute { dst: cidr, via, dev: None });
+                out.routes.insert(NodeRoute { dst: cidr, via, dev: None, src: None });
                 continue;
             }
             if config.routing == Routing::HostGw {
@@ -231,7 +234,7 @@ pub(crate) fn plan(peers: &Peers, config: &RoutingConfig, on_link: impl Fn(IpAdd
             out.vteps.insert(Vtep { name: dev.clone(), local, mac: vtep_mac(local) });
             let gateway = cidr.network();
             out.tunnels.insert(Tunnel { dev: dev.clone(), gateway, mac: vtep_mac(remote), underlay: remote });
-            out.routes.insert(NodeRoute { dst: cidr, via: gateway, dev: Some(dev) });
+            out.routes.insert(NodeRoute { dst: cidr, via: gateway, dev: Some(dev), src: own(v6) });
         }
     }
     out
@@ -269,6 +272,8 @@ pub struct RouteChanges {
     pub removed: usize,
     /// Pod CIDRs without a path, and why.
     pub unreachable: BTreeMap<IpNet, String>,
+    /// Pod CIDRs over the overlay whose route has no preferred source, and why.
+    pub sourceless: BTreeMap<IpNet, String>,
 }
 
 /// Programs routes in one namespace, from a thread of its own that entered it (a netlink
@@ -309,6 +314,7 @@ impl Router {
                         let _ = ready_tx.send(Ok(()));
                         // Said when it changes, not at every sync.
                         let mut unreachable = BTreeMap::new();
+                        let mut sourceless = BTreeMap::new();
                         while let Some((peers, reply)) = rx.recv().await {
                             let result = reconcile(&handle, &config, &peers).await;
                             if let Ok(c) = &result
@@ -318,6 +324,14 @@ impl Router {
                                     tracing::warn!(%cidr, why, "no route to another node's pod CIDR");
                                 }
                                 unreachable = c.unreachable.clone();
+                            }
+                            if let Ok(c) = &result
+                                && c.sourceless != sourceless
+                            {
+                                for (cidr, why) in c.sourceless.iter().filter(|(k, _)| !sourceless.contains_key(*k)) {
+                                    tracing::warn!(%cidr, why, "overlay route without a preferred source: the host's own packets may be dropped as spoofed");
+                                }
+                                sourceless = c.sourceless.clone();
                             }
                             let _ = reply.send(result);
                         }
@@ -349,9 +363,10 @@ fn netlink(what: impl std::fmt::Display) -> impl FnOnce(rtnetlink::Error) -> Rou
 }
 
 fn describe(r: &NodeRoute) -> String {
+    let src = r.src.map(|s| format!(" src {s}")).unwrap_or_default();
     match &r.dev {
-        Some(d) => format!("{} via {} dev {d} onlink", r.dst, r.via),
-        None => format!("{} via {}", r.dst, r.via),
+        Some(d) => format!("{} via {} dev {d} onlink{src}", r.dst, r.via),
+        None => format!("{} via {}{src}", r.dst, r.via),
     }
 }
 
@@ -371,16 +386,24 @@ fn message(r: &NodeRoute, oif: Option<u32>) -> RouteMessage {
         m.attributes.push(RouteAttribute::Oif(index));
         m.header.flags.insert(rtnetlink::packet_route::route::RouteFlags::Onlink);
     }
+    match r.src {
+        Some(IpAddr::V4(a)) if r.dst.addr().is_ipv4() => m.attributes.push(RouteAttribute::PrefSource(RouteAddress::Inet(a))),
+        Some(IpAddr::V6(a)) if r.dst.addr().is_ipv6() => m.attributes.push(RouteAttribute::PrefSource(RouteAddress::Inet6(a))),
+        _ => {}
+    }
     m
 }
 
-/// A route of the kernel's: destination, gateway, output interface.
-fn parse_route(m: &RouteMessage) -> Option<(IpNet, Option<IpAddr>, Option<u32>)> {
+/// A route of the kernel's: destination, gateway, output interface, preferred source.
+fn parse_route(m: &RouteMessage) -> Option<(IpNet, Option<IpAddr>, Option<u32>, Option<IpAddr>)> {
     let mut dst = None;
     let mut via = None;
     let mut oif = None;
+    let mut src = None;
     for a in &m.attributes {
         match a {
+            RouteAttribute::PrefSource(RouteAddress::Inet(s)) => src = Some(IpAddr::V4(*s)),
+            RouteAttribute::PrefSource(RouteAddress::Inet6(s)) => src = Some(IpAddr::V6(*s)),
             RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = Some(IpAddr::V4(*d)),
             RouteAttribute::Destination(RouteAddress::Inet6(d)) => dst = Some(IpAddr::V6(*d)),
             RouteAttribute::Gateway(RouteAddress::Inet(g)) => via = Some(IpAddr::V4(*g)),
@@ -403,7 +426,7 @@ fn parse_route(m: &RouteMessage) -> Option<(IpNet, Option<IpAddr>, Option<u32>)>
         None if m.header.address_family == rtnetlink::packet_route::AddressFamily::Inet6 => IpNet::V6(ipnet::Ipv6Net::default()),
         None => IpNet::V4(ipnet::Ipv4Net::default()),
     };
-    Some((dst, via, oif))
+    Some((dst, via, oif, src))
 }
 
 /// flock's routes (as [`NodeRoute`]s, with their messages) and the main table's others
@@ -416,11 +439,11 @@ async fn routes(
     for probe in [RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(), RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()] {
         let mut stream = handle.route().get(probe).execute();
         while let Some(m) = stream.try_next().await.map_err(netlink("listing"))? {
-            let Some((dst, via, oif)) = parse_route(&m) else { continue };
+            let Some((dst, via, oif, src)) = parse_route(&m) else { continue };
             if m.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL) {
                 if let Some(via) = via {
                     let dev = oif.and_then(|i| devices.get(&i).cloned());
-                    ours.push((NodeRoute { dst, via, dev }, m));
+                    ours.push((NodeRoute { dst, via, dev, src }, m));
                 }
             } else if m.header.table == 254 || m.header.table == 0 {
                 main.push((dst, via.is_some()));
@@ -428,6 +451,21 @@ async fn routes(
         }
     }
     Ok((ours, main))
+}
+
+/// Every address the node holds, all families and links.
+async fn local_addresses(handle: &Handle) -> Result<BTreeSet<IpAddr>, RouteError> {
+    use rtnetlink::packet_route::address::AddressAttribute;
+    let mut out = BTreeSet::new();
+    let mut s = handle.address().get().execute();
+    while let Some(m) = s.try_next().await.map_err(netlink("addresses"))? {
+        for a in &m.attributes {
+            if let AddressAttribute::Address(ip) | AddressAttribute::Local(ip) = a {
+                out.insert(*ip);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The index of link `name`, if it exists.
@@ -698,23 +736,40 @@ async fn reconcile(handle: &Handle, config: &RoutingConfig, peers: &Peers) -> Re
     let devices = devices(handle, &config.vxlan, &plan.vteps).await?;
     let names: BTreeMap<u32, String> = devices.iter().map(|(n, i)| (*i, n.clone())).collect();
     let mut changes = tunnels(handle, &devices, &plan.tunnels).await?;
+    // A preferred source the kernel does not hold would make the route's addition fail: the
+    // route goes without one (the kernel chooses) and says so.
+    let local = local_addresses(handle).await?;
+    let routes_wanted: BTreeSet<NodeRoute> = plan
+        .routes
+        .into_iter()
+        .map(|mut r| {
+            if let Some(src) = r.src.filter(|s| !local.contains(s)) {
+                changes.sourceless.insert(r.dst, format!("this node's InternalIP {src} is not an address of the node"));
+                r.src = None;
+            }
+            r
+        })
+        .collect();
     let (have, _) = routes(handle, &names).await?;
-    for (r, m) in &have {
-        if !plan.routes.contains(r) {
-            handle.route().del(m.clone()).execute().await.map_err(netlink(describe(r)))?;
-            changes.removed += 1;
-        }
-    }
     let present: BTreeSet<&NodeRoute> = have.iter().map(|(r, _)| r).collect();
-    for r in plan.routes.iter().filter(|r| !present.contains(r)) {
+    // Added (or replaced in place) before anything is removed: a node moving between host-gw
+    // and VXLAN keeps a route to its pods throughout.
+    for r in routes_wanted.iter().filter(|r| !present.contains(r)) {
         let oif = match &r.dev {
             Some(d) => Some(*devices.get(d).ok_or_else(|| RouteError::Netlink { route: describe(r), message: format!("no device {d}") })?),
             None => None,
         };
-        // `replace`: a route to the same prefix left by an earlier run with another gateway
-        // is taken over rather than failing with EEXIST.
+        // `replace`: the route to the same prefix (another gateway, device or source, from
+        // this run or an earlier one) is taken over rather than failing with EEXIST.
         handle.route().add(message(r, oif)).replace().execute().await.map_err(netlink(describe(r)))?;
         changes.added += 1;
+    }
+    let destinations: BTreeSet<IpNet> = routes_wanted.iter().map(|r| r.dst).collect();
+    for (r, m) in &have {
+        if !destinations.contains(&r.dst) {
+            handle.route().del(m.clone()).execute().await.map_err(netlink(describe(r)))?;
+            changes.removed += 1;
+        }
     }
     changes.unreachable = plan.unreachable;
     Ok(changes)
@@ -740,7 +795,7 @@ mod tests {
         let p = direct(&s, "node-1");
         assert_eq!(
             p.routes.into_iter().collect::<Vec<_>>(),
-            vec![NodeRoute { dst: "198.18.2.0/24".parse().unwrap(), via: ip("198.18.0.2"), dev: None }]
+            vec![NodeRoute { dst: "198.18.2.0/24".parse().unwrap(), via: ip("198.18.0.2"), dev: None, src: None }]
         );
         assert!(p.vteps.is_empty() && p.tunnels.is_empty());
         // An IPv6 CIDR without an IPv6 InternalIP gets no route (reported); with one, it does.
@@ -775,9 +830,10 @@ mod tests {
         assert_eq!(
             routes,
             vec![
-                "198.18.2.0/24 via 198.18.2.0 dev flock.vxlan onlink",
-                "2001:db8:2::/64 via 2001:db8:2:: dev flock.vxlan6 onlink",
-                "2001:db8:3::/64 via 2001:db8:3:: dev flock.vxlan onlink",
+                "198.18.2.0/24 via 198.18.2.0 dev flock.vxlan onlink src 198.18.0.1",
+                "2001:db8:2::/64 via 2001:db8:2:: dev flock.vxlan6 onlink src 2001:db8:ff::1",
+                // The inner family's source, whatever the underlay.
+                "2001:db8:3::/64 via 2001:db8:3:: dev flock.vxlan onlink src 2001:db8:ff::1",
             ]
         );
         let vteps: Vec<(&str, IpAddr)> = p.vteps.iter().map(|v| (v.name.as_str(), v.local)).collect();
@@ -794,7 +850,7 @@ mod tests {
             vec![
                 "198.18.2.0/24 via 198.18.9.2",
                 "2001:db8:2::/64 via 2001:db8:ff::2",
-                "2001:db8:3::/64 via 2001:db8:3:: dev flock.vxlan onlink",
+                "2001:db8:3::/64 via 2001:db8:3:: dev flock.vxlan onlink src 2001:db8:ff::1",
             ]
         );
         // No shared underlay family: unreachable, by name.
