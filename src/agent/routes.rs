@@ -394,8 +394,17 @@ fn message(r: &NodeRoute, oif: Option<u32>) -> RouteMessage {
     m
 }
 
-/// A route of the kernel's: destination, gateway, output interface, preferred source.
-fn parse_route(m: &RouteMessage) -> Option<(IpNet, Option<IpAddr>, Option<u32>, Option<IpAddr>)> {
+/// A route of the kernel's, as flock reads it.
+struct KernelRoute {
+    dst: IpNet,
+    /// The gateway; `0.0.0.0` for routes with several next hops or no link at all.
+    via: Option<IpAddr>,
+    oif: Option<u32>,
+    /// The preferred source.
+    src: Option<IpAddr>,
+}
+
+fn parse_route(m: &RouteMessage) -> Option<KernelRoute> {
     let mut dst = None;
     let mut via = None;
     let mut oif = None;
@@ -426,7 +435,7 @@ fn parse_route(m: &RouteMessage) -> Option<(IpNet, Option<IpAddr>, Option<u32>, 
         None if m.header.address_family == rtnetlink::packet_route::AddressFamily::Inet6 => IpNet::V6(ipnet::Ipv6Net::default()),
         None => IpNet::V4(ipnet::Ipv4Net::default()),
     };
-    Some((dst, via, oif, src))
+    Some(KernelRoute { dst, via, oif, src })
 }
 
 /// flock's routes (as [`NodeRoute`]s, with their messages) and the main table's others
@@ -439,7 +448,7 @@ async fn routes(
     for probe in [RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(), RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()] {
         let mut stream = handle.route().get(probe).execute();
         while let Some(m) = stream.try_next().await.map_err(netlink("listing"))? {
-            let Some((dst, via, oif, src)) = parse_route(&m) else { continue };
+            let Some(KernelRoute { dst, via, oif, src }) = parse_route(&m) else { continue };
             if m.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL) {
                 if let Some(via) = via {
                     let dev = oif.and_then(|i| devices.get(&i).cloned());
