@@ -11,7 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use flock::agent::routes::Routing;
-use flock::model::Protocol;
+use flock::model::{Family, Protocol};
 use flock::sim::probe::{Outcome, Task, probe};
 use flock::sim::{ProbeSpec, Sim, SimOptions, Underlay};
 use flock::testkit::kernel::{NetnsGuard, flock_cni_binary, require_root};
@@ -445,6 +445,80 @@ async fn pods_cross_a_routed_underlay_over_vxlan_and_not_over_host_gw() {
                 cross.iter().filter(|c| c.outcome != Some(Outcome::Connected)).collect::<Vec<_>>()
             );
         }
+        sim.teardown().await.unwrap();
+    }
+}
+
+/// The base cluster on an IPv6 underlay: every node's InternalIP is `2001:db8:ff::<n>`, its
+/// pod CIDR `2001:db8:<n>::/64`, and (`dual`) its IPv4 InternalIP and pod CIDR kept, each pod
+/// `198.18.<n>.<m>` also (or only) `2001:db8:<n>::<m>`.
+fn on_an_ipv6_underlay(dual: bool) -> flock::model::Snapshot {
+    let mut s = testkit::base_cluster();
+    let v6 = |ip: &std::net::IpAddr| -> std::net::IpAddr {
+        let std::net::IpAddr::V4(a) = ip else { panic!("{ip}") };
+        let [_, _, n, m] = a.octets();
+        std::net::IpAddr::from([0x2001, 0xdb8, u16::from(n), 0, 0, 0, 0, u16::from(m)])
+    };
+    for mut n in s.nodes().cloned().collect::<Vec<_>>() {
+        let i: u16 = n.name.trim_start_matches("node-").parse().unwrap();
+        let (ip, cidr) = (format!("2001:db8:ff::{i}").parse().unwrap(), format!("2001:db8:{i}::/64").parse().unwrap());
+        if dual {
+            n.internal_ips.push(ip);
+            n.pod_cidrs.push(cidr);
+        } else {
+            (n.internal_ips, n.pod_cidrs) = (vec![ip], vec![cidr]);
+        }
+        s.upsert_node(n);
+    }
+    for mut p in s.pods().cloned().collect::<Vec<_>>() {
+        let ips: Vec<std::net::IpAddr> = p.ips.iter().map(v6).collect();
+        if dual {
+            p.ips.extend(ips);
+        } else {
+            p.ips = ips;
+        }
+        s.upsert_pod(p);
+    }
+    s
+}
+
+/// On a routed IPv6 underlay (nodes known by IPv6 InternalIPs only, or dual stack), IPv6 pods
+/// cross over the IPv6 VXLAN device (`flock.vxlan6`, forwarding entries to the nodes' IPv6
+/// addresses) and, in dual stack, IPv4 pods over the IPv4 one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pods_cross_a_routed_ipv6_underlay_over_vxlan() {
+    if !require_root("pods_cross_a_routed_ipv6_underlay_over_vxlan") {
+        return;
+    }
+    for dual in [false, true] {
+        let mut opts = sim_options();
+        opts.underlay = Underlay::Routed;
+        opts.routing.routing = Routing::Vxlan;
+        let snap = on_an_ipv6_underlay(dual);
+        let node_of: std::collections::BTreeMap<String, Option<String>> =
+            snap.pods().map(|p| (p.key().to_string(), p.node.clone())).collect();
+        let sim = Sim::build(snap, opts).await.unwrap();
+        let pods = sim.pod_names();
+        let families = if dual { vec![Family::V4, Family::V6] } else { vec![Family::V6] };
+        for family in families {
+            let spec = ProbeSpec { port: 80, protocol: Protocol::Tcp, family: Some(family) };
+            let cells = sim.probe(spec, &pods, &pods).unwrap();
+            let cross: Vec<_> = cells.iter().filter(|c| node_of[&c.from] != node_of[&c.to]).collect();
+            assert_eq!(cross.len(), 2 * 4 * 5, "dual {dual}, {family:?}: every pair across the nodes is probed");
+            let failed: Vec<_> = cross.iter().filter(|c| c.outcome != Some(Outcome::Connected)).collect();
+            assert!(failed.is_empty(), "dual {dual}, {family:?}: {failed:?}");
+        }
+        let ns = sim.node_netns("node-1").unwrap();
+        let show = |args: &[&str]| {
+            let out = Command::new("ip").args(["netns", "exec", &ns]).args(args).output().unwrap();
+            (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        let (_, fdb) = show(&["bridge", "fdb", "show", "dev", "flock.vxlan6"]);
+        assert!(fdb.contains("dst 2001:db8:ff::2"), "dual {dual}: node-2 is not reached over IPv6: {fdb}");
+        let (_, routes) = show(&["ip", "-6", "route", "show", "proto", "70"]);
+        assert!(routes.contains("2001:db8:2::/64 via 2001:db8:2:: dev flock.vxlan6"), "dual {dual}: {routes}");
+        let (v4_device, _) = show(&["ip", "link", "show", "flock.vxlan"]);
+        assert_eq!(v4_device, dual, "dual {dual}: the IPv4 device is there only with IPv4 InternalIPs");
         sim.teardown().await.unwrap();
     }
 }
