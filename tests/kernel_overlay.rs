@@ -433,3 +433,43 @@ fn vxlan_from_a_non_node_or_with_a_forged_inner_source_is_dropped() {
         exchange(&u.pods[a], &u.pods[b], u.pods[b].ips[0], 16 * 1024).unwrap_or_else(|e| panic!("pod {a} to pod {b} under the guard: {e}"));
     }
 }
+
+#[test]
+fn the_overlay_refuses_to_start_over_a_device_flock_does_not_own() {
+    if !require_root("the_overlay_refuses_to_start_over_a_device_flock_does_not_own") {
+        return;
+    }
+    let u = underlay("ovc");
+    let ns = &u.nodes[0].ns;
+    let start = |routing, vxlan: VxlanConfig| Router::start(ns.netns(), RoutingConfig { routing, vxlan });
+    let refused = |routing, vxlan: VxlanConfig| match start(routing, vxlan) {
+        Ok(_) => panic!("{routing}: the overlay started"),
+        Err(e) => e.to_string(),
+    };
+    // Another component's VXLAN device on the same port: with the same VNI, then receiving
+    // every VNI (`external`, as Cilium's).
+    ns.ip(&["link", "add", "other0", "type", "vxlan", "id", "1", "dstport", "4789", "local", "198.18.50.1"]);
+    for routing in [Routing::Vxlan, Routing::Auto] {
+        let e = refused(routing, VxlanConfig::default());
+        assert!(e.contains("other0") && e.contains("VNI 1 on UDP port 4789"), "{e}");
+    }
+    // Another VNI on another port: no clash.
+    drop(start(Routing::Vxlan, VxlanConfig { vni: 2, ..VxlanConfig::default() }).unwrap());
+    drop(start(Routing::Vxlan, VxlanConfig { port: 4790, ..VxlanConfig::default() }).unwrap());
+    ns.ip(&["link", "del", "other0"]);
+    ns.ip(&["link", "add", "other1", "type", "vxlan", "external", "dstport", "4789"]);
+    let e = refused(Routing::Vxlan, VxlanConfig::default());
+    assert!(e.contains("other1") && e.contains("every VNI"), "{e}");
+    ns.ip(&["link", "del", "other1"]);
+    // A device of flock's name that is not flock's: refused, and left as it was — also by a
+    // host-gw agent, which removes only flock's marked devices.
+    ns.ip(&["link", "add", "flock.vxlan", "type", "bridge"]);
+    let e = refused(Routing::Vxlan, VxlanConfig::default());
+    assert!(e.contains("flock.vxlan") && e.contains("not flock's"), "{e}");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let r = start(Routing::HostGw, VxlanConfig::default()).unwrap();
+    rt.block_on(r.sync(Peers { own: peers(0).own, others: vec![] })).unwrap();
+    assert_eq!(rt.block_on(flock::agent::routes::remove_overlay(&ns.netns())).unwrap(), 0);
+    let still = String::from_utf8(ns.exec(&["ip", "-d", "link", "show", "flock.vxlan"]).stdout).unwrap();
+    assert!(still.contains("bridge"), "{still}");
+}

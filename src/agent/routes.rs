@@ -253,6 +253,8 @@ pub enum RouteError {
     Netlink { route: String, message: String },
     #[error("the route programmer of {netns} stopped")]
     Stopped { netns: String },
+    #[error("device {device}: {message}")]
+    Clash { device: String, message: String },
     #[error(transparent)]
     Netns(#[from] crate::netns::NetnsError),
     #[error("cannot open a netlink connection in {netns}: {source}")]
@@ -311,6 +313,13 @@ impl Router {
                             }
                         };
                         tokio::spawn(conn);
+                        // The overlay refuses to start over another component's device.
+                        if config.routing != Routing::HostGw
+                            && let Err(e) = clash(&handle, &config.vxlan).await
+                        {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
                         let _ = ready_tx.send(Ok(()));
                         // Said when it changes, not at every sync.
                         let mut unreachable = BTreeMap::new();
@@ -566,10 +575,17 @@ async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -
             tracing::info!(device = %name, "removed a VXLAN device flock made under another name");
         }
     }
+    if !want.is_empty() {
+        clash(handle, config).await?;
+    }
     for v6 in [false, true] {
         let name = config.device_for(v6);
         let wanted = want.iter().find(|v| v.name == name);
         let have = link_index(handle, &name).await?;
+        if have.as_ref().is_some_and(|(_, m)| !marked(m)) {
+            // Someone else's (not wanted, or `clash` would have refused): left alone.
+            continue;
+        }
         if let Some((index, m)) = &have {
             if wanted.is_some_and(|v| fits(m, v, config)) {
                 out.insert(name, *index);
@@ -607,22 +623,77 @@ async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -
 /// The alias marking flock's VXLAN devices (`ip -d link show` shows it).
 const DEVICE_ALIAS: &str = "flock overlay";
 
-/// flock's VXLAN devices (by their alias), whatever their names.
-async fn marked_devices(handle: &Handle) -> Result<Vec<(u32, String)>, RouteError> {
+/// Whether link `m` carries flock's mark.
+fn marked(m: &rtnetlink::packet_route::link::LinkMessage) -> bool {
+    use rtnetlink::packet_route::link::LinkAttribute;
+    m.attributes.iter().any(|a| matches!(a, LinkAttribute::IfAlias(x) if x == DEVICE_ALIAS))
+}
+
+/// Every link: index, name, message.
+async fn links(handle: &Handle) -> Result<Vec<(u32, String, rtnetlink::packet_route::link::LinkMessage)>, RouteError> {
     use rtnetlink::packet_route::link::LinkAttribute;
     let mut out = Vec::new();
     let mut links = handle.link().get().execute();
     while let Some(m) = links.try_next().await.map_err(netlink("devices"))? {
-        let alias = m.attributes.iter().any(|a| matches!(a, LinkAttribute::IfAlias(x) if x == DEVICE_ALIAS));
         let name = m.attributes.iter().find_map(|a| match a {
             LinkAttribute::IfName(n) => Some(n.clone()),
             _ => None,
         });
-        if let (true, Some(name)) = (alias, name) {
-            out.push((m.header.index, name));
+        if let Some(name) = name {
+            out.push((m.header.index, name, m));
         }
     }
     Ok(out)
+}
+
+/// flock's VXLAN devices (by their alias), whatever their names.
+async fn marked_devices(handle: &Handle) -> Result<Vec<(u32, String)>, RouteError> {
+    Ok(links(handle).await?.into_iter().filter(|(_, _, m)| marked(m)).map(|(i, n, _)| (i, n)).collect())
+}
+
+/// Why the overlay's settings cannot be taken on this node: a device flock does not own has
+/// one of its names, or already receives its VNI on its UDP port (the same VNI, or every VNI:
+/// an `external` device, as Cilium's). flock never deletes or shares such a device.
+async fn clash(handle: &Handle, config: &VxlanConfig) -> Result<(), RouteError> {
+    use rtnetlink::packet_route::link::{InfoData, InfoVxlan, LinkAttribute, LinkInfo};
+    let names = [config.device_for(false), config.device_for(true)];
+    for (_, name, m) in links(handle).await? {
+        if marked(&m) {
+            continue;
+        }
+        if names.contains(&name) {
+            return Err(RouteError::Clash {
+                device: name,
+                message: "has the name of flock's VXLAN device and is not flock's (no alias \"flock overlay\"): choose another --vxlan-device, or remove it".into(),
+            });
+        }
+        let (mut vni, mut port, mut external) = (None, None, false);
+        for a in &m.attributes {
+            let LinkAttribute::LinkInfo(infos) = a else { continue };
+            for i in infos {
+                let LinkInfo::Data(InfoData::Vxlan(data)) = i else { continue };
+                for d in data {
+                    match d {
+                        InfoVxlan::Id(id) => vni = Some(*id),
+                        InfoVxlan::Port(p) => port = Some(*p),
+                        InfoVxlan::CollectMetadata(on) => external = *on,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        if port == Some(config.port) && (external || vni == Some(config.vni)) {
+            let what = if external { "every VNI".to_string() } else { format!("VNI {}", config.vni) };
+            return Err(RouteError::Clash {
+                device: name,
+                message: format!(
+                    "a VXLAN device flock does not own already receives {what} on UDP port {}: choose another --vxlan-port or --vxlan-vni",
+                    config.port
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Removes every VXLAN device flock made (host-gw, or routing left to another component):
