@@ -308,6 +308,9 @@ impl<'a> Ctx<'a> {
             let Some(net) = cidr(&b.cidr) else { return false };
             return net.contains(&self.addr) && !b.except.iter().filter_map(|e| cidr(e)).any(|x| x.contains(&self.addr));
         }
+        if peer.namespace_selector.as_ref().is_some_and(empty) && peer.pod_selector.as_ref().is_none_or(empty) && self.in_pod_range() {
+            return true;
+        }
         let Some(q) = self.peer else { return false };
         let ns_ok = match &peer.namespace_selector {
             None => q.namespace == p.namespace,
@@ -461,6 +464,12 @@ impl<'a> Ctx<'a> {
 
     fn cnp_peer_matches(&self, p: &CnpPeer) -> bool {
         match p {
+            CnpPeer::Namespaces(sel) if empty(sel) && self.in_pod_range() => true,
+            CnpPeer::Pods(pods)
+                if pods.namespace_selector.as_ref().is_none_or(empty) && empty(&pods.pod_selector) && self.in_pod_range() =>
+            {
+                true
+            }
             CnpPeer::Namespaces(sel) => self.peer_namespace().is_some_and(|(_, ns)| selector_matches(sel, ns)),
             CnpPeer::Pods(pods) => self.peer_namespace().is_some_and(|(q, ns)| {
                 pods.namespace_selector.as_ref().is_none_or(|n| selector_matches(n, ns)) && selector_matches(&pods.pod_selector, &q.labels)
@@ -471,6 +480,15 @@ impl<'a> Ctx<'a> {
             // here (the ruleset's sets start empty too).
             CnpPeer::DomainNames(_) | CnpPeer::Invalid(_) => false,
         }
+    }
+
+    /// flock's reading of a peer of every pod in every namespace (docs/policy.md, "Every
+    /// pod"): it also holds each address inside a Node's pod CIDR (one of at least /16 in
+    /// IPv4, /48 in IPv6) that is no node's, whether a live pod holds it or not.
+    fn in_pod_range(&self) -> bool {
+        let narrow_enough = |c: &IpNet| c.prefix_len() >= if c.addr().is_ipv4() { 16 } else { 48 };
+        self.s.nodes().any(|n| n.pod_cidrs.iter().any(|c| narrow_enough(c) && c.contains(&self.addr)))
+            && !self.s.nodes().any(|n| n.internal_ips.contains(&self.addr) || n.addresses.contains(&self.addr))
     }
 
     /// The peer pod and its namespace's labels (a pod whose Namespace is unknown matches no
@@ -617,6 +635,11 @@ fn selector_valid(sel: &LabelSelector) -> bool {
 }
 
 /// A valid selector's verdict on `labels` (the caller checks validity).
+/// A selector of everything: no labels, no expressions.
+fn empty(sel: &LabelSelector) -> bool {
+    sel.match_labels.is_empty() && sel.match_expressions.is_empty()
+}
+
 fn selector_matches(sel: &LabelSelector, labels: &Labels) -> bool {
     sel.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v.as_str()))
         && sel.match_expressions.iter().all(|e| match e.operator.as_str() {

@@ -1736,8 +1736,11 @@ impl Renderer<'_> {
         if elements.is_empty() {
             return None;
         }
-        let interval = matches!(def, PeerDef::Block(_));
-        let purpose = format!("{}-{}", if interval { "cidr" } else { "peers" }, fam.tag());
+        let block = matches!(def, PeerDef::Block(_));
+        // Every pod's set holds the pod CIDRs as ranges (whether or not any is there now: a
+        // set's flags stay as they are).
+        let interval = block || crate::translate::PodRanges::serve(def);
+        let purpose = format!("{}-{}", if block { "cidr" } else { "peers" }, fam.tag());
         let set_comment = comment(&def.to_string());
         let name = names::dynamic(&purpose, &[&format!("{def:?}"), &set_comment], &def.short());
         // Elements stay in address order (the IR's), which is how nft lists intervals.

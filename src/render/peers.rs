@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! map ingress-peer-addrs-v4   pod address → jump ingress-class-…    (one element per address:
-//! map ingress-peer-nets-v4    ipBlock range → jump ingress-class-…   O(peers) for the node)
+//! map ingress-peer-nets-v4    ipBlock or pod CIDR range → jump …     O(peers) for the node)
 //! chain ingress-class-…       oifname @…/all accept                  pods allowed all traffic
 //!                             oifname . meta l4proto . th dport @…/ports accept
 //! set ingress-any-peer        oifname . meta l4proto . th dport: ports allowed from anywhere
@@ -113,10 +113,22 @@ impl PeerPlan {
             let (mut blocks, mut hosts): (Vec<Entry<'_>>, Vec<Entry<'_>>) = (Vec::new(), Vec::new());
             for (i, def) in defs.iter().enumerate() {
                 let Some(set) = np.peer_sets.get(*def) else { continue };
-                let out = if matches!(def, PeerDef::Block(_)) { &mut blocks } else { &mut hosts };
+                // An ipBlock's prefixes are ranges, and so are the pod CIDRs in the set of
+                // every pod; the rest are addresses.
+                let block = matches!(def, PeerDef::Block(_));
                 match fam {
-                    Family::V4 => out.extend(set.v4.iter().map(|(n, c)| (v4_start(n), v4_end(n), Member::Peer(i), c.as_str()))),
-                    Family::V6 => out.extend(set.v6.iter().map(|(n, c)| (v6_start(n), v6_end(n), Member::Peer(i), c.as_str()))),
+                    Family::V4 => {
+                        for (n, c) in &set.v4 {
+                            let out = if block || n.prefix_len() < 32 { &mut blocks } else { &mut hosts };
+                            out.push((v4_start(n), v4_end(n), Member::Peer(i), c.as_str()));
+                        }
+                    }
+                    Family::V6 => {
+                        for (n, c) in &set.v6 {
+                            let out = if block || n.prefix_len() < 128 { &mut blocks } else { &mut hosts };
+                            out.push((v6_start(n), v6_end(n), Member::Peer(i), c.as_str()));
+                        }
+                    }
                 }
             }
             for (i, def) in named.iter().enumerate() {
@@ -270,7 +282,7 @@ impl PeerPlan {
                 for e in served {
                     uses.entry(e).or_default().insert((fam, interval));
                 }
-                let what = if interval { "ipBlock range" } else { "pod or node address" };
+                let what = if interval { "ipBlock or pod CIDR range" } else { "pod or node address" };
                 plan.maps.push(Set {
                     name: map_name(dir, fam, interval),
                     comment: format!(

@@ -31,7 +31,8 @@ use ipnet::IpNet;
 use super::cluster::{self, CompiledCnp};
 use super::compile::{self, CompiledPolicy};
 use super::{
-    Addresses, Direction, EndpointPolicy, NamedPortDef, NodePolicy, NsScope, Options, PeerDef, PeerMatch, PolicyProblem, Translator,
+    Addresses, Direction, EndpointPolicy, NamedPortDef, NodePolicy, NsScope, Options, PeerDef, PeerMatch, PodRanges, PolicyProblem,
+    Translator,
 };
 pub use crate::model::Change;
 use crate::model::{LocalEndpoint, ObjectRef, Pod, Protocol, Snapshot};
@@ -314,10 +315,12 @@ impl Incremental {
         // Endpoints that are gone.
         changed.endpoints.extend(old_policies.into_keys());
 
-        // Node sets: computed again (Nodes are few).
+        // Node sets and the sets of every pod (whose ranges are the Nodes' pod CIDRs):
+        // computed again (Nodes are few).
         let added = tr.added.replace(Vec::new()).unwrap_or_default();
         if nodes_changed {
-            let node_defs: Vec<PeerDef> = tr.out.peer_sets.keys().filter(|d| matches!(d, PeerDef::Nodes(_))).cloned().collect();
+            let node_defs: Vec<PeerDef> =
+                tr.out.peer_sets.keys().filter(|d| matches!(d, PeerDef::Nodes(_)) || PodRanges::serve(d)).cloned().collect();
             for def in node_defs {
                 let before = tr.out.peer_sets.remove(&def);
                 tr.peer_set(&def);
@@ -438,14 +441,18 @@ fn repair(
         .filter(|(_, o)| !o.is_empty())
         .collect();
 
+    // The set of every pod holds each address outside the pod ranges only (the ranges do
+    // not change with pods).
+    let ranges = np.peer_sets.keys().any(PodRanges::serve).then(|| PodRanges::of(snapshot));
     // A set is copied (it may be shared with a reader of an earlier translation) only when
     // it changes.
     for (def, set) in np.peer_sets.iter_mut() {
         if !matches!(def, PeerDef::Pods { .. }) {
             continue;
         }
+        let ranges = ranges.as_ref().filter(|_| PodRanges::serve(def));
         let mut before: Vec<(IpNet, String)> = Vec::new();
-        for ip in ips {
+        for ip in ips.iter().filter(|ip| !ranges.is_some_and(|r| r.contains(**ip))) {
             let net = IpNet::from(*ip);
             let held = match net {
                 IpNet::V4(n) => set.v4.get(&n),
@@ -459,7 +466,7 @@ fn repair(
         for (pod, own) in &owned {
             if selects(snapshot, def, pod) {
                 let name = format!("{}/{}", pod.namespace, pod.name);
-                for ip in own {
+                for ip in own.iter().filter(|ip| !ranges.is_some_and(|r| r.contains(**ip))) {
                     after.push((IpNet::from(*ip), name.clone()));
                 }
             }

@@ -260,6 +260,78 @@ impl<'a> Addresses<'a> {
     }
 }
 
+/// Where "every pod" is a range, not each pod's address: the Nodes' `podCIDRs`, merged, less
+/// the nodes' own addresses inside them (a node is no pod, whatever its address).
+///
+/// A set of every pod in every namespace (`namespaceSelector: {}`, `namespaces: {}`) holds
+/// these ranges and, one by one, the live pods' addresses outside them (IPAM from another
+/// pool). An address in a range no live pod holds is unused, or a pod the snapshot does not
+/// know yet (a pod all the same); the set stays the same as pods come and go. A range wider
+/// than /16 (IPv4) or /48 (IPv6) is not taken: nobody's pod CIDR, its pods go one by one.
+pub(crate) struct PodRanges {
+    v4: Vec<(ipnet::Ipv4Net, String)>,
+    v6: Vec<(ipnet::Ipv6Net, String)>,
+}
+
+impl PodRanges {
+    const WIDEST_V4: u8 = 16;
+    const WIDEST_V6: u8 = 48;
+
+    pub(crate) fn of(snapshot: &Snapshot) -> Self {
+        use ipnet::IpNet;
+        let mut nets: Vec<(IpNet, &str)> = snapshot
+            .nodes()
+            .flat_map(|n| n.pod_cidrs.iter().map(move |c| (c.trunc(), n.name.as_str())))
+            .filter(|(c, _)| c.prefix_len() >= if c.addr().is_ipv4() { Self::WIDEST_V4 } else { Self::WIDEST_V6 })
+            .collect();
+        // By network, then length: a range inside another comes after it and is dropped.
+        nets.sort();
+        let mut merged: Vec<(IpNet, &str)> = Vec::with_capacity(nets.len());
+        for (net, node) in nets {
+            if !merged.iter().rev().take_while(|(m, _)| m.addr().is_ipv4() == net.addr().is_ipv4()).any(|(m, _)| m.contains(&net)) {
+                merged.push((net, node));
+            }
+        }
+        let mut node_addrs: Vec<IpNet> =
+            snapshot.nodes().flat_map(|n| n.internal_ips.iter().chain(&n.addresses)).map(|a| IpNet::from(*a)).collect();
+        node_addrs.sort();
+        node_addrs.dedup();
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for (cidr, node) in merged {
+            let except: Vec<IpNet> = node_addrs.iter().filter(|a| cidr.contains(*a)).copied().collect();
+            let comment = format!("pod CIDR of node {}", clip(node));
+            for net in (IpBlockDef { cidr, except }).prefixes() {
+                match net {
+                    IpNet::V4(n) => v4.push((n, comment.clone())),
+                    IpNet::V6(n) => v6.push((n, comment.clone())),
+                }
+            }
+        }
+        v4.sort();
+        v6.sort();
+        Self { v4, v6 }
+    }
+
+    /// Whether a range holds `ip` (the ranges are disjoint and sorted).
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => {
+                let i = self.v4.partition_point(|(n, _)| n.network() <= a);
+                i > 0 && self.v4[i - 1].0.contains(&a)
+            }
+            IpAddr::V6(a) => {
+                let i = self.v6.partition_point(|(n, _)| n.network() <= a);
+                i > 0 && self.v6[i - 1].0.contains(&a)
+            }
+        }
+    }
+
+    /// Whether `def` is every pod in every namespace.
+    pub(crate) fn serve(def: &PeerDef) -> bool {
+        matches!(def, PeerDef::Pods { namespaces: NsScope::Matching(s), pods: None } if s.is_everything())
+    }
+}
+
 /// Translates endpoints into `out`, computing each peer and named-port set the rules refer to
 /// unless `out` already has it (the incremental path keeps sets up to date itself).
 struct Translator<'a, 'o> {
@@ -607,6 +679,28 @@ impl<'a> Translator<'a, '_> {
                     let name = format!("node {}", node.name);
                     for ip in &node.addresses {
                         set.insert(ipnet::IpNet::from(*ip), &name);
+                    }
+                }
+            }
+            PeerDef::Pods { namespaces: NsScope::Matching(sel), pods: None } if sel.is_everything() => {
+                let ranges = PodRanges::of(self.snapshot);
+                for (net, comment) in &ranges.v4 {
+                    set.insert(ipnet::IpNet::V4(*net), comment);
+                }
+                for (net, comment) in &ranges.v6 {
+                    set.insert(ipnet::IpNet::V6(*net), comment);
+                }
+                // The pods outside the ranges: a reported address tells (cheaply) whether
+                // any can be.
+                for ns in self.snapshot.namespaces().filter(|ns| sel.matches(&ns.labels)) {
+                    for pod in self.snapshot.pods_in(&ns.name) {
+                        if self.addresses.reported(pod).iter().all(|ip| ranges.contains(*ip)) {
+                            continue;
+                        }
+                        let name = format!("{}/{}", pod.namespace, pod.name);
+                        for ip in self.addresses.of(pod).filter(|ip| !ranges.contains(*ip)) {
+                            set.insert(ipnet::IpNet::from(ip), &name);
+                        }
                     }
                 }
             }

@@ -760,3 +760,67 @@ spec:
         );
     }
 }
+
+/// Every pod in every namespace is the Nodes' pod CIDRs as ranges (a node's own address in
+/// one left out), and, one by one, the live pods outside them; a CIDR wider than /16 is no
+/// range. A pod coming or going inside the ranges does not change the set.
+#[test]
+fn every_pod_is_the_pod_cidrs_and_the_pods_outside_them() {
+    let mut s = with(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{namespaceSelector: {}}]}]",
+    );
+    // node-2 holds an address inside its own pod CIDR; a third node claims a /8.
+    let mut n2 = s.node("node-2").unwrap().clone();
+    n2.addresses.push("198.18.2.250".parse().unwrap());
+    s.upsert_node(n2);
+    let mut n3 = s.node("node-1").unwrap().clone();
+    n3.name = "node-3".into();
+    n3.internal_ips = vec!["198.18.0.3".parse().unwrap()];
+    n3.addresses = n3.internal_ips.clone();
+    n3.pod_cidrs = vec!["10.0.0.0/8".parse().unwrap()];
+    s.upsert_node(n3);
+    // y/c's address comes from another pool; z/c's is in the /8.
+    let mut yc = pod_named(&s, "y/c");
+    yc.ips = vec!["198.18.77.5".parse().unwrap()];
+    s.upsert_pod(yc);
+    let mut zc = pod_named(&s, "z/c");
+    zc.ips = vec!["10.1.2.3".parse().unwrap()];
+    s.upsert_pod(zc);
+    let eps = vec![LocalEndpoint::for_pod(&pod_named(&s, "x/a"))];
+    let np = translate(&s, &eps, &Options::default());
+    let peers: Vec<String> = {
+        let key = testkit::pod_ref("x/a");
+        let ep = np.endpoints.iter().find(|e| e.pod == key).unwrap();
+        let PeerMatch::Addresses(def) = &ep.ingress.rules[0].peer else { panic!("not a peer set") };
+        np.peer_sets[def].v4.iter().map(|(n, c)| format!("{n} {c}")).collect()
+    };
+    assert_eq!(
+        peers,
+        [
+            "10.1.2.3/32 z/c",
+            "198.18.1.0/24 pod CIDR of node node-1",
+            "198.18.2.0/25 pod CIDR of node node-2",
+            "198.18.2.128/26 pod CIDR of node node-2",
+            "198.18.2.192/27 pod CIDR of node node-2",
+            "198.18.2.224/28 pod CIDR of node node-2",
+            "198.18.2.240/29 pod CIDR of node node-2",
+            "198.18.2.248/31 pod CIDR of node node-2",
+            "198.18.2.251/32 pod CIDR of node node-2",
+            "198.18.2.252/30 pod CIDR of node node-2",
+            "198.18.77.5/32 y/c",
+        ]
+    );
+    // Pods inside the ranges come and go: the same set.
+    let mut gone = s.clone();
+    gone.remove_pod(&pod_named(&s, "y/a").uid);
+    let mut new = pod_named(&s, "y/b");
+    (new.uid, new.name, new.ips) = ("uid-new".into(), "new".into(), vec!["198.18.1.200".parse().unwrap()]);
+    gone.upsert_pod(new);
+    assert_eq!(translate(&gone, &eps, &Options::default()).peer_sets, np.peer_sets);
+}
