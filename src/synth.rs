@@ -29,8 +29,10 @@
 //!   pairs of equal priority. Baseline policies cycle through deny ingress from other teams,
 //!   accept egress within the team, and deny SMTP to anywhere. Teams take the Admin shapes in turn
 //!   (all six for a team, then the next team), the Baseline ones round robin.
-//! - Addresses: IPv4 from 198.18.0.0/15, a /25 per node, while the nodes fit (1,024 nodes);
-//!   larger clusters are IPv6 from 2001:db8::/32, a /64 per node.
+//! - Addresses: IPv4 from 198.18.0.0/15, a /25 per node, while the nodes fit (1,016 nodes;
+//!   the nodes' own addresses in 198.19.252.0/22); larger clusters are IPv6 from
+//!   2001:db8::/32, a /64 per node (the nodes' own in 2001:db8:ffff:ffff::/64). No node's
+//!   address is in a pod CIDR.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -85,7 +87,7 @@ impl Cluster {
     /// when an IPv4 cluster has no address left for it in 198.18.0.0/15.
     pub fn copy_pod(&self, like: &Pod, n: usize) -> Option<Pod> {
         let node = self.nodes + n / self.pods_per_node;
-        if !self.ipv6 && node >= 1024 {
+        if !self.ipv6 && node >= MAX_NODES_V4 {
             return None;
         }
         let mut pod = like.clone();
@@ -155,8 +157,9 @@ pub fn generate(p: &Params) -> Cluster {
     let system: usize = SYSTEM_PODS.iter().map(|s| s.3).sum();
     let total = p.pods + system;
     let nodes = total.div_ceil(per_node).max(1);
-    // A /25 per node holds 126 pods; 198.18.0.0/15 holds 1,024 of them.
-    let ipv6 = nodes > 1024 || per_node > 126;
+    // A /25 per node holds 126 pods; 198.18.0.0/15 holds 1,016 of them and the nodes' own
+    // addresses.
+    let ipv6 = nodes > MAX_NODES_V4 || per_node > 126;
     let mut s = Snapshot::new();
 
     for i in 0..nodes {
@@ -254,9 +257,18 @@ fn node_v6(node: usize, host: usize) -> Ipv6Addr {
     Ipv6Addr::new(0x2001, 0xdb8, (node >> 16) as u16, node as u16, 0, 0, 0, host as u16)
 }
 
+/// IPv4 nodes' own addresses: 198.19.252.0/22, past the last node's pod CIDR (a node's
+/// address is in none, as on a real cluster).
+const NODE_IPS_V4: u32 = 0xc613_fc00;
+/// IPv4 clusters hold at most this many nodes (their /25s below [`NODE_IPS_V4`]).
+const MAX_NODES_V4: usize = 1016;
+
 fn node_ip(node: usize, ipv6: bool) -> IpAddr {
-    // The node's own address: the last one of its block.
-    if ipv6 { IpAddr::V6(node_v6(node, 0xffff)) } else { IpAddr::V4(node_v4(node, 127)) }
+    if ipv6 {
+        IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0xffff, 0, 0, (node >> 16) as u16, node as u16))
+    } else {
+        IpAddr::V4(Ipv4Addr::from(NODE_IPS_V4 + node as u32))
+    }
 }
 
 fn pod_ip(node: usize, index: usize, ipv6: bool) -> IpAddr {
@@ -417,7 +429,7 @@ fn policy(ns: usize, j: usize, apps: usize, namespaces: usize, ipv6: bool, rng: 
             }
             _ => {
                 let to = app(rng);
-                let node = rng.below(1024);
+                let node = rng.below(MAX_NODES_V4);
                 p.name = format!("allow-cluster-to-{to}-{j}");
                 p.pod_selector = labels(&[("app", &to)]);
                 let (cidr, except) = if ipv6 {
@@ -578,7 +590,7 @@ mod tests {
 
     #[test]
     fn large_clusters_are_ipv6_in_the_documentation_range() {
-        // More pods per node than a /25 holds: IPv6 (as are clusters of more than 1,024 nodes).
+        // More pods per node than a /25 holds: IPv6 (as are clusters of more than 1,016 nodes).
         let p = Params { pods: 1000, policies: 10, namespaces: 10, pods_per_node: 200, seed: 1, admin_policies: 0, baseline_policies: 0 };
         let c = generate(&p);
         assert!(c.ipv6);

@@ -740,6 +740,11 @@ impl Snapshot {
         self.pods_by_namespace.get(namespace).into_iter().flat_map(|pods| pods.iter().map(|p| &*p.0))
     }
 
+    /// Every address some pod's status reports within `from..=to`, in order.
+    pub(crate) fn reported_ips(&self, from: IpAddr, to: IpAddr) -> impl Iterator<Item = &IpAddr> {
+        self.pods_by_ip.range(from..=to).map(|(ip, _)| ip)
+    }
+
     /// Every pod whose status reports `ip`, whatever its phase, in no particular order.
     pub(crate) fn pods_with_ip(&self, ip: &IpAddr) -> impl Iterator<Item = &Pod> {
         self.pods_by_ip.get(ip).into_iter().flat_map(|pods| pods.iter().map(|p| &**p))

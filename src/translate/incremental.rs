@@ -423,7 +423,7 @@ fn repair(
         for p in snapshot.pods_with_ip(ip) {
             candidates.insert(&p.uid, p);
         }
-        if let Some(Some(uid)) = addresses.local_addrs.get(ip)
+        if let Some(Some(uid)) = addresses.local_owner(ip)
             && let Some(p) = snapshot.pod(uid)
         {
             candidates.insert(&p.uid, p);

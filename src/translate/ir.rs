@@ -199,6 +199,26 @@ impl AddressSet {
         }
     }
 
+    /// The set of `entries`, where an address listed twice keeps its first comment (as
+    /// [`Self::insert`] does). Built from sorted runs, not one insertion per entry: pod sets
+    /// hold up to a cluster's pods.
+    pub(crate) fn from_entries(entries: Vec<(IpNet, String)>) -> Self {
+        fn build<K: Ord + Copy>(mut v: Vec<(K, String)>) -> BTreeMap<K, String> {
+            // Stable: of equal keys, the first stays first, and `dedup` keeps it.
+            v.sort_by_key(|e| e.0);
+            v.dedup_by_key(|e| e.0);
+            v.into_iter().collect()
+        }
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for (net, comment) in entries {
+            match net {
+                IpNet::V4(n) => v4.push((n.trunc(), comment)),
+                IpNet::V6(n) => v6.push((n.trunc(), comment)),
+            }
+        }
+        Self { v4: build(v4), v6: build(v6) }
+    }
+
     pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         // A large set (pod addresses) is looked up by every prefix that could hold the
         // address, longest first; a small one scanned.

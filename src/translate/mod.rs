@@ -203,6 +203,12 @@ pub(crate) struct Addresses<'a> {
     local_pods: BTreeMap<&'a str, &'a [IpAddr]>,
     /// Local endpoint address → its pod's uid (`None`: a pod not in the snapshot yet).
     local_addrs: BTreeMap<IpAddr, Option<&'a str>>,
+    /// The `spec.nodeName`s of the local pods (one, normally): a pod on another node is not
+    /// local, known without a uid lookup (peer sets ask it of every pod of the cluster).
+    local_nodes: Vec<Option<&'a str>>,
+    /// The lowest and highest local address per family: an address outside is not local,
+    /// known without a lookup.
+    local_span: [Option<(IpAddr, IpAddr)>; 2],
 }
 
 impl<'a> Addresses<'a> {
@@ -210,27 +216,51 @@ impl<'a> Addresses<'a> {
     pub(crate) fn new(snapshot: &'a Snapshot, endpoints: &[&'a LocalEndpoint]) -> Self {
         let mut local_pods = BTreeMap::new();
         let mut local_addrs = BTreeMap::new();
+        let mut local_nodes = Vec::new();
         for ep in endpoints {
-            let uid = pod_of(snapshot, ep).map(|p| p.uid.as_str());
-            if let Some(uid) = uid {
-                local_pods.entry(uid).or_insert(ep.addrs.as_slice());
+            let pod = pod_of(snapshot, ep);
+            let uid = pod.map(|p| p.uid.as_str());
+            if let Some(pod) = pod {
+                local_pods.entry(pod.uid.as_str()).or_insert(ep.addrs.as_slice());
+                if !local_nodes.contains(&pod.node.as_deref()) {
+                    local_nodes.push(pod.node.as_deref());
+                }
             }
             for ip in &ep.addrs {
                 local_addrs.entry(*ip).or_insert(uid);
             }
         }
-        Self { snapshot, local_pods, local_addrs }
+        let span = |v6: bool| {
+            let mut ips = local_addrs.keys().filter(|ip| ip.is_ipv6() == v6);
+            let first = ips.next().copied()?;
+            Some((first, ips.next_back().copied().unwrap_or(first)))
+        };
+        let local_span = [span(false), span(true)];
+        Self { snapshot, local_pods, local_addrs, local_nodes, local_span }
     }
 
     /// The addresses `pod` reports: its endpoint's on this node, else its `podIPs`.
     fn reported(&self, pod: &'a Pod) -> &'a [IpAddr] {
+        if !self.local_nodes.contains(&pod.node.as_deref()) {
+            return &pod.ips;
+        }
         self.local_pods.get(pod.uid.as_str()).copied().unwrap_or(&pod.ips)
+    }
+
+    /// The local pod holding endpoint address `ip` (`Some(None)`: an endpoint whose pod is
+    /// not in the snapshot yet), if `ip` is a local endpoint's.
+    fn local_owner(&self, ip: &IpAddr) -> Option<Option<&'a str>> {
+        let (lo, hi) = self.local_span[usize::from(ip.is_ipv6())]?;
+        if *ip < lo || *ip > hi {
+            return None;
+        }
+        self.local_addrs.get(ip).copied()
     }
 
     /// Whether `pod` owns `ip` (see the type's doc).
     fn owns(&self, pod: &Pod, ip: &IpAddr) -> bool {
-        if let Some(owner) = self.local_addrs.get(ip) {
-            return *owner == Some(pod.uid.as_str());
+        if let Some(owner) = self.local_owner(ip) {
+            return owner == Some(pod.uid.as_str());
         }
         if !self.snapshot.is_contested(ip) {
             return true;
@@ -271,6 +301,8 @@ impl<'a> Addresses<'a> {
 pub(crate) struct PodRanges {
     v4: Vec<(ipnet::Ipv4Net, String)>,
     v6: Vec<(ipnet::Ipv6Net, String)>,
+    /// The same ranges as (first, last) address per family, for [`Self::contains`].
+    spans: [Vec<(u128, u128)>; 2],
 }
 
 impl PodRanges {
@@ -285,10 +317,11 @@ impl PodRanges {
             .filter(|(c, _)| c.prefix_len() >= if c.addr().is_ipv4() { Self::WIDEST_V4 } else { Self::WIDEST_V6 })
             .collect();
         // By network, then length: a range inside another comes after it and is dropped.
+        // Those kept are disjoint, so only the last one kept can hold the next.
         nets.sort();
         let mut merged: Vec<(IpNet, &str)> = Vec::with_capacity(nets.len());
         for (net, node) in nets {
-            if !merged.iter().rev().take_while(|(m, _)| m.addr().is_ipv4() == net.addr().is_ipv4()).any(|(m, _)| m.contains(&net)) {
+            if !merged.last().is_some_and(|(m, _)| m.contains(&net)) {
                 merged.push((net, node));
             }
         }
@@ -309,21 +342,46 @@ impl PodRanges {
         }
         v4.sort();
         v6.sort();
-        Self { v4, v6 }
+        let spans = [
+            v4.iter().map(|(n, _)| (u128::from(u32::from(n.network())), u128::from(u32::from(n.broadcast())))).collect(),
+            v6.iter().map(|(n, _)| (u128::from(n.network()), u128::from(n.broadcast()))).collect(),
+        ];
+        Self { v4, v6, spans }
+    }
+
+    /// The address intervals between the ranges (and before and after them), per family.
+    fn gaps(&self) -> Vec<(IpAddr, IpAddr)> {
+        let mut out = Vec::new();
+        for (i, spans) in self.spans.iter().enumerate() {
+            let (max, addr): (u128, fn(u128) -> IpAddr) = if i == 0 {
+                (u128::from(u32::MAX), |a| IpAddr::from(std::net::Ipv4Addr::from(u32::try_from(a).unwrap_or(u32::MAX))))
+            } else {
+                (u128::MAX, |a| IpAddr::from(std::net::Ipv6Addr::from(a)))
+            };
+            let mut next = Some(0u128);
+            for (first, last) in spans {
+                if let Some(start) = next
+                    && start < *first
+                {
+                    out.push((addr(start), addr(first - 1)));
+                }
+                next = last.checked_add(1);
+            }
+            if let Some(start) = next.filter(|s| *s <= max) {
+                out.push((addr(start), addr(max)));
+            }
+        }
+        out
     }
 
     /// Whether a range holds `ip` (the ranges are disjoint and sorted).
     pub(crate) fn contains(&self, ip: IpAddr) -> bool {
-        match ip {
-            IpAddr::V4(a) => {
-                let i = self.v4.partition_point(|(n, _)| n.network() <= a);
-                i > 0 && self.v4[i - 1].0.contains(&a)
-            }
-            IpAddr::V6(a) => {
-                let i = self.v6.partition_point(|(n, _)| n.network() <= a);
-                i > 0 && self.v6[i - 1].0.contains(&a)
-            }
-        }
+        let (spans, key) = match ip {
+            IpAddr::V4(a) => (&self.spans[0], u128::from(u32::from(a))),
+            IpAddr::V6(a) => (&self.spans[1], u128::from(a)),
+        };
+        let i = spans.partition_point(|(first, _)| *first <= key);
+        i > 0 && spans[i - 1].1 >= key
     }
 
     /// Whether `def` is every pod in every namespace.
@@ -684,38 +742,69 @@ impl<'a> Translator<'a, '_> {
             }
             PeerDef::Pods { namespaces: NsScope::Matching(sel), pods: None } if sel.is_everything() => {
                 let ranges = PodRanges::of(self.snapshot);
-                for (net, comment) in &ranges.v4 {
-                    set.insert(ipnet::IpNet::V4(*net), comment);
-                }
-                for (net, comment) in &ranges.v6 {
-                    set.insert(ipnet::IpNet::V6(*net), comment);
-                }
-                // The pods outside the ranges: a reported address tells (cheaply) whether
-                // any can be.
-                for ns in self.snapshot.namespaces().filter(|ns| sel.matches(&ns.labels)) {
-                    for pod in self.snapshot.pods_in(&ns.name) {
-                        if self.addresses.reported(pod).iter().all(|ip| ranges.contains(*ip)) {
-                            continue;
-                        }
-                        let name = format!("{}/{}", pod.namespace, pod.name);
-                        for ip in self.addresses.of(pod).filter(|ip| !ranges.contains(*ip)) {
-                            set.insert(ipnet::IpNet::from(ip), &name);
-                        }
+                let mut entries: Vec<(ipnet::IpNet, String)> = Vec::new();
+                entries.extend(ranges.v4.iter().map(|(n, c)| (ipnet::IpNet::V4(*n), c.clone())));
+                entries.extend(ranges.v6.iter().map(|(n, c)| (ipnet::IpNet::V6(*n), c.clone())));
+                // The pods with an address outside the ranges, found without visiting the
+                // others: those whose status reports one (the snapshot's index of reported
+                // addresses, between the ranges), and the local pods (they report their
+                // endpoints' addresses).
+                let snapshot = self.snapshot;
+                let mut outside: BTreeMap<&str, &Pod> = BTreeMap::new();
+                for (from, to) in ranges.gaps() {
+                    for ip in snapshot.reported_ips(from, to) {
+                        outside.extend(snapshot.pods_with_ip(ip).map(|p| (p.uid.as_str(), p)));
                     }
                 }
+                outside.extend(self.addresses.local_pods.keys().filter_map(|uid| snapshot.pod(uid)).map(|p| (p.uid.as_str(), p)));
+                for pod in outside.into_values() {
+                    if snapshot.namespace(&pod.namespace).is_some_and(|ns| sel.matches(&ns.labels)) {
+                        self.pod_entries(pod, |ip| !ranges.contains(ip), &mut entries);
+                    }
+                }
+                set = AddressSet::from_entries(entries);
             }
-            PeerDef::Pods { .. } => {
-                for pod in self.pods_of(def) {
-                    let name = format!("{}/{}", pod.namespace, pod.name);
-                    for ip in self.addresses.of(pod) {
-                        set.insert(ipnet::IpNet::from(ip), &name);
+            PeerDef::Pods { namespaces, pods } => {
+                let mut entries: Vec<(ipnet::IpNet, String)> = Vec::new();
+                let snapshot = self.snapshot;
+                let selected = |p: &&Pod| pods.as_ref().is_none_or(|s| s.matches(&p.labels));
+                match namespaces {
+                    NsScope::Named(ns) => {
+                        for pod in snapshot.pods_in(ns).filter(selected) {
+                            self.pod_entries(pod, |_| true, &mut entries);
+                        }
+                    }
+                    NsScope::Matching(sel) => {
+                        for ns in snapshot.namespaces().filter(|ns| sel.matches(&ns.labels)) {
+                            for pod in snapshot.pods_in(&ns.name).filter(selected) {
+                                self.pod_entries(pod, |_| true, &mut entries);
+                            }
+                        }
                     }
                 }
+                set = AddressSet::from_entries(entries);
             }
         }
         self.out.peer_sets.insert(def.clone(), std::sync::Arc::new(set));
         if let Some(added) = &mut self.added {
             added.push(PeerMatch::Addresses(def.clone()));
+        }
+    }
+
+    /// `pod`'s peer addresses that `keep` keeps, each with the pod's name, onto `out`.
+    fn pod_entries(&self, pod: &'a Pod, keep: impl Fn(IpAddr) -> bool, out: &mut Vec<(ipnet::IpNet, String)>) {
+        let mut ips = self.addresses.of(pod).filter(|ip| keep(*ip)).peekable();
+        if ips.peek().is_none() {
+            return;
+        }
+        // `namespace/name`, without the formatting machinery (once per pod of the cluster).
+        let mut name = String::with_capacity(pod.namespace.len() + 1 + pod.name.len());
+        name.push_str(&pod.namespace);
+        name.push('/');
+        name.push_str(&pod.name);
+        while let Some(ip) = ips.next() {
+            let comment = if ips.peek().is_some() { name.clone() } else { std::mem::take(&mut name) };
+            out.push((ipnet::IpNet::from(ip), comment));
         }
     }
 

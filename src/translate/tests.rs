@@ -824,3 +824,17 @@ spec:
     gone.upsert_pod(new);
     assert_eq!(translate(&gone, &eps, &Options::default()).peer_sets, np.peer_sets);
 }
+
+#[test]
+fn the_gaps_between_pod_ranges_cover_every_other_address() {
+    let r = PodRanges::of(&testkit::base_cluster());
+    let gaps: Vec<String> = r.gaps().iter().map(|(a, b)| format!("{a}-{b}")).collect();
+    // The two /24s touch: no gap between them.
+    assert_eq!(gaps, ["0.0.0.0-198.18.0.255", "198.18.3.0-255.255.255.255", "::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"]);
+    for ip in ["198.18.0.255", "198.18.3.0", "2001:db8::1"] {
+        assert!(!r.contains(ip.parse().unwrap()), "{ip}");
+    }
+    for ip in ["198.18.1.0", "198.18.2.255"] {
+        assert!(r.contains(ip.parse().unwrap()), "{ip}");
+    }
+}

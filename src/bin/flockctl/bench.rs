@@ -176,6 +176,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             "text_bytes": text.len(),
             "rules_per_pod": st.rules as f64 / local as f64,
             "elements_per_pod": st.elements as f64 / local as f64,
+            "largest_sets": largest_sets(&rs, 5),
         },
         "peer_doubling": peer_doubling(&cluster, &endpoints, &options, &rs),
         "one_pod_change": one_pod_change(&cluster, &rs, args.runs).context("one-pod change")?,
@@ -527,4 +528,19 @@ fn rss_bytes() -> Option<usize> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// The `n` sets and maps with the most elements: name and element count (where the
+/// ruleset's size goes).
+fn largest_sets(rs: &Ruleset, n: usize) -> serde_json::Value {
+    let mut sets: Vec<&render::Set> = rs
+        .objects
+        .iter()
+        .filter_map(|o| match o {
+            render::Object::Set(s) => Some(s),
+            render::Object::Chain(_) => None,
+        })
+        .collect();
+    sets.sort_by_key(|s| std::cmp::Reverse(s.elements.len()));
+    sets.iter().take(n).map(|s| json!({"name": s.name, "elements": s.elements.len()})).collect()
 }
