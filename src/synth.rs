@@ -82,6 +82,19 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A pod like `like` (same namespace, labels and ports) named `<name>-new`, on an existing
+    /// node other than the benchmarked one (`node-1`, or `node-0` alone) at the first address
+    /// of its pod CIDR past its pods: where a scheduler and the node's IPAM put a new pod.
+    pub fn new_pod_like(&self, like: &Pod) -> Pod {
+        let node = usize::from(self.nodes > 1);
+        let mut pod = like.clone();
+        pod.name = format!("{}-new", like.name);
+        pod.uid = crate::model::derived_uid(&pod.namespace, &pod.name);
+        pod.node = Some(format!("node-{node}"));
+        pod.ips = vec![pod_ip(node, self.pods_per_node, self.ipv6)];
+        pod
+    }
+
     /// A copy of `like` (same namespace, labels and ports) named `<name>-copy-<n>`, with a new
     /// uid and the `n`-th address after the cluster's nodes, on the node it belongs to; `None`
     /// when an IPv4 cluster has no address left for it in 198.18.0.0/15.

@@ -86,7 +86,7 @@ fn measures_the_data_path_in_throwaway_namespaces() {
     assert!(dp["ratio"].as_f64().is_some_and(|r| r > 0.0), "{dp}");
     assert_eq!(dp["rounds"], 2);
     let scenarios = dp["scenarios"].as_object().unwrap();
-    assert_eq!(scenarios.keys().collect::<Vec<_>>(), ["ip_blocks", "pod_selectors", "pod_to_node", "synthetic_busiest"]);
+    assert_eq!(scenarios.keys().collect::<Vec<_>>(), ["admin_tiers", "ip_blocks", "pod_selectors", "pod_to_node", "synthetic_busiest"]);
     assert!(scenarios.contains_key(dp["worst"].as_str().unwrap()), "{dp}");
     for (name, s) in scenarios {
         for key in ["flock_conn_per_s", "conntrack_only_conn_per_s"] {

@@ -370,7 +370,7 @@ fn apply_bench(cluster: &Cluster, rs: &Ruleset, text: &str, runs: usize) -> anyh
     }))
 }
 
-/// A pod that appears and disappears: a copy of a peer pod of one of the node's sets, so the
+/// A pod that appears and disappears: a new pod like a peer pod of one of the node's sets, so the
 /// node's ruleset changes by one element each time. Translated and rendered as the agent does
 /// it: incrementally ([`translate::Incremental`], [`render::RenderCache`]).
 struct OnePodChange {
@@ -397,8 +397,15 @@ impl OnePodChange {
             })
             .find_map(|e| e.comment.split_once('/').and_then(|(ns, name)| s.pod_by_name(&ObjectRef::new(ns, name))));
         let Some(peer) = peer else { bail!("the node's ruleset has no pod peer set") };
-        let Some(pod) = cluster.copy_pod(peer, 0) else { bail!("no address left for a new pod") };
-        let what = format!("pod {}/{} appears and disappears (a copy of peer {}/{})", pod.namespace, pod.name, peer.namespace, peer.name);
+        let pod = cluster.new_pod_like(peer);
+        let what = format!(
+            "pod {}/{} appears and disappears (like peer {}/{}, on {} in its pod CIDR)",
+            pod.namespace,
+            pod.name,
+            peer.namespace,
+            peer.name,
+            pod.node.as_deref().unwrap_or("?")
+        );
         let endpoints = s.derived_endpoints(&cluster.node);
         let translation = translate::Incremental::new(s, &endpoints, &Options::default());
         let mut cache = render::RenderCache::new(render::RenderOptions::default());

@@ -191,7 +191,8 @@ fn measure(params: &Params, args: &DataplaneArgs) -> anyhow::Result<Value> {
     remove_on_signal().context("installing the signal handlers")?;
 
     let started = Instant::now();
-    let scenarios = [ip_blocks(args)?, pod_selectors(args)?, synthetic_busiest(params, args.flock_options())?, pod_to_node(args)?];
+    let scenarios =
+        [ip_blocks(args)?, pod_selectors(args)?, synthetic_busiest(params, args.flock_options())?, pod_to_node(args)?, admin_tiers(args)?];
     eprintln!("dataplane: scenarios built in {:.2}s", started.elapsed().as_secs_f64());
     let mut topologies = Vec::new();
     for s in &scenarios {
@@ -506,6 +507,67 @@ fn hand_built(name: &'static str, what: String, s: Snapshot, client: IpAddr, opt
         conntrack_only,
     };
     checked(sc)
+}
+
+/// Admin and Baseline ClusterNetworkPolicies in the `admin_tiers` scenario (the issue's
+/// `--admin-policies 100 --baseline-policies 20`).
+const ADMIN_TIER: usize = 100;
+const BASELINE_TIER: usize = 20;
+
+/// (e) The admin tiers in front of the server: [`ADMIN_TIER`] Admin policies select it, all
+/// but the last denying TCP [`PORT`] from one other pod each, the last accepting the client
+/// pod; [`BASELINE_TIER`] Baseline policies deny from one other pod each, the last from every
+/// pod. The client's first packet meets every Admin rule before its accept.
+fn admin_tiers(args: &DataplaneArgs) -> anyhow::Result<Scenario> {
+    let mut s = base_snapshot();
+    let peer_base = Ipv4Addr::new(198, 18, 1, 0);
+    let client = addr4(peer_base, 0);
+    let mut role_pod = |k: u32, role: &str| {
+        let mut labels = Labels::new();
+        labels.insert("role", role);
+        s.upsert_pod(pod(role, labels, "node-1", addr4(peer_base, k), vec![]));
+    };
+    role_pod(0, "client");
+    let subject = serde_json::json!({"pods": {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: NS}}, "podSelector": {"matchLabels": {"app": "server"}}}});
+    let from_role = |role: &str| serde_json::json!([{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"role": role}}}}]);
+    let on_port = serde_json::json!([{"tcp": {"destinationPort": {"number": PORT}}}]);
+    let mut policies = Vec::new();
+    for i in 0..ADMIN_TIER {
+        let (action, from) = if i + 1 == ADMIN_TIER {
+            ("Accept", from_role("client"))
+        } else {
+            let role = format!("blocked-{i}");
+            role_pod(1 + i as u32, &role);
+            ("Deny", from_role(&role))
+        };
+        policies.push(serde_json::json!({
+            "metadata": {"name": format!("admin-{i:03}")},
+            "spec": {"tier": "Admin", "priority": i, "subject": subject,
+                     "ingress": [{"name": "r", "action": action, "from": from, "protocols": on_port}]},
+        }));
+    }
+    for i in 0..BASELINE_TIER {
+        let from = if i + 1 == BASELINE_TIER {
+            serde_json::json!([{"namespaces": {}}])
+        } else {
+            let role = format!("other-{i}");
+            role_pod(1 + (ADMIN_TIER + i) as u32, &role);
+            from_role(&role)
+        };
+        policies.push(serde_json::json!({
+            "metadata": {"name": format!("baseline-{i:03}")},
+            "spec": {"tier": "Baseline", "priority": i, "subject": subject,
+                     "ingress": [{"name": "r", "action": "Deny", "from": from, "protocols": on_port}]},
+        }));
+    }
+    for p in &policies {
+        s.upsert_cluster_policy(flock::model::cnp::from_json(p).map_err(|e| anyhow::anyhow!("admin_tiers: {e}"))?);
+    }
+    let what = format!(
+        "{ADMIN_TIER} Admin ClusterNetworkPolicies select the server pod, the first {} each denying TCP {PORT} from one other pod, the last accepting the client pod; {BASELINE_TIER} Baseline ones deny from one other pod each, the last from every pod (the client's first packet passes every Admin rule before its accept)",
+        ADMIN_TIER - 1
+    );
+    hand_built("admin_tiers", what, s, client, args.flock_options())
 }
 
 /// `sc`, once the tracer agrees with it before the kernel is asked: the client accepted,
