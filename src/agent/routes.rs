@@ -200,6 +200,8 @@ pub(crate) struct Plan {
     /// Pod CIDRs no path can be planned to, and why (reported; no route is better than a
     /// wrong one).
     pub(crate) unreachable: BTreeMap<IpNet, String>,
+    /// Overlay routes without a preferred source, and why (reported).
+    pub(crate) sourceless: BTreeMap<IpNet, String>,
 }
 
 /// The plan for `peers` under `config`; `on_link(ip)`: whether this node reaches `ip` without
@@ -234,6 +236,9 @@ pub(crate) fn plan(peers: &Peers, config: &RoutingConfig, on_link: impl Fn(IpAdd
             out.vteps.insert(Vtep { name: dev.clone(), local, mac: vtep_mac(local) });
             let gateway = cidr.network();
             out.tunnels.insert(Tunnel { dev: dev.clone(), gateway, mac: vtep_mac(remote), underlay: remote });
+            if own(v6).is_none() {
+                out.sourceless.insert(cidr, "this node has no InternalIP of the pod CIDR's family".into());
+            }
             out.routes.insert(NodeRoute { dst: cidr, via: gateway, dev: Some(dev), src: own(v6) });
         }
     }
@@ -471,16 +476,34 @@ async fn routes(
     Ok((ours, main))
 }
 
-/// Every address the node holds, all families and links.
+/// Every address the node holds and may send from, all families and links: the local end
+/// (`IFA_LOCAL` where given: on a point-to-point link `IFA_ADDRESS` is the peer's), and no
+/// IPv6 address still tentative or whose duplicate detection failed (the kernel refuses
+/// those as a route's source).
 async fn local_addresses(handle: &Handle) -> Result<BTreeSet<IpAddr>, RouteError> {
-    use rtnetlink::packet_route::address::AddressAttribute;
+    use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
     let mut out = BTreeSet::new();
     let mut s = handle.address().get().execute();
     while let Some(m) = s.try_next().await.map_err(netlink("addresses"))? {
-        for a in &m.attributes {
-            if let AddressAttribute::Address(ip) | AddressAttribute::Local(ip) = a {
-                out.insert(*ip);
-            }
+        let unusable = AddressFlags::Tentative | AddressFlags::Dadfailed;
+        let flags = m.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Flags(f) => Some(*f),
+            _ => None,
+        });
+        let header_unusable = m.header.flags.intersects(AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed);
+        if flags.map_or(header_unusable, |f| f.intersects(unusable)) {
+            continue;
+        }
+        let local = m.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Local(ip) => Some(*ip),
+            _ => None,
+        });
+        let address = m.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        });
+        if let Some(ip) = local.or(address) {
+            out.insert(ip);
         }
     }
     Ok(out)
@@ -561,11 +584,17 @@ pub async fn overlay_pod_mtu(own: &[IpAddr], routing: Routing) -> Result<Option<
     Ok(out)
 }
 
-/// Makes the VXLAN devices exactly `want` (flock's names only); their indexes by name.
-async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -> Result<BTreeMap<String, u32>, RouteError> {
+/// flock's devices no longer wanted (index, name): removed once the routes replacing theirs
+/// are in, so pods keep a path while a node moves from VXLAN to host-gw.
+type Retired = Vec<(u32, String)>;
+
+/// Makes the VXLAN devices `want` (flock's names only); their indexes by name, and those of
+/// flock's devices no longer wanted.
+async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -> Result<(BTreeMap<String, u32>, Retired), RouteError> {
     use rtnetlink::LinkVxlan;
     use rtnetlink::packet_route::link::LinkAttribute;
     let mut out = BTreeMap::new();
+    let mut retired = Vec::new();
     // Devices flock made under another name (a changed --vxlan-device) go first: they would
     // take VXLAN nobody routes or guards.
     let names = [config.device_for(false), config.device_for(true)];
@@ -591,8 +620,12 @@ async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -
                 out.insert(name, *index);
                 continue;
             }
-            // Ours by name, and not what is wanted (another VNI, port or address, or no
-            // longer needed): replaced whole.
+            if wanted.is_none() {
+                retired.push((*index, name));
+                continue;
+            }
+            // Ours by name, and not what is wanted (another VNI, port or address): replaced
+            // whole.
             handle.link().del(*index).execute().await.map_err(netlink(format!("device {name}")))?;
             tracing::info!(device = %name, "removed a VXLAN device that no longer fits");
         }
@@ -603,7 +636,9 @@ async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -
             IpAddr::V4(a) => b.local(a),
             IpAddr::V6(a) => b.local6(a),
         };
-        let msg = b.address(v.mac.to_vec()).mtu(mtu).up().build();
+        // Down until marked: a device left unmarked (a crash between the two steps) would be
+        // taken for another component's, and never removed or guarded.
+        let msg = b.address(v.mac.to_vec()).mtu(mtu).build();
         handle.link().add(msg).execute().await.map_err(|e| RouteError::Netlink {
             route: format!("device {name} (VXLAN VNI {}, UDP port {})", config.vni, config.port),
             message: format!("{e} (is the VNI and port taken by a device flock does not own?)"),
@@ -614,10 +649,12 @@ async fn devices(handle: &Handle, config: &VxlanConfig, want: &BTreeSet<Vtep>) -
         // The mark (the kernel sets an alias only on an existing device).
         let mark = rtnetlink::LinkUnspec::new_with_index(index).append_extra_attribute(LinkAttribute::IfAlias(DEVICE_ALIAS.into())).build();
         handle.link().set(mark).execute().await.map_err(netlink(format!("device {name}")))?;
+        let up = rtnetlink::LinkUnspec::new_with_index(index).up().build();
+        handle.link().set(up).execute().await.map_err(netlink(format!("device {name}")))?;
         tracing::info!(device = %name, vni = config.vni, port = config.port, local = %v.local, mtu, "added the VXLAN device");
         out.insert(name, index);
     }
-    Ok(out)
+    Ok((out, retired))
 }
 
 /// The alias marking flock's VXLAN devices (`ip -d link show` shows it).
@@ -813,9 +850,10 @@ async fn reconcile(handle: &Handle, config: &RoutingConfig, peers: &Peers) -> Re
     // table as it is.
     let (_, main) = routes(handle, &BTreeMap::new()).await?;
     let plan = plan(peers, config, |ip| on_link(ip, &main));
-    let devices = devices(handle, &config.vxlan, &plan.vteps).await?;
+    let (devices, retired) = devices(handle, &config.vxlan, &plan.vteps).await?;
     let names: BTreeMap<u32, String> = devices.iter().map(|(n, i)| (*i, n.clone())).collect();
     let mut changes = tunnels(handle, &devices, &plan.tunnels).await?;
+    changes.sourceless = plan.sourceless;
     // A preferred source the kernel does not hold would make the route's addition fail: the
     // route goes without one (the kernel chooses) and says so.
     let local = local_addresses(handle).await?;
@@ -850,6 +888,10 @@ async fn reconcile(handle: &Handle, config: &RoutingConfig, peers: &Peers) -> Re
             handle.route().del(m.clone()).execute().await.map_err(netlink(describe(r)))?;
             changes.removed += 1;
         }
+    }
+    for (index, name) in retired {
+        handle.link().del(index).execute().await.map_err(netlink(format!("device {name}")))?;
+        tracing::info!(device = %name, "removed a VXLAN device no longer needed");
     }
     changes.unreachable = plan.unreachable;
     Ok(changes)
@@ -940,6 +982,20 @@ mod tests {
         };
         let p = plan(&lone, &cfg(Routing::Vxlan), |_| true);
         assert!(p.routes.is_empty() && p.unreachable.values().all(|w| w.contains("node d")));
+    }
+
+    #[test]
+    fn an_overlay_route_without_a_source_of_its_family_is_reported() {
+        // This node has no IPv6 InternalIP: the other node's IPv6 pods go over IPv4, and the
+        // host's own IPv6 packets have no source the other node's guard takes.
+        let peers = Peers {
+            own: vec![ip("198.18.0.1")],
+            others: vec![("b".into(), vec![ip("198.18.9.2")], vec!["198.18.2.0/24".parse().unwrap(), "2001:db8:2::/64".parse().unwrap()])],
+        };
+        let p = plan(&peers, &cfg(Routing::Vxlan), |_| true);
+        assert_eq!(p.routes.len(), 2);
+        assert_eq!(p.sourceless.keys().map(ToString::to_string).collect::<Vec<_>>(), ["2001:db8:2::/64"]);
+        assert!(p.sourceless.values().all(|w| w.contains("no InternalIP")));
     }
 
     #[test]

@@ -1737,9 +1737,14 @@ impl Renderer<'_> {
             return None;
         }
         let block = matches!(def, PeerDef::Block(_));
-        // Every pod's set holds the pod CIDRs as ranges (whether or not any is there now: a
-        // set's flags stay as they are).
-        let interval = block || crate::translate::PodRanges::serve(def);
+        // Every pod's set holds the pod CIDRs as ranges; without any (no Node has a pod CIDR)
+        // it is pod addresses alone, an exact set that changes by its elements (an interval
+        // set is rewritten whole at every change).
+        let ranges = match fam {
+            Family::V4 => addrs.v4.keys().any(|n| n.prefix_len() < 32),
+            Family::V6 => addrs.v6.keys().any(|n| n.prefix_len() < 128),
+        };
+        let interval = block || (crate::translate::PodRanges::serve(def) && ranges);
         let purpose = format!("{}-{}", if block { "cidr" } else { "peers" }, fam.tag());
         let set_comment = comment(&def.to_string());
         let name = names::dynamic(&purpose, &[&format!("{def:?}"), &set_comment], &def.short());

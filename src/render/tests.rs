@@ -371,3 +371,35 @@ fn the_table_comment_names_the_ruleset_format() {
     assert_eq!(table_format(&listing("somebody else's")), None);
     assert_eq!(table_format("table inet flock {\n}\n"), None);
 }
+
+/// The set of every pod takes the pod CIDRs as ranges (an interval set); without any pod
+/// CIDR it is the pods' addresses, an exact set (changed by its elements, not rewritten).
+#[test]
+fn every_pod_is_an_interval_set_only_with_pod_cidrs() {
+    let policy = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{namespaceSelector: {}}]}]";
+    let every_pod = |s: &Snapshot| -> Set {
+        let rs = render_node(s, "node-1");
+        let set = rs.objects.iter().find_map(|o| match o {
+            Object::Set(set) if set.name.contains("all-ns/all") => Some(set.clone()),
+            _ => None,
+        });
+        set.unwrap_or_else(|| panic!("no set of every pod:\n{}", rs.to_text()))
+    };
+    let mut s = with(policy);
+    let with_cidrs = every_pod(&s);
+    assert!(with_cidrs.interval);
+    assert_eq!(with_cidrs.elements.len(), 2, "the two nodes' /24s");
+    for mut n in s.nodes().cloned().collect::<Vec<_>>() {
+        n.pod_cidrs.clear();
+        s.upsert_node(n);
+    }
+    let without = every_pod(&s);
+    assert!(!without.interval);
+    assert_eq!(without.elements.len(), 9, "the nine pods");
+}
