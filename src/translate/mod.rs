@@ -766,21 +766,8 @@ impl<'a> Translator<'a, '_> {
             }
             PeerDef::Pods { namespaces, pods } => {
                 let mut entries: Vec<(ipnet::IpNet, String)> = Vec::new();
-                let snapshot = self.snapshot;
-                let selected = |p: &&Pod| pods.as_ref().is_none_or(|s| s.matches(&p.labels));
-                match namespaces {
-                    NsScope::Named(ns) => {
-                        for pod in snapshot.pods_in(ns).filter(selected) {
-                            self.pod_entries(pod, |_| true, &mut entries);
-                        }
-                    }
-                    NsScope::Matching(sel) => {
-                        for ns in snapshot.namespaces().filter(|ns| sel.matches(&ns.labels)) {
-                            for pod in snapshot.pods_in(&ns.name).filter(selected) {
-                                self.pod_entries(pod, |_| true, &mut entries);
-                            }
-                        }
-                    }
+                for pod in scoped_pods(self.snapshot, namespaces, pods.as_ref()) {
+                    self.pod_entries(pod, |_| true, &mut entries);
                 }
                 set = AddressSet::from_entries(entries);
             }
@@ -850,18 +837,25 @@ impl<'a> Translator<'a, '_> {
                 .filter(|p| addresses.reported(p).iter().any(|ip| b.contains(*ip)) && addresses.of(p).any(|ip| b.contains(ip)))
                 .collect(),
             PeerDef::Pods { namespaces, pods } => {
-                let matches = |p: &'a Pod| pods.as_ref().is_none_or(|s| s.matches(&p.labels)) && addresses.is_peer(p);
-                match namespaces {
-                    NsScope::Named(ns) => snapshot.pods_in(ns).filter(|p| matches(p)).collect(),
-                    NsScope::Matching(sel) => snapshot
-                        .namespaces()
-                        .filter(|ns| sel.matches(&ns.labels))
-                        .flat_map(|ns| snapshot.pods_in(&ns.name))
-                        .filter(|p| matches(p))
-                        .collect(),
-                }
+                scoped_pods(snapshot, namespaces, pods.as_ref()).filter(|p| addresses.is_peer(p)).collect()
             }
         }
+    }
+}
+
+/// The pods of the namespaces of `namespaces` whose labels `pods` selects (`None`: all),
+/// peers or not.
+fn scoped_pods<'a: 's, 's>(
+    snapshot: &'a Snapshot,
+    namespaces: &'s NsScope,
+    pods: Option<&'s selector::Selector>,
+) -> Box<dyn Iterator<Item = &'a Pod> + 's> {
+    let selected = move |p: &&'a Pod| pods.is_none_or(|s| s.matches(&p.labels));
+    match namespaces {
+        NsScope::Named(ns) => Box::new(snapshot.pods_in(ns).filter(selected)),
+        NsScope::Matching(sel) => Box::new(
+            snapshot.namespaces().filter(move |ns| sel.matches(&ns.labels)).flat_map(move |ns| snapshot.pods_in(&ns.name)).filter(selected),
+        ),
     }
 }
 
