@@ -29,6 +29,9 @@ use serde_json::{Value, json};
 use std::io::{BufRead, Read};
 use std::path::Path;
 
+/// What the agent's image sets in `GLIBC_TUNABLES` (see the Dockerfile).
+const MALLOC_TUNABLE: &str = "glibc.malloc.mxfast=0";
+
 fn rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()).unwrap_or(0.0) / 1024.0
@@ -163,6 +166,16 @@ fn main() {
     if let Some(i) = raw.iter().position(|a| a == "--serve") {
         serve(Path::new(&raw[i + 1]), sizes[0], sizes[1]);
         return;
+    }
+    // The agent's image disables glibc's fastbins (see the Dockerfile): measure that.
+    if std::env::var("GLIBC_TUNABLES").map_or(true, |t| !t.contains(MALLOC_TUNABLE)) {
+        use std::os::unix::process::CommandExt;
+        let tunables = match std::env::var("GLIBC_TUNABLES") {
+            Ok(t) if !t.is_empty() => format!("{t}:{MALLOC_TUNABLE}"),
+            _ => MALLOC_TUNABLE.to_string(),
+        };
+        let err = std::process::Command::new(std::env::current_exe().unwrap()).args(&raw).env("GLIBC_TUNABLES", tunables).exec();
+        panic!("cannot run agent_scale again with GLIBC_TUNABLES: {err}");
     }
     if !nix::unistd::geteuid().is_root() {
         eprintln!("agent_scale: needs root (a network namespace and nft); skipped");

@@ -450,6 +450,11 @@ fn dockerfile_agent_image_has_nft_and_ip() {
     }
     assert!(!bins.iter().any(|b| b.ends_with("flock-controller")), "the controller has its own image");
     assert!(chain.last().unwrap().all("ENTRYPOINT").last().unwrap().contains("/usr/local/bin/flock-agent"));
+    // glibc without fastbins: what `agent_scale` measures the pod ADD latency with.
+    assert!(
+        chain.iter().flat_map(|s| s.all("ENV")).any(|e| e.contains("GLIBC_TUNABLES=glibc.malloc.mxfast=0")),
+        "the agent image does not set GLIBC_TUNABLES=glibc.malloc.mxfast=0"
+    );
 }
 
 #[test]

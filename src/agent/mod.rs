@@ -9,8 +9,9 @@
 //! new endpoint has committed.
 //!
 //! Syncs are level-triggered and coalesced: any change (source, endpoints) bumps a
-//! generation and wakes one loop, which waits a few milliseconds for more changes, then
-//! renders the complete desired state from the latest inputs. A periodic resync reads the
+//! generation and wakes one loop, which waits a few milliseconds for more changes (not when
+//! a CNI request waits: a pod's sync starts at once, and the periodic check waits behind
+//! it), then renders the complete desired state from the latest inputs. A periodic resync reads the
 //! kernel's table back and repairs drift. Nothing is programmed before the source is
 //! complete (its initial list finished). Rules stay in the kernel when the agent stops.
 
@@ -723,24 +724,35 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         if *stop.borrow() {
             return;
         }
-        if !state.may_sync(shared.urgent.swap(false, Ordering::SeqCst)) {
+        let urgent = shared.urgent.swap(false, Ordering::SeqCst);
+        if !state.may_sync(urgent) {
             continue;
         }
-        let first = Instant::now();
-        let mut seen = shared.lock().generation;
-        loop {
-            tokio::time::sleep(cfg.coalesce).await;
-            let now = shared.lock().generation;
-            if now == seen || first.elapsed() >= cfg.max_coalesce {
-                break;
+        if urgent {
+            // A pod waits for this sync: no gathering window. Requests arriving together
+            // are taken in by this sync or the next, which starts as soon as this one ends.
+            tokio::task::yield_now().await;
+        } else {
+            let first = Instant::now();
+            let mut seen = shared.lock().generation;
+            loop {
+                tokio::time::sleep(cfg.coalesce).await;
+                let now = shared.lock().generation;
+                if now == seen || first.elapsed() >= cfg.max_coalesce {
+                    break;
+                }
+                seen = now;
             }
-            seen = now;
         }
         if !shared.source.is_complete() {
             tracing::debug!("source not complete yet: nothing programmed");
             continue;
         }
-        let attempt = state.start();
+        let attempt = state.start(urgent);
+        if state.owes_periodic() {
+            // The periodic sync deferred for this request runs right after it.
+            shared.wake.notify_one();
+        }
         let (endpoints, generation) = {
             let inner = shared.lock();
             (inner.endpoints.values().cloned().collect::<Vec<_>>(), inner.generation)

@@ -174,9 +174,20 @@ impl LoopState {
         self.retry_at.is_none() || urgent
     }
 
-    /// A sync starts: it takes what was pending (a failed one gives it back).
-    pub(crate) fn start(&mut self) -> Attempt {
+    /// A sync starts: it takes what was pending (a failed one gives it back). With `urgent`
+    /// (a CNI request waits), the periodic full translation and drift check — a long sync
+    /// at scale — is left pending for the next one, so that the pod is not queued behind it
+    /// ([`Self::owes_periodic`]).
+    pub(crate) fn start(&mut self, urgent: bool) -> Attempt {
+        if urgent {
+            return Attempt { periodic: false, forced: std::mem::take(&mut self.pending.forced) };
+        }
         std::mem::take(&mut self.pending)
+    }
+
+    /// A periodic sync is owed (deferred for a CNI request): the loop wakes itself for it.
+    pub(crate) fn owes_periodic(&self) -> bool {
+        self.pending.periodic
     }
 
     /// How many changes the sync of endpoint `generation` coalesced beyond the first.
@@ -334,9 +345,9 @@ mod tests {
         s.wake(Wake::Tick);
         s.wake(Wake::FullResync);
         assert!(s.may_sync(false));
-        let attempt = s.start();
+        let attempt = s.start(false);
         assert_eq!(attempt, Attempt { periodic: true, forced: true });
-        assert_eq!(s.start(), Attempt::default(), "taken");
+        assert_eq!(s.start(false), Attempt::default(), "taken");
         let delay = s.failed(attempt, t0);
         assert!(delay >= Duration::from_millis(800), "{delay:?}");
         assert_eq!((s.retry_at(), s.failures(), s.committed_version()), (Some(t0 + delay), 1, None));
@@ -347,13 +358,28 @@ mod tests {
         // At the deadline the attempt takes in the owed periodic and forced sync.
         s.wake(Wake::RetryDue);
         assert!(s.may_sync(false));
-        assert_eq!(s.start(), attempt);
+        assert_eq!(s.start(false), attempt);
         // Failing again doubles (with jitter); a commit resets it.
         let second = s.failed(attempt, t0);
         assert!(second > delay, "{second:?} after {delay:?}");
-        s.start();
+        s.start(false);
         s.committed(commit(true, true, 3), t0);
         assert_eq!((s.retry_at(), s.failures(), s.committed_version()), (None, 0, Some(3)));
+    }
+
+    #[test]
+    fn a_cni_request_is_not_queued_behind_the_periodic_check() {
+        let mut s = state(false);
+        s.wake(Wake::Tick);
+        s.wake(Wake::FullResync);
+        // A pod waits: this sync is a quick one (a forced rewrite is not deferred)...
+        assert_eq!(s.start(true), Attempt { periodic: false, forced: true });
+        // ...and the full translation and drift check come next.
+        assert!(s.owes_periodic());
+        assert_eq!(s.start(false), Attempt { periodic: true, forced: false });
+        assert!(!s.owes_periodic());
+        // Nothing pending: an urgent sync is a plain one.
+        assert_eq!(s.start(true), Attempt::default());
     }
 
     #[test]
