@@ -206,9 +206,9 @@ pub(crate) struct Addresses<'a> {
     /// The `spec.nodeName`s of the local pods (one, normally): a pod on another node is not
     /// local, known without a uid lookup (peer sets ask it of every pod of the cluster).
     local_nodes: Vec<Option<&'a str>>,
-    /// The lowest and highest local address per family: an address outside is not local,
-    /// known without a lookup.
-    local_span: [Option<(IpAddr, IpAddr)>; 2],
+    /// The lowest and highest local address per family, as integers: an address outside
+    /// is not local, known without a lookup (asked of every peer address of the cluster).
+    local_span: [Option<(u128, u128)>; 2],
 }
 
 impl<'a> Addresses<'a> {
@@ -233,7 +233,7 @@ impl<'a> Addresses<'a> {
         let span = |v6: bool| {
             let mut ips = local_addrs.keys().filter(|ip| ip.is_ipv6() == v6);
             let first = ips.next().copied()?;
-            Some((first, ips.next_back().copied().unwrap_or(first)))
+            Some((addr_int(first), addr_int(ips.next_back().copied().unwrap_or(first))))
         };
         let local_span = [span(false), span(true)];
         Self { snapshot, local_pods, local_addrs, local_nodes, local_span }
@@ -251,7 +251,7 @@ impl<'a> Addresses<'a> {
     /// not in the snapshot yet), if `ip` is a local endpoint's.
     fn local_owner(&self, ip: &IpAddr) -> Option<Option<&'a str>> {
         let (lo, hi) = self.local_span[usize::from(ip.is_ipv6())]?;
-        if *ip < lo || *ip > hi {
+        if !(lo..=hi).contains(&addr_int(*ip)) {
             return None;
         }
         self.local_addrs.get(ip).copied()
@@ -287,6 +287,14 @@ impl<'a> Addresses<'a> {
     /// Whether `pod` is a peer: live, not host-networked, with an address it owns.
     pub(crate) fn is_peer(&self, pod: &'a Pod) -> bool {
         self.of(pod).next().is_some()
+    }
+}
+
+/// An address as an integer (IPv4 in the low 32 bits), for comparisons within one family.
+fn addr_int(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
     }
 }
 
@@ -331,7 +339,10 @@ impl PodRanges {
         node_addrs.dedup();
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for (cidr, node) in merged {
-            let except: Vec<IpNet> = node_addrs.iter().filter(|a| cidr.contains(*a)).copied().collect();
+            // The node addresses inside are a run of the sorted list (host prefixes order by
+            // address): found by search, not by testing every node's against every range.
+            let from = node_addrs.partition_point(|a| *a < cidr);
+            let except: Vec<IpNet> = node_addrs[from..].iter().take_while(|a| cidr.contains(*a)).copied().collect();
             let comment = format!("pod CIDR of node {}", clip(node));
             for net in (IpBlockDef { cidr, except }).prefixes() {
                 match net {
@@ -376,10 +387,7 @@ impl PodRanges {
 
     /// Whether a range holds `ip` (the ranges are disjoint and sorted).
     pub(crate) fn contains(&self, ip: IpAddr) -> bool {
-        let (spans, key) = match ip {
-            IpAddr::V4(a) => (&self.spans[0], u128::from(u32::from(a))),
-            IpAddr::V6(a) => (&self.spans[1], u128::from(a)),
-        };
+        let (spans, key) = (&self.spans[usize::from(ip.is_ipv6())], addr_int(ip));
         let i = spans.partition_point(|(first, _)| *first <= key);
         i > 0 && spans[i - 1].1 >= key
     }
