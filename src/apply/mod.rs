@@ -157,8 +157,13 @@ const FREE_ASIDE: usize = 20_000;
 /// Drops `old`, a large one on another thread (inline if no thread can be started).
 fn retire(old: Option<Applied>) {
     if let Some(old) = old.filter(|o| o.rs.stats().elements > FREE_ASIDE) {
-        let _ = std::thread::Builder::new().name("flock-free".into()).spawn(move || drop(old));
+        free_aside(old);
     }
+}
+
+/// Drops `v` on a thread of its own (inline if none can be started).
+fn free_aside<T: Send + 'static>(v: T) {
+    let _ = std::thread::Builder::new().name("flock-free".into()).spawn(move || drop(v));
 }
 
 /// Applies rulesets through a [`Backend`], de-duplicated against the last applied one.
@@ -228,7 +233,11 @@ impl<B: Backend> Applier<B> {
     /// A transaction committed: the baseline is read now, or left to the caller.
     fn committed(&mut self) -> Result<(), ApplyError> {
         self.commits += 1;
-        self.baseline = None;
+        // A transaction outdates the baseline; a large one (every element of the table, read
+        // back) is freed aside, not on the change's path (7 ms at 77k elements).
+        if let Some(old) = self.baseline.take().filter(|b| b.elements() > FREE_ASIDE) {
+            free_aside(old);
+        }
         if self.defer_baseline { Ok(()) } else { self.record_baseline() }
     }
 

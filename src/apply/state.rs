@@ -85,6 +85,14 @@ pub(crate) struct NetlinkObject {
 }
 
 impl TableState {
+    /// How many set elements it holds (of a netlink read; the other forms are small).
+    pub(crate) fn elements(&self) -> usize {
+        match self {
+            Self::Netlink(n) => n.objects.values().map(|o| o.elements.len()).sum(),
+            Self::Typed(_) | Self::Canonical(_) => 0,
+        }
+    }
+
     /// Parses `nft -j -s list table inet flock` output.
     pub(crate) fn from_json(json: &[u8]) -> Result<Self, super::ApplyError> {
         Self::from_json_inner(json).map_err(super::ApplyError::List)
