@@ -547,19 +547,30 @@ pub(crate) async fn write_status(client: &Client, run: &Run, current: &RunStatus
     }
     let name = run.name_any();
     let namespace = run.namespace().unwrap_or_default();
-    let patch = json!({"status": {
-        "observedGeneration": status.observed_generation,
-        "enforcement": status.enforcement,
-        "networkPolicy": status.network_policy,
-        "expiresAt": status.expires_at,
-        "grant": status.grant,
-        "conditions": status.conditions,
-    }});
+    let patch = status_patch(current, status);
     Api::<Run>::namespaced(client.clone(), &namespace)
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|error| ReconcileError::Status { kind: "Run", name: format!("{namespace}/{name}"), error })?;
     Ok(true)
+}
+
+/// The merge patch of `status` over `current` (the cached status the pass started from).
+fn status_patch(current: &RunStatus, status: &RunStatus) -> serde_json::Value {
+    let mut patch = json!({"status": {
+        "observedGeneration": status.observed_generation,
+        "enforcement": status.enforcement,
+        "networkPolicy": status.network_policy,
+        "expiresAt": status.expires_at,
+        "conditions": status.conditions,
+    }});
+    // The grant only when this pass moved it: `current` comes from the cache, which may not
+    // show the last pass's grant yet, and writing that older one back would give the next
+    // AuditEvent a sequence number already taken (lost as a duplicate).
+    if status.grant != current.grant {
+        patch["status"]["grant"] = json!(status.grant);
+    }
+    patch
 }
 
 /// Step 9: the Warning Event of a withdrawn policy (fails open: logged, never retried).
@@ -967,6 +978,22 @@ mod tests {
             uid: uid.into(),
             generation: Some(1),
         }
+    }
+
+    #[test]
+    fn the_status_patch_writes_the_grant_only_when_the_pass_moved_it() {
+        let grant = |sequence| crd::Grant { sequence, destinations: vec!["dns".into()], expired: false, expires_at: None };
+        // The cache shows grant 3 while the server holds 4 (the last pass's write not seen
+        // yet): a pass recording nothing must not write 3 back.
+        let current = RunStatus { grant: Some(grant(3)), ..RunStatus::default() };
+        let mut status = current.clone();
+        status.observed_generation = Some(2);
+        let patch = status_patch(&current, &status);
+        assert!(patch["status"].get("grant").is_none(), "{patch}");
+        assert_eq!(patch["status"]["observedGeneration"], 2);
+        // A pass that recorded an AuditEvent writes its grant.
+        status.grant = Some(grant(5));
+        assert_eq!(status_patch(&current, &status)["status"]["grant"]["sequence"], 5);
     }
 
     #[test]
