@@ -168,12 +168,10 @@ fn main() {
         return;
     }
     // The agent's image disables glibc's fastbins (see the Dockerfile): measure that.
-    if std::env::var("GLIBC_TUNABLES").map_or(true, |t| !t.contains(MALLOC_TUNABLE)) {
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if !tunables.contains(MALLOC_TUNABLE) {
         use std::os::unix::process::CommandExt;
-        let tunables = match std::env::var("GLIBC_TUNABLES") {
-            Ok(t) if !t.is_empty() => format!("{t}:{MALLOC_TUNABLE}"),
-            _ => MALLOC_TUNABLE.to_string(),
-        };
+        let tunables = if tunables.is_empty() { MALLOC_TUNABLE.to_string() } else { format!("{tunables}:{MALLOC_TUNABLE}") };
         let err = std::process::Command::new(std::env::current_exe().unwrap()).args(&raw).env("GLIBC_TUNABLES", tunables).exec();
         panic!("cannot run agent_scale again with GLIBC_TUNABLES: {err}");
     }

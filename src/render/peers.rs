@@ -623,28 +623,23 @@ fn prefixes(start: u128, end: u128, fam: Family) -> Vec<IpNet> {
     }
 }
 
-/// An address as the u128 the sweep uses (IPv4 in the low 32 bits).
-#[cfg(test)]
-fn key(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(a) => u128::from(u32::from(a)),
-        IpAddr::V6(a) => u128::from(a),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::translate::addr_int;
 
     fn net(s: &str) -> (u128, u128) {
         let n: IpNet = s.parse().unwrap();
-        (key(n.network()), key(n.broadcast()))
+        (addr_int(n.network()), addr_int(n.broadcast()))
     }
 
     #[test]
     fn prefixes_cover_ranges_exactly() {
         let p = |a: &str, b: &str| {
-            prefixes(key(a.parse().unwrap()), key(b.parse().unwrap()), Family::V4).iter().map(ToString::to_string).collect::<Vec<_>>()
+            prefixes(addr_int(a.parse().unwrap()), addr_int(b.parse().unwrap()), Family::V4)
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
         };
         assert_eq!(p("198.18.0.0", "198.19.255.255"), ["198.18.0.0/15"]);
         assert_eq!(p("198.18.0.5", "198.18.0.5"), ["198.18.0.5/32"]);

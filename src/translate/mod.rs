@@ -291,7 +291,7 @@ impl<'a> Addresses<'a> {
 }
 
 /// An address as an integer (IPv4 in the low 32 bits), for comparisons within one family.
-fn addr_int(ip: IpAddr) -> u128 {
+pub(crate) fn addr_int(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(a) => u128::from(u32::from(a)),
         IpAddr::V6(a) => u128::from(a),
