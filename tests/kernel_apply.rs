@@ -529,7 +529,7 @@ fn element_batches_over_netlink_list_as_nft_writes_them() {
 
         // Refused: an element to delete that is not there. The batch's additions are not
         // committed either.
-        let key = flock::render::Key(vec![
+        let key = flock::render::Key::new(vec![
             flock::render::KeyPart::Ifname("flk000000000000".into()),
             flock::render::KeyPart::Addr("198.18.1.250".parse().unwrap()),
         ]);

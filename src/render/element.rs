@@ -54,18 +54,69 @@ impl fmt::Display for KeyPart {
 }
 
 /// An element's key: its parts, concatenated (` . `) when the set's key has more than one.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Key(pub Vec<KeyPart>);
+/// A one-part key (most elements: an address, a prefix, an interface) is held inline: a set
+/// can hold a cluster's pods, one key each.
+#[derive(Debug, Clone)]
+pub struct Key(Parts);
+
+#[derive(Debug, Clone)]
+enum Parts {
+    One(KeyPart),
+    Many(Vec<KeyPart>),
+}
 
 impl Key {
     pub fn one(part: KeyPart) -> Self {
-        Self(vec![part])
+        Self(Parts::One(part))
+    }
+
+    pub fn new(mut parts: Vec<KeyPart>) -> Self {
+        if parts.len() == 1
+            && let Some(part) = parts.pop()
+        {
+            return Self::one(part);
+        }
+        Self(Parts::Many(parts))
+    }
+
+    pub fn parts(&self) -> &[KeyPart] {
+        match &self.0 {
+            Parts::One(part) => std::slice::from_ref(part),
+            Parts::Many(parts) => parts,
+        }
+    }
+}
+
+// By the parts, whatever the storage.
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for Key {}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.parts().cmp(other.parts())
+    }
+}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.parts().hash(state);
     }
 }
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, part) in self.0.iter().enumerate() {
+        for (i, part) in self.parts().iter().enumerate() {
             if i > 0 {
                 f.write_str(" . ")?;
             }
@@ -113,7 +164,7 @@ mod tests {
 
     #[test]
     fn keys_are_written_as_nft_lists_them() {
-        let k = Key(vec![KeyPart::Ifname("flk0a".into()), KeyPart::Proto(Proto::Tcp), KeyPart::Ports(8000, 8099)]);
+        let k = Key::new(vec![KeyPart::Ifname("flk0a".into()), KeyPart::Proto(Proto::Tcp), KeyPart::Ports(8000, 8099)]);
         assert_eq!(k.to_string(), "\"flk0a\" . tcp . 8000-8099");
         assert_eq!(KeyPart::Ports(80, 80).to_string(), "80");
         assert_eq!(KeyPart::Net("198.18.1.7/32".parse().unwrap()).to_string(), "198.18.1.7");
@@ -126,6 +177,19 @@ mod tests {
         Element { key: Key::one(KeyPart::Ifname("flk1".into())), comment: "x/a".into(), verdict: Some(Verdict::Goto("c".into())) }
             .write(&mut out);
         assert_eq!(out, "\"flk1\" comment \"x/a\" : goto c");
+    }
+
+    #[test]
+    fn keys_compare_by_their_parts_however_built() {
+        let part = || KeyPart::Addr("198.18.1.7".parse().unwrap());
+        assert_eq!(Key::new(vec![part()]), Key::one(part()));
+        assert_eq!(Key::new(vec![part()]).parts(), [part()]);
+        let two = Key::new(vec![part(), KeyPart::Proto(Proto::Tcp)]);
+        assert_eq!(two.parts().len(), 2);
+        // As the parts order: the first part decides before the count of parts.
+        let later = Key::one(KeyPart::Addr("198.18.1.8".parse().unwrap()));
+        assert!(two < later && Key::one(part()) < two);
+        assert!(Key::new(Vec::new()).parts().is_empty());
     }
 
     #[test]

@@ -642,7 +642,11 @@ impl RenderCache {
                 let iface = KeyPart::Ifname(ep.interface.clone());
                 for ip in &ep.addrs {
                     let slot = usize::from(ip.is_ipv6());
-                    addrs[slot].push(Element { key: Key(vec![iface.clone(), KeyPart::Addr(*ip)]), comment: comment(&pod), verdict: None });
+                    addrs[slot].push(Element {
+                        key: Key::new(vec![iface.clone(), KeyPart::Addr(*ip)]),
+                        comment: comment(&pod),
+                        verdict: None,
+                    });
                 }
                 let element = |verdict: Verdict| Element { key: Key::one(iface.clone()), comment: comment(&pod), verdict: Some(verdict) };
                 if let Some(entry) = egress.as_ref().and_then(|e| e.entry.as_ref()) {
@@ -981,7 +985,7 @@ fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
                     } else {
                         format!("{}: pods {n}", s.node)
                     };
-                    elements.push(element_of(Key(vec![KeyPart::Addr(*u), KeyPart::Raw(*n)]), &what));
+                    elements.push(element_of(Key::new(vec![KeyPart::Addr(*u), KeyPart::Raw(*n)]), &what));
                 }
             }
         }
@@ -1794,7 +1798,7 @@ fn element_of(key: Key, c: &str) -> Element {
 
 /// A named port's element: the pod's address, the protocol and the port number.
 fn port_key(addr: std::net::IpAddr, p: crate::model::Protocol, port: u16) -> Key {
-    Key(vec![KeyPart::Addr(addr), KeyPart::Proto(p.into()), KeyPart::Ports(port, port)])
+    Key::new(vec![KeyPart::Addr(addr), KeyPart::Proto(p.into()), KeyPart::Ports(port, port)])
 }
 
 /// `tcp dport 80`, `tcp dport { 80, 8000-9000 }`, `meta l4proto udp`, or nothing.

@@ -204,7 +204,7 @@ impl PeerPlan {
                 for (p, union) in &allowed.ports {
                     for (range, origins) in union.ranges() {
                         ports.push(Element {
-                            key: Key(vec![KeyPart::Ifname(ep.interface.clone()), KeyPart::Proto((*p).into()), range]),
+                            key: Key::new(vec![KeyPart::Ifname(ep.interface.clone()), KeyPart::Proto((*p).into()), range]),
                             comment: comment(&format!("{pod}: {}", origins.join(", "))),
                             verdict: None,
                         });
@@ -314,7 +314,7 @@ impl PeerPlan {
                 let pod = ep.pod.to_string();
                 for (range, origins) in union.ranges() {
                     elements.push(Element {
-                        key: Key(vec![KeyPart::Ifname(ep.interface.clone()), KeyPart::Proto((*p).into()), range]),
+                        key: Key::new(vec![KeyPart::Ifname(ep.interface.clone()), KeyPart::Proto((*p).into()), range]),
                         comment: comment(&format!("{pod}: {}", origins.join(", "))),
                         verdict: None,
                     });

@@ -767,15 +767,20 @@ impl<'a> Translator<'a, '_> {
                 outside.extend(self.addresses.local_pods.keys().filter_map(|uid| snapshot.pod(uid)).map(|p| (p.uid.as_str(), p)));
                 for pod in outside.into_values() {
                     if snapshot.namespace(&pod.namespace).is_some_and(|ns| sel.matches(&ns.labels)) {
-                        self.pod_entries(pod, |ip| !ranges.contains(ip), &mut entries);
+                        self.pod_entries(&pod.namespace, pod, |ip| !ranges.contains(ip), &mut entries);
                     }
                 }
                 set = AddressSet::from_entries(entries);
             }
             PeerDef::Pods { namespaces, pods } => {
                 let mut entries: Vec<(ipnet::IpNet, String)> = Vec::new();
-                for pod in scoped_pods(self.snapshot, namespaces, pods.as_ref()) {
-                    self.pod_entries(pod, |_| true, &mut entries);
+                // Namespace by namespace: each pod's comment starts with the name as the index
+                // holds it (one read per namespace, not one of each pod's copy).
+                let snapshot = self.snapshot;
+                for ns in scoped_namespaces(snapshot, namespaces) {
+                    for pod in snapshot.pods_in(ns).filter(|p| pods.as_ref().is_none_or(|s| s.matches(&p.labels))) {
+                        self.pod_entries(ns, pod, |_| true, &mut entries);
+                    }
                 }
                 set = AddressSet::from_entries(entries);
             }
@@ -786,15 +791,16 @@ impl<'a> Translator<'a, '_> {
         }
     }
 
-    /// `pod`'s peer addresses that `keep` keeps, each with the pod's name, onto `out`.
-    fn pod_entries(&self, pod: &'a Pod, keep: impl Fn(IpAddr) -> bool, out: &mut Vec<(ipnet::IpNet, String)>) {
+    /// `pod`'s peer addresses that `keep` keeps, each with the pod's name, onto `out`
+    /// (`namespace`: the pod's).
+    fn pod_entries(&self, namespace: &str, pod: &'a Pod, keep: impl Fn(IpAddr) -> bool, out: &mut Vec<(ipnet::IpNet, String)>) {
         let mut ips = self.addresses.of(pod).filter(|ip| keep(*ip)).peekable();
         if ips.peek().is_none() {
             return;
         }
         // `namespace/name`, without the formatting machinery (once per pod of the cluster).
-        let mut name = String::with_capacity(pod.namespace.len() + 1 + pod.name.len());
-        name.push_str(&pod.namespace);
+        let mut name = String::with_capacity(namespace.len() + 1 + pod.name.len());
+        name.push_str(namespace);
         name.push('/');
         name.push_str(&pod.name);
         while let Some(ip) = ips.next() {
@@ -859,11 +865,14 @@ fn scoped_pods<'a: 's, 's>(
     pods: Option<&'s selector::Selector>,
 ) -> Box<dyn Iterator<Item = &'a Pod> + 's> {
     let selected = move |p: &&'a Pod| pods.is_none_or(|s| s.matches(&p.labels));
+    Box::new(scoped_namespaces(snapshot, namespaces).flat_map(move |ns| snapshot.pods_in(ns)).filter(selected))
+}
+
+/// The names of the namespaces of `namespaces` (a namespace selector: those the snapshot knows).
+fn scoped_namespaces<'a: 's, 's>(snapshot: &'a Snapshot, namespaces: &'s NsScope) -> Box<dyn Iterator<Item = &'s str> + 's> {
     match namespaces {
-        NsScope::Named(ns) => Box::new(snapshot.pods_in(ns).filter(selected)),
-        NsScope::Matching(sel) => Box::new(
-            snapshot.namespaces().filter(move |ns| sel.matches(&ns.labels)).flat_map(move |ns| snapshot.pods_in(&ns.name)).filter(selected),
-        ),
+        NsScope::Named(ns) => Box::new(std::iter::once(ns.as_str())),
+        NsScope::Matching(sel) => Box::new(snapshot.namespaces().filter(move |ns| sel.matches(&ns.labels)).map(|ns| ns.name.as_str())),
     }
 }
 

@@ -131,8 +131,8 @@ fn encode_key(types: &[&str], key: &Key) -> Result<Vec<u8>, String> {
 /// Each part must be of the type at its position; in a concatenation every part fills
 /// whole 32-bit registers.
 fn key_range(types: &[&str], key: &Key) -> Result<(Vec<u8>, Vec<u8>), String> {
-    if key.0.len() != types.len() {
-        return Err(format!("{} parts for a key of type {}", key.0.len(), types.join(" . ")));
+    if key.parts().len() != types.len() {
+        return Err(format!("{} parts for a key of type {}", key.parts().len(), types.join(" . ")));
     }
     let concat = types.len() > 1;
     let (mut start, mut end) = (Vec::new(), Vec::new());
@@ -140,7 +140,7 @@ fn key_range(types: &[&str], key: &Key) -> Result<(Vec<u8>, Vec<u8>), String> {
         IpAddr::V4(v) => v.octets().to_vec(),
         IpAddr::V6(v) => v.octets().to_vec(),
     };
-    for (ty, part) in types.iter().zip(&key.0) {
+    for (ty, part) in types.iter().zip(key.parts()) {
         let (a, b) = match (*ty, part) {
             ("ifname", KeyPart::Ifname(name)) => {
                 // The printed name must be the name itself, so that text and batch agree.
@@ -454,7 +454,7 @@ mod tests {
     use super::*;
 
     fn key(parts: &[KeyPart]) -> Key {
-        Key(parts.to_vec())
+        Key::new(parts.to_vec())
     }
 
     #[test]
