@@ -27,14 +27,6 @@ pub enum KeyPart {
     Raw(ipnet::IpNet),
 }
 
-/// The first and last address of `n` as integers.
-fn int_range(n: &ipnet::IpNet) -> (u128, u128) {
-    match n {
-        ipnet::IpNet::V4(n) => (u32::from(n.network()).into(), u32::from(n.broadcast()).into()),
-        ipnet::IpNet::V6(n) => (u128::from(n.network()), u128::from(n.broadcast())),
-    }
-}
-
 impl fmt::Display for KeyPart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -45,7 +37,7 @@ impl fmt::Display for KeyPart {
             Self::Proto(p) => f.write_str(p.keyword()),
             Self::Ports(a, b) if a == b => write!(f, "{a}"),
             Self::Ports(a, b) => write!(f, "{a}-{b}"),
-            Self::Raw(n) => match int_range(n) {
+            Self::Raw(n) => match crate::translate::net_ints(n) {
                 (a, b) if a == b => write!(f, "{a:#x}"),
                 (a, b) => write!(f, "{a:#x}-{b:#x}"),
             },

@@ -298,6 +298,11 @@ pub(crate) fn addr_int(ip: IpAddr) -> u128 {
     }
 }
 
+/// The first and last address of `n` as integers ([`addr_int`]).
+pub(crate) fn net_ints(n: &ipnet::IpNet) -> (u128, u128) {
+    (addr_int(n.network()), addr_int(n.broadcast()))
+}
+
 /// Where "every pod" is a range, not each pod's address: the Nodes' `podCIDRs`, merged, less
 /// the nodes' own addresses inside them (a node is no pod, whatever its address).
 ///
@@ -353,10 +358,8 @@ impl PodRanges {
         }
         v4.sort();
         v6.sort();
-        let spans = [
-            v4.iter().map(|(n, _)| (u128::from(u32::from(n.network())), u128::from(u32::from(n.broadcast())))).collect(),
-            v6.iter().map(|(n, _)| (u128::from(n.network()), u128::from(n.broadcast()))).collect(),
-        ];
+        let spans =
+            [v4.iter().map(|(n, _)| net_ints(&IpNet::V4(*n))).collect(), v6.iter().map(|(n, _)| net_ints(&IpNet::V6(*n))).collect()];
         Self { v4, v6, spans }
     }
 
@@ -774,13 +777,8 @@ impl<'a> Translator<'a, '_> {
             }
             PeerDef::Pods { namespaces, pods } => {
                 let mut entries: Vec<(ipnet::IpNet, String)> = Vec::new();
-                // Namespace by namespace: each pod's comment starts with the name as the index
-                // holds it (one read per namespace, not one of each pod's copy).
-                let snapshot = self.snapshot;
-                for ns in scoped_namespaces(snapshot, namespaces) {
-                    for pod in snapshot.pods_in(ns).filter(|p| pods.as_ref().is_none_or(|s| s.matches(&p.labels))) {
-                        self.pod_entries(ns, pod, |_| true, &mut entries);
-                    }
+                for (ns, pod) in scoped_pods(self.snapshot, namespaces, pods.as_ref()) {
+                    self.pod_entries(ns, pod, |_| true, &mut entries);
                 }
                 set = AddressSet::from_entries(entries);
             }
@@ -851,29 +849,29 @@ impl<'a> Translator<'a, '_> {
                 .filter(|p| addresses.reported(p).iter().any(|ip| b.contains(*ip)) && addresses.of(p).any(|ip| b.contains(ip)))
                 .collect(),
             PeerDef::Pods { namespaces, pods } => {
-                scoped_pods(snapshot, namespaces, pods.as_ref()).filter(|p| addresses.is_peer(p)).collect()
+                scoped_pods(snapshot, namespaces, pods.as_ref()).map(|(_, p)| p).filter(|p| addresses.is_peer(p)).collect()
             }
         }
     }
 }
 
 /// The pods of the namespaces of `namespaces` whose labels `pods` selects (`None`: all),
-/// peers or not.
+/// peers or not, namespace by namespace, each with its namespace's name as the snapshot's
+/// index holds it (read once per namespace, where each pod's own copy is a cache miss).
 fn scoped_pods<'a: 's, 's>(
     snapshot: &'a Snapshot,
     namespaces: &'s NsScope,
     pods: Option<&'s selector::Selector>,
-) -> Box<dyn Iterator<Item = &'a Pod> + 's> {
-    let selected = move |p: &&'a Pod| pods.is_none_or(|s| s.matches(&p.labels));
-    Box::new(scoped_namespaces(snapshot, namespaces).flat_map(move |ns| snapshot.pods_in(ns)).filter(selected))
-}
-
-/// The names of the namespaces of `namespaces` (a namespace selector: those the snapshot knows).
-fn scoped_namespaces<'a: 's, 's>(snapshot: &'a Snapshot, namespaces: &'s NsScope) -> Box<dyn Iterator<Item = &'s str> + 's> {
-    match namespaces {
+) -> Box<dyn Iterator<Item = (&'s str, &'a Pod)> + 's> {
+    let names: Box<dyn Iterator<Item = &'s str> + 's> = match namespaces {
         NsScope::Named(ns) => Box::new(std::iter::once(ns.as_str())),
         NsScope::Matching(sel) => Box::new(snapshot.namespaces().filter(move |ns| sel.matches(&ns.labels)).map(|ns| ns.name.as_str())),
-    }
+    };
+    Box::new(
+        names
+            .flat_map(move |ns| snapshot.pods_in(ns).map(move |p| (ns, p)))
+            .filter(move |(_, p)| pods.is_none_or(|s| s.matches(&p.labels))),
+    )
 }
 
 /// One tier's policies selecting a pod, by priority (`None`, unplaceable, first).
