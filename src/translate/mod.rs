@@ -33,7 +33,7 @@ pub(crate) mod ir;
 pub mod selector;
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 pub(crate) use compile::{CompiledPolicy, PortSpec};
 pub use incremental::{Change, Changed, Incremental};
@@ -776,11 +776,32 @@ impl<'a> Translator<'a, '_> {
                 set = AddressSet::from_entries(entries);
             }
             PeerDef::Pods { namespaces, pods } => {
-                let mut entries: Vec<(ipnet::IpNet, String)> = Vec::new();
+                // In passes, each with a small body, so that the reads of many pods are in
+                // flight at once (a cluster's pods are far apart in memory): the addresses
+                // and where the names are first, then, in address order, the comments
+                // (allocated in the order the set holds them, which is the order the renderer
+                // reads them in).
+                let mut names: Vec<&str> = Vec::new();
+                let (mut v4, mut v6) = (Vec::new(), Vec::new());
                 for (ns, pod) in scoped_pods(self.snapshot, namespaces, pods.as_ref()) {
-                    self.pod_entries(ns, pod, |_| true, &mut entries);
+                    // The namespace's name is one string for all its pods.
+                    if !names.last().is_some_and(|last| std::ptr::eq(*last, ns)) {
+                        names.push(ns);
+                    }
+                    let at = names.len() - 1;
+                    for ip in self.addresses.of(pod) {
+                        match ip {
+                            IpAddr::V4(a) => v4.push((u32::from(a), at, pod.name.as_str())),
+                            IpAddr::V6(a) => v6.push((u128::from(a), at, pod.name.as_str())),
+                        }
+                    }
                 }
-                set = AddressSet::from_entries(entries);
+                // Maps from sorted input: built without a search per entry.
+                let name = |at: usize, pod: &str| pod_name(names[at], pod);
+                set = AddressSet {
+                    v4: by_address(v4).map(|(a, at, pod)| (ipnet::Ipv4Net::from(Ipv4Addr::from(a)), name(at, pod))).collect(),
+                    v6: by_address(v6).map(|(a, at, pod)| (ipnet::Ipv6Net::from(Ipv6Addr::from(a)), name(at, pod))).collect(),
+                };
             }
         }
         self.out.peer_sets.insert(def.clone(), std::sync::Arc::new(set));
@@ -796,11 +817,7 @@ impl<'a> Translator<'a, '_> {
         if ips.peek().is_none() {
             return;
         }
-        // `namespace/name`, without the formatting machinery (once per pod of the cluster).
-        let mut name = String::with_capacity(namespace.len() + 1 + pod.name.len());
-        name.push_str(namespace);
-        name.push('/');
-        name.push_str(&pod.name);
+        let mut name = pod_name(namespace, &pod.name);
         while let Some(ip) = ips.next() {
             let comment = if ips.peek().is_some() { name.clone() } else { std::mem::take(&mut name) };
             out.push((ipnet::IpNet::from(ip), comment));
@@ -853,6 +870,25 @@ impl<'a> Translator<'a, '_> {
             }
         }
     }
+}
+
+/// `found` in address order, an address listed twice once: with its first listing (a
+/// stable sort), as [`AddressSet::insert`] keeps the first comment. Sorted as integers,
+/// which compare faster than addresses.
+fn by_address<K: Ord + Copy, T>(mut found: Vec<(K, usize, T)>) -> impl Iterator<Item = (K, usize, T)> {
+    found.sort_by_key(|f| f.0);
+    found.dedup_by_key(|f| f.0);
+    found.into_iter()
+}
+
+/// `namespace/name` of `pod` (`namespace`: the pod's), without the formatting machinery:
+/// once per pod of the cluster.
+fn pod_name(namespace: &str, pod: &str) -> String {
+    let mut name = String::with_capacity(namespace.len() + 1 + pod.len());
+    name.push_str(namespace);
+    name.push('/');
+    name.push_str(pod);
+    name
 }
 
 /// The pods of the namespaces of `namespaces` whose labels `pods` selects (`None`: all),
