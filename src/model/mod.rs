@@ -730,6 +730,11 @@ impl Snapshot {
         self.pods.len()
     }
 
+    /// How many pods `namespace` holds.
+    pub(crate) fn pod_count_in(&self, namespace: &str) -> usize {
+        self.pods_by_namespace.get(namespace).map_or(0, BTreeSet::len)
+    }
+
     /// The namespaces that have pods (whether or not their Namespace object is known).
     pub(crate) fn namespaces_with_pods(&self) -> impl Iterator<Item = &str> {
         self.pods_by_namespace.keys().map(String::as_str)

@@ -53,7 +53,7 @@ use std::sync::Arc;
 use crate::model::Family;
 use crate::translate::{
     Action, AllowRule, Changed, Direction, DirectionPolicy, DomainDef, EndpointPolicy, Isolation, NamedPortDef, NodePolicy, PeerDef,
-    PeerMatch, PortMatch, PortRanges, PriorityGroup, Tier, TierRule,
+    PeerMatch, PortMatch, PortRanges, PriorityGroup, Tier, TierRule, par,
 };
 pub use element::{Element, Key, KeyPart};
 use names::comment;
@@ -489,6 +489,21 @@ struct SetCache {
     ports: BTreeMap<NamedPortDef, [Option<Option<Set>>; 2]>,
 }
 
+/// A full render's peer sets of both families, rendered up front and side by side
+/// ([`par::map`]) when they hold many addresses; otherwise each is rendered when a rule first
+/// names it. A set no rule names in its family is cached, not written (see
+/// [`RenderCache::uses`]).
+fn prerender_peer_sets(np: &NodePolicy, cache: &mut SetCache) {
+    let jobs: Vec<(usize, &PeerDef)> = np.peer_sets.iter().map(|(d, s)| (s.v4.len() + s.v6.len(), d)).collect();
+    if jobs.iter().map(|j| j.0).sum::<usize>() < par::PARALLEL_WORK {
+        return;
+    }
+    let sets = par::map(&jobs, |d| [Family::V4, Family::V6].map(|fam| Renderer::new_peer_set(np, d, fam)));
+    for ((_, def), [v4, v6]) in jobs.into_iter().zip(sets) {
+        cache.peers.insert(def.clone(), [Some(v4), Some(v6)]);
+    }
+}
+
 /// Renders the cached sets of the `changed` definitions again. A definition that is gone, or
 /// whose set appeared or disappeared in a family (an empty set is not rendered), leaves the
 /// cache and goes to `flipped`: the chains referring to it must be rendered again.
@@ -545,6 +560,7 @@ impl RenderCache {
             self.endpoints.clear();
             self.plans = None;
             self.dispatch = None;
+            prerender_peer_sets(np, &mut self.sets);
         } else {
             rerender(
                 &mut self.sets.peers,
@@ -1719,10 +1735,12 @@ impl Renderer<'_> {
     /// The name of the set for `def` in `fam`, or `None` when it has no address of that
     /// family (a rule matching an empty set matches nothing and is left out).
     fn peer_set(&mut self, def: &PeerDef, fam: Family) -> Option<String> {
-        if !self.cache.peers.contains_key(def) {
-            self.cache.peers.insert(def.clone(), [None, None]);
-        }
-        let slot = self.cache.peers.get_mut(def).map(|f| &mut f[fam.index()])?;
+        // One search when the set is cached (definitions compare field by field).
+        let slots = match self.cache.peers.get_mut(def) {
+            Some(slots) => slots,
+            None => self.cache.peers.entry(def.clone()).or_default(),
+        };
+        let slot = &mut slots[fam.index()];
         if slot.is_none() {
             *slot = Some(Self::new_peer_set(self.np, def, fam));
         }

@@ -283,7 +283,7 @@ impl Incremental {
         np.problems.clear();
         let cluster: Vec<&CompiledCnp> = self.cluster.values().map(|(c, _)| c).collect();
         self.extra.retain(|iface, _| resolved.contains_key(iface));
-        let mut tr = Translator { snapshot, addresses, out: &mut *np, added: Some(Vec::new()) };
+        let mut tr = Translator { snapshot, addresses, out: &mut *np, added: Some(Vec::new()), pending: Default::default() };
         for ep in &eps {
             let old = old_policies.remove(&ep.interface);
             let policy = match old {
@@ -317,13 +317,17 @@ impl Incremental {
 
         // Node sets and the sets of every pod (whose ranges are the Nodes' pod CIDRs):
         // computed again (Nodes are few).
+        tr.finish_sets();
         let added = tr.added.replace(Vec::new()).unwrap_or_default();
         if nodes_changed {
             let node_defs: Vec<PeerDef> =
                 tr.out.peer_sets.keys().filter(|d| matches!(d, PeerDef::Nodes(_)) || PodRanges::serve(d)).cloned().collect();
-            for def in node_defs {
-                let before = tr.out.peer_sets.remove(&def);
-                tr.peer_set(&def);
+            let before: Vec<_> = node_defs.iter().map(|def| tr.out.peer_sets.remove(def)).collect();
+            for def in &node_defs {
+                tr.peer_set(def);
+            }
+            tr.finish_sets();
+            for (def, before) in node_defs.into_iter().zip(before) {
                 if before.as_ref() != tr.out.peer_sets.get(&def) {
                     changed.peer_sets.insert(def);
                 }

@@ -204,9 +204,7 @@ impl AddressSet {
     /// hold up to a cluster's pods.
     pub(crate) fn from_entries(entries: Vec<(IpNet, String)>) -> Self {
         fn build<K: Ord + Copy>(mut v: Vec<(K, String)>) -> BTreeMap<K, String> {
-            // Stable: of equal keys, the first stays first, and `dedup` keeps it.
-            v.sort_by_key(|e| e.0);
-            v.dedup_by_key(|e| e.0);
+            first_by_key(&mut v, |e| e.0);
             v.into_iter().collect()
         }
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
@@ -230,6 +228,14 @@ impl AddressSet {
             IpAddr::V6(a) => (0..=128).rev().any(|len| Ipv6Net::new(a, len).is_ok_and(|n| self.v6.contains_key(&n.trunc()))),
         }
     }
+}
+
+/// Sorts `v` by `key` and keeps, of entries with equal keys, the first listed (a stable
+/// sort keeps it first, `dedup` keeps the first): what [`AddressSet::insert`] does with a
+/// second comment for an address, for a whole list at once.
+pub(crate) fn first_by_key<T, K: Ord>(v: &mut Vec<T>, key: impl Fn(&T) -> K) {
+    v.sort_by_key(&key);
+    v.dedup_by(|b, a| key(a) == key(b));
 }
 
 /// The (address, protocol, port) triples of a [`NamedPortDef`], per family.
@@ -714,6 +720,22 @@ mod tests {
         assert!(set.contains("10.1.2.3".parse().unwrap()));
         assert!(set.contains("198.18.200.1".parse().unwrap()));
         assert!(!set.contains("198.19.200.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_list_keeps_the_first_entry_of_a_key_as_insert_keeps_the_first_comment() {
+        let entries =
+            [("198.18.0.9/32", "b"), ("198.18.0.1/32", "a"), ("198.18.0.9/32", "c"), ("2001:db8::1/128", "d"), ("198.18.0.1/32", "e")];
+        let mut one_by_one = AddressSet::default();
+        for (n, c) in entries {
+            one_by_one.insert(net(n), c);
+        }
+        let at_once = AddressSet::from_entries(entries.iter().map(|(n, c)| (net(n), c.to_string())).collect());
+        assert_eq!(at_once, one_by_one);
+        assert_eq!(at_once.v4.values().collect::<Vec<_>>(), ["a", "b"]);
+        let mut v = vec![(3, 'x'), (1, 'y'), (3, 'z'), (1, 'w'), (2, 'v')];
+        first_by_key(&mut v, |e| e.0);
+        assert_eq!(v, [(1, 'y'), (2, 'v'), (3, 'x')]);
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub(crate) mod cluster;
 pub mod compile;
 pub mod incremental;
 pub(crate) mod ir;
+pub(crate) mod par;
 pub mod selector;
 
 use std::collections::BTreeMap;
@@ -122,7 +123,7 @@ pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Opt
     let eps = one_per_interface(endpoints);
     let addresses = Addresses::new(snapshot, &eps);
     let mut out = NodePolicy::default();
-    let mut tr = Translator { snapshot, addresses, out: &mut out, added: None };
+    let mut tr = Translator { snapshot, addresses, out: &mut out, added: None, pending: Default::default() };
 
     // Only policies in namespaces with a local pod can select one.
     let mut problems = Vec::new();
@@ -154,6 +155,7 @@ pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Opt
         let policy = tr.endpoint(ep, &policies, &cluster, &mut selects_a_local_pod, options);
         tr.out.endpoints.push(policy);
     }
+    tr.finish_sets();
     for (own, used) in cnp_problems.into_iter().zip(selects_a_local_pod) {
         if used {
             problems.extend(own);
@@ -409,6 +411,8 @@ struct Translator<'a, 'o> {
     out: &'o mut NodePolicy,
     /// When kept: the sets computed (what the incremental path reports as new).
     added: Option<Vec<PeerMatch>>,
+    /// Peer sets named but not computed yet ([`Self::finish_sets`]).
+    pending: std::collections::BTreeSet<PeerDef>,
 }
 
 impl<'a> Translator<'a, '_> {
@@ -730,11 +734,43 @@ impl<'a> Translator<'a, '_> {
         }
     }
 
-    /// Computes (once) the addresses of `def`.
+    /// Notes that the addresses of `def` are needed: computed by [`Self::finish_sets`].
     fn peer_set(&mut self, def: &PeerDef) {
-        if self.out.peer_sets.contains_key(def) {
+        if self.out.peer_sets.contains_key(def) || self.pending.contains(def) {
             return;
         }
+        self.pending.insert(def.clone());
+        if let Some(added) = &mut self.added {
+            added.push(PeerMatch::Addresses(def.clone()));
+        }
+    }
+
+    /// Computes the peer sets noted since the last call into the output. They are computed
+    /// apart from the rules that name them (no rule reads a set's addresses) and, for a
+    /// large cluster, side by side ([`par::map`]): a set of many pods is bound by the reads
+    /// of pods far apart in memory, which cores do in parallel.
+    fn finish_sets(&mut self) {
+        let defs: Vec<(usize, PeerDef)> = std::mem::take(&mut self.pending).into_iter().map(|d| (self.scope_size(&d), d)).collect();
+        let sets = par::map(&defs, |d| self.address_set(d));
+        for ((_, def), set) in defs.into_iter().zip(sets) {
+            self.out.peer_sets.insert(def, std::sync::Arc::new(set));
+        }
+    }
+
+    /// About how many pods computing the set of `def` visits (to share the work out).
+    fn scope_size(&self, def: &PeerDef) -> usize {
+        match def {
+            PeerDef::Block(_) | PeerDef::Nodes(_) => 1,
+            PeerDef::Pods { namespaces: NsScope::Named(ns), .. } => self.snapshot.pod_count_in(ns),
+            PeerDef::Pods { namespaces: NsScope::Matching(sel), pods: None } if sel.is_everything() => 1,
+            PeerDef::Pods { namespaces: NsScope::Matching(sel), .. } => {
+                self.snapshot.namespaces().filter(|ns| sel.matches(&ns.labels)).map(|ns| self.snapshot.pod_count_in(&ns.name)).sum()
+            }
+        }
+    }
+
+    /// The addresses of `def`, each with its source's name.
+    fn address_set(&self, def: &PeerDef) -> AddressSet {
         let mut set = AddressSet::default();
         match def {
             PeerDef::Block(b) => {
@@ -804,10 +840,7 @@ impl<'a> Translator<'a, '_> {
                 };
             }
         }
-        self.out.peer_sets.insert(def.clone(), std::sync::Arc::new(set));
-        if let Some(added) = &mut self.added {
-            added.push(PeerMatch::Addresses(def.clone()));
-        }
+        set
     }
 
     /// `pod`'s peer addresses that `keep` keeps, each with the pod's name, onto `out`
@@ -876,8 +909,7 @@ impl<'a> Translator<'a, '_> {
 /// stable sort), as [`AddressSet::insert`] keeps the first comment. Sorted as integers,
 /// which compare faster than addresses.
 fn by_address<K: Ord + Copy, T>(mut found: Vec<(K, usize, T)>) -> impl Iterator<Item = (K, usize, T)> {
-    found.sort_by_key(|f| f.0);
-    found.dedup_by_key(|f| f.0);
+    ir::first_by_key(&mut found, |f| f.0);
     found.into_iter()
 }
 

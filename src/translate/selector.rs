@@ -28,10 +28,11 @@ impl Requirement {
 }
 
 /// A validated label selector in canonical form (requirements sorted and de-duplicated).
-/// The empty selector selects everything.
+/// The empty selector selects everything. Shared, not copied, when cloned: peer definitions
+/// hold selectors, and every rule naming a peer holds its definition.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Selector {
-    reqs: Vec<Requirement>,
+    reqs: std::sync::Arc<[Requirement]>,
 }
 
 impl Selector {
@@ -86,7 +87,7 @@ impl Selector {
         }
         reqs.sort();
         reqs.dedup();
-        Ok(Self { reqs })
+        Ok(Self { reqs: reqs.into() })
     }
 
     pub(crate) fn matches(&self, labels: &Labels) -> bool {
