@@ -350,6 +350,81 @@ async fn a_panic_in_a_sync_crashes_the_agent_and_keeps_the_rules() {
     }
 }
 
+/// An ADD that arrives while a sync's transaction runs is translated beside it, not after
+/// it: the pod waits for that commit and its own transaction only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_during_a_transaction_is_translated_beside_it() {
+    if !require_root("an_add_during_a_transaction_is_translated_beside_it") {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex, mpsc};
+    let (node, dir) = (NetnsGuard::new("node"), TempDir::new("agent"));
+    let pods = [pod("a", "198.18.76.1"), pod("b", "198.18.76.2"), pod("c", "198.18.76.3")];
+    let source = StaticSource::new(snapshot(&pods));
+    let events: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let hold = Arc::new(AtomicBool::new(false));
+    let (release, released) = mpsc::channel::<()>();
+    let released = Arc::new(Mutex::new(released));
+    let mut cfg = config(&node, &dir);
+    cfg.sync_hook = Some(SyncHook(Arc::new({
+        let (events, hold) = (events.clone(), hold.clone());
+        move |stage| {
+            let held = stage == SyncStage::Apply && hold.swap(false, Ordering::SeqCst);
+            events.lock().unwrap().push(match (stage, held) {
+                (SyncStage::Render, _) => "render",
+                (SyncStage::Apply, true) => "apply held",
+                (SyncStage::Apply, false) => "apply",
+            });
+            if held {
+                // The transaction "runs" until the test lets it go.
+                let _ = released.lock().unwrap().recv_timeout(Duration::from_secs(20));
+            }
+        }
+    })));
+    let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
+    let socket = dir.join("cni.sock");
+    call(&socket, add("a", "198.18.76.1")).await.unwrap();
+
+    hold.store(true, Ordering::SeqCst);
+    let b = tokio::spawn({
+        let socket = socket.clone();
+        async move { call(&socket, add("b", "198.18.76.2")).await }
+    });
+    let seen = |what: &'static str| {
+        let events = events.clone();
+        async move {
+            for _ in 0..200 {
+                let e = events.lock().unwrap().clone();
+                if let Some(at) = e.iter().position(|x| *x == "apply held")
+                    && e[at..].contains(&what)
+                {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        }
+    };
+    assert!(seen("apply held").await, "b's transaction never started: {:?}", events.lock().unwrap());
+    let c = tokio::spawn({
+        let socket = socket.clone();
+        async move { call(&socket, add("c", "198.18.76.3")).await }
+    });
+    // c's sync is translated while b's transaction is still held.
+    assert!(seen("render").await, "c was not translated beside b's transaction: {:?}", events.lock().unwrap());
+    assert!(!b.is_finished() && !c.is_finished(), "an ADD was acknowledged before its commit");
+    release.send(()).unwrap();
+    b.await.unwrap().unwrap();
+    c.await.unwrap().unwrap();
+    let t = table(&node);
+    for name in ["a", "b", "c"] {
+        assert!(t.contains(&flock_cni::host_interface_name(&format!("cid-{name}"), "eth0")), "{name} not in the table");
+    }
+    assert_eq!(agent.endpoints().len(), 3);
+    agent.shutdown().await;
+}
+
 /// An nft that cannot load flock's rules fails the start with a message naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unusable_nft_fails_the_start_clearly() {

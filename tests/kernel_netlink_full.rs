@@ -281,7 +281,7 @@ fn a_refused_full_batch_changes_nothing() {
     let Some(Object::Chain(c)) = broken.objects.iter_mut().rev().find(|o| matches!(o, Object::Chain(c) if c.hook.is_none())) else {
         panic!("no regular chain")
     };
-    c.rules.push(flock::render::Rule::verdict(flock::render::Verdict::Jump("no-such-chain".into())));
+    std::sync::Arc::make_mut(&mut c.rules).push(flock::render::Rule::verdict(flock::render::Verdict::Jump("no-such-chain".into())));
     let name = c.name.clone();
     let e = netlink.write_full(&broken, &objects(first), &broken.to_text()).unwrap_err();
     assert!(e.to_string().contains(&name), "{e}");

@@ -661,132 +661,118 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     // Counts commits a sweep must reflect: a sweep that sees it move on is stale.
     let commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let at = |t: Option<Instant>| t.map(tokio::time::Instant::from_std);
+    // Node routes are planned only where this agent programs them.
+    let plans_routes = router.is_some();
+    // A sync begun (translating) while the last one's transaction ran.
+    let mut next: Option<Begun> = None;
     loop {
-        let wake = tokio::select! {
-            _ = shared.wake.notified() => Wake::Changed,
-            _ = tick.tick() => Wake::Tick,
-            Ok(()) = async { match full_resync.as_mut() { Some(r) => r.changed().await, None => std::future::pending().await } } => Wake::FullResync,
-            () = sleep_until(at(state.retry_at())) => Wake::RetryDue,
-            () = sleep_until(at(state.baseline_at())) => {
-                // Listing a large table takes seconds (3 s for 225k set elements): it runs
-                // beside the loop so that a CNI ADD meanwhile is not kept waiting.
-                if state.baseline_due()
-                    && let Some((commit, mut backend)) = applier.as_ref().and_then(Applier::baseline_reader)
-                {
-                    baseline_job = Some(tokio::task::spawn_blocking(move || (commit, crate::apply::Backend::read_state(&mut backend))));
-                    state.baseline_started();
+        if next.is_none() {
+            let wake = tokio::select! {
+                _ = shared.wake.notified() => Wake::Changed,
+                _ = tick.tick() => Wake::Tick,
+                Ok(()) = async { match full_resync.as_mut() { Some(r) => r.changed().await, None => std::future::pending().await } } => Wake::FullResync,
+                () = sleep_until(at(state.retry_at())) => Wake::RetryDue,
+                () = sleep_until(at(state.baseline_at())) => {
+                    // Listing a large table takes seconds (3 s for 225k set elements): it runs
+                    // beside the loop so that a CNI ADD meanwhile is not kept waiting.
+                    if state.baseline_due()
+                        && let Some((commit, mut backend)) = applier.as_ref().and_then(Applier::baseline_reader)
+                    {
+                        baseline_job = Some(tokio::task::spawn_blocking(move || (commit, crate::apply::Backend::read_state(&mut backend))));
+                        state.baseline_started();
+                    }
+                    continue;
                 }
+                done = async { match baseline_job.as_mut() { Some(job) => job.await, None => std::future::pending().await } } => {
+                    baseline_job = None;
+                    match done {
+                        Ok((commit, Ok(table))) => {
+                            let accepted = applier.as_mut().is_some_and(|ap| ap.accept_baseline(commit, table));
+                            let still_needed = applier.as_ref().is_some_and(Applier::needs_baseline);
+                            state.baseline_read(accepted, still_needed, Instant::now());
+                        }
+                        Ok((_, Err(e))) => {
+                            tracing::warn!(error = %e, "cannot read the table for the drift baseline; the next drift check reads it");
+                            state.baseline_read(false, false, Instant::now());
+                        }
+                        Err(e) => {
+                            shared.crash(format!("reading the drift baseline panicked: {e}"));
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                done = async { match sweep_job.as_mut() { Some(job) => job.await, None => std::future::pending().await } } => {
+                    sweep_job = None;
+                    let Some(outcome) = sweep_done(&shared, done, (state.committed_version(), commits.load(Ordering::SeqCst))) else { return };
+                    let mut hold = state.sweep_finished(outcome, *stop.borrow(), Instant::now());
+                    while let Some(version) = hold {
+                        let Some(job) = start_sweep(&cfg, translation.as_ref(), &commits, version) else {
+                            state.sweep_not_started(Instant::now());
+                            break;
+                        };
+                        let Some(o) = sweep_done(&shared, job.await, (state.committed_version(), commits.load(Ordering::SeqCst))) else { return };
+                        hold = state.sweep_finished(o, *stop.borrow(), Instant::now());
+                    }
+                    continue;
+                }
+                () = sleep_until(at(state.sweep_at())) => {
+                    if let Some(version) = state.sweep_due(*stop.borrow()) {
+                        sweep_job = start_sweep(&cfg, translation.as_ref(), &commits, version);
+                        state.sweep_started(sweep_job.is_some(), Instant::now());
+                    }
+                    continue;
+                }
+                _ = stop.changed() => return,
+            };
+            state.wake(wake);
+            if *stop.borrow() {
+                return;
+            }
+            let mut urgent = shared.urgent.swap(false, Ordering::SeqCst);
+            if !state.may_sync(urgent) {
                 continue;
             }
-            done = async { match baseline_job.as_mut() { Some(job) => job.await, None => std::future::pending().await } } => {
-                baseline_job = None;
-                match done {
-                    Ok((commit, Ok(table))) => {
-                        let accepted = applier.as_mut().is_some_and(|ap| ap.accept_baseline(commit, table));
-                        let still_needed = applier.as_ref().is_some_and(Applier::needs_baseline);
-                        state.baseline_read(accepted, still_needed, Instant::now());
+            if urgent {
+                // A pod waits for this sync: no gathering window. Requests arriving together
+                // are taken in by this sync or the next, which begins translating while this
+                // one's transaction runs.
+                tokio::task::yield_now().await;
+            } else {
+                // Changes are gathered for a moment (longer while more arrive); a CNI request
+                // arriving meanwhile ends the window: its pod does not wait it out.
+                let first = Instant::now();
+                let mut seen = shared.lock().generation;
+                loop {
+                    let window = tokio::time::sleep(cfg.coalesce);
+                    tokio::pin!(window);
+                    loop {
+                        tokio::select! {
+                            () = &mut window => break,
+                            _ = shared.wake.notified() => if shared.urgent.load(Ordering::SeqCst) { break },
+                        }
                     }
-                    Ok((_, Err(e))) => {
-                        tracing::warn!(error = %e, "cannot read the table for the drift baseline; the next drift check reads it");
-                        state.baseline_read(false, false, Instant::now());
-                    }
-                    Err(e) => {
-                        shared.crash(format!("reading the drift baseline panicked: {e}"));
-                        return;
-                    }
-                }
-                continue;
-            }
-            done = async { match sweep_job.as_mut() { Some(job) => job.await, None => std::future::pending().await } } => {
-                sweep_job = None;
-                let Some(outcome) = sweep_done(&shared, done, (state.committed_version(), commits.load(Ordering::SeqCst))) else { return };
-                let mut hold = state.sweep_finished(outcome, *stop.borrow(), Instant::now());
-                while let Some(version) = hold {
-                    let Some(job) = start_sweep(&cfg, translation.as_ref(), &commits, version) else {
-                        state.sweep_not_started(Instant::now());
+                    urgent = shared.urgent.swap(false, Ordering::SeqCst);
+                    let now = shared.lock().generation;
+                    if urgent || now == seen || first.elapsed() >= cfg.max_coalesce {
                         break;
-                    };
-                    let Some(o) = sweep_done(&shared, job.await, (state.committed_version(), commits.load(Ordering::SeqCst))) else { return };
-                    hold = state.sweep_finished(o, *stop.borrow(), Instant::now());
+                    }
+                    seen = now;
                 }
+            }
+            if !shared.source.is_complete() {
+                tracing::debug!("source not complete yet: nothing programmed");
                 continue;
             }
-            () = sleep_until(at(state.sweep_at())) => {
-                if let Some(version) = state.sweep_due(*stop.borrow()) {
-                    sweep_job = start_sweep(&cfg, translation.as_ref(), &commits, version);
-                    state.sweep_started(sweep_job.is_some(), Instant::now());
-                }
-                continue;
-            }
-            _ = stop.changed() => return,
-        };
-        state.wake(wake);
+            next = begin_sync(&shared, &mut state, &mut translation, &mut run_policies, urgent, plans_routes, 0);
+        }
+        let Some(begun) = next.take() else { return };
         if *stop.borrow() {
             return;
         }
-        let urgent = shared.urgent.swap(false, Ordering::SeqCst);
-        if !state.may_sync(urgent) {
-            continue;
-        }
-        if urgent {
-            // A pod waits for this sync: no gathering window. Requests arriving together
-            // are taken in by this sync or the next, which starts as soon as this one ends.
-            tokio::task::yield_now().await;
-        } else {
-            let first = Instant::now();
-            let mut seen = shared.lock().generation;
-            loop {
-                tokio::time::sleep(cfg.coalesce).await;
-                let now = shared.lock().generation;
-                if now == seen || first.elapsed() >= cfg.max_coalesce {
-                    break;
-                }
-                seen = now;
-            }
-        }
-        if !shared.source.is_complete() {
-            tracing::debug!("source not complete yet: nothing programmed");
-            continue;
-        }
-        let attempt = state.start(urgent);
-        if state.owes_periodic() {
-            // The periodic sync deferred for this request runs right after it.
-            shared.wake.notify_one();
-        }
-        let (endpoints, generation) = {
-            let inner = shared.lock();
-            (inner.endpoints.values().cloned().collect::<Vec<_>>(), inner.generation)
-        };
-        let started = Instant::now();
-        let span = tracing::info_span!("sync", node = %cfg.node, generation, endpoints = endpoints.len(), periodic = attempt.periodic);
+        let Begun { attempt, generation, endpoints: endpoint_count, source_version, changes, started, job: render_job } = begun;
+        let span = tracing::info_span!("sync", node = %cfg.node, generation, endpoints = endpoint_count, periodic = attempt.periodic);
         let _enter = span.enter();
-        // The snapshot is taken and the lock released at once: the watcher keeps writing
-        // while this sync translates (see `crate::source`).
-        let (source_version, snapshot) = shared.source.snapshot();
-        let changes: Vec<Instant> = {
-            let observed = state.last_observed();
-            let source = shared.source.read();
-            source.changed_at.iter().filter(|(v, _)| *v > observed && *v <= source_version).map(|(_, t)| *t).collect()
-        };
-        let Some(mut tr) = translation.take() else { return };
-        let Some(mut rp) = run_policies.take() else { return };
-        let journal = tr.version().and_then(|v| shared.source.changes(v, source_version));
-        let node = cfg.node.clone();
-        let hook = cfg.sync_hook.clone();
-        let periodic = attempt.periodic;
-        let render_job = tokio::task::spawn_blocking(move || {
-            if let Some(h) = &hook {
-                (h.0)(SyncStage::Render);
-            }
-            // The journal holds the changes since the translation's version, which the run
-            // policies are kept in step with (else they look at every pod).
-            let rp_changes = journal.as_deref().filter(|_| rp.version() == tr.version());
-            // The periodic tick also translates in full and compares (see `translation`).
-            let out = tr.sync(&snapshot, source_version, &endpoints, journal.as_deref(), periodic);
-            let runs = rp.sync(&snapshot, source_version, rp_changes, periodic);
-            let counts = (snapshot.pod_count(), snapshot.policy_count(), endpoints.len(), snapshot.cluster_policies().count());
-            (tr, rp, out, runs, routes::peers(&snapshot, &node), counts)
-        });
         let (tr, rp, translated, runs, wanted_routes, counts) = match render_job.await {
             Ok(r) => r,
             Err(e) => {
@@ -797,6 +783,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         };
         translation = Some(tr);
         run_policies = Some(rp);
+        // What the DNS learner is given once this ruleset is committed (the next sync may be
+        // translating by then).
+        let committed_policy = translation.as_ref().and_then(translation::Translation::shared_policy);
         shared.deniers.send_replace(Arc::new(translated.deniers));
         cfg.metrics.translated(translated.mode.as_str());
         if translated.checked {
@@ -862,7 +851,35 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             }
             (ap, r, repaired, checked, ruleset)
         });
-        let (ap, result, repaired, checked, ruleset) = match job.await {
+        // While the transaction runs, a CNI request that arrives is translated beside it: the
+        // pod then waits for this commit and its own transaction, not for a translation too.
+        let mut job = job;
+        let mut woken = false;
+        let applied = loop {
+            tokio::select! {
+                r = &mut job => break r,
+                _ = shared.wake.notified(), if next.is_none() && !woken => {
+                    // Only for a request this sync does not include (its endpoint came later).
+                    if shared.source.is_complete()
+                        && !*stop.borrow()
+                        && shared.lock().generation > generation
+                        && shared.urgent.swap(false, Ordering::SeqCst)
+                    {
+                        match begin_sync(&shared, &mut state, &mut translation, &mut run_policies, true, plans_routes, source_version) {
+                            Some(b) => next = Some(b),
+                            None => return,
+                        }
+                    } else {
+                        woken = true;
+                    }
+                }
+            }
+        };
+        // A wake not acted on here is the loop's next.
+        if woken {
+            shared.wake.notify_one();
+        }
+        let (ap, result, repaired, checked, ruleset) = match applied {
             Ok(x) => x,
             Err(e) => {
                 publish_failure(&shared, generation, "panic", format!("apply panicked: {e}"));
@@ -874,8 +891,8 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         state.applied(needs_baseline, Instant::now());
         applier = Some(ap);
         // Only over a committed table: VXLAN devices never come up before the table's guard.
-        if let Some(r) = router.as_ref().filter(|_| result.is_ok()) {
-            match r.sync(wanted_routes).await {
+        if let (Some(r), Some(wanted)) = (router.as_ref().filter(|_| result.is_ok()), wanted_routes) {
+            match r.sync(wanted).await {
                 Ok(c) if c.added + c.removed > 0 => tracing::info!(added = c.added, removed = c.removed, "node routes updated"),
                 Ok(_) => {}
                 Err(e) => {
@@ -903,7 +920,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     m.enforced("source", now.duration_since(*t).as_secs_f64());
                 }
                 // The learner feeds the sets of what is committed now (a set it names exists).
-                if let (Some(d), Some(np)) = (&shared.dns, translation.as_ref().and_then(translation::Translation::shared_policy)) {
+                if let (Some(d), Some(np)) = (&shared.dns, committed_policy) {
                     d.set_rules(&np);
                 }
                 // Hashed beside the loop; only a ruleset the table changed to is new.
@@ -962,6 +979,82 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             }
         }
     }
+}
+
+/// A sync's translation and render, running or done.
+type RenderedSync = (
+    translation::Translation,
+    run_policies::RunPolicies,
+    translation::Translated,
+    Arc<run_policies::RunPolicyMap>,
+    Option<routes::Peers>,
+    (usize, usize, usize, usize),
+);
+
+/// A sync begun: what it was asked to do and of which state, and its render job.
+struct Begun {
+    attempt: sync_state::Attempt,
+    /// The endpoint generation it includes.
+    generation: u64,
+    endpoints: usize,
+    source_version: u64,
+    /// When the source changes it is the first sync to include were made.
+    changes: Vec<Instant>,
+    started: Instant,
+    job: JoinHandle<RenderedSync>,
+}
+
+/// Starts a sync of the current snapshot and endpoints: translates and renders them on a
+/// blocking thread. `counted`: a source version up to which a sync begun earlier reports
+/// the changes' latencies. `None` when the translation state is gone (a panic ended a sync).
+fn begin_sync(
+    shared: &Arc<Shared>,
+    state: &mut LoopState,
+    translation: &mut Option<translation::Translation>,
+    run_policies: &mut Option<run_policies::RunPolicies>,
+    urgent: bool,
+    plans_routes: bool,
+    counted: u64,
+) -> Option<Begun> {
+    let (Some(mut tr), Some(mut rp)) = (translation.take(), run_policies.take()) else { return None };
+    let cfg = &shared.config;
+    let attempt = state.start(urgent);
+    if state.owes_periodic() {
+        // The periodic sync deferred for this request runs right after it.
+        shared.wake.notify_one();
+    }
+    let (endpoints, generation) = {
+        let inner = shared.lock();
+        (inner.endpoints.values().cloned().collect::<Vec<_>>(), inner.generation)
+    };
+    let started = Instant::now();
+    // The snapshot is taken and the lock released at once: the watcher keeps writing while
+    // this sync translates (see `crate::source`).
+    let (source_version, snapshot) = shared.source.snapshot();
+    let changes: Vec<Instant> = {
+        let observed = state.last_observed().max(counted);
+        let source = shared.source.read();
+        source.changed_at.iter().filter(|(v, _)| *v > observed && *v <= source_version).map(|(_, t)| *t).collect()
+    };
+    let journal = tr.version().and_then(|v| shared.source.changes(v, source_version));
+    let node = cfg.node.clone();
+    let hook = cfg.sync_hook.clone();
+    let periodic = attempt.periodic;
+    let count = endpoints.len();
+    let job = tokio::task::spawn_blocking(move || {
+        if let Some(h) = &hook {
+            (h.0)(SyncStage::Render);
+        }
+        // The journal holds the changes since the translation's version, which the run
+        // policies are kept in step with (else they look at every pod).
+        let rp_changes = journal.as_deref().filter(|_| rp.version() == tr.version());
+        // The periodic tick also translates in full and compares (see `translation`).
+        let out = tr.sync(&snapshot, source_version, &endpoints, journal.as_deref(), periodic);
+        let runs = rp.sync(&snapshot, source_version, rp_changes, periodic);
+        let counts = (snapshot.pod_count(), snapshot.policy_count(), endpoints.len(), snapshot.cluster_policies().count());
+        (tr, rp, out, runs, plans_routes.then(|| routes::peers(&snapshot, &node)), counts)
+    });
+    Some(Begun { attempt, generation, endpoints: count, source_version, changes, started, job })
 }
 
 /// Sleeps until `t`; forever when there is none.

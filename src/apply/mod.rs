@@ -470,7 +470,7 @@ pub fn incremental_steps<'a>(prev: &'a Ruleset, next: &'a Ruleset) -> Option<Vec
     for o in &next.objects {
         let before = old.get(o.name()).copied();
         if let Some(b) = before
-            && (b.keyword() != o.keyword() || b.declaration() != o.declaration())
+            && !b.same_declaration(o)
         {
             return None;
         }
@@ -652,7 +652,7 @@ pub fn element_script(changes: &[ElementChange<'_>]) -> String {
 }
 
 fn write_rules(out: &mut String, c: &crate::render::Chain) {
-    for r in &c.rules {
+    for r in c.rules.iter() {
         let _ = writeln!(out, "add rule {FAMILY} {TABLE} {} {r}", c.name);
     }
 }

@@ -292,7 +292,7 @@ fn stale_maps_and_the_chains_they_jump_to_go_together() {
         name: "extra-target".into(),
         comment: "c".into(),
         hook: None,
-        rules: vec![crate::render::Rule::verdict(crate::render::Verdict::Accept)],
+        rules: vec![crate::render::Rule::verdict(crate::render::Verdict::Accept)].into(),
     }));
     prev.objects.push(Object::Set(Set {
         name: "extra-map".into(),

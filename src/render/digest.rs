@@ -79,7 +79,7 @@ mod tests {
     fn ruleset(rule: Rule) -> Ruleset {
         Ruleset {
             comment: "c".into(),
-            objects: vec![Object::Chain(Chain { name: "x".into(), comment: "x".into(), hook: None, rules: vec![rule] })],
+            objects: vec![Object::Chain(Chain { name: "x".into(), comment: "x".into(), hook: None, rules: vec![rule].into() })],
         }
     }
 
@@ -93,7 +93,7 @@ mod tests {
         // Structure counts: one rule "counter accept" is not two rules "counter", "accept".
         let mut two = ruleset(Rule::new(vec![Stmt::Counter], None));
         if let Object::Chain(c) = &mut two.objects[0] {
-            c.rules.push(Rule::verdict(Verdict::Accept));
+            std::sync::Arc::make_mut(&mut c.rules).push(Rule::verdict(Verdict::Accept));
         }
         assert_ne!(sha256(&ruleset(Rule::new(vec![Stmt::Counter], Some(Verdict::Accept)))), sha256(&two));
     }

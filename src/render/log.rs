@@ -38,7 +38,7 @@ impl DenyLog {
     pub(crate) fn chain(&self, name: String, comment: String, prefix: &LogPrefix, then: Vec<Rule>) -> super::Chain {
         let mut rules = vec![self.rule(prefix)];
         rules.extend(then);
-        super::Chain { name, comment, hook: None, rules }
+        super::Chain { name, comment, hook: None, rules: rules.into() }
     }
 
     /// The rule logging with `prefix` (rate-limited: over the rate the packet goes on, only

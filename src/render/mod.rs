@@ -143,7 +143,10 @@ pub struct Chain {
     pub name: String,
     pub(crate) comment: String,
     pub hook: Option<Hook>,
-    pub rules: Vec<Rule>,
+    /// Shared, like a set's elements: a chain an endpoint's render keeps is the same
+    /// allocation in the next ruleset, so copying a ruleset (to keep what was applied, to
+    /// hash it) copies no rules, and comparing an unchanged chain is a pointer comparison.
+    pub rules: Arc<Vec<Rule>>,
 }
 
 /// A named set, or a verdict map when `data` is set.
@@ -191,6 +194,23 @@ impl Object {
     }
 
     /// An `add` command declaring this object with all its attributes and no content.
+    /// Whether `other` has this object's [`declaration`](Self::declaration), compared
+    /// field by field (the incremental path asks for every object on every sync).
+    pub(crate) fn same_declaration(&self, other: &Object) -> bool {
+        match (self, other) {
+            (Self::Chain(a), Self::Chain(b)) => a.name == b.name && a.hook == b.hook && a.comment == b.comment,
+            (Self::Set(a), Self::Set(b)) => {
+                a.name == b.name
+                    && a.key == b.key
+                    && a.data == b.data
+                    && a.interval == b.interval
+                    && a.timeout == b.timeout
+                    && a.comment == b.comment
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn declaration(&self) -> String {
         let (kw, name) = (self.keyword(), self.name());
         let mut s = format!("add {kw} {} {} {name} {{ ", names::FAMILY, names::TABLE);
@@ -325,7 +345,7 @@ fn write_chain(out: &mut String, c: &Chain) {
     if let Some(h) = &c.hook {
         let _ = writeln!(out, "\t\ttype {} hook {} priority {}; policy {};", h.type_, h.hook, h.priority, h.policy);
     }
-    for r in &c.rules {
+    for r in c.rules.iter() {
         let _ = writeln!(out, "\t\t{r}");
     }
     out.push_str("\t}\n");
@@ -495,7 +515,7 @@ struct SetCache {
 /// [`RenderCache::uses`]).
 fn prerender_peer_sets(np: &NodePolicy, cache: &mut SetCache) {
     let jobs: Vec<(usize, &PeerDef)> = np.peer_sets.iter().map(|(d, s)| (s.v4.len() + s.v6.len(), d)).collect();
-    if jobs.iter().map(|j| j.0).sum::<usize>() < par::PARALLEL_WORK {
+    if !par::worth_sharing(&jobs) {
         return;
     }
     let sets = par::map(&jobs, |d| [Family::V4, Family::V6].map(|fam| Renderer::new_peer_set(np, d, fam)));
@@ -749,11 +769,11 @@ impl RenderCache {
         objects.extend(shared_denials.into_iter().map(Object::Chain));
         if let Some(o) = &np.overlay {
             let spoofed = if self.options.log.is_some() { goto(DENY_SPOOFED) } else { Verdict::Drop };
-            input.rules.insert(0, overlay_guard(o));
+            Arc::make_mut(&mut input.rules).insert(0, overlay_guard(o));
             objects.push(Object::Chain(overlay_in(&spoofed)));
             // After the source check, before the egress policy (and before any SNAT could
             // give a pod's packet a node's address).
-            from_pods.rules.splice(2..2, overlay_from_pods(o, &spoofed));
+            Arc::make_mut(&mut from_pods.rules).splice(2..2, overlay_from_pods(o, &spoofed));
         }
         let flatten = |mut v: Vec<EndpointChains>| {
             v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -797,7 +817,7 @@ impl RenderCache {
                 name: AUDIT_TO_PODS.into(),
                 comment: "audit mode: packets to a pod on this node, through its audited ingress policy".into(),
                 hook: None,
-                rules: vec![vmap(Field::OifName, AUDIT_INGRESS_MAP), Rule::verdict(Verdict::Accept)],
+                rules: Arc::new(vec![vmap(Field::OifName, AUDIT_INGRESS_MAP), Rule::verdict(Verdict::Accept)]),
             }));
         }
         objects.push(Object::Chain(egress_allowed()));
@@ -806,7 +826,7 @@ impl RenderCache {
                 name: AUDIT_EGRESS_ALLOWED.into(),
                 comment: "audit mode: egress the audited policies would allow; then the destination's audited ingress".into(),
                 hook: None,
-                rules: vec![pod_interfaces(true, goto(AUDIT_TO_PODS)), Rule::verdict(Verdict::Accept)],
+                rules: Arc::new(vec![pod_interfaces(true, goto(AUDIT_TO_PODS)), Rule::verdict(Verdict::Accept)]),
             }));
         }
         objects.extend(class_chains(&egress_plan.chains));
@@ -839,21 +859,21 @@ impl RenderCache {
                     "audit mode: packets from a pod on this node, through its audited egress policy (spoofed ones are left to forward)"
                         .into(),
                 hook: None,
-                rules: vec![
+                rules: Arc::new(vec![
                     Rule::new(vec![spoofed(Family::V4)], Some(Verdict::Accept)),
                     Rule::new(vec![spoofed(Family::V6)], Some(Verdict::Accept)),
                     vmap(Field::IifName, AUDIT_EGRESS_MAP),
-                ],
+                ]),
             }));
             objects.push(Object::Chain(Chain {
                 name: AUDIT_BASE_CHAIN.into(),
                 comment: "audit mode, before forward: what audited policies would deny is logged and accepted; forward decides".into(),
                 hook: Some(Hook { type_: "filter", hook: "forward", priority: "filter - 1", policy: "accept" }),
-                rules: vec![
+                rules: Arc::new(vec![
                     established(),
                     pod_interfaces(false, Verdict::Jump(AUDIT_FROM_PODS.into())),
                     pod_interfaces(true, goto(AUDIT_TO_PODS)),
-                ],
+                ]),
             }));
             let mut rules = vec![established()];
             rules.extend(link_local());
@@ -864,7 +884,7 @@ impl RenderCache {
                 comment: "audit mode, before input: what audited policies would deny of pods' packets to this node is logged and accepted; input decides"
                     .into(),
                 hook: Some(Hook { type_: "filter", hook: "input", priority: "filter - 1", policy: "accept" }),
-                rules,
+                rules: rules.into(),
             }));
         }
         if let Some(dns) = &self.options.dns {
@@ -1058,7 +1078,7 @@ fn overlay_in(spoofed: &Verdict) -> Chain {
         name: OVERLAY_IN.into(),
         comment: "VXLAN to this node: a node's frames carrying its own pods' or addresses' packets return to input".into(),
         hook: None,
-        rules,
+        rules: rules.into(),
     }
 }
 
@@ -1190,18 +1210,18 @@ fn dns_chains(dns: &DnsSteer) -> [Chain; 3] {
                 "DNS of pods with domain rules, after DNAT: judged by the pod's egress policy (from-pods), marked for the proxy if allowed"
                     .into(),
             hook: Some(Hook { type_: "filter", hook: "prerouting", priority: "dstnat + 10", policy: "accept" }),
-            rules: vec![
+            rules: Arc::new(vec![
                 steer(Family::V4, DNS_RESOLVERS_V4, Proto::Udp),
                 steer(Family::V4, DNS_RESOLVERS_V4, Proto::Tcp),
                 steer(Family::V6, DNS_RESOLVERS_V6, Proto::Udp),
                 steer(Family::V6, DNS_RESOLVERS_V6, Proto::Tcp),
-            ],
+            ]),
         },
         Chain {
             name: DNS_PROXY_CHAIN.into(),
             comment: "steered DNS to flock-agent's DNS proxy (dropped without it), and answers to the proxy's queries back to it".into(),
             hook: Some(Hook { type_: "filter", hook: "prerouting", priority: "-80", policy: "accept" }),
-            rules: proxy,
+            rules: proxy.into(),
         },
         Chain {
             name: DNS_UPSTREAM_CHAIN.into(),
@@ -1209,7 +1229,7 @@ fn dns_chains(dns: &DnsSteer) -> [Chain; 3] {
                 "the DNS proxy's queries, sent as the pod: marked for their answers; to a local resolver pod through its ingress policy"
                     .into(),
             hook: Some(Hook { type_: "filter", hook: "output", priority: "mangle", policy: "accept" }),
-            rules: vec![
+            rules: Arc::new(vec![
                 Rule::new(vec![Stmt::MarkBit { ct: false, bit: up }, Stmt::SetMarkBit { ct: true, bit: proxied }], None)
                     .comment("the DNS proxy's query: its answer goes to the proxy"),
                 Rule::new(
@@ -1217,7 +1237,7 @@ fn dns_chains(dns: &DnsSteer) -> [Chain; 3] {
                     Some(goto(TO_PODS)),
                 )
                 .comment("to a resolver pod of this node: its ingress policy decides, as for the pod's own query"),
-            ],
+            ]),
         },
     ]
 }
@@ -1256,7 +1276,7 @@ fn egress_allowed() -> Chain {
         comment: "egress allowed by the source pod's policy: the destination's ingress policy decides (pods of this node), else accept"
             .into(),
         hook: None,
-        rules: vec![pod_interfaces(true, goto(TO_PODS)), Rule::verdict(Verdict::Accept)],
+        rules: Arc::new(vec![pod_interfaces(true, goto(TO_PODS)), Rule::verdict(Verdict::Accept)]),
     }
 }
 
@@ -1386,7 +1406,7 @@ fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>, dns_mark: Option<u3
         let comment = comment(&text);
         // As nft lists it: a TCP reset needs TCP.
         rules.extend([Rule::new(vec![Stmt::L4Proto(Proto::Tcp), Stmt::RejectTcpReset], None), Rule::verdict(Verdict::Drop)]);
-        shared.push(Chain { name: REVOKED.into(), comment, hook: None, rules });
+        shared.push(Chain { name: REVOKED.into(), comment, hook: None, rules: rules.into() });
         base.push(revoked_rule(bit));
         to_node.push(revoked_rule(bit));
     }
@@ -1409,28 +1429,28 @@ fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>, dns_mark: Option<u3
             name: FROM_PODS.into(),
             comment: "packets from a pod on this node: source check, then the pod's egress policy".into(),
             hook: None,
-            rules: vec![spoof_check(Family::V4), spoof_check(Family::V6), vmap(Field::IifName, EGRESS_MAP)],
+            rules: Arc::new(vec![spoof_check(Family::V4), spoof_check(Family::V6), vmap(Field::IifName, EGRESS_MAP)]),
         },
         Chain {
             name: TO_PODS.into(),
             comment: "packets to a pod on this node: the pod's ingress policy".into(),
             hook: None,
-            rules: vec![
+            rules: Arc::new(vec![
                 vmap(Field::OifName, INGRESS_MAP),
                 Rule::new(vec![Stmt::Counter], Some(unknown)).comment("unknown pod interface: no policy programmed yet"),
-            ],
+            ]),
         },
         Chain {
             name: BASE_CHAIN.into(),
             comment: "routed pod traffic, after DNAT: policy sees pod addresses, not service addresses".into(),
             hook: Some(Hook { type_: "filter", hook: "forward", priority: "filter", policy: "accept" }),
-            rules: base,
+            rules: base.into(),
         },
         Chain {
             name: TO_NODE.into(),
             comment: "packets from a pod on this node to the node itself: the pod's egress policy decides, as for forwarded ones".into(),
             hook: None,
-            rules: to_node,
+            rules: to_node.into(),
         },
         Chain {
             name: INPUT_CHAIN.into(),
@@ -1438,7 +1458,7 @@ fn skeleton(log: Option<log::DenyLog>, revoked: Option<u32>, dns_mark: Option<u3
                 "packets to this node's own addresses, after DNAT: those of local pods go to to-node; the node's own traffic is not touched"
                     .into(),
             hook: Some(Hook { type_: "filter", hook: "input", priority: "filter", policy: "accept" }),
-            rules: vec![pod_interfaces(false, goto(TO_NODE))],
+            rules: Arc::new(vec![pod_interfaces(false, goto(TO_NODE))]),
         },
     ];
     (chains, shared)
@@ -1583,17 +1603,17 @@ impl Renderer<'_> {
                 .push(Rule::verdict(allow.clone()).comment(comment(&format!("{note}{dir} of {pod}: no rule decided, allowed (default)"))));
         }
         if d.admin.is_empty() {
-            chains.push(Chain { name: entry, comment: chain_comment, hook: None, rules: tail_rules });
+            chains.push(Chain { name: entry, comment: chain_comment, hook: None, rules: tail_rules.into() });
             return chains;
         }
         let tail_comment = comment(&format!("{note}{dir} policy of pod {pod} after the Admin tier: NetworkPolicy, then Baseline"));
         let tail = names::dynamic(&format!("{purpose}-np"), &[&ep.interface, &pod, &tail_comment], &pod);
-        chains.push(Chain { name: tail.clone(), comment: tail_comment, hook: None, rules: tail_rules });
+        chains.push(Chain { name: tail.clone(), comment: tail_comment, hook: None, rules: tail_rules.into() });
         let mut entry_rules = Vec::new();
         self.tier_groups(&ctx, Tier::Admin, &d.admin, &goto(&tail), &mut entry_rules, &mut chains);
         entry_rules.push(Rule::verdict(goto(&tail)).comment(comment(&format!("{note}{dir} of {pod}: no Admin rule decided"))));
         let entry_comment = comment(&format!("{note}{dir} policy of pod {pod} ({}): Admin tier first", ep.interface));
-        chains.push(Chain { name: entry, comment: entry_comment, hook: None, rules: entry_rules });
+        chains.push(Chain { name: entry, comment: entry_comment, hook: None, rules: entry_rules.into() });
         chains
     }
 
@@ -1650,7 +1670,7 @@ impl Renderer<'_> {
                         self.tier_rule(ctx, rule, v, &mut rules);
                     }
                     out.push(Rule::verdict(Verdict::Jump(name.clone())).comment(chain_comment.clone()));
-                    chains.push(Chain { name, comment: chain_comment, hook: None, rules });
+                    chains.push(Chain { name, comment: chain_comment, hook: None, rules: rules.into() });
                 }
             }
         }

@@ -240,7 +240,7 @@ impl PeerPlan {
                     elements: elements.into(),
                 });
             }
-            plan.chains.push(Chain { name: name.clone(), comment: chain_comment, hook: None, rules });
+            plan.chains.push(Chain { name: name.clone(), comment: chain_comment, hook: None, rules: rules.into() });
             *chain_name = Some(name);
         }
 

@@ -315,10 +315,10 @@ impl Incremental {
         // Endpoints that are gone.
         changed.endpoints.extend(old_policies.into_keys());
 
-        // Node sets and the sets of every pod (whose ranges are the Nodes' pod CIDRs):
-        // computed again (Nodes are few).
         tr.finish_sets();
         let added = tr.added.replace(Vec::new()).unwrap_or_default();
+        // Node sets and the sets of every pod (whose ranges are the Nodes' pod CIDRs):
+        // computed again (Nodes are few).
         if nodes_changed {
             let node_defs: Vec<PeerDef> =
                 tr.out.peer_sets.keys().filter(|d| matches!(d, PeerDef::Nodes(_)) || PodRanges::serve(d)).cloned().collect();

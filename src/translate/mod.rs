@@ -750,7 +750,10 @@ impl<'a> Translator<'a, '_> {
     /// large cluster, side by side ([`par::map`]): a set of many pods is bound by the reads
     /// of pods far apart in memory, which cores do in parallel.
     fn finish_sets(&mut self) {
-        let defs: Vec<(usize, PeerDef)> = std::mem::take(&mut self.pending).into_iter().map(|d| (self.scope_size(&d), d)).collect();
+        let pending = std::mem::take(&mut self.pending);
+        // One set (a pod's change) is computed here whatever it weighs: not weighed.
+        let weigh = pending.len() > 1;
+        let defs: Vec<(usize, PeerDef)> = pending.into_iter().map(|d| (if weigh { self.scope_size(&d) } else { 0 }, d)).collect();
         let sets = par::map(&defs, |d| self.address_set(d));
         for ((_, def), set) in defs.into_iter().zip(sets) {
             self.out.peer_sets.insert(def, std::sync::Arc::new(set));

@@ -48,15 +48,19 @@ pub(crate) fn map<T: Sync, R: Send>(jobs: &[(usize, T)], f: impl Fn(&T) -> R + S
     results.into_iter().flatten().collect()
 }
 
-/// How many threads share `jobs`: one below [`PARALLEL_WORK`], else one per core up to
-/// [`MAX_THREADS`] and no more than there are jobs.
+/// Whether `jobs` weigh enough ([`PARALLEL_WORK`]) to be shared out at all.
+pub(crate) fn worth_sharing<T>(jobs: &[(usize, T)]) -> bool {
+    jobs.iter().map(|j| j.0).sum::<usize>() >= PARALLEL_WORK
+}
+
+/// How many threads share `jobs`: one unless they are [worth sharing](worth_sharing), else
+/// one per core up to [`MAX_THREADS`] and no more than there are jobs.
 fn threads_for<T>(jobs: &[(usize, T)]) -> usize {
     #[cfg(test)]
     if test_switch::ONE_THREAD.with(|one| one.get()) {
         return 1;
     }
-    let work: usize = jobs.iter().map(|j| j.0).sum();
-    if work < PARALLEL_WORK {
+    if !worth_sharing(jobs) {
         return 1;
     }
     std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS).min(jobs.len())

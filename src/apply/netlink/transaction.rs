@@ -322,7 +322,7 @@ fn push_set(batch: &mut Batch, s: &Set, refs: &HashMap<&str, SetRef<'_>>) -> Res
 /// sends them); `next_id` is the batch's last set id.
 fn push_rules(batch: &mut Batch, c: &Chain, refs: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) -> Result<(), NetlinkError> {
     let object = format!("chain {}", c.name);
-    for r in &c.rules {
+    for r in c.rules.iter() {
         let what = || format!("rule `{r}`");
         let compiled = rule::compile(r, refs, next_id).map_err(|why| unsupported(&object, what(), why))?;
         let mut body = chain_ref(NFTA_RULE_TABLE, NFTA_RULE_CHAIN, &c.name);

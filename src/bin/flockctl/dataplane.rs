@@ -857,7 +857,7 @@ fn pod_chains(rs: &Ruleset, iface: &str, route: Route) -> PodChains {
         }
         let Some(Object::Chain(c)) = rs.object(&name) else { continue };
         out.rules += c.rules.len();
-        for rule in &c.rules {
+        for rule in c.rules.iter() {
             todo.extend(rule.verdict.as_ref().and_then(target));
             for set in rule.sets() {
                 if out.sets.insert(set.to_string())
