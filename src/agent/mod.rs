@@ -744,14 +744,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                 let first = Instant::now();
                 let mut seen = shared.lock().generation;
                 loop {
-                    let window = tokio::time::sleep(cfg.coalesce);
-                    tokio::pin!(window);
-                    loop {
-                        tokio::select! {
-                            () = &mut window => break,
-                            _ = shared.wake.notified() => if shared.urgent.load(Ordering::SeqCst) { break },
-                        }
-                    }
+                    gather(&shared.wake, &shared.urgent, cfg.coalesce).await;
                     urgent = shared.urgent.swap(false, Ordering::SeqCst);
                     let now = shared.lock().generation;
                     if urgent || now == seen || first.elapsed() >= cfg.max_coalesce {
@@ -1057,6 +1050,20 @@ fn begin_sync(
     Some(Begun { attempt, generation, endpoints: count, source_version, changes, started, job })
 }
 
+/// Waits out one gathering window of `d`, unless a CNI request wakes the loop meanwhile
+/// (`urgent` set): its pod does not wait for other changes to be gathered. Other wakes are
+/// taken in by the sync that follows the window.
+async fn gather(wake: &Notify, urgent: &AtomicBool, d: Duration) {
+    let window = tokio::time::sleep(d);
+    tokio::pin!(window);
+    loop {
+        tokio::select! {
+            () = &mut window => return,
+            _ = wake.notified() => if urgent.load(Ordering::SeqCst) { return },
+        }
+    }
+}
+
 /// Sleeps until `t`; forever when there is none.
 async fn sleep_until(t: Option<tokio::time::Instant>) {
     match t {
@@ -1138,4 +1145,24 @@ fn publish_failure(shared: &Shared, generation: u64, reason: &str, error: String
         s.error = Some(error);
         s.sync_failures += 1;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CNI request ends a gathering window; other wakes do not.
+    #[tokio::test]
+    async fn a_cni_request_ends_a_gathering_window() {
+        let (wake, urgent) = (Notify::new(), AtomicBool::new(false));
+        let window = Duration::from_secs(60);
+        let mut gathering = Box::pin(gather(&wake, &urgent, window));
+        // A change of the source wakes the loop: the window goes on.
+        wake.notify_one();
+        assert!(tokio::time::timeout(Duration::from_millis(200), &mut gathering).await.is_err(), "a plain wake ended the window");
+        // An ADD (or DEL) wakes it urgently: the window ends at once, not after a minute.
+        urgent.store(true, Ordering::SeqCst);
+        wake.notify_one();
+        assert!(tokio::time::timeout(Duration::from_secs(10), gathering).await.is_ok(), "a CNI request waited out the window");
+    }
 }
