@@ -182,8 +182,12 @@ fn main() {
     // `cargo bench` passes `--bench`; `cargo test` runs this as a smoke test.
     let (default_pods, default_policies) = if raw.iter().any(|a| a == "--bench") { (150_000, 10_000) } else { (2_000, 200) };
     let (pods, policies) = (sizes.first().copied().unwrap_or(default_pods), sizes.get(1).copied().unwrap_or(default_policies));
-    if std::env::var_os("FLOCK_BENCH_LOG").is_some() {
-        tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("flock=debug")).with_writer(std::io::stderr).init();
+    let log = std::env::var_os("FLOCK_BENCH_LOG").is_some();
+    if log {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("flock=debug,agent_scale=info"))
+            .with_writer(std::io::stderr)
+            .init();
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
@@ -256,9 +260,15 @@ fn main() {
                     })
                 })
                 .collect();
+            let mut chunk_ms = Vec::new();
             for h in handles {
-                add_ms.push(h.await.unwrap());
+                chunk_ms.push(h.await.unwrap());
             }
+            // FLOCK_BENCH_LOG: each group's latencies beside the agent's log of its syncs.
+            if log {
+                tracing::info!(?chunk_ms, "bench: a group of CNI ADDs");
+            }
+            add_ms.extend(chunk_ms);
         }
         let st = status.borrow().clone();
         let rss_after = rss_mb();

@@ -31,22 +31,50 @@ pub(crate) fn nul_terminated(s: &str) -> Vec<u8> {
 
 /// Appends attribute `ty` holding `payload`, padded to 4 bytes.
 pub(crate) fn attr(out: &mut Vec<u8>, ty: u16, payload: &[u8]) {
-    let len = 4 + payload.len();
-    // Callers bound their payloads far below 64 KiB (nf_tables' element lists, keys, names).
-    out.extend_from_slice(&(len as u16).to_ne_bytes());
-    out.extend_from_slice(&ty.to_ne_bytes());
-    out.extend_from_slice(payload);
-    out.resize(out.len().next_multiple_of(4), 0);
+    attr_with(out, ty, |b| b.extend_from_slice(payload));
+}
+
+/// Appends attribute `ty` whose payload `fill` writes in place, padded to 4 bytes.
+pub(crate) fn attr_with(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>)) {
+    let start = begin_nested(out);
+    fill(out);
+    end_attr(out, start, ty);
 }
 
 /// Appends nested attribute `ty` whose content `fill` writes.
 pub(crate) fn nested(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>)) {
+    let start = begin_nested(out);
+    fill(out);
+    end_nested(out, start, ty);
+}
+
+/// [`nested`] whose `fill` may fail (the caller then drops what was written).
+pub(crate) fn try_nested<E>(out: &mut Vec<u8>, ty: u16, fill: impl FnOnce(&mut Vec<u8>) -> Result<(), E>) -> Result<(), E> {
+    let start = begin_nested(out);
+    fill(out)?;
+    end_nested(out, start, ty);
+    Ok(())
+}
+
+/// Opens an attribute whose content the caller appends; [`end_nested`] closes it.
+pub(crate) fn begin_nested(out: &mut Vec<u8>) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
-    fill(out);
+    start
+}
+
+/// Closes the nested attribute `ty` opened at `start`.
+pub(crate) fn end_nested(out: &mut Vec<u8>, start: usize, ty: u16) {
+    end_attr(out, start, ty | NLA_F_NESTED);
+}
+
+/// Sets the header of the attribute opened at `start` (type `ty`, its length) and pads it.
+fn end_attr(out: &mut Vec<u8>, start: usize, ty: u16) {
+    // Callers bound their payloads far below 64 KiB (nf_tables' element lists, keys, names).
     let len = (out.len() - start) as u16;
     out[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-    out[start + 2..start + 4].copy_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+    out[start + 2..start + 4].copy_from_slice(&ty.to_ne_bytes());
+    out.resize(out.len().next_multiple_of(4), 0);
 }
 
 /// The netlink messages of one datagram: (type, flags, seq, body after the header).
@@ -105,8 +133,16 @@ pub(crate) fn raw_attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8], 
 
 /// Appends a netlink message: header, nfgenmsg, `body`.
 pub(crate) fn message(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16, body: &[u8]) {
-    let len = 16 + 4 + body.len();
-    out.extend_from_slice(&(len as u32).to_ne_bytes());
+    let start = begin_message(out, ty, flags, seq, family, res_id);
+    out.extend_from_slice(body);
+    end_message(out, start);
+}
+
+/// Appends a netlink message's header and nfgenmsg, its length still to be set by
+/// [`end_message`] once its body is written after them; returns where it starts.
+pub(crate) fn begin_message(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&0u32.to_ne_bytes());
     out.extend_from_slice(&ty.to_ne_bytes());
     out.extend_from_slice(&flags.to_ne_bytes());
     out.extend_from_slice(&seq.to_ne_bytes());
@@ -114,5 +150,12 @@ pub(crate) fn message(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: 
     out.push(family);
     out.push(0); // NFNETLINK_V0
     out.extend_from_slice(&res_id.to_be_bytes());
-    out.extend_from_slice(body);
+    start
+}
+
+/// Sets the length of the message begun at `start` to what follows it in `out`.
+pub(crate) fn end_message(out: &mut [u8], start: usize) {
+    // Batches are bounded far below 4 GiB (`MAX_BATCH_BYTES`).
+    let len = u32::try_from(out.len() - start).unwrap_or(u32::MAX);
+    out[start..start + 4].copy_from_slice(&len.to_ne_bytes());
 }

@@ -329,8 +329,18 @@ spec:
         let mut pe = d.clone();
         pe.name = "e".into();
         pe.uid = "uid-x-e".into();
-        step(&mut h, [Mutation::UpsertPod(pe)]);
+        step(&mut h, [Mutation::UpsertPod(pe.clone())]);
         assert_eq!(ingress(&h, "x/e"), "isolated: [x/a] *");
+        assert_eq!(peer_addresses(h.policy(), "pods pod=d").len(), 2);
+        // The endpoint's pod goes and comes back, then moves to another node: an unchanged
+        // endpoint keeps its pod's last lookup only while the journal says nothing of it.
+        step(&mut h, [Mutation::RemovePod(pe.uid.clone())]);
+        assert_ne!(ingress(&h, "x/e"), "isolated: [x/a] *");
+        assert_eq!(peer_addresses(h.policy(), "pods pod=d").len(), 1);
+        step(&mut h, [Mutation::UpsertPod(pe.clone())]);
+        assert_eq!(ingress(&h, "x/e"), "isolated: [x/a] *");
+        pe.node = Some("node-2".into());
+        step(&mut h, [Mutation::UpsertPod(pe)]);
         assert_eq!(peer_addresses(h.policy(), "pods pod=d").len(), 2);
     }
 }

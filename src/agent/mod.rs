@@ -44,6 +44,7 @@ use futures::FutureExt;
 
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::apply::kernel::NftCli;
 use crate::apply::{Applier, Drift, Outcome};
@@ -763,9 +764,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         if *stop.borrow() {
             return;
         }
-        let Begun { attempt, generation, endpoints: endpoint_count, source_version, changes, started, job: render_job } = begun;
-        let span = tracing::info_span!("sync", node = %cfg.node, generation, endpoints = endpoint_count, periodic = attempt.periodic);
-        let _enter = span.enter();
+        // The sync's span is entered only around code that does not await (a guard held
+        // across an await would lend it to whatever else runs on the thread meanwhile).
+        let Begun { attempt, generation, source_version, changes, started, span, job: render_job } = begun;
         let (tr, rp, translated, runs, wanted_routes, counts) = match render_job.await {
             Ok(r) => r,
             Err(e) => {
@@ -788,13 +789,16 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             cfg.metrics.translation_disagreed();
         }
         let (ruleset, problems) = (translated.ruleset, translated.problems);
-        // Each problem is logged when it appears, not on every sync.
-        for p in state.new_problems(&problems) {
-            tracing::warn!(problem = %p, "policy cannot be enforced as written");
-        }
-        for p in state.new_overlay_problems(&translated.overlay_problems) {
-            tracing::warn!(problem = %p, "overlay: an address of a node is not trusted");
-        }
+        span.in_scope(|| {
+            // Each problem is logged when it appears, not on every sync.
+            for p in state.new_problems(&problems) {
+                tracing::warn!(problem = %p, "policy cannot be enforced as written");
+            }
+            for p in state.new_overlay_problems(&translated.overlay_problems) {
+                tracing::warn!(problem = %p, "overlay: an address of a node is not trusted");
+            }
+        });
+        let mode = translated.mode.as_str();
         cfg.metrics.problems(problems.len());
         cfg.metrics.coalesced(state.coalesced(generation));
         let Some(mut ap) = applier.take() else { return };
@@ -802,7 +806,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         let stats = ruleset.stats();
         let rendered = started.elapsed();
         let hook = cfg.sync_hook.clone();
+        let apply_span = span.clone();
         let job = tokio::task::spawn_blocking(move || {
+            let _enter = apply_span.enter();
             if let Some(h) = &hook {
                 (h.0)(SyncStage::Apply);
             }
@@ -885,7 +891,9 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
         applier = Some(ap);
         // Only over a committed table: VXLAN devices never come up before the table's guard.
         if let (Some(r), Some(wanted)) = (router.as_ref().filter(|_| result.is_ok()), wanted_routes) {
-            match r.sync(wanted).await {
+            let synced = r.sync(wanted).instrument(span.clone()).await;
+            let _enter = span.enter();
+            match synced {
                 Ok(c) if c.added + c.removed > 0 => tracing::info!(added = c.added, removed = c.removed, "node routes updated"),
                 Ok(_) => {}
                 Err(e) => {
@@ -895,9 +903,11 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
             }
         }
         let elapsed = started.elapsed();
+        // Nothing below awaits.
+        let _enter = span.enter();
         match result {
             Ok(outcome) => {
-                tracing::debug!(?outcome, ?elapsed, ?rendered, rules = stats.rules, elements = stats.elements, "sync committed");
+                tracing::debug!(?outcome, mode, ?elapsed, ?rendered, rules = stats.rules, elements = stats.elements, "sync committed");
                 let applied = matches!(outcome, Outcome::Applied { .. });
                 let after = state.committed(Commit { attempt, applied, needs_baseline, source_version }, Instant::now());
                 let m = &cfg.metrics;
@@ -989,7 +999,8 @@ struct Begun {
     attempt: sync_state::Attempt,
     /// The endpoint generation it includes.
     generation: u64,
-    endpoints: usize,
+    /// The sync's span: its translation, transaction and outcome log in it.
+    span: tracing::Span,
     source_version: u64,
     /// When the source changes it is the first sync to include were made.
     changes: Vec<Instant>,
@@ -1033,8 +1044,10 @@ fn begin_sync(
     let node = cfg.node.clone();
     let hook = cfg.sync_hook.clone();
     let periodic = attempt.periodic;
-    let count = endpoints.len();
+    let span = tracing::info_span!("sync", node = %cfg.node, generation, endpoints = endpoints.len(), periodic);
+    let render_span = span.clone();
     let job = tokio::task::spawn_blocking(move || {
+        let _enter = render_span.enter();
         if let Some(h) = &hook {
             (h.0)(SyncStage::Render);
         }
@@ -1047,7 +1060,7 @@ fn begin_sync(
         let counts = (snapshot.pod_count(), snapshot.policy_count(), endpoints.len(), snapshot.cluster_policies().count());
         (tr, rp, out, runs, plans_routes.then(|| routes::peers(&snapshot, &node)), counts)
     });
-    Some(Begun { attempt, generation, endpoints: count, source_version, changes, started, job })
+    Some(Begun { attempt, generation, span, source_version, changes, started, job })
 }
 
 /// Waits out one gathering window of `d`, unless a CNI request wakes the loop meanwhile

@@ -31,8 +31,8 @@ use ipnet::IpNet;
 use super::cluster::{self, CompiledCnp};
 use super::compile::{self, CompiledPolicy};
 use super::{
-    Addresses, Direction, EndpointPolicy, NamedPortDef, NodePolicy, NsScope, Options, PeerDef, PeerMatch, PodRanges, PolicyProblem,
-    Translator,
+    Addresses, Direction, EndpointPolicy, NamedPortDef, NodePolicy, NsScope, Options, PeerDef, PeerMatch, PodIdent, PodRanges,
+    PolicyProblem, Translator,
 };
 pub use crate::model::Change;
 use crate::model::{LocalEndpoint, ObjectRef, Pod, Protocol, Snapshot};
@@ -74,6 +74,8 @@ pub struct Incremental {
     cluster: BTreeMap<String, (CompiledCnp, Vec<PolicyProblem>)>,
     /// Per endpoint interface.
     extra: BTreeMap<String, EndpointExtra>,
+    /// Per endpoint interface, its pod's uid and node as the last step found them.
+    idents: BTreeMap<String, Option<(String, Option<String>)>>,
     /// Shared with readers of a committed translation (the agent's revocation sweep): a
     /// step copies it only while one still holds it.
     np: Arc<NodePolicy>,
@@ -97,6 +99,7 @@ impl Incremental {
             policies: BTreeMap::new(),
             cluster: BTreeMap::new(),
             extra: BTreeMap::new(),
+            idents: BTreeMap::new(),
             np: Arc::new(NodePolicy::default()),
             changed: Changed::default(),
         }
@@ -166,7 +169,29 @@ impl Incremental {
         let mut changed = Changed::default();
         let eps: Vec<LocalEndpoint> = super::one_per_interface(endpoints).into_iter().cloned().collect();
         let ep_refs: Vec<&LocalEndpoint> = eps.iter().collect();
-        let addresses = Addresses::new(snapshot, &ep_refs);
+        // Each endpoint's pod (uid and node). A lookup among all the cluster's pods costs
+        // microseconds: an unchanged endpoint naming its pod's uid keeps the last step's
+        // answer unless the journal says that pod changed (every upsert and removal is in it).
+        let old_eps: BTreeMap<&str, &LocalEndpoint> = self.eps.iter().map(|e| (e.interface.as_str(), e)).collect();
+        let changed_pods: BTreeSet<&str> =
+            changes.iter().filter_map(|c| if let Change::Pod { uid, .. } = c { Some(uid.as_str()) } else { None }).collect();
+        let idents: Vec<Option<(String, Option<String>)>> = eps
+            .iter()
+            .map(|ep| {
+                let kept = ep
+                    .pod_uid
+                    .as_deref()
+                    .filter(|uid| !all && !changed_pods.contains(uid) && old_eps.get(ep.interface.as_str()) == Some(&ep))
+                    .and_then(|_| self.idents.get(&ep.interface));
+                match kept {
+                    Some(ident) => ident.clone(),
+                    None => super::pod_of(snapshot, ep).map(|p| (p.uid.clone(), p.node.clone())),
+                }
+            })
+            .collect();
+        let pods: Vec<Option<PodIdent<'_>>> =
+            idents.iter().map(|i| i.as_ref().map(|(uid, node)| PodIdent { uid, node: node.as_deref() })).collect();
+        let addresses = Addresses::of_pods(snapshot, &ep_refs, &pods);
 
         // Addresses whose owner may have changed, and pods whose membership may have.
         let mut touched_ips: BTreeSet<IpAddr> = BTreeSet::new();
@@ -175,10 +200,9 @@ impl Incremental {
         let mut nodes_changed = false;
 
         // Endpoints: added, removed, changed or resolving to another pod.
-        let old_eps: BTreeMap<&str, &LocalEndpoint> = self.eps.iter().map(|e| (e.interface.as_str(), e)).collect();
         let mut resolved: BTreeMap<String, Option<String>> = BTreeMap::new();
-        for ep in &eps {
-            let uid = super::pod_of(snapshot, ep).map(|p| p.uid.clone());
+        for (ep, pod) in eps.iter().zip(&pods) {
+            let uid = pod.map(|p| p.uid.to_string());
             let old = self.extra.get(&ep.interface).map(|x| &x.pod);
             if all || old_eps.get(ep.interface.as_str()) != Some(&ep) || old != Some(&uid) {
                 dirty.insert(ep.interface.clone());
@@ -382,6 +406,7 @@ impl Incremental {
         np.dns_resolvers = self.options.dns_resolvers.as_ref().map(|r| r.addresses(snapshot)).unwrap_or_default();
         np.overlay = self.options.overlay_port.map(|port| super::OverlayGuard::of(snapshot, port));
 
+        self.idents = eps.iter().map(|e| e.interface.clone()).zip(idents).collect();
         self.eps = eps;
         self.changed = changed;
     }

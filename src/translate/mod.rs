@@ -191,6 +191,19 @@ fn pod_of<'s>(snapshot: &'s Snapshot, ep: &LocalEndpoint) -> Option<&'s Pod> {
     }
 }
 
+/// What [`Addresses`] needs of a local endpoint's pod: its uid and node.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PodIdent<'a> {
+    pub(crate) uid: &'a str,
+    pub(crate) node: Option<&'a str>,
+}
+
+impl<'a> PodIdent<'a> {
+    pub(crate) fn of(pod: &'a Pod) -> Self {
+        Self { uid: &pod.uid, node: pod.node.as_deref() }
+    }
+}
+
 /// Who owns an address, for peer sets.
 ///
 /// - An address of one of this node's endpoints belongs to that endpoint's pod, and a local
@@ -216,16 +229,22 @@ pub(crate) struct Addresses<'a> {
 impl<'a> Addresses<'a> {
     /// `endpoints` de-duplicated by interface, in order (the first claim of an address wins).
     pub(crate) fn new(snapshot: &'a Snapshot, endpoints: &[&'a LocalEndpoint]) -> Self {
+        let pods: Vec<Option<PodIdent<'a>>> = endpoints.iter().map(|ep| pod_of(snapshot, ep).map(PodIdent::of)).collect();
+        Self::of_pods(snapshot, endpoints, &pods)
+    }
+
+    /// [`Self::new`] with each endpoint's pod already known (`pods[i]` is `endpoints[i]`'s):
+    /// a lookup among all the cluster's pods is not repeated.
+    pub(crate) fn of_pods(snapshot: &'a Snapshot, endpoints: &[&'a LocalEndpoint], pods: &[Option<PodIdent<'a>>]) -> Self {
         let mut local_pods = BTreeMap::new();
         let mut local_addrs = BTreeMap::new();
         let mut local_nodes = Vec::new();
-        for ep in endpoints {
-            let pod = pod_of(snapshot, ep);
-            let uid = pod.map(|p| p.uid.as_str());
+        for (ep, pod) in endpoints.iter().zip(pods) {
+            let uid = pod.map(|p| p.uid);
             if let Some(pod) = pod {
-                local_pods.entry(pod.uid.as_str()).or_insert(ep.addrs.as_slice());
-                if !local_nodes.contains(&pod.node.as_deref()) {
-                    local_nodes.push(pod.node.as_deref());
+                local_pods.entry(pod.uid).or_insert(ep.addrs.as_slice());
+                if !local_nodes.contains(&pod.node) {
+                    local_nodes.push(pod.node);
                 }
             }
             for ip in &ep.addrs {

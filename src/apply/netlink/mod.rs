@@ -1,7 +1,9 @@
 //! nf_tables netlink batches: flock's transactions without an `nft` process.
 //!
 //! This module holds the batch ([`Batch`]), the socket it goes through ([`NfSocket`], kept
-//! open) and element changes; [`transaction`] encodes whole-table and incremental
+//! open), element changes, and the writer that puts elements straight into a batch's buffer
+//! ([`ElementWriter`]: a change of thousands of elements is not copied element by element on
+//! its way); [`transaction`] encodes whole-table and incremental
 //! transactions, [`rule`] flock's rules. A batch is atomic like `nft -f`: every message of it
 //! is committed, or none.
 //!
@@ -29,7 +31,8 @@ use std::net::IpAddr;
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 use crate::nfnetlink::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, attr, attributes, message, messages, nested, nul_terminated,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, attr, attr_with, attributes, begin_message, begin_nested, end_message,
+    end_nested, message, messages, nested, nul_terminated, try_nested,
 };
 use crate::render::names::TABLE;
 use crate::render::rule::{TYPEOF_INNER_SADDR_V4, TYPEOF_INNER_SADDR_V6, TYPEOF_SADDR_V4, TYPEOF_SADDR_V6};
@@ -99,21 +102,28 @@ const MAX_ELEMENTS_BYTES: usize = 60_000;
 /// far above a whole table of 150k pods with its ClusterNetworkPolicies.
 pub(crate) const MAX_BATCH_BYTES: usize = 256 * 1024 * 1024;
 
-/// One element's encoded attributes (an `NFTA_LIST_ELEM`).
-fn encode_element(set: &Set, e: &Element, with_data: bool) -> Result<Vec<u8>, NetlinkError> {
+/// Writes one element's attributes (the content of an `NFTA_LIST_ELEM`) to `out`.
+fn write_element(set: &Set, e: &Element, with_data: bool, out: &mut Vec<u8>) -> Result<(), NetlinkError> {
     let err = |why: String| NetlinkError::Encode { set: set.name.clone(), key: e.key.to_string(), why };
-    let mut out = Vec::new();
     let key = encode_key(&set.key, &e.key).map_err(err)?;
-    nested(&mut out, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &key));
-    if with_data && set.data.is_some() {
+    nested(out, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &key));
+    if with_data {
+        write_element_data(set, e, out)?;
+    }
+    Ok(())
+}
+
+/// Writes an element's verdict (maps) and comment to `out`.
+fn write_element_data(set: &Set, e: &Element, out: &mut Vec<u8>) -> Result<(), NetlinkError> {
+    let err = |why: String| NetlinkError::Encode { set: set.name.clone(), key: e.key.to_string(), why };
+    if set.data.is_some() {
         let Some(verdict) = &e.verdict else { return Err(err("a verdict map's element without a verdict".into())) };
-        let data = verdict_data(verdict);
-        nested(&mut out, NFTA_SET_ELEM_DATA, |b| b.extend_from_slice(&data));
+        nested(out, NFTA_SET_ELEM_DATA, |b| write_verdict(verdict, b));
     }
-    if with_data && !e.comment.is_empty() {
-        attr(&mut out, NFTA_SET_ELEM_USERDATA, &transaction::comment_udata(NFTNL_UDATA_SET_ELEM_COMMENT, &e.comment).map_err(err)?);
+    if !e.comment.is_empty() {
+        transaction::comment_attr(out, NFTA_SET_ELEM_USERDATA, NFTNL_UDATA_SET_ELEM_COMMENT, &e.comment).map_err(err)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The key's bytes for an exact set of `types` (concatenated when more than one): every part
@@ -173,28 +183,26 @@ fn key_range(types: &[&str], key: &Key) -> Result<(Vec<u8>, Vec<u8>), String> {
     Ok((start, end))
 }
 
-/// A verdict as nf_tables data: `NFTA_DATA_VERDICT` holding its code and, for `jump` and
-/// `goto`, the chain.
-pub(crate) fn verdict_data(v: &crate::render::rule::Verdict) -> Vec<u8> {
+/// A verdict as nf_tables data, appended to `out`: `NFTA_DATA_VERDICT` holding its code
+/// and, for `jump` and `goto`, the chain.
+pub(crate) fn write_verdict(v: &crate::render::rule::Verdict, out: &mut Vec<u8>) {
     use crate::render::rule::Verdict;
-    match v {
-        Verdict::Accept => encode_verdict(NF_ACCEPT, None),
-        Verdict::Drop => encode_verdict(NF_DROP, None),
-        Verdict::Return => encode_verdict(NFT_RETURN, None),
-        Verdict::Jump(c) => encode_verdict(NFT_JUMP, Some(c)),
-        Verdict::Goto(c) => encode_verdict(NFT_GOTO, Some(c)),
-    }
-}
-
-fn encode_verdict(code: i32, chain: Option<&str>) -> Vec<u8> {
-    let mut out = Vec::new();
-    nested(&mut out, NFTA_DATA_VERDICT, |b| {
+    let (code, chain) = match v {
+        Verdict::Accept => (NF_ACCEPT, None),
+        Verdict::Drop => (NF_DROP, None),
+        Verdict::Return => (NFT_RETURN, None),
+        Verdict::Jump(c) => (NFT_JUMP, Some(c)),
+        Verdict::Goto(c) => (NFT_GOTO, Some(c)),
+    };
+    nested(out, NFTA_DATA_VERDICT, |b| {
         attr(b, NFTA_VERDICT_CODE, &code.to_be_bytes());
         if let Some(chain) = chain {
-            attr(b, NFTA_VERDICT_CHAIN, &nul_terminated(chain));
+            attr_with(b, NFTA_VERDICT_CHAIN, |b| {
+                b.extend_from_slice(chain.as_bytes());
+                b.push(0);
+            });
         }
     });
-    out
 }
 
 impl NetlinkError {
@@ -232,10 +240,18 @@ impl Batch {
     /// Appends an nf_tables message of type `ty` with `flags` (beyond request and ack):
     /// `what` and `object` name it in a refusal.
     fn push(&mut self, ty: u16, flags: u16, body: &[u8], what: &'static str, object: &str) {
+        let start = self.open(ty, flags, what, object);
+        self.buf.extend_from_slice(body);
+        end_message(&mut self.buf, start);
+    }
+
+    /// Begins a message like [`Self::push`] whose body the caller appends to `buf`, then
+    /// closes with `end_message` at the returned start.
+    fn open(&mut self, ty: u16, flags: u16, what: &'static str, object: &str) -> usize {
         self.seq += 1;
         self.last = self.buf.len();
-        message(&mut self.buf, (NFNL_SUBSYS_NFTABLES << 8) | ty, NLM_F_REQUEST | flags, self.seq, NFPROTO_INET, 0, body);
         self.sent.push(Sent { seq: self.seq, what, object: object.to_string() });
+        begin_message(&mut self.buf, (NFNL_SUBSYS_NFTABLES << 8) | ty, NLM_F_REQUEST | flags, self.seq, NFPROTO_INET, 0)
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -260,30 +276,64 @@ impl Default for Batch {
     }
 }
 
-/// Element messages for `elements` of `set`: `ty` with `flags`, in chunks whose element list
-/// fits a nested attribute.
-fn push_elements(batch: &mut Batch, set: &str, ty: u16, flags: u16, encoded: &[Vec<u8>], what: &'static str) {
-    push_elements_of(batch, set, None, ty, flags, encoded, what);
+/// Element messages of one set written straight into a batch (no copy of an element on
+/// its way): `ty` with `flags`, each holding as many elements as a nested attribute fits.
+/// A message is opened by the first element after the last one filled up, and closed when
+/// full or when the writer is dropped.
+pub(crate) struct ElementWriter<'b> {
+    batch: &'b mut Batch,
+    set: &'b str,
+    /// The set's id in the batch: an anonymous set's name is the kernel's to choose.
+    id: Option<u32>,
+    ty: u16,
+    flags: u16,
+    what: &'static str,
+    /// The open message's start and its element list's.
+    open: Option<(usize, usize)>,
 }
 
-/// [`push_elements`], naming the set also by its `id` in the batch (an anonymous set's
-/// name is the kernel's to choose).
-fn push_elements_of(batch: &mut Batch, set: &str, id: Option<u32>, ty: u16, flags: u16, encoded: &[Vec<u8>], what: &'static str) {
-    let mut next = 0;
-    while next < encoded.len() {
-        let mut list = Vec::new();
-        while next < encoded.len() && list.len() < MAX_ELEMENTS_BYTES {
-            nested(&mut list, NFTA_LIST_ELEM, |b| b.extend_from_slice(&encoded[next]));
-            next += 1;
+impl<'b> ElementWriter<'b> {
+    pub(crate) fn new(batch: &'b mut Batch, set: &'b str, id: Option<u32>, ty: u16, flags: u16, what: &'static str) -> Self {
+        Self { batch, set, id, ty, flags, what, open: None }
+    }
+
+    /// Appends an element whose attributes `fill` writes.
+    pub(crate) fn element<E>(&mut self, fill: impl FnOnce(&mut Vec<u8>) -> Result<(), E>) -> Result<(), E> {
+        let list = match self.open {
+            Some((_, list)) => list,
+            None => self.open_message(),
+        };
+        try_nested(&mut self.batch.buf, NFTA_LIST_ELEM, fill)?;
+        if self.batch.buf.len() - list >= MAX_ELEMENTS_BYTES {
+            self.close();
         }
-        let mut body = Vec::new();
-        attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &nul_terminated(TABLE));
-        attr(&mut body, NFTA_SET_ELEM_LIST_SET, &nul_terminated(set));
-        if let Some(id) = id {
-            attr(&mut body, NFTA_SET_ELEM_LIST_SET_ID, &id.to_be_bytes());
+        Ok(())
+    }
+
+    fn open_message(&mut self) -> usize {
+        let start = self.batch.open(self.ty, self.flags, self.what, self.set);
+        let buf = &mut self.batch.buf;
+        attr(buf, NFTA_SET_ELEM_LIST_TABLE, &nul_terminated(TABLE));
+        attr(buf, NFTA_SET_ELEM_LIST_SET, &nul_terminated(self.set));
+        if let Some(id) = self.id {
+            attr(buf, NFTA_SET_ELEM_LIST_SET_ID, &id.to_be_bytes());
         }
-        nested(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS, |b| b.extend_from_slice(&list));
-        batch.push(ty, flags, &body, what, set);
+        let list = begin_nested(buf);
+        self.open = Some((start, list));
+        list
+    }
+
+    fn close(&mut self) {
+        if let Some((start, list)) = self.open.take() {
+            end_nested(&mut self.batch.buf, list, NFTA_SET_ELEM_LIST_ELEMENTS);
+            end_message(&mut self.batch.buf, start);
+        }
+    }
+}
+
+impl Drop for ElementWriter<'_> {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -295,12 +345,13 @@ pub(crate) fn encode_batch(changes: &[ElementChange<'_>]) -> Result<Batch, Netli
             if c.set.interval {
                 return Err(NetlinkError::Interval { set: c.set.name.clone() });
             }
-            let elements = if deleting { &c.delete } else { &c.add };
-            let encoded = elements.iter().map(|e| encode_element(c.set, e, !deleting)).collect::<Result<Vec<_>, _>>()?;
-            if deleting {
-                push_elements(&mut batch, &c.set.name, NFT_MSG_DELSETELEM, 0, &encoded, "deleting elements of set");
+            let (elements, mut w) = if deleting {
+                (&c.delete, ElementWriter::new(&mut batch, &c.set.name, None, NFT_MSG_DELSETELEM, 0, "deleting elements of set"))
             } else {
-                push_elements(&mut batch, &c.set.name, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &encoded, "adding elements to set");
+                (&c.add, ElementWriter::new(&mut batch, &c.set.name, None, NFT_MSG_NEWSETELEM, NLM_F_CREATE, "adding elements to set"))
+            };
+            for e in elements {
+                w.element(|b| write_element(c.set, e, !deleting, b))?;
             }
         }
     }
@@ -512,7 +563,8 @@ mod tests {
     fn verdicts() {
         use crate::render::Verdict;
         let code = |v: &Verdict| {
-            let data = verdict_data(v);
+            let mut data = Vec::new();
+            write_verdict(v, &mut data);
             let inner = crate::nfnetlink::attributes(&data).next().unwrap().1;
             let code = crate::nfnetlink::attributes(inner).find(|(t, _)| *t == NFTA_VERDICT_CODE).unwrap().1;
             i32::from_be_bytes(code.try_into().unwrap())
@@ -520,5 +572,59 @@ mod tests {
         assert_eq!(code(&Verdict::Accept), NF_ACCEPT);
         assert_eq!(code(&Verdict::Goto("ingress-X-ns/pod".into())), NFT_GOTO);
         assert_eq!(code(&Verdict::Jump("c".into())), NFT_JUMP);
+    }
+
+    /// Elements written in place fill messages up to the bound of a nested attribute, each
+    /// message well-formed and naming its set; every element arrives once, in order.
+    #[test]
+    fn element_messages_are_split_below_a_nested_attribute() {
+        let set = Set {
+            name: "peers-v4".into(),
+            comment: String::new(),
+            key: vec!["ipv4_addr"],
+            data: None,
+            interval: false,
+            timeout: false,
+            elements: std::sync::Arc::new(Vec::new()),
+        };
+        let elements: Vec<Element> = (0..20_000u32)
+            .map(|i| Element {
+                key: key(&[KeyPart::Addr(IpAddr::from([198, 18, (i >> 8) as u8, i as u8]))]),
+                comment: format!("ns-{i}/pod"),
+                verdict: None,
+            })
+            .collect();
+        let mut batch = Batch::new();
+        {
+            let mut w = ElementWriter::new(&mut batch, &set.name, None, NFT_MSG_NEWSETELEM, NLM_F_CREATE, "adding elements to set");
+            for e in &elements {
+                w.element(|b| write_element(&set, e, true, b)).unwrap();
+            }
+        }
+        // A writer given nothing writes nothing.
+        drop(ElementWriter::new(&mut batch, "empty", None, NFT_MSG_DELSETELEM, 0, "deleting elements of set"));
+        let (buf, sent) = batch.finish();
+        let mut keys = Vec::new();
+        let mut bodies = 0;
+        for m in messages(&buf) {
+            let (ty, _, _, body) = m.unwrap();
+            if ty != (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM {
+                continue;
+            }
+            bodies += 1;
+            let attrs: Vec<(u16, &[u8])> = attributes(&body[4..]).collect();
+            assert_eq!(attrs[1], (NFTA_SET_ELEM_LIST_SET, &b"peers-v4\0"[..]));
+            let list = attrs.iter().find(|(t, _)| *t == NFTA_SET_ELEM_LIST_ELEMENTS).unwrap().1;
+            assert!(list.len() <= MAX_ELEMENTS_BYTES + 200, "{} bytes", list.len());
+            for (t, el) in attributes(list) {
+                assert_eq!(t, NFTA_LIST_ELEM);
+                let k = attributes(el).find(|(t, _)| *t == NFTA_SET_ELEM_KEY).unwrap().1;
+                keys.push(attributes(k).next().unwrap().1.to_vec());
+            }
+        }
+        assert!(bodies > 10, "{bodies} messages");
+        assert_eq!(sent.len(), bodies);
+        let want: Vec<Vec<u8>> = elements.iter().map(|e| encode_key(&set.key, &e.key).unwrap()).collect();
+        assert_eq!(keys, want);
     }
 }

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 
-use super::{NFTA_DATA_VALUE, attr, nested, nul_terminated, verdict_data};
+use super::{NFTA_DATA_VALUE, attr, nested, nul_terminated, write_verdict};
 use crate::model::Family;
 use crate::render::Set;
 use crate::render::rule::{CtState, Field as RuleField, Ports, Proto, Rule, Stmt};
@@ -381,10 +381,9 @@ pub(super) fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &m
         }
     }
     if let Some(v) = &rule.verdict {
-        let data = verdict_data(v);
         out.exprs.push(expr("immediate", |b| {
             u32_attr(b, NFTA_IMMEDIATE_DREG, NFT_REG_VERDICT);
-            nested(b, NFTA_IMMEDIATE_DATA, |d| d.extend_from_slice(&data));
+            nested(b, NFTA_IMMEDIATE_DATA, |d| write_verdict(v, d));
         }));
     }
     Ok(out)

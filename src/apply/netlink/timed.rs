@@ -11,11 +11,11 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::transaction::comment_udata;
+use super::transaction::comment_attr;
 use super::{
-    Batch, NFT_MSG_DELSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_ELEMENTS,
-    NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTNL_UDATA_SET_ELEM_COMMENT, NLM_F_CREATE, NetlinkError,
-    NfSocket, attr, attributes, nested, nul_terminated, push_elements,
+    Batch, ElementWriter, NFT_MSG_DELSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY,
+    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTNL_UDATA_SET_ELEM_COMMENT,
+    NLM_F_CREATE, NetlinkError, NfSocket, attr, attributes, nested, nul_terminated,
 };
 use crate::render::names::{self, TABLE};
 
@@ -62,37 +62,28 @@ fn millis(d: Duration) -> u64 {
 pub(crate) fn encode_timed<S: AsRef<str>>(sets: &[(S, Vec<TimedElement>)], evict: &[(S, Vec<IpAddr>)]) -> Result<Batch, NetlinkError> {
     let mut batch = Batch::new();
     for (set, addrs) in evict {
-        let encoded: Vec<Vec<u8>> = addrs
-            .iter()
-            .map(|a| {
-                let mut out = Vec::new();
-                let k = key(*a);
-                nested(&mut out, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &k));
-                out
-            })
-            .collect();
-        if !encoded.is_empty() {
-            push_elements(&mut batch, set.as_ref(), NFT_MSG_DELSETELEM, 0, &encoded, "evicting learned addresses from set");
+        let mut w = ElementWriter::new(&mut batch, set.as_ref(), None, NFT_MSG_DELSETELEM, 0, "evicting learned addresses from set");
+        for a in addrs {
+            w.element(|b| {
+                nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &key(*a)));
+                Ok::<(), NetlinkError>(())
+            })?;
         }
     }
     for (set, elements) in sets {
         let set = set.as_ref();
-        let encoded = elements
-            .iter()
-            .map(|e| {
-                let mut out = Vec::new();
-                let k = key(e.addr);
-                nested(&mut out, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &k));
-                attr(&mut out, NFTA_SET_ELEM_TIMEOUT, &millis(e.timeout).to_be_bytes());
+        let mut w = ElementWriter::new(&mut batch, set, None, NFT_MSG_NEWSETELEM, NLM_F_CREATE, "adding learned addresses to set");
+        for e in elements {
+            w.element(|b| {
+                nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &key(e.addr)));
+                attr(b, NFTA_SET_ELEM_TIMEOUT, &millis(e.timeout).to_be_bytes());
                 if !e.comment.is_empty() {
-                    let udata = comment_udata(NFTNL_UDATA_SET_ELEM_COMMENT, &names::comment(&e.comment))
+                    comment_attr(b, NFTA_SET_ELEM_USERDATA, NFTNL_UDATA_SET_ELEM_COMMENT, &names::comment(&e.comment))
                         .map_err(|why| NetlinkError::Encode { set: set.to_string(), key: e.addr.to_string(), why })?;
-                    attr(&mut out, NFTA_SET_ELEM_USERDATA, &udata);
                 }
-                Ok(out)
-            })
-            .collect::<Result<Vec<_>, NetlinkError>>()?;
-        push_elements(&mut batch, set, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &encoded, "adding learned addresses to set");
+                Ok(())
+            })?;
+        }
     }
     Ok(batch)
 }

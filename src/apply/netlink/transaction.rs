@@ -24,9 +24,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use super::rule::{self, Anonymous, SetRef};
 use super::{
-    Batch, NFT_MSG_DELSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_SET,
-    NFTA_SET_ELEM_LIST_TABLE, NLM_F_CREATE, NetlinkError, attr, encode_element, nested, nul_terminated, push_elements, push_elements_of,
-    verdict_data,
+    Batch, ElementWriter, NFT_MSG_DELSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_TABLE, NLM_F_CREATE, NetlinkError, attr, attr_with, nested, nul_terminated, write_element, write_element_data,
 };
 use crate::apply::Step;
 use crate::model::Family;
@@ -74,7 +73,6 @@ const NFTA_SET_DESC_CONCAT: u16 = 2;
 const NFTA_SET_FIELD_LEN: u16 = 1;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_FLAGS: u16 = 3;
-const NFTA_SET_ELEM_USERDATA: u16 = 6;
 const NFTA_SET_ELEM_KEY_END: u16 = 10;
 const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
 const NFT_SET_ANONYMOUS: u32 = 0x1;
@@ -198,11 +196,16 @@ fn udata(out: &mut Vec<u8>, ty: u8, value: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// A comment as user data (NUL-terminated).
-pub(super) fn comment_udata(ty: u8, comment: &str) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    udata(&mut out, ty, &nul_terminated(comment))?;
-    Ok(out)
+/// Appends attribute `attr_ty` holding `comment` as libnftnl user data of type `ty`
+/// (NUL-terminated), written in place.
+pub(super) fn comment_attr(out: &mut Vec<u8>, attr_ty: u16, ty: u8, comment: &str) -> Result<(), String> {
+    let len = u8::try_from(comment.len() + 1).map_err(|_| format!("{} bytes of user data", comment.len() + 1))?;
+    attr_with(out, attr_ty, |b| {
+        b.extend_from_slice(&[ty, len]);
+        b.extend_from_slice(comment.as_bytes());
+        b.push(0);
+    });
+    Ok(())
 }
 
 fn unsupported(object: &str, what: impl Into<String>, why: impl Into<String>) -> NetlinkError {
@@ -217,8 +220,7 @@ pub(crate) fn encode_full(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>) -> 
     let mut body = Vec::new();
     attr(&mut body, NFTA_TABLE_NAME, &nul_terminated(TABLE));
     attr(&mut body, NFTA_TABLE_FLAGS, &0u32.to_be_bytes());
-    let comment = comment_udata(UDATA_COMMENT, &rs.comment).map_err(|why| unsupported(&table, "its comment", why))?;
-    attr(&mut body, NFTA_TABLE_USERDATA, &comment);
+    comment_attr(&mut body, NFTA_TABLE_USERDATA, UDATA_COMMENT, &rs.comment).map_err(|why| unsupported(&table, "its comment", why))?;
     batch.push(NFT_MSG_NEWTABLE, NLM_F_CREATE, &body, "creating", &table);
 
     let (flush, delete) = crate::apply::full_sync_removals(rs, existing);
@@ -250,9 +252,9 @@ pub(crate) fn encode_full(rs: &Ruleset, existing: &BTreeSet<(Kind, String)>) -> 
         batch.push(NFT_MSG_NEWCHAIN, NLM_F_CREATE, body, "creating chain", &c.name);
     }
     for s in &sets {
-        let elements = encode_elements(s, &s.elements.iter().collect::<Vec<_>>())?;
         push_set(&mut batch, s, &refs)?;
-        push_elements(&mut batch, &s.name, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &elements, "adding elements to set");
+        let mut w = ElementWriter::new(&mut batch, &s.name, None, NFT_MSG_NEWSETELEM, NLM_F_CREATE, "adding elements to set");
+        write_elements(&mut w, s, s.elements.iter())?;
     }
     let mut next_id = u32::try_from(sets.len()).unwrap_or(u32::MAX);
     for c in &chains {
@@ -287,12 +289,14 @@ pub(crate) fn encode_steps(steps: &[Step<'_>], next: &Ruleset) -> Result<Batch, 
             }
             Step::Flush { name, .. } => batch.push(NFT_MSG_DELSETELEM, 0, &set_ref(name), "flushing set", name),
             Step::DeleteElements { set, elements } => {
-                let encoded = elements.iter().map(|e| encode_element(set, e, false)).collect::<Result<Vec<_>, _>>()?;
-                push_elements(&mut batch, &set.name, NFT_MSG_DELSETELEM, 0, &encoded, "deleting elements of set");
+                let mut w = ElementWriter::new(&mut batch, &set.name, None, NFT_MSG_DELSETELEM, 0, "deleting elements of set");
+                for e in elements {
+                    w.element(|b| write_element(set, e, false, b))?;
+                }
             }
             Step::AddElements { set, elements } => {
-                let encoded = encode_elements(set, elements)?;
-                push_elements(&mut batch, &set.name, NFT_MSG_NEWSETELEM, NLM_F_CREATE, &encoded, "adding elements to set");
+                let mut w = ElementWriter::new(&mut batch, &set.name, None, NFT_MSG_NEWSETELEM, NLM_F_CREATE, "adding elements to set");
+                write_elements(&mut w, set, elements.iter().copied())?;
             }
             Step::Rules(c) => push_rules(&mut batch, c, &refs, &mut next_id)?,
             Step::Delete { keyword: "chain", name } => {
@@ -332,21 +336,19 @@ fn push_rules(batch: &mut Batch, c: &Chain, refs: &HashMap<&str, SetRef<'_>>, ne
             }
         });
         if let Some(comment) = &compiled.comment {
-            let udata = comment_udata(UDATA_COMMENT, comment).map_err(|why| unsupported(&object, what(), why))?;
-            attr(&mut body, NFTA_RULE_USERDATA, &udata);
+            comment_attr(&mut body, NFTA_RULE_USERDATA, UDATA_COMMENT, comment).map_err(|why| unsupported(&object, what(), why))?;
         }
         for a in &compiled.anonymous {
             let elements = anonymous_elements(a);
             batch.push(NFT_MSG_NEWSET, NLM_F_CREATE, &anonymous_set(a, elements.len()), "creating a set of ports for a rule of", &object);
-            push_elements_of(
-                batch,
-                rule::ANONYMOUS_SET,
-                Some(a.id),
-                NFT_MSG_NEWSETELEM,
-                NLM_F_CREATE,
-                &elements,
-                "adding ports to a set of",
-            );
+            let mut w =
+                ElementWriter::new(batch, rule::ANONYMOUS_SET, Some(a.id), NFT_MSG_NEWSETELEM, NLM_F_CREATE, "adding ports to a set of");
+            for el in &elements {
+                w.element(|b| {
+                    b.extend_from_slice(el);
+                    Ok::<(), NetlinkError>(())
+                })?;
+            }
         }
         batch.push(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, &body, "adding a rule to chain", &c.name);
     }
@@ -385,20 +387,23 @@ fn anonymous_set(a: &Anonymous, size: usize) -> Vec<u8> {
 }
 
 /// A set of ports' elements: each port, or for an interval set each range split as a named
-/// interval set's ([`encode_elements`]).
+/// interval set's ([`write_elements`]).
 fn anonymous_elements(a: &Anonymous) -> Vec<Vec<u8>> {
     let mut out = Vec::with_capacity(a.ranges.len() * 2 + 1);
+    let mut push = |fill: &dyn Fn(&mut Vec<u8>)| {
+        let mut el = Vec::new();
+        fill(&mut el);
+        out.push(el);
+    };
     for (i, (lo, hi)) in a.ranges.iter().enumerate() {
         if a.interval && i == 0 && *lo != 0 {
-            out.push(interval_end(&[0, 0]));
+            push(&|b| interval_end(&[0, 0], b));
         }
-        let mut el = Vec::new();
-        nested(&mut el, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &lo.to_be_bytes()));
-        out.push(el);
+        push(&|b| nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &lo.to_be_bytes())));
         if a.interval
             && let Some(next) = hi.checked_add(1)
         {
-            out.push(interval_end(&next.to_be_bytes()));
+            push(&|b| interval_end(&next.to_be_bytes(), b));
         }
     }
     out
@@ -469,8 +474,7 @@ fn encode_chain(c: &Chain) -> Result<Vec<u8>, NetlinkError> {
             attr(b, NFTA_HOOK_PRIORITY, &prio.to_be_bytes());
         });
     }
-    let comment = comment_udata(UDATA_COMMENT, &c.comment).map_err(|why| unsupported(&object, "its comment", why))?;
-    attr(&mut body, NFTA_CHAIN_USERDATA, &comment);
+    comment_attr(&mut body, NFTA_CHAIN_USERDATA, UDATA_COMMENT, &c.comment).map_err(|why| unsupported(&object, "its comment", why))?;
     Ok(body)
 }
 
@@ -552,61 +556,54 @@ fn encode_set(s: &Set, id: u32) -> Result<Vec<u8>, NetlinkError> {
     Ok(body)
 }
 
-/// A set's elements, each an encoded `NFTA_LIST_ELEM`. An interval set's elements are
-/// ranges: a concatenation's carry their first and last key; a single field's are split as
-/// nft splits them — the range's start (with its data and comment), then the key after its
-/// end flagged as an interval's end, and an end at zero before the first range when it does
-/// not start there.
-fn encode_elements(s: &Set, elements: &[&Element]) -> Result<Vec<Vec<u8>>, NetlinkError> {
+/// Writes a set's elements to `w`. An interval set's elements are ranges: a
+/// concatenation's carry their first and last key; a single field's are split as nft splits
+/// them — the range's start (with its data and comment), then the key after its end flagged
+/// as an interval's end, and an end at zero before the first range when it does not start
+/// there.
+fn write_elements<'e>(w: &mut ElementWriter<'_>, s: &Set, elements: impl IntoIterator<Item = &'e Element>) -> Result<(), NetlinkError> {
     if !s.interval {
-        return elements.iter().map(|e| encode_element(s, e, true)).collect();
+        for e in elements {
+            w.element(|b| write_element(s, e, true, b))?;
+        }
+        return Ok(());
     }
     let err = |e: &Element, why: String| NetlinkError::Encode { set: s.name.clone(), key: e.key.to_string(), why };
-    let mut out = Vec::with_capacity(s.elements.len() * 2 + 1);
     let concat = s.key.len() > 1;
-    for (i, e) in elements.iter().enumerate() {
+    for (i, e) in elements.into_iter().enumerate() {
         let (start, end) = super::key_range(&s.key, &e.key).map_err(|why| err(e, why))?;
         if concat {
-            let mut el = Vec::new();
-            nested(&mut el, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &start));
-            nested(&mut el, NFTA_SET_ELEM_KEY_END, |b| attr(b, NFTA_DATA_VALUE, &end));
-            element_data(s, e, &mut el).map_err(|why| err(e, why))?;
-            out.push(el);
+            w.element(|b| {
+                nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &start));
+                nested(b, NFTA_SET_ELEM_KEY_END, |b| attr(b, NFTA_DATA_VALUE, &end));
+                write_element_data(s, e, b)
+            })?;
             continue;
         }
         if i == 0 && start.iter().any(|b| *b != 0) {
-            out.push(interval_end(&vec![0; start.len()]));
+            w.element(|b| {
+                interval_end(&vec![0; start.len()], b);
+                Ok::<(), NetlinkError>(())
+            })?;
         }
-        let mut el = Vec::new();
-        nested(&mut el, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &start));
-        element_data(s, e, &mut el).map_err(|why| err(e, why))?;
-        out.push(el);
+        w.element(|b| {
+            nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &start));
+            write_element_data(s, e, b)
+        })?;
         if let Some(next) = increment(&end) {
-            out.push(interval_end(&next));
+            w.element(|b| {
+                interval_end(&next, b);
+                Ok::<(), NetlinkError>(())
+            })?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// An element marking where an interval ends (at `key`, exclusive).
-fn interval_end(key: &[u8]) -> Vec<u8> {
-    let mut el = Vec::new();
-    attr(&mut el, NFTA_SET_ELEM_FLAGS, &NFT_SET_ELEM_INTERVAL_END.to_be_bytes());
-    nested(&mut el, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, key));
-    el
-}
-
-/// An element's verdict (maps) and comment.
-fn element_data(s: &Set, e: &Element, el: &mut Vec<u8>) -> Result<(), String> {
-    if s.data.is_some() {
-        let v = e.verdict.as_ref().ok_or("a verdict map's element without a verdict")?;
-        let data = verdict_data(v);
-        nested(el, NFTA_SET_ELEM_DATA, |b| b.extend_from_slice(&data));
-    }
-    if !e.comment.is_empty() {
-        attr(el, NFTA_SET_ELEM_USERDATA, &comment_udata(super::NFTNL_UDATA_SET_ELEM_COMMENT, &e.comment)?);
-    }
-    Ok(())
+fn interval_end(key: &[u8], el: &mut Vec<u8>) {
+    attr(el, NFTA_SET_ELEM_FLAGS, &NFT_SET_ELEM_INTERVAL_END.to_be_bytes());
+    nested(el, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, key));
 }
 
 /// The key + 1, or `None` past the last key.
