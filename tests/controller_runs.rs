@@ -45,6 +45,12 @@ impl FakeClock {
         let mut t = self.0.lock().unwrap();
         *t += SignedDuration::from_secs(secs);
     }
+    /// Brings the clock up to the wall clock if it is behind: what the API server stamped
+    /// (creation, in whole seconds, by the wall clock) is then never in the clock's future.
+    fn catch_up(&self) {
+        let mut t = self.0.lock().unwrap();
+        *t = (*t).max(Timestamp::now());
+    }
     fn clock(&self) -> flock::controller::reconcile::Clock {
         let me = self.0.clone();
         Arc::new(move || *me.lock().unwrap())
@@ -407,6 +413,9 @@ async fn a_deadline_of_zero_or_less_is_invalid_and_grants_nothing() {
     profile(&server, "web", json!({"internet": {"ports": [{"port": 443}]}}));
     for (name, secs) in [("job-z", 0), ("job-n", -5)] {
         create_run(&server, name, json!({"profile": "web", "activeDeadlineSeconds": secs})).await;
+        // The fake clock started before the run was created: a deadline of 0 s is past only
+        // once it reads the creation time (a pass after this one sees it).
+        clock.catch_up();
         let msg = wait_condition(&server, name, NETWORK_POLICY_READY, "False", "RunInvalid").await;
         assert!(msg.contains(&format!("spec.activeDeadlineSeconds: {secs} is not a positive number of seconds")), "{msg}");
         wait_condition(&server, name, READY, "False", "RunInvalid").await;
