@@ -5,32 +5,22 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "common/agent.rs"]
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
 use flock::agent::{Agent, AgentConfig, SyncHook, SyncStage};
 use flock::apply::Backend;
 use flock::apply::kernel::NftCli;
-use flock::model::{Pod, PodPhase, Snapshot};
+use flock::model::{Pod, Snapshot};
 use flock::source::StaticSource;
 use flock::testkit::kernel::{NetnsGuard, TempDir, require_root};
-use flock_cni::protocol::{self, AddRequest, CheckRequest, DelRequest, GcRequest, PodIdentity, Request};
+use flock_cni::protocol::{self, CheckRequest, DelRequest, GcRequest, Request};
 use flock_cni::spec::Attachment;
 
-fn pod(name: &str, ip: &str) -> Pod {
-    Pod {
-        namespace: "default".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        labels: Default::default(),
-        node: Some("n1".into()),
-        phase: PodPhase::Running,
-        ips: vec![ip.parse().unwrap()],
-        host_network: false,
-        ports: vec![],
-        created: None,
-    }
-}
+use common::{add, pod};
 
 fn config(node: &NetnsGuard, dir: &TempDir) -> AgentConfig {
     let mut c = AgentConfig::new("n1", node.netns(), dir.join("cni.sock"), dir.join("pending-del"));
@@ -38,18 +28,6 @@ fn config(node: &NetnsGuard, dir: &TempDir) -> AgentConfig {
     c.pod_wait = Duration::from_millis(500);
     c.routes = false;
     c
-}
-
-fn add(name: &str, ip: &str) -> Request {
-    let cid = format!("cid-{name}");
-    Request::Add(AddRequest {
-        host_interface: flock_cni::host_interface_name(&cid, "eth0"),
-        container_id: cid,
-        ifname: "eth0".into(),
-        netns: "/run/netns/none".into(),
-        pod: PodIdentity { namespace: "default".into(), name: name.into(), uid: Some(format!("uid-{name}")) },
-        ips: vec![ip.parse().unwrap()],
-    })
 }
 
 async fn call(socket: &Path, req: Request) -> Result<(), String> {

@@ -6,17 +6,22 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "common/agent.rs"]
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flock::agent::{Agent, AgentConfig};
-use flock::model::{Pod, PodPhase, Snapshot};
+use flock::model::Snapshot;
 use flock::source::StaticSource;
 use flock::testkit::kernel::{NetnsGuard, TempDir, require_root};
-use flock_cni::protocol::{self, AddRequest, PodIdentity, Request};
+use flock_cni::protocol;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
+
+use common::{add, pod};
 
 /// An event's message and the names of the spans it was logged in.
 type Logged = (String, Vec<String>);
@@ -45,33 +50,6 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
         let spans = ctx.event_scope(event).map(|s| s.map(|span| span.name().to_string()).collect()).unwrap_or_default();
         self.0.lock().unwrap().push((m.0, spans));
     }
-}
-
-fn pod(name: &str, ip: &str) -> Pod {
-    Pod {
-        namespace: "default".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        labels: Default::default(),
-        node: Some("n1".into()),
-        phase: PodPhase::Running,
-        ips: vec![ip.parse().unwrap()],
-        host_network: false,
-        ports: vec![],
-        created: None,
-    }
-}
-
-fn add(name: &str, ip: &str) -> Request {
-    let cid = format!("cid-{name}");
-    Request::Add(AddRequest {
-        host_interface: flock_cni::host_interface_name(&cid, "eth0"),
-        container_id: cid,
-        ifname: "eth0".into(),
-        netns: "/run/netns/none".into(),
-        pod: PodIdentity { namespace: "default".into(), name: name.into(), uid: Some(format!("uid-{name}")) },
-        ips: vec![ip.parse().unwrap()],
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
