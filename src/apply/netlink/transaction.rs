@@ -187,11 +187,16 @@ pub(super) fn key_type(name: &str) -> Option<KeyType> {
     Some(KeyType { id, len, byteorder })
 }
 
+/// A libnftnl user-data TLV's header for a value of `len` bytes: its type, and its length
+/// in a byte (a longer value cannot be written).
+fn udata_header(ty: u8, len: usize) -> Result<[u8; 2], String> {
+    let len = u8::try_from(len).map_err(|_| format!("{len} bytes of user data"))?;
+    Ok([ty, len])
+}
+
 /// A libnftnl user-data TLV: type, length (a byte), value.
 fn udata(out: &mut Vec<u8>, ty: u8, value: &[u8]) -> Result<(), String> {
-    let len = u8::try_from(value.len()).map_err(|_| format!("{} bytes of user data", value.len()))?;
-    out.push(ty);
-    out.push(len);
+    out.extend_from_slice(&udata_header(ty, value.len())?);
     out.extend_from_slice(value);
     Ok(())
 }
@@ -199,9 +204,9 @@ fn udata(out: &mut Vec<u8>, ty: u8, value: &[u8]) -> Result<(), String> {
 /// Appends attribute `attr_ty` holding `comment` as libnftnl user data of type `ty`
 /// (NUL-terminated), written in place.
 pub(super) fn comment_attr(out: &mut Vec<u8>, attr_ty: u16, ty: u8, comment: &str) -> Result<(), String> {
-    let len = u8::try_from(comment.len() + 1).map_err(|_| format!("{} bytes of user data", comment.len() + 1))?;
+    let header = udata_header(ty, comment.len() + 1)?;
     attr_with(out, attr_ty, |b| {
-        b.extend_from_slice(&[ty, len]);
+        b.extend_from_slice(&header);
         b.extend_from_slice(comment.as_bytes());
         b.push(0);
     });
@@ -343,9 +348,12 @@ fn push_rules(batch: &mut Batch, c: &Chain, refs: &HashMap<&str, SetRef<'_>>, ne
             batch.push(NFT_MSG_NEWSET, NLM_F_CREATE, &anonymous_set(a, elements.len()), "creating a set of ports for a rule of", &object);
             let mut w =
                 ElementWriter::new(batch, rule::ANONYMOUS_SET, Some(a.id), NFT_MSG_NEWSETELEM, NLM_F_CREATE, "adding ports to a set of");
-            for el in &elements {
+            for el in elements {
                 w.element(|b| {
-                    b.extend_from_slice(el);
+                    match el {
+                        PortElement::Port(port) => nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &port.to_be_bytes())),
+                        PortElement::End(port) => interval_end(&port.to_be_bytes(), b),
+                    }
                     Ok::<(), NetlinkError>(())
                 })?;
             }
@@ -386,24 +394,28 @@ fn anonymous_set(a: &Anonymous, size: usize) -> Vec<u8> {
     body
 }
 
+/// An element of a rule's set of ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PortElement {
+    /// A port, or where a range starts.
+    Port(u16),
+    /// Where a range ends (exclusive).
+    End(u16),
+}
+
 /// A set of ports' elements: each port, or for an interval set each range split as a named
 /// interval set's ([`write_elements`]).
-fn anonymous_elements(a: &Anonymous) -> Vec<Vec<u8>> {
+fn anonymous_elements(a: &Anonymous) -> Vec<PortElement> {
     let mut out = Vec::with_capacity(a.ranges.len() * 2 + 1);
-    let mut push = |fill: &dyn Fn(&mut Vec<u8>)| {
-        let mut el = Vec::new();
-        fill(&mut el);
-        out.push(el);
-    };
     for (i, (lo, hi)) in a.ranges.iter().enumerate() {
         if a.interval && i == 0 && *lo != 0 {
-            push(&|b| interval_end(&[0, 0], b));
+            out.push(PortElement::End(0));
         }
-        push(&|b| nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &lo.to_be_bytes())));
+        out.push(PortElement::Port(*lo));
         if a.interval
             && let Some(next) = hi.checked_add(1)
         {
-            push(&|b| interval_end(&next.to_be_bytes(), b));
+            out.push(PortElement::End(next));
         }
     }
     out
@@ -627,6 +639,16 @@ mod tests {
     fn interval_ends_follow_the_range() {
         assert_eq!(increment(&[198, 18, 1, 255]).unwrap(), [198, 18, 2, 0]);
         assert_eq!(increment(&[255, 255]), None);
+    }
+
+    #[test]
+    fn a_rule_s_port_ranges_are_split_as_nft_splits_them() {
+        use PortElement::{End, Port};
+        let a = |ranges: Vec<(u16, u16)>, interval| Anonymous { id: 1, proto_desc: 0, ranges, interval };
+        assert_eq!(anonymous_elements(&a(vec![(53, 53), (80, 80)], false)), [Port(53), Port(80)]);
+        assert_eq!(anonymous_elements(&a(vec![(53, 53), (8000, 8100)], true)), [End(0), Port(53), End(54), Port(8000), End(8101)]);
+        // A range from 0 needs no leading end; one up to 65535 has no end.
+        assert_eq!(anonymous_elements(&a(vec![(0, 10), (60000, 65535)], true)), [Port(0), End(11), Port(60000)]);
     }
 
     #[test]
