@@ -137,6 +137,8 @@ async fn handle(shared: Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
 }
 
 async fn dispatch(shared: &Arc<Shared>, req: Request) -> Reply {
+    // A request that wires or unwires pods: revocation sweeps give way while they come.
+    let _busy = matches!(req, Request::Add(_) | Request::Del(_) | Request::Gc(_)).then(|| shared.cni_request());
     match req {
         Request::Add(add) => match endpoint_of(&add) {
             Err(e) => Reply::refused(e),

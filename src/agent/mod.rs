@@ -248,6 +248,21 @@ struct Inner {
     /// nothing. Entries live only while an ADD for the interface is in flight.
     pending_adds: BTreeMap<String, PendingAdd>,
     del_seq: u64,
+    /// CNI requests changing the endpoints that are in flight, and when the last one ended:
+    /// while pods are being wired, revocation sweeps give way ([`CniRequest`]).
+    cni_in_flight: usize,
+    cni_last_end: Option<Instant>,
+}
+
+/// A CNI request that changes the endpoints (ADD, DEL, GC), from its arrival to its reply.
+pub(crate) struct CniRequest<'a>(&'a Shared);
+
+impl Drop for CniRequest<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.0.lock();
+        inner.cni_in_flight = inner.cni_in_flight.saturating_sub(1);
+        inner.cni_last_end = Some(Instant::now());
+    }
 }
 
 #[derive(Default)]
@@ -308,6 +323,20 @@ impl Shared {
     fn wake_urgently(&self) {
         self.urgent.store(true, Ordering::SeqCst);
         self.wake.notify_one();
+    }
+
+    /// A CNI request that changes the endpoints arrived; it counts as in flight until the
+    /// returned guard is dropped.
+    pub(crate) fn cni_request(&self) -> CniRequest<'_> {
+        self.lock().cni_in_flight += 1;
+        CniRequest(self)
+    }
+
+    /// Whether pods are being wired: a CNI request changing the endpoints is in flight, or
+    /// one ended less than [`sync_state::CNI_QUIET`] ago.
+    fn cni_busy(&self, now: Instant) -> bool {
+        let inner = self.lock();
+        inner.cni_in_flight > 0 || inner.cni_last_end.is_some_and(|t| now.saturating_duration_since(t) < sync_state::CNI_QUIET)
     }
 
     /// Records that a task ended unexpectedly (the first reason wins).
@@ -461,7 +490,14 @@ impl Agent {
         persister.submit(1, &endpoints);
         let shared = Arc::new(Shared {
             config: config.clone(),
-            inner: Mutex::new(Inner { endpoints: endpoints.clone(), generation: 1, pending_adds: BTreeMap::new(), del_seq: 0 }),
+            inner: Mutex::new(Inner {
+                endpoints: endpoints.clone(),
+                generation: 1,
+                pending_adds: BTreeMap::new(),
+                del_seq: 0,
+                cni_in_flight: 0,
+                cni_last_end: None,
+            }),
             wake: Notify::new(),
             urgent: AtomicBool::new(false),
             status: watch::channel(SyncStatus::default()).0,
@@ -718,6 +754,12 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
                     continue;
                 }
                 () = sleep_until(at(state.sweep_at())) => {
+                    // Pods being wired go first: the sweep waits for a burst of CNI requests
+                    // to pause, a bounded while.
+                    let now = Instant::now();
+                    if shared.cni_busy(now) && state.sweep_gives_way(now) {
+                        continue;
+                    }
                     if let Some(version) = state.sweep_due(*stop.borrow()) {
                         sweep_job = start_sweep(&cfg, translation.as_ref(), &commits, version);
                         state.sweep_started(sweep_job.is_some(), Instant::now());

@@ -17,6 +17,14 @@ pub(crate) const BASELINE_QUIET: Duration = Duration::from_secs(1);
 pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
 /// Sweeps outdated in a row after which the next one holds the sync loop.
 pub(crate) const STALE_SWEEPS: u32 = 3;
+/// How long after the last CNI request that changed the endpoints pods still count as being
+/// wired (a burst's next request comes sooner): a due sweep gives way to them.
+pub(crate) const CNI_QUIET: Duration = Duration::from_millis(20);
+/// How soon a sweep that gave way to CNI requests looks again.
+pub(crate) const SWEEP_YIELD: Duration = Duration::from_millis(5);
+/// The longest a due sweep gives way to CNI requests: revocation waits for a burst of pods
+/// this long at most.
+pub(crate) const SWEEP_YIELD_MAX: Duration = Duration::from_millis(200);
 
 /// What woke the loop for a sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +110,8 @@ pub(crate) struct LoopState {
     sweep_at: Option<Instant>,
     last_sweep: Option<Instant>,
     stale_streak: u32,
+    /// Since when the owed sweep has been giving way to CNI requests.
+    yielding_since: Option<Instant>,
     /// The source version the table holds, while the last sync committed (`None` after a
     /// failed one: the kept translation is then ahead of the table, and nothing is judged
     /// with it until a commit).
@@ -129,6 +139,7 @@ impl LoopState {
             sweep_at: None,
             last_sweep: None,
             stale_streak: 0,
+            yielding_since: None,
             committed_version: None,
         }
     }
@@ -276,8 +287,26 @@ impl LoopState {
         self.committed_version.filter(|_| self.sweep_owed && !stopping)
     }
 
+    /// The sweep's time came while pods are being wired (CNI requests in flight or just
+    /// answered): whether it gives way to them — a sweep's conntrack dump takes a core for
+    /// milliseconds, which the ADDs' syncs would wait for — and looks again after
+    /// [`SWEEP_YIELD`]. It does for at most [`SWEEP_YIELD_MAX`] since it first gave way; a
+    /// sweep that holds the loop never does.
+    pub(crate) fn sweep_gives_way(&mut self, now: Instant) -> bool {
+        if !self.sweep_owed || self.sweeping || self.committed_version.is_none() {
+            return false;
+        }
+        let since = *self.yielding_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= SWEEP_YIELD_MAX {
+            return false;
+        }
+        self.sweep_at = Some(now + SWEEP_YIELD);
+        true
+    }
+
     /// A sweep was started (`true`) or could not be (revocation or the translation gone).
     pub(crate) fn sweep_started(&mut self, started: bool, now: Instant) {
+        self.yielding_since = None;
         self.last_sweep = Some(now);
         self.sweeping = started;
         self.sweep_owed = !started;
@@ -479,6 +508,33 @@ mod tests {
         s.failed(Attempt::default(), t0);
         assert_eq!(s.sweep_due(false), None);
         assert_eq!(s.sweep_finished(SweepOutcome { owed: true, stale: false }, false, t0), None);
+    }
+
+    #[test]
+    fn a_due_sweep_gives_way_to_cni_requests_for_a_bounded_while() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut s = state(true);
+        // Nothing committed: no sweep is due, none gives way.
+        assert!(!s.sweep_gives_way(t0));
+        s.committed(commit(false, true, 1), t0);
+        assert!(s.sweep_gives_way(t0));
+        assert_eq!(s.sweep_at(), Some(t0 + SWEEP_YIELD), "it looks again shortly");
+        assert!(s.sweep_gives_way(t0 + SWEEP_YIELD_MAX - ms(1)));
+        // A burst that goes on: the sweep starts anyway, its bound reached.
+        assert!(!s.sweep_gives_way(t0 + SWEEP_YIELD_MAX));
+        assert_eq!(s.sweep_due(false), Some(1));
+        s.sweep_started(true, t0 + SWEEP_YIELD_MAX);
+        // While it runs, and once nothing is owed, there is nothing to give way.
+        assert!(!s.sweep_gives_way(t0 + SWEEP_YIELD_MAX));
+        s.sweep_finished(SweepOutcome { owed: false, stale: false }, false, t0 + SWEEP_YIELD_MAX + ms(10));
+        assert!(!s.sweep_gives_way(t0 + SWEEP_YIELD_MAX + ms(10)));
+        // The next owed sweep has its own bound, counted from when it first gives way.
+        let t1 = t0 + ms(500);
+        s.committed(commit(false, true, 2), t1);
+        assert!(s.sweep_gives_way(t1 + ms(50)));
+        assert!(s.sweep_gives_way(t1 + ms(50) + SWEEP_YIELD_MAX - ms(1)));
+        assert!(!s.sweep_gives_way(t1 + ms(50) + SWEEP_YIELD_MAX));
     }
 
     #[test]
