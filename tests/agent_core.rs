@@ -499,3 +499,63 @@ spec:
     assert_eq!(value("flock_translation_disagreements_total"), 0.0, "{text}");
     agent.shutdown().await;
 }
+
+/// A due revocation sweep gives way while a CNI request is being served, and only a bounded
+/// while: with an ADD waiting for its Pod, the sweep a policy change owes has not started when
+/// the change is committed, and starts (its bound reached) while the ADD still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_due_sweep_gives_way_to_a_cni_request_a_bounded_while() {
+    if !require_root("a_due_sweep_gives_way_to_a_cni_request_a_bounded_while") {
+        return;
+    }
+    let (node, dir) = (NetnsGuard::new("yield"), TempDir::new("yield"));
+    let source = StaticSource::new(snapshot(&[pod("a", "198.18.72.1")]));
+    let socket = dir.join("cni.sock");
+    // Pod a's endpoint, registered by a first agent; the second starts with it, so that its
+    // one commit and one sweep are the start's and nothing else is owed.
+    let agent = Agent::start(config(&node, &dir), source.subscribe()).await.unwrap();
+    call(&socket, add("a", "198.18.72.1")).await.unwrap();
+    agent.shutdown().await;
+    let mut cfg = config(&node, &dir);
+    cfg.pod_wait = Duration::from_secs(30);
+    let metrics = cfg.metrics.clone();
+    let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
+    let mut status = agent.status();
+    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.ready && s.sweeps >= 1)).await.unwrap().unwrap();
+    let in_flight = || {
+        let text = metrics.encode();
+        text.lines().find_map(|l| l.strip_prefix("flock_cni_requests_in_flight ")).map(|v| v.trim().to_string())
+    };
+    assert_eq!(in_flight().as_deref(), Some("0"));
+
+    // An ADD for a pod the source does not know yet: in flight until the Pod comes.
+    let pending = tokio::spawn({
+        let socket = socket.clone();
+        async move { call(&socket, add("late", "198.18.72.2")).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while in_flight().as_deref() != Some("1") {
+        assert!(std::time::Instant::now() < deadline, "the ADD never arrived: {:?}", in_flight());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A policy now isolates pod a: the table changes and a sweep is owed.
+    let version = source.update(|s| {
+        s.upsert_policy(flock::model::NetworkPolicy { namespace: "default".into(), name: "deny".into(), ..Default::default() })
+    });
+    let committed =
+        tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.source_version >= version)).await.unwrap().unwrap().clone();
+    // Without giving way it would start at once and take milliseconds; it waits 200 ms.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!((committed.sweeps, status.borrow().sweeps), (1, 1), "the sweep did not give way to the ADD in flight");
+    // Its bound reached, it starts though the ADD still waits.
+    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.sweeps >= 2)).await.unwrap().unwrap();
+    assert!(!pending.is_finished(), "the ADD ended before the sweep started");
+    assert!(status.borrow().swept_source_version >= version);
+
+    // The Pod comes: the ADD is acknowledged; nothing is in flight any more.
+    source.update(|s| s.upsert_pod(pod("late", "198.18.72.2")));
+    pending.await.unwrap().unwrap();
+    assert_eq!(in_flight().as_deref(), Some("0"));
+    agent.shutdown().await;
+}

@@ -41,6 +41,7 @@ pub struct Metrics {
     api_health: Family<Labels, Gauge>,
     resource_served: Family<Labels, Gauge>,
     cni_requests: Family<Labels, Counter>,
+    cni_in_flight: Gauge,
     coalesced: Counter,
     drift_repairs: Counter,
     translations: Family<Labels, Counter>,
@@ -111,6 +112,7 @@ impl Metrics {
             api_health: Family::default(),
             resource_served: Family::default(),
             cni_requests: Family::default(),
+            cni_in_flight: Gauge::default(),
             coalesced: Counter::default(),
             drift_repairs: Counter::default(),
             translations: Family::default(),
@@ -193,6 +195,11 @@ impl Metrics {
             m.resource_served.clone(),
         );
         r.register("cni_requests", "Requests from flock-cni, by verb and result", m.cni_requests.clone());
+        r.register(
+            "cni_requests_in_flight",
+            "ADD, DEL and GC requests from flock-cni being served (revocation sweeps give way while any is)",
+            m.cni_in_flight.clone(),
+        );
         r.register("coalesced_events", "Changes folded into a sync started for an earlier change", m.coalesced.clone());
         r.register("drift_repairs", "Times the kernel's table differed from what was applied and was rewritten", m.drift_repairs.clone());
         r.register(
@@ -351,6 +358,11 @@ impl Metrics {
     pub fn dns_evicted(&self, evicted: u64, held: i64) {
         self.dns_learned_evictions.inc_by(evicted);
         self.dns_learned_held.set(held);
+    }
+
+    /// How many CNI requests that change the endpoints are being served.
+    pub fn cni_in_flight(&self, n: usize) {
+        self.cni_in_flight.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub fn sync(&self, applied: bool, seconds: f64) {

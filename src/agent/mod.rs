@@ -262,6 +262,7 @@ impl Drop for CniRequest<'_> {
         let mut inner = self.0.lock();
         inner.cni_in_flight = inner.cni_in_flight.saturating_sub(1);
         inner.cni_last_end = Some(Instant::now());
+        self.0.config.metrics.cni_in_flight(inner.cni_in_flight);
     }
 }
 
@@ -328,7 +329,10 @@ impl Shared {
     /// A CNI request that changes the endpoints arrived; it counts as in flight until the
     /// returned guard is dropped.
     pub(crate) fn cni_request(&self) -> CniRequest<'_> {
-        self.lock().cni_in_flight += 1;
+        let mut inner = self.lock();
+        inner.cni_in_flight += 1;
+        self.config.metrics.cni_in_flight(inner.cni_in_flight);
+        drop(inner);
         CniRequest(self)
     }
 
