@@ -52,6 +52,8 @@ pub struct DaemonOptions {
 pub enum DaemonError {
     #[error("cannot start the node agent: {0}")]
     Agent(crate::agent::StartError),
+    #[error("{0}")]
+    Source(crate::source::kube::SourceThreadError),
     #[error("cannot report policy problems: {0}")]
     Report(LeaseError),
     #[error("{0}")]
@@ -62,21 +64,23 @@ pub enum DaemonError {
     Crashed(String),
 }
 
-/// Runs until `stop` turns true. Rules stay in the kernel afterwards.
-pub async fn run(opts: DaemonOptions, client: Client, stop: watch::Receiver<bool>) -> Result<(), DaemonError> {
+/// Runs until `stop` turns true. Rules stay in the kernel afterwards. The informers run on a
+/// thread of their own with the client `source_client` builds there
+/// ([`crate::source::kube::spawn_thread`]); `client` serves the rest.
+pub async fn run<C>(opts: DaemonOptions, client: Client, source_client: C, stop: watch::Receiver<bool>) -> Result<(), DaemonError>
+where
+    C: FnOnce() -> Result<Client, kube::Error> + Send + 'static,
+{
     let metrics: Arc<Metrics> = opts.agent.metrics.clone();
     let reporter = Reporter::new(client.clone(), opts.report.clone(), &opts.instance, opts.events).map_err(DaemonError::Report)?;
     let health = Arc::new(ApiHealth::new(opts.degraded_after, opts.disconnected_after));
     let (writer, source) = SourceWriter::new(Snapshot::new(), false);
     let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(crate::source::kube::run_with(
-        opts.source.clone(),
-        client.clone(),
-        writer,
-        health.clone(),
-        metrics.clone(),
-        stop.clone(),
-    )));
+    let informers =
+        crate::source::kube::spawn_thread(opts.source.clone(), source_client, writer, health.clone(), metrics.clone(), stop.clone())
+            .await
+            .map_err(DaemonError::Source)?;
+    tasks.push(tokio::spawn(informers.finished()));
 
     // One agent per node: wait (informers already listing) while another holds the node.
     let _node_lock = match &opts.agent.state_dir {

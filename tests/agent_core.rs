@@ -35,6 +35,11 @@ async fn call(socket: &Path, req: Request) -> Result<(), String> {
     tokio::task::spawn_blocking(move || protocol::call(&socket, req, Duration::from_secs(10)).map_err(|e| e.to_string())).await.unwrap()
 }
 
+/// The value of the sample `name` (with its labels, if any) in the metrics `text`.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 fn table(node: &NetnsGuard) -> String {
     NftCli::new(node.netns()).list_table().unwrap().unwrap_or_default()
 }
@@ -491,9 +496,7 @@ spec:
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let text = metrics.encode();
-    let value = |name: &str| {
-        text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).map(|v| v.parse::<f64>().unwrap()).unwrap_or(0.0)
-    };
+    let value = |name: &str| metric(&text, name).unwrap_or(0.0);
     assert!(value("flock_translations_total{mode=\"incremental\"}") >= 2.0, "{text}");
     assert_eq!(value("flock_translations_total{mode=\"full\"}"), 1.0, "{text}");
     assert_eq!(value("flock_translation_disagreements_total"), 0.0, "{text}");
@@ -522,11 +525,8 @@ async fn a_due_sweep_gives_way_to_a_cni_request_a_bounded_while() {
     let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
     let mut status = agent.status();
     tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.ready && s.sweeps >= 1)).await.unwrap().unwrap();
-    let in_flight = || {
-        let text = metrics.encode();
-        text.lines().find_map(|l| l.strip_prefix("flock_cni_requests_in_flight ")).map(|v| v.trim().to_string())
-    };
-    assert_eq!(in_flight().as_deref(), Some("0"));
+    let in_flight = || metric(&metrics.encode(), "flock_cni_requests_in_flight");
+    assert_eq!(in_flight(), Some(0.0));
 
     // An ADD for a pod the source does not know yet: in flight until the Pod comes.
     let pending = tokio::spawn({
@@ -534,7 +534,7 @@ async fn a_due_sweep_gives_way_to_a_cni_request_a_bounded_while() {
         async move { call(&socket, add("late", "198.18.72.2")).await }
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while in_flight().as_deref() != Some("1") {
+    while in_flight() != Some(1.0) {
         assert!(std::time::Instant::now() < deadline, "the ADD never arrived: {:?}", in_flight());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -556,6 +556,6 @@ async fn a_due_sweep_gives_way_to_a_cni_request_a_bounded_while() {
     // The Pod comes: the ADD is acknowledged; nothing is in flight any more.
     source.update(|s| s.upsert_pod(pod("late", "198.18.72.2")));
     pending.await.unwrap().unwrap();
-    assert_eq!(in_flight().as_deref(), Some("0"));
+    assert_eq!(in_flight(), Some(0.0));
     agent.shutdown().await;
 }

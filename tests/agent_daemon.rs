@@ -80,8 +80,8 @@ impl Rig {
     /// Starts the daemon; the returned sender stops it.
     fn start(&self, opts: DaemonOptions) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
         let (tx, rx) = watch::channel(false);
-        let client = self.server.client();
-        let task = tokio::spawn(async move { daemon::run(opts, client, rx).await.unwrap() });
+        let (client, informers) = (self.server.client(), self.server.client_builder());
+        let task = tokio::spawn(async move { daemon::run(opts, client, informers, rx).await.unwrap() });
         (tx, task)
     }
 
@@ -754,8 +754,8 @@ async fn a_panic_in_a_sync_ends_the_daemon_with_an_error() {
         })));
     });
     let (_stop, rx) = watch::channel(false);
-    let client = rig.server.client();
-    let task = tokio::spawn(async move { daemon::run(opts, client, rx).await });
+    let (client, informers) = (rig.server.client(), rig.server.client_builder());
+    let task = tokio::spawn(async move { daemon::run(opts, client, informers, rx).await });
     rig.add_pod("a", "198.18.80.51", json!({"app": "a"})).await;
     let before = rig.table();
     armed.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -158,8 +158,8 @@ async fn the_agent_keeps_its_flocknode_current() {
     agent.nft_transactions = true;
     let opts = daemon_options(agent, &dir);
     let (stop, rx) = watch::channel(false);
-    let client = server.client();
-    let task = tokio::spawn(async move { daemon::run(opts, client, rx).await.unwrap() });
+    let (client, informers) = (server.client(), server.client_builder());
+    let task = tokio::spawn(async move { daemon::run(opts, client, informers, rx).await.unwrap() });
     eventually(30, "the agent ready", || (http_get(&dir.join("metrics.sock"), "/readyz").0 == 200).then_some(())).await;
     let _job = cni_add(&node, &dir, "job", "198.18.84.10").await;
 
@@ -437,8 +437,8 @@ async fn a_runs_enforced_condition_follows_its_nodes_agent() {
     agent.routes = false;
     let opts = daemon_options(agent, &dir);
     let (stop, rx) = watch::channel(false);
-    let client = server.client();
-    let agent_task = tokio::spawn(async move { daemon::run(opts, client, rx.clone()).await.unwrap() });
+    let (client, informers) = (server.client(), server.client_builder());
+    let agent_task = tokio::spawn(async move { daemon::run(opts, client, informers, rx.clone()).await.unwrap() });
     eventually(30, "the agent ready", || (http_get(&dir.join("metrics.sock"), "/readyz").0 == 200).then_some(())).await;
     let _job = cni_add(&node, &dir, "job", "198.18.84.20").await;
 

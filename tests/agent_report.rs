@@ -122,8 +122,8 @@ impl NodeAgent {
         agent.routes = false;
         let opts = DaemonOptions { events: true, report: fast_report(), ..common::daemon_options(agent, &dir.path) };
         let (stop, rx) = watch::channel(false);
-        let client = server.client();
-        let task = tokio::spawn(async move { daemon::run(opts, client, rx).await.unwrap() });
+        let (client, informers) = (server.client(), server.client_builder());
+        let task = tokio::spawn(async move { daemon::run(opts, client, informers, rx).await.unwrap() });
         Self { name: format!("flock-agent-{node_name}"), dir, _node: node, stop, task }
     }
 

@@ -302,3 +302,47 @@ async fn an_unreadable_pod_update_removes_the_earlier_version() {
     rig.wait("the pod back", || rig.pods() == ["a"]).await;
     rig.stop.send(true).unwrap();
 }
+
+/// On a thread of their own (as flock-agent runs them), the informers need nothing of the
+/// caller's runtime: with its only thread blocked, the source still lists to complete. The
+/// thread ends with `stop`; a client that cannot be built is an error, not a silent source.
+#[test]
+fn the_informers_thread_lists_while_the_callers_runtime_is_blocked() {
+    // The API server on a runtime of its own, which nothing here blocks.
+    let server_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let server = server_rt.block_on(ApiServer::start_temp_with(Config::default())).unwrap();
+    server.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})).unwrap();
+    server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})).unwrap();
+    server.apply(pod("a", "198.18.0.10")).unwrap();
+    server.apply(policy("kept")).unwrap();
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let health = Arc::new(ApiHealth::new(Duration::from_millis(300), Duration::from_millis(1500)));
+    let metrics = Arc::new(Metrics::new());
+    let (writer, source) = SourceWriter::new(Snapshot::new(), false);
+    let (stop, rx) = watch::channel(false);
+    let informers = rt
+        .block_on(flock::source::kube::spawn_thread(options(|_| {}), server.client_builder(), writer, health.clone(), metrics.clone(), rx))
+        .unwrap();
+    // This runtime's one thread is blocked from here until the source is complete.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !source.is_complete() {
+        assert!(Instant::now() < deadline, "the informers' thread did not list while the caller's runtime was blocked");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(source.read().snapshot.pods().map(|p| p.name.clone()).collect::<Vec<_>>(), ["a"]);
+    stop.send_replace(true);
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), informers.finished()).await })
+        .expect("the thread did not end with stop");
+
+    // A client that cannot be built: the thread reports it and ends.
+    let (writer, source) = SourceWriter::new(Snapshot::new(), false);
+    let (_stop, rx) = watch::channel(false);
+    let err = rt
+        .block_on(flock::source::kube::spawn_thread(options(|_| {}), || Err(kube::Error::TlsRequired), writer, health, metrics, rx))
+        .unwrap_err();
+    assert_eq!(err.to_string(), "cannot build the informers' API client: TLS required but no TLS stack selected");
+    assert!(!source.is_complete());
+    let _in_its_runtime = server_rt.enter();
+    drop(server);
+}

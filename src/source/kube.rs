@@ -21,6 +21,9 @@
 //!   healthy cluster gets no probes. Connected → Degraded (`degraded_after`) → Disconnected
 //!   (`disconnected_after`) while any watch or the probe fails; last-known rules stay in
 //!   force throughout, and recovery bumps a resync counter the agent turns into a full sync.
+//! - The agent runs all of it on a thread of its own ([`spawn_thread`]: a single-threaded
+//!   runtime and its own API client): decoding a list of 150,000 pods, and the heap it
+//!   leaves to tidy, never holds up a CNI request or the sync loop on the agent's runtime.
 
 mod crd;
 mod health;
@@ -252,6 +255,79 @@ pub async fn run_with(
     for t in tasks {
         t.abort();
     }
+}
+
+/// Why the informers' thread did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceThreadError {
+    #[error("cannot start the informers' thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("cannot build the informers' runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("cannot build the informers' API client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("the informers' thread ended before it started")]
+    Gone,
+}
+
+/// The informers' thread, running [`run_with`]; it ends when `stop` turns true.
+#[derive(Debug)]
+pub struct SourceThread {
+    done: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl SourceThread {
+    /// Waits until the thread's watches have ended.
+    pub async fn finished(self) {
+        // A sender dropped without sending (a panic on the thread) is an end too.
+        let _ = self.done.await;
+    }
+}
+
+/// Runs [`run_with`] on a thread of its own, on a single-threaded runtime, with the API
+/// client `client` builds there (a client's connections live on the runtime that built it).
+/// The informers' work — above all a (re)list's decoding, conversion and the garbage it
+/// leaves in the allocator's arena — then never takes a worker of the caller's runtime from
+/// a CNI request or the sync loop. Returns once the client is built.
+pub async fn spawn_thread<C>(
+    opts: SourceOptions,
+    client: C,
+    writer: SourceWriter,
+    health: Arc<ApiHealth>,
+    metrics: Arc<dyn SourceMetrics>,
+    stop: watch::Receiver<bool>,
+) -> Result<SourceThread, SourceThreadError>
+where
+    C: FnOnce() -> Result<Client, kube::Error> + Send + 'static,
+{
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (done_tx, done) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("flock-informers".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = started_tx.send(Err(SourceThreadError::Runtime(e)));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let client = match client() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(SourceThreadError::Client(e)));
+                        return;
+                    }
+                };
+                let _ = started_tx.send(Ok(()));
+                run_with(opts, client, writer, health, metrics, stop).await;
+            });
+            let _ = done_tx.send(());
+        })
+        .map_err(SourceThreadError::Thread)?;
+    started.await.map_err(|_| SourceThreadError::Gone)??;
+    Ok(SourceThread { done })
 }
 
 /// Probes the API server (`/version`) when the watches have been quiet long enough (see

@@ -201,6 +201,18 @@ impl ApiServer {
         }
     }
 
+    /// What builds a client like [`Self::client`] where it is called: on another thread's
+    /// runtime, as flock-agent's informers build theirs.
+    pub fn client_builder(&self) -> impl FnOnce() -> Result<kube::Client, kube::Error> + Send + 'static {
+        let endpoint = self.inner.endpoint.clone();
+        move || {
+            Ok(match endpoint {
+                Endpoint::Unix(socket) => client_for_socket(socket),
+                Endpoint::Tcp(addr) => crate::client::client_for_address(addr),
+            })
+        }
+    }
+
     /// Stops the server: ends open watches, closes connections, removes the socket. Later
     /// requests fail to connect.
     pub async fn shutdown(&self) {
