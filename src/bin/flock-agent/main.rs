@@ -313,7 +313,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     rt.block_on(async move {
-        let config = kube::Config::infer().await.context("reading the Kubernetes client config (in-cluster config or KUBECONFIG)")?;
+        let config = kube::Config::infer().await.context("building the Kubernetes client (in-cluster config or KUBECONFIG)")?;
         let client = kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
         let mut agent = AgentConfig::new(&args.node_name, Netns::Current, args.socket.clone(), args.pending_del_dir.clone());
         agent.state_dir = Some(args.state_dir.clone());
