@@ -80,7 +80,9 @@ where
         crate::source::kube::spawn_thread(opts.source.clone(), source_client, writer, health.clone(), metrics.clone(), stop.clone())
             .await
             .map_err(DaemonError::Source)?;
-    tasks.push(tokio::spawn(informers.finished()));
+    // Watched beside the agent: watches that end early crash the daemon (see below).
+    let informers = informers.finished();
+    tokio::pin!(informers);
 
     // One agent per node: wait (informers already listing) while another holds the node.
     let _node_lock = match &opts.agent.state_dir {
@@ -89,9 +91,7 @@ where
             match crate::agent::node_lock::acquire(&dir.join("agent.lock"), &mut waiting).await.map_err(DaemonError::Lock)? {
                 Some(lock) => Some(lock),
                 None => {
-                    for t in tasks {
-                        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
-                    }
+                    let _ = tokio::time::timeout(Duration::from_secs(5), &mut informers).await;
                     tracing::info!("flock-agent stopped before it took the node over");
                     return Ok(());
                 }
@@ -213,16 +213,27 @@ where
             }
         }
     };
+    // The informers end before `stop` only when a watch failed: the snapshot no longer
+    // follows the cluster, and the agent must not go on enforcing it as current.
+    // (`Ok` only once stopped.)
+    let mut informers_ended = false;
     let crashed = tokio::select! {
         () = stopped => None,
         reason = agent.crashed() => Some(reason),
+        ended = &mut informers => {
+            informers_ended = true;
+            ended.err().map(|e| e.to_string())
+        }
     };
     agent.shutdown().await;
     if crashed.is_some() {
-        // Nobody set `stop`: end the informers and servers here.
+        // Nobody set `stop`: end the servers here (the informers' thread ends with the
+        // process).
         for t in &tasks {
             t.abort();
         }
+    } else if !informers_ended {
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut informers).await;
     }
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(5), t).await;

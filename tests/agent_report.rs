@@ -240,7 +240,8 @@ fn reporter(
     let m = metrics.clone();
     let task = tokio::spawn(async move {
         let informers = flock::source::kube::run_with(SourceOptions::for_node(name), client, writer, health, m.clone(), rx.clone());
-        tokio::join!(informers, r.run(source, m, rx));
+        let (informers, ()) = tokio::join!(informers, r.run(source, m, rx));
+        informers.unwrap();
     });
     (stop, task, metrics)
 }

@@ -42,7 +42,7 @@ struct Rig {
     health: Arc<ApiHealth>,
     metrics: Arc<Metrics>,
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Result<(), flock::source::kube::SourceFailed>>,
 }
 
 impl Rig {
@@ -89,7 +89,7 @@ impl Rig {
 
     async fn stop(self) {
         self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), self.task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), self.task).await.unwrap().unwrap().unwrap();
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use flock::agent::metrics::Metrics;
 use flock::model::Snapshot;
-use flock::source::kube::{ApiHealth, HealthState, ProbeConfig, SourceOptions, WatchOptions};
+use flock::source::kube::{ApiHealth, HealthState, ProbeConfig, SourceFailed, SourceMetrics, SourceOptions, WatchOptions};
 use flock::source::{Source, SourceWriter};
 use flock_test_apiserver::{ApiServer, Config, FailRule, RequestRecord};
 use serde_json::{Value, json};
@@ -48,13 +48,21 @@ fn options(tweak: impl FnOnce(&mut SourceOptions)) -> SourceOptions {
     o
 }
 
+/// A node, a namespace, pod `a` and policy `kept`.
+fn seed(server: &ApiServer) {
+    server.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})).unwrap();
+    server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})).unwrap();
+    server.apply(pod("a", "198.18.0.10")).unwrap();
+    server.apply(policy("kept")).unwrap();
+}
+
 struct Rig {
     server: ApiServer,
     source: Source,
     health: Arc<ApiHealth>,
     metrics: Arc<Metrics>,
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Result<(), SourceFailed>>,
 }
 
 impl Rig {
@@ -65,10 +73,7 @@ impl Rig {
             let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
         }
         let server = ApiServer::start_temp_with(config).await.unwrap();
-        server.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})).unwrap();
-        server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})).unwrap();
-        server.apply(pod("a", "198.18.0.10")).unwrap();
-        server.apply(policy("kept")).unwrap();
+        seed(&server);
         let health = Arc::new(ApiHealth::new(Duration::from_millis(300), Duration::from_millis(1500)));
         let metrics = Arc::new(Metrics::new());
         let (writer, source) = SourceWriter::new(Snapshot::new(), false);
@@ -120,7 +125,7 @@ impl Rig {
 
     async fn stop(self) {
         self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), self.task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), self.task).await.unwrap().unwrap().unwrap();
     }
 }
 
@@ -311,10 +316,7 @@ fn the_informers_thread_lists_while_the_callers_runtime_is_blocked() {
     // The API server on a runtime of its own, which nothing here blocks.
     let server_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let server = server_rt.block_on(ApiServer::start_temp_with(Config::default())).unwrap();
-    server.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})).unwrap();
-    server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})).unwrap();
-    server.apply(pod("a", "198.18.0.10")).unwrap();
-    server.apply(policy("kept")).unwrap();
+    seed(&server);
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let health = Arc::new(ApiHealth::new(Duration::from_millis(300), Duration::from_millis(1500)));
@@ -333,7 +335,8 @@ fn the_informers_thread_lists_while_the_callers_runtime_is_blocked() {
     assert_eq!(source.read().snapshot.pods().map(|p| p.name.clone()).collect::<Vec<_>>(), ["a"]);
     stop.send_replace(true);
     rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), informers.finished()).await })
-        .expect("the thread did not end with stop");
+        .expect("the thread did not end with stop")
+        .expect("the watches failed");
 
     // A client that cannot be built: the thread reports it and ends.
     let (writer, source) = SourceWriter::new(Snapshot::new(), false);
@@ -345,4 +348,54 @@ fn the_informers_thread_lists_while_the_callers_runtime_is_blocked() {
     assert!(!source.is_complete());
     let _in_its_runtime = server_rt.enter();
     drop(server);
+}
+
+/// The agent's metrics, but the first list of pods panics: a bug in the pods' watch, as a
+/// test can cause one from outside.
+struct PanicsOnPods(Metrics);
+
+impl SourceMetrics for PanicsOnPods {
+    fn watch(&self, resource: &str, connected: bool) {
+        self.0.watch(resource, connected);
+    }
+    fn watch_error(&self, resource: &str) {
+        self.0.watch_error(resource);
+    }
+    fn watch_reconnected(&self, resource: &str) {
+        self.0.watch_reconnected(resource);
+    }
+    fn watch_relisted(&self, resource: &str, reason: &str) {
+        if resource == "pods" {
+            panic!("a bug in the pods' watch");
+        }
+        self.0.watch_relisted(resource, reason);
+    }
+    fn api_probe(&self, ok: bool) {
+        self.0.api_probe(ok);
+    }
+    fn health(&self, state: &str) {
+        self.0.health(state);
+    }
+    fn resource_served(&self, resource: &str, served: bool) {
+        self.0.resource_served(resource, served);
+    }
+}
+
+/// A watch whose task ends (here a panic) leaves its resource unfollowed: the informers end
+/// with an error naming it — flock-agent turns that into a crash and a restart
+/// (`daemon::run`) instead of enforcing an ever older snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_panics_ends_the_informers_with_an_error_naming_it() {
+    let server = ApiServer::start_temp_with(Config::default()).await.unwrap();
+    seed(&server);
+    let health = Arc::new(ApiHealth::new(Duration::from_millis(300), Duration::from_millis(1500)));
+    let (writer, _source) = SourceWriter::new(Snapshot::new(), false);
+    let (_stop, rx) = watch::channel(false);
+    let metrics = Arc::new(PanicsOnPods(Metrics::new()));
+    let informers = flock::source::kube::spawn_thread(options(|_| {}), server.client_builder(), writer, health, metrics, rx).await.unwrap();
+    let ended =
+        tokio::time::timeout(Duration::from_secs(10), informers.finished()).await.expect("the informers went on without their pods' watch");
+    let err = ended.expect_err("a panicked watch ended the informers without an error");
+    assert!(matches!(err, SourceFailed::Panicked { .. }), "{err:?}");
+    assert_eq!(err.to_string(), "the pods watch panicked: a bug in the pods' watch");
 }

@@ -157,16 +157,30 @@ pub trait SourceMetrics: Send + Sync {
     fn resource_served(&self, resource: &str, served: bool);
 }
 
+/// Why the watches ended before they were told to stop. The snapshot then stops following
+/// the cluster: the agent must exit (its rules stay in the kernel) so that it is restarted,
+/// not go on enforcing an ever older state as if nothing were wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceFailed {
+    #[error("the {task} panicked: {reason}")]
+    Panicked { task: String, reason: String },
+    #[error("the {task} ended before the source was stopped")]
+    Ended { task: String },
+    #[error("the informers' thread panicked")]
+    ThreadPanicked,
+}
+
 /// Runs the watches into `writer` until `stop`, with the default options. Never returns
-/// early on errors.
+/// early on errors the API answers (they are retried); returns [`SourceFailed`] when a
+/// watch's task itself ended (a panic).
 pub async fn run(
     client: Client,
     writer: SourceWriter,
     health: Arc<ApiHealth>,
     metrics: Arc<dyn SourceMetrics>,
     stop: watch::Receiver<bool>,
-) {
-    run_with(SourceOptions::default(), client, writer, health, metrics, stop).await;
+) -> Result<(), SourceFailed> {
+    run_with(SourceOptions::default(), client, writer, health, metrics, stop).await
 }
 
 /// [`run`] with options.
@@ -177,12 +191,14 @@ pub async fn run_with(
     health: Arc<ApiHealth>,
     metrics: Arc<dyn SourceMetrics>,
     mut stop: watch::Receiver<bool>,
-) {
+) -> Result<(), SourceFailed> {
     let (tx, mut rx) = mpsc::channel::<(Resource, Change)>(4096);
-    let mut tasks = Vec::new();
+    // Each task with its name, for the error when one ends early.
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut names: Vec<(tokio::task::Id, String)> = Vec::new();
     macro_rules! reflect {
         ($k:ty, $res:expr, $kind:expr) => {
-            tasks.push(tokio::spawn(
+            let handle = tasks.spawn(
                 Reflector {
                     api: Api::<$k>::all(client.clone()),
                     resource: $res,
@@ -193,27 +209,49 @@ pub async fn run_with(
                     opts: opts.watch.clone(),
                 }
                 .run_until_stopped(),
-            ))
+            );
+            names.push((handle.id(), format!("{} watch", $res.as_str())));
         };
     }
     reflect!(core::Pod, Resource::Pods, PODS);
     reflect!(core::Namespace, Resource::Namespaces, NAMESPACES);
     reflect!(net::NetworkPolicy, Resource::NetworkPolicies, POLICIES);
     reflect!(core::Node, Resource::Nodes, NODES);
-    tasks.push(tokio::spawn(crd::run(client.clone(), opts.watch.clone(), tx.clone(), health.clone(), metrics.clone())));
+    let handle = tasks.spawn(crd::run(client.clone(), opts.watch.clone(), tx.clone(), health.clone(), metrics.clone()));
+    names.push((handle.id(), format!("{} watch", Resource::ClusterNetworkPolicies.as_str())));
     drop(tx);
-    tasks.push(tokio::spawn(probe(client, opts.probe.clone(), health.clone(), metrics.clone(), stop.clone())));
+    let handle = tasks.spawn(probe(client, opts.probe.clone(), health.clone(), metrics.clone(), stop.clone()));
+    names.push((handle.id(), "API server probe".to_string()));
 
     let mut listed: BTreeSet<Resource> = BTreeSet::new();
     let mut complete = false;
     let mut batch = Vec::with_capacity(1024);
-    loop {
+    let outcome = loop {
         let received = tokio::select! {
             n = rx.recv_many(&mut batch, 1024) => n,
-            _ = stop.changed() => break,
+            Some(ended) = tasks.join_next_with_id() => {
+                // Every task runs until the source stops: one that ends first leaves a
+                // resource unwatched.
+                if *stop.borrow() {
+                    break Ok(());
+                }
+                let id = match &ended {
+                    Ok((id, ())) => *id,
+                    Err(e) => e.id(),
+                };
+                let task = names.iter().find(|(i, _)| *i == id).map_or_else(|| "unknown task".to_string(), |(_, n)| n.clone());
+                let failed = match ended {
+                    Err(e) if e.is_panic() => SourceFailed::Panicked { task, reason: panic_message(e.into_panic()) },
+                    _ => SourceFailed::Ended { task },
+                };
+                tracing::error!(error = %failed, "a watch of the source ended: the snapshot no longer follows the cluster");
+                break Err(failed);
+            }
+            _ = stop.changed() => break Ok(()),
         };
         if received == 0 {
-            break;
+            // Every watch dropped its sender: ended, all of them.
+            break if *stop.borrow() { Ok(()) } else { Err(SourceFailed::Ended { task: "every watch".to_string() }) };
         }
         let mut changes = std::mem::take(&mut batch);
         // Most updates of a watched object (a pod's conditions, a heartbeat, a new
@@ -251,9 +289,16 @@ pub async fn run_with(
             tracing::info!(pods, policies, cluster_policies, "every watch finished its initial list: the source is complete");
             writer.set_complete();
         }
-    }
-    for t in tasks {
-        t.abort();
+    };
+    tasks.abort_all();
+    outcome
+}
+
+/// A panic's message, when it is a string.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(payload) => payload.downcast::<&'static str>().map_or_else(|_| "(not a string)".to_string(), |s| (*s).to_string()),
     }
 }
 
@@ -270,17 +315,18 @@ pub enum SourceThreadError {
     Gone,
 }
 
-/// The informers' thread, running [`run_with`]; it ends when `stop` turns true.
+/// The informers' thread, running [`run_with`]; it ends when `stop` turns true, or early
+/// when a watch failed ([`SourceFailed`]).
 #[derive(Debug)]
 pub struct SourceThread {
-    done: tokio::sync::oneshot::Receiver<()>,
+    done: tokio::sync::oneshot::Receiver<Result<(), SourceFailed>>,
 }
 
 impl SourceThread {
-    /// Waits until the thread's watches have ended.
-    pub async fn finished(self) {
-        // A sender dropped without sending (a panic on the thread) is an end too.
-        let _ = self.done.await;
+    /// Waits until the thread's watches have ended: `Ok` when they were stopped.
+    pub async fn finished(self) -> Result<(), SourceFailed> {
+        // A sender dropped without sending: the thread panicked outside the watches.
+        self.done.await.unwrap_or(Err(SourceFailed::ThreadPanicked))
     }
 }
 
@@ -312,18 +358,18 @@ where
                     return;
                 }
             };
-            rt.block_on(async move {
+            let done = rt.block_on(async move {
                 let client = match client() {
                     Ok(c) => c,
                     Err(e) => {
                         let _ = started_tx.send(Err(SourceThreadError::Client(e)));
-                        return;
+                        return Ok(());
                     }
                 };
                 let _ = started_tx.send(Ok(()));
-                run_with(opts, client, writer, health, metrics, stop).await;
+                run_with(opts, client, writer, health, metrics, stop).await
             });
-            let _ = done_tx.send(());
+            let _ = done_tx.send(done);
         })
         .map_err(SourceThreadError::Thread)?;
     started.await.map_err(|_| SourceThreadError::Gone)??;

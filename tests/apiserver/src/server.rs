@@ -195,22 +195,14 @@ impl ApiServer {
     /// A real `kube::Client` (default namespace `default`) connected over the socket, or
     /// over TCP to a [`ApiServer::start_tcp`] server.
     pub fn client(&self) -> kube::Client {
-        match &self.inner.endpoint {
-            Endpoint::Unix(socket) => client_for_socket(socket.clone()),
-            Endpoint::Tcp(addr) => crate::client::client_for_address(*addr),
-        }
+        client_for(&self.inner.endpoint)
     }
 
     /// What builds a client like [`Self::client`] where it is called: on another thread's
     /// runtime, as flock-agent's informers build theirs.
     pub fn client_builder(&self) -> impl FnOnce() -> Result<kube::Client, kube::Error> + Send + 'static {
         let endpoint = self.inner.endpoint.clone();
-        move || {
-            Ok(match endpoint {
-                Endpoint::Unix(socket) => client_for_socket(socket),
-                Endpoint::Tcp(addr) => crate::client::client_for_address(addr),
-            })
-        }
+        move || Ok(client_for(&endpoint))
     }
 
     /// Stops the server: ends open watches, closes connections, removes the socket. Later
@@ -512,5 +504,13 @@ async fn tick(ticker: Option<&mut tokio::time::Interval>) {
             ticker.tick().await;
         }
         None => std::future::pending().await,
+    }
+}
+
+/// A client of the server at `endpoint`, on the runtime it is called on.
+fn client_for(endpoint: &Endpoint) -> kube::Client {
+    match endpoint {
+        Endpoint::Unix(socket) => client_for_socket(socket.clone()),
+        Endpoint::Tcp(addr) => crate::client::client_for_address(*addr),
     }
 }
