@@ -459,6 +459,9 @@ pub fn render_with(np: &NodePolicy, options: &RenderOptions) -> Ruleset {
 enum SetKey {
     Peer(PeerDef, Family),
     Port(NamedPortDef, Family),
+    /// The set of a run of tier rules sharing one verdict ([`mergeable`]), by its rules' peers
+    /// in order.
+    Union(Vec<PeerDef>, Family),
 }
 
 /// One endpoint's chains of one direction as last rendered (enforced, audited), and the
@@ -507,6 +510,7 @@ struct Dispatch {
 struct SetCache {
     peers: BTreeMap<PeerDef, [Option<Option<Set>>; 2]>,
     ports: BTreeMap<NamedPortDef, [Option<Option<Set>>; 2]>,
+    unions: BTreeMap<Vec<PeerDef>, [Option<Option<Set>>; 2]>,
 }
 
 /// A full render's peer sets of both families, rendered up front and side by side
@@ -552,11 +556,46 @@ fn rerender<D: Ord + Clone>(
     }
 }
 
+/// Renders again the cached sets of tier-rule runs that hold a changed peer set. A run's set
+/// that appeared or disappeared in a family flips its peers, so that the chains naming it
+/// are rendered again (its rule is left out while it is empty); one whose peer is gone is
+/// dropped (its rule's endpoint changed with it).
+fn rerender_unions(
+    unions: &mut BTreeMap<Vec<PeerDef>, [Option<Option<Set>>; 2]>,
+    np: &NodePolicy,
+    changed: &BTreeSet<PeerDef>,
+    flipped: &mut BTreeSet<PeerDef>,
+) {
+    if changed.is_empty() {
+        return;
+    }
+    unions.retain(|defs, slots| {
+        if !defs.iter().any(|d| changed.contains(d)) {
+            return true;
+        }
+        if !defs.iter().all(|d| np.peer_sets.contains_key(d)) {
+            flipped.extend(defs.iter().cloned());
+            return false;
+        }
+        for fam in [Family::V4, Family::V6] {
+            if let Some(old) = &mut slots[fam.index()] {
+                let new = Renderer::new_union_set(np, defs, fam);
+                if old.is_some() != new.is_some() {
+                    flipped.extend(defs.iter().cloned());
+                }
+                *old = new;
+            }
+        }
+        true
+    });
+}
+
 impl SetCache {
     fn get(&self, key: &SetKey) -> Option<&Set> {
         match key {
             SetKey::Peer(d, fam) => self.peers.get(d).and_then(|f| f[fam.index()].as_ref()).and_then(Option::as_ref),
             SetKey::Port(d, fam) => self.ports.get(d).and_then(|f| f[fam.index()].as_ref()).and_then(Option::as_ref),
+            SetKey::Union(d, fam) => self.unions.get(d).and_then(|f| f[fam.index()].as_ref()).and_then(Option::as_ref),
         }
     }
 }
@@ -596,6 +635,7 @@ impl RenderCache {
                 |d, fam| Renderer::new_port_set(np, d, fam),
                 &mut flipped.port_sets,
             );
+            rerender_unions(&mut self.sets.unions, np, &changed.peer_sets, &mut flipped.peer_sets);
         }
         let mut replanned = [false; 2];
         let plans = match self.plans.take() {
@@ -706,6 +746,9 @@ impl RenderCache {
         for gone in std::mem::replace(&mut self.endpoints, endpoints).into_values() {
             release(&mut self.uses, &gone.sets);
         }
+        // A run's set lives as long as a chain refers to it (runs come and go with policies).
+        let uses = &self.uses;
+        self.sets.unions.retain(|defs, _| [Family::V4, Family::V6].iter().any(|f| uses.contains_key(&SetKey::Union(defs.clone(), *f))));
 
         let mut objects: Vec<Object> = Vec::new();
         let [ingress_plan, egress_plan] = &plans;
@@ -1254,6 +1297,25 @@ fn release(uses: &mut BTreeMap<SetKey, usize>, sets: &[SetKey]) {
     }
 }
 
+/// The peer set of a tier rule that may share one set with its neighbours: an exact set (pods
+/// or nodes), not an ipBlock's ranges nor every pod's set, which holds the pod CIDRs (the
+/// union of interval sets would have to merge their overlaps).
+fn mergeable(peer: &PeerMatch) -> Option<&PeerDef> {
+    match peer {
+        PeerMatch::Addresses(def) if !matches!(def, PeerDef::Block(_)) && !crate::translate::PodRanges::serve(def) => Some(def),
+        _ => None,
+    }
+}
+
+/// The address a peer is matched on: the source of what comes in, the destination of what
+/// goes out.
+fn peer_field(dir: Direction, fam: Family) -> Field {
+    match dir {
+        Direction::Ingress => Field::Saddr(fam),
+        Direction::Egress => Field::Daddr(fam),
+    }
+}
+
 /// Whether a rule of `ep` in `dir` refers to a set that changed (its rules may differ: a rule
 /// whose set has no address of a family is left out).
 fn refers_to_changed(ep: &EndpointPolicy, dir: Direction, changed: &Changed) -> bool {
@@ -1632,6 +1694,10 @@ impl Renderer<'_> {
         chains: &mut Vec<Chain>,
     ) {
         let pod = ctx.ep.pod.to_string();
+        // Rules in a row (across policies of their own priority) with one verdict, the same
+        // ports and exact address sets: whichever matches first, the verdict is the same, so
+        // they share one set and one lookup.
+        let mut run: Vec<(&TierRule, (bool, Verdict))> = Vec::new();
         for g in groups {
             // A denial is counted; every verdict is final.
             let verdict = |a: Action| match (a, tier) {
@@ -1641,10 +1707,18 @@ impl Renderer<'_> {
             };
             if let [policy] = g.policies.as_slice() {
                 for rule in &policy.rules {
-                    self.tier_rule(ctx, rule, verdict(rule.action), out);
+                    let v = verdict(rule.action);
+                    let joins = run.last().is_some_and(|(last, last_v)| {
+                        *last_v == v && last.ports == rule.ports && mergeable(&last.peer).is_some() && mergeable(&rule.peer).is_some()
+                    });
+                    if !joins {
+                        self.tier_run(ctx, &mut run, out);
+                    }
+                    run.push((rule, v));
                 }
                 continue;
             }
+            self.tier_run(ctx, &mut run, out);
             // Baseline: Pass and Accept both allow, one check.
             let checks: &[&[Action]] = match tier {
                 Tier::Admin => &[&[Action::Deny], &[Action::Pass], &[Action::Accept]],
@@ -1674,6 +1748,38 @@ impl Renderer<'_> {
                 }
             }
         }
+        self.tier_run(ctx, &mut run, out);
+    }
+
+    /// The rules of a run of tier rules (see [`Self::tier_groups`]), emptying it: one rule
+    /// per family on the run's shared set, or the rule itself when it is alone.
+    fn tier_run(&mut self, ctx: &TierCtx<'_>, run: &mut Vec<(&TierRule, (bool, Verdict))>, out: &mut Vec<Rule>) {
+        match run.as_slice() {
+            [] => {}
+            [(rule, v)] => self.tier_rule(ctx, rule, v.clone(), out),
+            [(first, (counted, verdict)), .., (last, _)] => {
+                let defs: Vec<PeerDef> = run.iter().filter_map(|(r, _)| mergeable(&r.peer).cloned()).collect();
+                let note = comment(&format!(
+                    "{} to {}: {} ({} rules in a row with one verdict: one set)",
+                    first.origin,
+                    last.origin,
+                    first.action,
+                    run.len()
+                ));
+                let ports = port_match(&first.ports);
+                for fam in ctx.families {
+                    if let Some(set) = self.union_set(&defs, *fam) {
+                        let mut stmts = vec![Stmt::Lookup { fields: vec![peer_field(ctx.dir, *fam)], neg: false, set }];
+                        stmts.extend(ports.iter().cloned());
+                        if *counted {
+                            stmts.push(Stmt::Counter);
+                        }
+                        out.push(Rule::new(stmts, Some(verdict.clone())).comment(&note));
+                    }
+                }
+            }
+        }
+        run.clear();
     }
 
     /// One ClusterNetworkPolicy matcher with `verdict` (counted, with `true`).
@@ -1703,10 +1809,7 @@ impl Renderer<'_> {
         out: &mut Vec<Rule>,
     ) {
         let ports = port_match(ports);
-        let addr = |fam: Family| match dir {
-            Direction::Ingress => Field::Saddr(fam),
-            Direction::Egress => Field::Daddr(fam),
-        };
+        let addr = |fam: Family| peer_field(dir, fam);
         let rule = |mut stmts: Vec<Stmt>, tail: &[Stmt]| {
             stmts.extend(tail.iter().cloned());
             if counted {
@@ -1792,6 +1895,56 @@ impl Renderer<'_> {
         let name = names::dynamic(&purpose, &[&format!("{def:?}"), &set_comment], &def.short());
         // Elements stay in address order (the IR's), which is how nft lists intervals.
         Some(Set { name, comment: set_comment, key: vec![addr_type(fam)], data: None, interval, timeout: false, elements: elements.into() })
+    }
+
+    /// The name of the set of every address of `defs` (exact sets: [`mergeable`]) in `fam`,
+    /// or `None` when none has an address of that family.
+    fn union_set(&mut self, defs: &[PeerDef], fam: Family) -> Option<String> {
+        let slots = match self.cache.unions.get_mut(defs) {
+            Some(slots) => slots,
+            None => self.cache.unions.entry(defs.to_vec()).or_default(),
+        };
+        let slot = &mut slots[fam.index()];
+        if slot.is_none() {
+            *slot = Some(Self::new_union_set(self.np, defs, fam));
+        }
+        let name = slot.as_ref().and_then(Option::as_ref).map(|s| s.name.clone());
+        // Counted even when empty, so the set stays cached while a chain may need it.
+        self.used.push(SetKey::Union(defs.to_vec(), fam));
+        name
+    }
+
+    fn new_union_set(np: &NodePolicy, defs: &[PeerDef], fam: Family) -> Option<Set> {
+        // An address in several sets keeps the comment of the first (one pod either way).
+        let mut addrs: BTreeMap<ipnet::IpNet, &str> = BTreeMap::new();
+        for set in defs.iter().filter_map(|d| np.peer_sets.get(d)) {
+            match fam {
+                Family::V4 => set.v4.iter().for_each(|(n, c)| {
+                    addrs.entry((*n).into()).or_insert(c);
+                }),
+                Family::V6 => set.v6.iter().for_each(|(n, c)| {
+                    addrs.entry((*n).into()).or_insert(c);
+                }),
+            }
+        }
+        if addrs.is_empty() {
+            return None;
+        }
+        let elements: Vec<Element> = addrs.into_iter().map(|(n, c)| element_of(Key::one(KeyPart::Net(n)), c)).collect();
+        let shorts: Vec<String> = defs.iter().map(PeerDef::short).collect();
+        let set_comment =
+            comment(&format!("{} peer sets in one (tier rules in a row with one verdict): {}", defs.len(), shorts.join(", ")));
+        let name =
+            names::dynamic(&format!("peers-{}", fam.tag()), &[&format!("{defs:?}"), &set_comment], &format!("{}-in-one", defs.len()));
+        Some(Set {
+            name,
+            comment: set_comment,
+            key: vec![addr_type(fam)],
+            data: None,
+            interval: false,
+            timeout: false,
+            elements: elements.into(),
+        })
     }
 
     fn port_set(&mut self, def: &NamedPortDef, fam: Family) -> Option<String> {

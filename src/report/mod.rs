@@ -282,6 +282,21 @@ struct Publisher {
     metrics: Arc<Metrics>,
 }
 
+/// Waits until `due` (without one, for ever) or until `changes` moves. `None`: its sender is
+/// gone; `Some(true)`: it moved (and is marked seen).
+async fn wait_due(due: Option<Instant>, changes: &mut watch::Receiver<Problems>) -> Option<bool> {
+    let sleep = async {
+        match due {
+            Some(t) => tokio::time::sleep_until(t.into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = sleep => Some(false),
+        r = changes.changed() => r.ok().map(|()| true),
+    }
+}
+
 impl Publisher {
     /// Reports the problems as they come, until the sender is dropped. Starts from nothing
     /// known: each problem's Event is read (or created) first.
@@ -313,19 +328,8 @@ impl Publisher {
                 Some((_, due)) => Some(due),
                 None => None,
             };
-            let sleep = async {
-                match wake {
-                    Some(t) => tokio::time::sleep_until(t.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = sleep => {}
-                r = problems.changed() => match r {
-                    Ok(()) => changed = true,
-                    Err(_) => return,
-                },
-            }
+            let Some(moved) = wait_due(wake, problems).await else { return };
+            changed = moved;
         }
     }
 

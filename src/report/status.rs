@@ -26,7 +26,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::{Pacer, Problems};
+use super::{Pacer, Problems, wait_due};
 use crate::agent::metrics::Metrics;
 use crate::model::cnp;
 
@@ -178,19 +178,8 @@ impl StatusWriter {
                 Some((_, due)) => Some(due),
                 None => None,
             };
-            let sleep = async {
-                match wake {
-                    Some(t) => tokio::time::sleep_until(t.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = sleep => {}
-                r = findings.changed() => match r {
-                    Ok(()) => changed = true,
-                    Err(_) => return,
-                },
-            }
+            let Some(moved) = wait_due(wake, findings).await else { return };
+            changed = moved;
         }
     }
 

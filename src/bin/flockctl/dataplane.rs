@@ -411,6 +411,25 @@ pub(crate) fn server_policy(name: String, peers: Vec<PolicyPeer>) -> NetworkPoli
 /// A source no hand-built policy allows.
 const DENIED_V4: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 254);
 
+/// `n` /32 ipBlock peers at random addresses of 198.18.0.0/15 other than `reserved`; the
+/// last one is `last` when given.
+fn random_blocks(rng: &mut Rng, n: usize, last: Option<IpAddr>, reserved: &[IpAddr]) -> Vec<PolicyPeer> {
+    (0..n)
+        .map(|j| {
+            let ip = match last {
+                Some(ip) if j + 1 == n => ip,
+                _ => loop {
+                    let ip = addr4(Ipv4Addr::new(198, 18, 0, 0), rng.below(1 << 17) as u32);
+                    if !reserved.contains(&ip) {
+                        break ip;
+                    }
+                },
+            };
+            PolicyPeer { ip_block: Some(IpBlock { cidr: format!("{ip}/32"), except: vec![] }), ..Default::default() }
+        })
+        .collect()
+}
+
 /// (a) `policies` policies × `blocks` /32 ipBlocks at random addresses; the client's address
 /// is the last block of the last policy (in name order, which is the rules' order).
 fn ip_blocks(args: &DataplaneArgs) -> anyhow::Result<Scenario> {
@@ -421,21 +440,7 @@ fn ip_blocks(args: &DataplaneArgs) -> anyhow::Result<Scenario> {
     let reserved = [client, server.ips[0], IpAddr::V4(DENIED_V4)];
     let mut rng = Rng::new(0x1b10c5);
     for i in 0..p {
-        let peers = (0..b)
-            .map(|j| {
-                let ip = if i + 1 == p && j + 1 == b {
-                    client
-                } else {
-                    loop {
-                        let ip = addr4(Ipv4Addr::new(198, 18, 0, 0), rng.below(1 << 17) as u32);
-                        if !reserved.contains(&ip) {
-                            break ip;
-                        }
-                    }
-                };
-                PolicyPeer { ip_block: Some(IpBlock { cidr: format!("{ip}/32"), except: vec![] }), ..Default::default() }
-            })
-            .collect();
+        let peers = random_blocks(&mut rng, b, (i + 1 == p).then_some(client), &reserved);
         s.upsert_policy(server_policy(format!("ip-blocks-{i:05}"), peers));
     }
     let what = format!(
@@ -602,21 +607,7 @@ fn pod_to_node(args: &DataplaneArgs) -> anyhow::Result<Scenario> {
     let reserved = [client_addr, node_addr, server_pod().ips[0]];
     let mut rng = Rng::new(0x70_0de);
     for i in 0..p {
-        let to = (0..b)
-            .map(|j| {
-                let ip = if i + 1 == p && j + 1 == b {
-                    node_addr
-                } else {
-                    loop {
-                        let ip = addr4(Ipv4Addr::new(198, 18, 0, 0), rng.below(1 << 17) as u32);
-                        if !reserved.contains(&ip) {
-                            break ip;
-                        }
-                    }
-                };
-                PolicyPeer { ip_block: Some(IpBlock { cidr: format!("{ip}/32"), except: vec![] }), ..Default::default() }
-            })
-            .collect();
+        let to = random_blocks(&mut rng, b, (i + 1 == p).then_some(node_addr), &reserved);
         let mut client = LabelSelector::default();
         client.match_labels.insert("app".into(), "client".into());
         s.upsert_policy(NetworkPolicy {
