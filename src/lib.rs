@@ -63,3 +63,8 @@ pub mod synth;
 #[doc(hidden)]
 pub mod testkit;
 pub mod translate;
+
+/// A panic's message, when it was given one (`panic!` with a literal or a format).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_string()))
+}

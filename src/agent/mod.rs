@@ -617,11 +617,7 @@ fn supervise(
         }
         match outcome {
             Err(panic) => {
-                let why = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
+                let why = crate::panic_message(panic.as_ref()).unwrap_or_default();
                 shared.crash(format!("the {name} panicked: {why}"));
             }
             Ok(()) => shared.crash(format!("the {name} ended")),

@@ -556,38 +556,25 @@ fn rerender<D: Ord + Clone>(
     }
 }
 
-/// Renders again the cached sets of tier-rule runs that hold a changed peer set. A run's set
-/// that appeared or disappeared in a family flips its peers, so that the chains naming it
-/// are rendered again (its rule is left out while it is empty); one whose peer is gone is
-/// dropped (its rule's endpoint changed with it).
+/// Renders again the cached sets of tier-rule runs that hold a changed peer set
+/// ([`rerender`]); a run's set that appeared or disappeared in a family, or lost a peer,
+/// flips its peers, so that the chains naming them are rendered again.
 fn rerender_unions(
     unions: &mut BTreeMap<Vec<PeerDef>, [Option<Option<Set>>; 2]>,
     np: &NodePolicy,
     changed: &BTreeSet<PeerDef>,
     flipped: &mut BTreeSet<PeerDef>,
 ) {
-    if changed.is_empty() {
-        return;
-    }
-    unions.retain(|defs, slots| {
-        if !defs.iter().any(|d| changed.contains(d)) {
-            return true;
-        }
-        if !defs.iter().all(|d| np.peer_sets.contains_key(d)) {
-            flipped.extend(defs.iter().cloned());
-            return false;
-        }
-        for fam in [Family::V4, Family::V6] {
-            if let Some(old) = &mut slots[fam.index()] {
-                let new = Renderer::new_union_set(np, defs, fam);
-                if old.is_some() != new.is_some() {
-                    flipped.extend(defs.iter().cloned());
-                }
-                *old = new;
-            }
-        }
-        true
-    });
+    let hit: BTreeSet<Vec<PeerDef>> = unions.keys().filter(|defs| defs.iter().any(|d| changed.contains(d))).cloned().collect();
+    let mut flipped_runs = BTreeSet::new();
+    rerender(
+        unions,
+        &hit,
+        |defs| defs.iter().all(|d| np.peer_sets.contains_key(d)),
+        |defs, fam| Renderer::new_union_set(np, defs, fam),
+        &mut flipped_runs,
+    );
+    flipped.extend(flipped_runs.into_iter().flatten());
 }
 
 impl SetCache {
@@ -1307,6 +1294,14 @@ fn mergeable(peer: &PeerMatch) -> Option<&PeerDef> {
     }
 }
 
+/// `stmts`, counted (with `counted`), then `verdict`, commented `note`.
+fn verdict_rule(mut stmts: Vec<Stmt>, counted: bool, verdict: &Verdict, note: &str) -> Rule {
+    if counted {
+        stmts.push(Stmt::Counter);
+    }
+    Rule::new(stmts, Some(verdict.clone())).comment(note)
+}
+
 /// The address a peer is matched on: the source of what comes in, the destination of what
 /// goes out.
 fn peer_field(dir: Direction, fam: Family) -> Field {
@@ -1771,10 +1766,7 @@ impl Renderer<'_> {
                     if let Some(set) = self.union_set(&defs, *fam) {
                         let mut stmts = vec![Stmt::Lookup { fields: vec![peer_field(ctx.dir, *fam)], neg: false, set }];
                         stmts.extend(ports.iter().cloned());
-                        if *counted {
-                            stmts.push(Stmt::Counter);
-                        }
-                        out.push(Rule::new(stmts, Some(verdict.clone())).comment(&note));
+                        out.push(verdict_rule(stmts, *counted, verdict, &note));
                     }
                 }
             }
@@ -1812,10 +1804,7 @@ impl Renderer<'_> {
         let addr = |fam: Family| peer_field(dir, fam);
         let rule = |mut stmts: Vec<Stmt>, tail: &[Stmt]| {
             stmts.extend(tail.iter().cloned());
-            if counted {
-                stmts.push(Stmt::Counter);
-            }
-            Rule::new(stmts, Some(verdict.clone())).comment(note)
+            verdict_rule(stmts, counted, &verdict, note)
         };
         match peer {
             PeerMatch::Any => out.push(rule(ports, &[])),

@@ -241,7 +241,9 @@ pub async fn run_with(
                 };
                 let task = names.iter().find(|(i, _)| *i == id).map_or_else(|| "unknown task".to_string(), |(_, n)| n.clone());
                 let failed = match ended {
-                    Err(e) if e.is_panic() => SourceFailed::Panicked { task, reason: panic_message(e.into_panic()) },
+                    Err(e) if e.is_panic() => {
+                        SourceFailed::Panicked { task, reason: crate::panic_message(e.into_panic().as_ref()).unwrap_or_else(|| "(not a string)".to_string()) }
+                    }
                     _ => SourceFailed::Ended { task },
                 };
                 tracing::error!(error = %failed, "a watch of the source ended: the snapshot no longer follows the cluster");
@@ -292,14 +294,6 @@ pub async fn run_with(
     };
     tasks.abort_all();
     outcome
-}
-
-/// A panic's message, when it is a string.
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    match payload.downcast::<String>() {
-        Ok(s) => *s,
-        Err(payload) => payload.downcast::<&'static str>().map_or_else(|_| "(not a string)".to_string(), |s| (*s).to_string()),
-    }
 }
 
 /// Why the informers' thread did not start.
