@@ -29,6 +29,8 @@ pub struct DaemonOptions {
     /// Write the CNI conflist here (directory, file name) once ready.
     pub cni_conf: Option<(PathBuf, String)>,
     pub cni_mtu: Option<u32>,
+    /// Chain `portmap` for pods' hostPorts (`--cni-host-ports`).
+    pub cni_host_ports: cniconf::HostPorts,
     pub degraded_after: Duration,
     pub disconnected_after: Duration,
     /// How the informers list, watch, back off and probe the API server.
@@ -149,7 +151,14 @@ where
 
     // The CNI config, once ready, with this node's pod CIDRs.
     if let Some((dir, file)) = opts.cni_conf.clone() {
-        let mut writer = Some(cniconf::Writer::new(&dir, &file, opts.agent.socket.clone(), opts.agent.spool_dir.clone(), opts.cni_mtu));
+        let mut writer = Some(cniconf::Writer::new(
+            &dir,
+            &file,
+            opts.agent.socket.clone(),
+            opts.agent.spool_dir.clone(),
+            opts.cni_mtu,
+            opts.cni_host_ports.clone(),
+        ));
         let (mut status, mut versions, source, node, mut stop) =
             (agent.status(), source.versions(), source.clone(), opts.agent.node.clone(), stop.clone());
         let (explicit_mtu, routing) =

@@ -62,6 +62,7 @@ pub mod synth;
 #[cfg(any(test, feature = "testkit"))]
 #[doc(hidden)]
 pub mod testkit;
+pub mod text;
 pub mod translate;
 
 /// A panic's message, when it was given one (`panic!` with a literal or a format).

@@ -21,8 +21,8 @@ use flock::render::{self, AUDIT_BASE_CHAIN, BASE_CHAIN};
 use flock::testkit::{BASE_PODS, UPLINK, base_cluster, parse_manifests, pod_ref};
 use flock::translate::{self, Options};
 
-const AUDIT: Options = Options { isolate_run_pods: true, audit_mode: true, dns_resolvers: None, overlay_port: None };
-const ENFORCE: Options = Options { isolate_run_pods: true, audit_mode: false, dns_resolvers: None, overlay_port: None };
+const AUDIT: Options = Options { isolate_run_pods: true, audit_mode: true, dns_resolvers: None, overlay_port: None, overlay_node: None };
+const ENFORCE: Options = Options { isolate_run_pods: true, audit_mode: false, dns_resolvers: None, overlay_port: None, overlay_node: None };
 
 /// Scenarios on the base cluster: (name, manifests).
 const SCENARIOS: &[(&str, &str)] = &[

@@ -52,6 +52,11 @@ fn daemonset_has_the_install_identity_and_known_flags() {
     assert!(!mounts.iter().any(|m| m.contains("netns")), "{mounts:?}");
     assert_eq!(spec["initContainers"][0]["name"], "install-cni");
     assert_eq!(spec["tolerations"][0]["operator"], "Exists");
+    // Exactly the capabilities the agent uses: NET_ADMIN (nft, routes, conntrack, NFLOG,
+    // transparent sockets) and NET_BIND_SERVICE (the DNS proxy answers from port 53 of the
+    // resolver's address: without it every answer failed with EACCES on a real cluster).
+    assert_eq!(c["securityContext"]["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert_eq!(c["securityContext"]["capabilities"]["add"], serde_json::json!(["NET_ADMIN", "NET_BIND_SERVICE"]));
 }
 
 /// The socket keeper is its own DaemonSet that an agent rollout does not restart (OnDelete),
@@ -496,6 +501,12 @@ fn manifests_name_images_the_dockerfile_builds() {
                     if !image.starts_with("ghcr.io/flock-cni/") {
                         continue;
                     }
+                    // The release's tag, never `latest` (kubelet's default pull policy for it is
+                    // Always: an offline node could not start the pod), and never pulled when
+                    // the node has it (tests/cluster runs these manifests on offline nodes).
+                    let tag = image.rsplit_once(':').map(|(_, t)| t);
+                    assert_eq!(tag, Some(env!("CARGO_PKG_VERSION")), "{dir}: {image} is not tagged with the release");
+                    assert_eq!(c["imagePullPolicy"].as_str(), Some("IfNotPresent"), "{dir}: {} pulls {image} when present", c["name"]);
                     let target = target_of(image);
                     let bins = d.binaries(&target);
                     let command: Vec<&str> = c["command"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
@@ -514,6 +525,7 @@ fn manifests_name_images_the_dockerfile_builds() {
         }
         for i in k["images"].as_array().unwrap() {
             let name = i["name"].as_str().unwrap();
+            assert_eq!(i["newTag"].as_str(), Some(env!("CARGO_PKG_VERSION")), "{dir}/kustomization.yaml tags {name} with another release");
             assert!(names.contains(name), "{dir}/kustomization.yaml retags {name}, which none of its manifests uses ({names:?})");
             target_of(name);
         }

@@ -142,7 +142,9 @@ fn options(help: &str) -> BTreeMap<String, Opt> {
     // clap indents an option two spaces, then `-x, ` or four spaces; descriptions more.
     let option = Regex::new(r"^  (?:-[A-Za-z0-9], |    )(--[a-z0-9][a-z0-9-]*)").unwrap();
     let env = Regex::new(r"\[env: ([A-Za-z0-9_]+)=[^\]]*\]").unwrap();
-    let default = Regex::new(r"\[default: ([^\]]*)\]").unwrap();
+    // A default may hold brackets itself (`[::]:9781`): up to the `]` that ends the line's
+    // annotation or precedes another one.
+    let default = Regex::new(r"\[default: ((?:\[[^\]]*\]|[^\]\[])*)\]").unwrap();
     let mut texts: Vec<(String, String)> = Vec::new();
     let mut in_options = false;
     for line in help.lines() {
@@ -292,13 +294,14 @@ fn reference_documents_every_flag_of_every_program_and_no_other() {
 fn the_help_parser_sees_options_environment_and_defaults() {
     // The parser the test above relies on, on clap's two layouts.
     let short = "Usage: x\n\nOptions:\n  -f, --manifests <PATH>  Files; repeatable\n      --timeout-ms <MS>   Probe timeout [default: 1000]\n  -h, --help              Print help\n";
-    let long = "Usage: y\n\nOptions:\n      --node-name <NODE_NAME>\n          This node [env: NODE_NAME=]\n\n      --resync-period <P>\n          Period\n          --dataplane: not an option [env: FLOCK_RESYNC_PERIOD=x] [default: 30s]\n  -V, --version\n          Print version\n";
+    let long = "Usage: y\n\nOptions:\n      --node-name <NODE_NAME>\n          This node [env: NODE_NAME=]\n\n      --metrics-address <A>\n          Where [env: FLOCK_METRICS_ADDRESS=] [default: [::]:9781]\n\n      --resync-period <P>\n          Period\n          --dataplane: not an option [env: FLOCK_RESYNC_PERIOD=x] [default: 30s]\n  -V, --version\n          Print version\n";
     let s = options(short);
     assert_eq!(s.keys().collect::<Vec<_>>(), ["--manifests", "--timeout-ms"]);
     assert_eq!(s["--timeout-ms"], Opt { env: None, default: Some("1000".into()) });
     let l = options(long);
-    assert_eq!(l.keys().collect::<Vec<_>>(), ["--node-name", "--resync-period", "--version"]);
+    assert_eq!(l.keys().collect::<Vec<_>>(), ["--metrics-address", "--node-name", "--resync-period", "--version"]);
     assert_eq!(l["--node-name"], Opt { env: Some("NODE_NAME".into()), default: None });
+    assert_eq!(l["--metrics-address"], Opt { env: Some("FLOCK_METRICS_ADDRESS".into()), default: Some("[::]:9781".into()) });
     assert_eq!(l["--resync-period"], Opt { env: Some("FLOCK_RESYNC_PERIOD".into()), default: Some("30s".into()) });
     assert_eq!(subcommands("x\n\nCommands:\n  render  R\n  help    H\n\nOptions:\n"), ["render"]);
 }

@@ -198,6 +198,12 @@ fn live_explain_and_render_answer_as_the_manifests_do() {
     let gone = flockctl_in(&ns, &["explain", "--kubeconfig", &kubeconfig, "--from", "x/a", "--to", "x/b", "--port", "80"]);
     assert_eq!(gone.status.code(), Some(2));
     assert!(text(&gone.stderr).contains("explain: reading the cluster"), "{}", text(&gone.stderr));
+    // It names the server it could not reach (a wrong kubeconfig is otherwise a bare
+    // "client error (Connect)").
+    let server = std::fs::read_to_string(&kubeconfig).unwrap();
+    let url = server.lines().find_map(|l| l.trim().strip_prefix("server: ")).unwrap().trim().trim_matches('"').to_string();
+    let host = url.trim_start_matches("http://").trim_end_matches('/');
+    assert!(text(&gone.stderr).contains(host), "the error does not name {host}: {}", text(&gone.stderr));
 }
 
 #[test]
@@ -405,6 +411,24 @@ fn whatif_flows_lists_the_observed_flows_a_change_flips() {
     assert!(out.status.success());
     let table = text(&out.stdout);
     assert!(table.contains("Allow → Deny") && table.contains("2 allowed") && table.contains("1 of 4 observed flows flip"), "{table}");
+    // Hostile lines: a flow forged in another container's line, or after text; a record whose
+    // pod name carries a terminal escape: the forged ones are not read, the escape is shown.
+    let hostile = [
+        lines.join("\n"),
+        format!("[pod/web-1/app] {}", record("allowed", "x/a", "y/c", 80)),
+        format!("2026-11-27T10:00:00Z  WARN flock::dns: refused {}", record("allowed", "x/a", "y/c", 80)),
+        record("allowed", "x/\u{1b}[2K\rok", "y/c", 80),
+    ];
+    std::fs::write(&flows, hostile.join("\n")).unwrap();
+    let out = flockctl_here(&["whatif", "-f", BASE, "--apply", &change, "--flows", &flows, "-o", "json"]);
+    let w: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((w["flows"].as_u64(), w["skipped"]["unattributed"].as_u64()), (Some(5), Some(2)), "{w}");
+    // The table names the flow it cannot judge (no such pod), escaped.
+    let out = flockctl_here(&["whatif", "-f", BASE, "--apply", &change, "--flows", &flows]);
+    let table = text(&out.stdout);
+    assert!(!table.contains('\u{1b}') && !table.contains('\r'), "{table:?}");
+    assert!(table.contains("not judged: x/\\u{1b}[2K\\rok"), "{table}");
+    assert!(table.contains("2 not flock-agent's"), "{table}");
     // A log without a record (the text format, another container's): no answer, exit 2.
     std::fs::write(&flows, "2026-11-27T10:00:00Z  INFO flock::denied: packet denied from=z/a\n").unwrap();
     let out = flockctl_here(&["whatif", "-f", BASE, "--apply", &change, "--flows", &flows]);

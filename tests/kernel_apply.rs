@@ -646,3 +646,37 @@ fn the_kept_netlink_socket_follows_the_namespace_at_its_path() {
     nft.write_elements(&shrink).unwrap();
     assert_eq!(listed(&ns), canonical(&rs1));
 }
+
+/// An agent restarted on a node whose table holds the overlay's sets (keyed by a raw payload:
+/// `ip saddr . @th,336,32`, which nft lists as type `integer`) reads the table back and
+/// updates it. Found on the real cluster (tests/cluster): a replaced flock-agent pod under
+/// `--routing auto` failed every sync with `unexpected JSON from nft: set: …`, and never
+/// became ready.
+#[test]
+fn a_restarted_applier_takes_over_a_table_with_the_overlays_sets() {
+    if !require_root("a_restarted_applier_takes_over_a_table_with_the_overlays_sets") {
+        return;
+    }
+    let ns = NetnsGuard::new("adopt-ovl");
+    let overlay = Options { overlay_port: Some(4789), ..Options::default() };
+    let render_of = |s: &Snapshot| render(&translate(s, &s.derived_endpoints("node-1"), &overlay));
+    let before = render_of(&snapshot(false));
+    assert!(before.to_text().contains("@th,336,32"), "the render has no overlay set:\n{}", before.to_text());
+    Applier::new(NftCli::new(ns.netns())).apply(&before).unwrap();
+
+    // The restart: a new process, nothing known of the table but what the kernel says.
+    let mut restarted = Applier::new(NftCli::new(ns.netns()));
+    let names: Vec<String> = restarted.backend_mut().list_objects().unwrap().into_iter().map(|o| o.name).collect();
+    assert!(names.iter().any(|n| n == "overlay-v4-in-v4"), "the overlay's set is not listed: {names:?}");
+    // What changed while it was away (policies were added) is written in one transaction.
+    let after = render_of(&snapshot(true));
+    assert!(matches!(restarted.apply(&after).unwrap(), Outcome::Applied { .. }));
+    let listing = restarted.backend_mut().list_table().unwrap().unwrap();
+    assert_eq!(flock::nft::canonical(&listing).unwrap(), flock::nft::canonical(&after.to_text()).unwrap(), "kernel listing:\n{listing}");
+    assert_eq!(restarted.apply(&after).unwrap(), Outcome::Unchanged);
+
+    // And a second restart with nothing changed finds its own table.
+    let mut again = Applier::new(NftCli::new(ns.netns()));
+    assert_eq!(again.apply(&after).unwrap(), Outcome::Unchanged, "a restart with nothing changed rewrote the table");
+    assert_eq!(again.check_drift().unwrap(), Drift::InSync);
+}

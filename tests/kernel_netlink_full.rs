@@ -152,9 +152,9 @@ fn renders() -> Vec<(String, Ruleset)> {
         }
     }
     // An overlay: VXLAN taken from the nodes only, carrying their pods' packets.
-    let overlay = Options { overlay_port: Some(4789), ..Options::default() };
     let s = dual_stack(&flock::testkit::base_cluster());
     for node in ["node-1", "node-2"] {
+        let overlay = Options { overlay_port: Some(4789), overlay_node: Some(node.into()), ..Options::default() };
         let ir = translate(&s, &s.derived_endpoints(node), &overlay);
         add(format!("overlay dual {node}"), render_with(&ir, &RenderOptions::default()));
     }
@@ -207,7 +207,10 @@ fn netlink_transactions_list_as_nft_writes_them() {
         "ct mark set ct mark | 0x02000000",
         "ct direction reply ct mark & 0x04000000 == 0x04000000",
         "type filter hook output priority mangle; policy accept;",
-        "icmpv6 type nd-neighbor-solicit accept",
+        "icmpv6 type nd-neighbor-solicit ip6 hoplimit 255 ip6 saddr fe80::/10 accept",
+        "icmpv6 type nd-neighbor-solicit ip6 hoplimit 255 ip6 saddr :: accept",
+        "icmpv6 type nd-neighbor-solicit ip6 hoplimit 255 iifname . ip6 saddr @pod-addrs-v6 accept",
+        "icmpv6 type mld2-listener-report ip6 hoplimit 1 ip6 saddr fe80::/10 accept",
         "udp dport 4789 jump overlay-in",
         "@th,224,16 0x800 ip saddr . @th,336,32 @overlay-v4-in-v4 return",
         "@th,224,16 0x86dd ip6 saddr . @th,304,128 @overlay-v6-in-v6 return",

@@ -20,7 +20,8 @@ struct Underlay {
 }
 
 /// Node i on 198.18.5i.0/24 and 2001:db8:5i::/64 behind the router; pod i in 198.18.15i.0/24
-/// and 2001:db8:15i::/64.
+/// and 2001:db8:15i::/64, its host interface `flk00000000000i` (a pod interface to flock's
+/// table).
 fn underlay(tag: &str) -> Underlay {
     let router = NetnsGuard::new(&format!("{tag}r"));
     router.sysctl("net.ipv4.ip_forward", "1");
@@ -43,7 +44,7 @@ fn underlay(tag: &str) -> Underlay {
     let pods = [0, 1].map(|i| {
         nodes[i].add_pod(
             &format!("{tag}p{i}"),
-            &format!("vp{i}"),
+            &format!("flk00000000000{i}"),
             &[format!("198.18.15{i}.2").parse().unwrap(), format!("2001:db8:15{i}::2").parse().unwrap()],
         )
     });
@@ -175,7 +176,7 @@ fn pods_on_a_routed_underlay_reach_each_other_over_vxlan_and_not_over_host_gw() 
         assert_eq!(mtu, Some(1430));
         for (i, p) in u.pods.iter().enumerate() {
             p.ns.ip(&["link", "set", "eth0", "mtu", "1430"]);
-            u.nodes[i].ns.ip(&["link", "set", &format!("vp{i}"), "mtu", "1430"]);
+            u.nodes[i].ns.ip(&["link", "set", &format!("flk00000000000{i}"), "mtu", "1430"]);
         }
         // Both families, both ways, full-size segments (1,390 and 1,370 bytes of TCP payload),
         // and nothing fragmented anywhere on the way.
@@ -245,7 +246,7 @@ fn a_smaller_mtu_on_the_underlay_path_reaches_the_sender() {
     // Both pods at node 0's MTU, so TCP's segments (MSS 1,370 and 1,390) do not fit the path.
     for (i, p) in u.pods.iter().enumerate() {
         p.ns.ip(&["link", "set", "eth0", "mtu", "1430"]);
-        u.nodes[i].ns.ip(&["link", "set", &format!("vp{i}"), "mtu", "1430"]);
+        u.nodes[i].ns.ip(&["link", "set", &format!("flk00000000000{i}"), "mtu", "1430"]);
     }
     for (a, b) in [(0, 1), (1, 0)] {
         assert_eq!(learned_mtu(&u.pods[a], u.pods[b].ips[1]), None, "pod {a} knows a path MTU before sending");
@@ -317,10 +318,70 @@ fn forged_vxlan(from_node: IpAddr, to_node: IpAddr, src: IpAddr, dst: IpAddr, pa
     f
 }
 
-/// The guard's counting rule in `ns`'s `overlay-in` chain.
+/// The guard's last counting rule in `ns`'s `overlay-in` chain (what no sender set took).
 fn listed_guard(ns: &NetnsGuard) -> String {
     let listed = String::from_utf8(ns.exec(&["nft", "list", "chain", "inet", "flock", "overlay-in"]).stdout).unwrap();
-    listed.lines().find(|l| l.contains("counter") && l.contains("spoofed")).unwrap_or_else(|| panic!("no guard:\n{listed}")).to_string()
+    listed
+        .lines()
+        .find(|l| l.contains("counter") && l.contains("VXLAN not from a node"))
+        .unwrap_or_else(|| panic!("no guard:\n{listed}"))
+        .to_string()
+}
+
+/// The base cluster with the underlay's nodes (node-1 and node-2 as nodes 0 and 1: their
+/// addresses and pod CIDRs) and `extra` pods.
+fn overlay_cluster(extra: &[flock::model::Pod]) -> flock::model::Snapshot {
+    let mut snap = flock::testkit::base_cluster();
+    for (name, i) in [("node-1", 0), ("node-2", 1)] {
+        let mut n = snap.node(name).unwrap().clone();
+        n.internal_ips = vec![format!("198.18.5{i}.1").parse().unwrap(), format!("2001:db8:5{i}::1").parse().unwrap()];
+        n.pod_cidrs = vec![format!("198.18.15{i}.0/24").parse().unwrap(), format!("2001:db8:15{i}::/64").parse().unwrap()];
+        snap.upsert_node(n);
+    }
+    for p in extra {
+        snap.upsert_pod(p.clone());
+    }
+    snap
+}
+
+/// The underlay's pods as the cluster's (namespace x, `vx0` on node-1, `vx1` on node-2).
+fn overlay_pods() -> [flock::model::Pod; 2] {
+    [0, 1].map(|i: usize| flock::model::Pod {
+        namespace: "x".into(),
+        name: format!("vx{i}"),
+        uid: flock::model::derived_uid("x", &format!("vx{i}")),
+        labels: Default::default(),
+        node: Some(format!("node-{}", i + 1)),
+        phase: flock::model::PodPhase::Running,
+        ips: vec![format!("198.18.15{i}.2").parse().unwrap(), format!("2001:db8:15{i}::2").parse().unwrap()],
+        host_network: false,
+        ports: vec![],
+        created: None,
+    })
+}
+
+/// Pod `i`'s endpoint on its node (its host interface as [`underlay`] names it).
+fn overlay_endpoint(i: usize, pods: &[flock::model::Pod; 2]) -> flock::model::LocalEndpoint {
+    flock::model::LocalEndpoint {
+        interface: format!("flk00000000000{i}"),
+        container_id: format!("c{i}"),
+        pod: flock::model::ObjectRef::new("x", format!("vx{i}")),
+        pod_uid: None,
+        addrs: pods[i].ips.clone(),
+    }
+}
+
+/// Applies flock's table for `node` (under the overlay, with `endpoints`) in `ns`.
+fn apply_overlay_table(ns: &NetnsGuard, snap: &flock::model::Snapshot, node: &str, endpoints: &[flock::model::LocalEndpoint]) {
+    let options =
+        flock::translate::Options { overlay_port: Some(4789), overlay_node: Some(node.into()), ..flock::translate::Options::default() };
+    let ir = flock::translate::translate(snap, endpoints, &options);
+    let text = flock::render::render(&ir).to_text();
+    let script = std::env::temp_dir().join(format!("flock-overlay-{}-{node}.nft", std::process::id()));
+    std::fs::write(&script, &text).unwrap();
+    let out = ns.try_exec(&["nft", "-f", script.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&script);
+    assert!(out.status.success(), "{}\n{text}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
@@ -378,22 +439,11 @@ fn vxlan_from_a_non_node_or_with_a_forged_inner_source_is_dropped() {
             "a frame from {from} carrying {src} does not reach the pod even unguarded: the test proves nothing"
         );
     }
-    // flock's table for node 1 under the overlay: the nodes' addresses and pod CIDRs.
-    let mut snap = flock::testkit::base_cluster();
-    for (name, i) in [("node-1", 0), ("node-2", 1)] {
-        let mut n = snap.node(name).unwrap().clone();
-        n.internal_ips = vec![node(i, false), node(i, true)];
-        n.pod_cidrs = vec![format!("198.18.15{i}.0/24").parse().unwrap(), format!("2001:db8:15{i}::/64").parse().unwrap()];
-        snap.upsert_node(n);
-    }
-    let options = flock::translate::Options { overlay_port: Some(4789), ..flock::translate::Options::default() };
-    let ir = flock::translate::translate(&snap, &[], &options);
-    let text = flock::render::render(&ir).to_text();
-    let script = std::env::temp_dir().join(format!("flock-overlay-{}.nft", std::process::id()));
-    std::fs::write(&script, &text).unwrap();
-    let out = u.nodes[1].ns.try_exec(&["nft", "-f", script.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&script);
-    assert!(out.status.success(), "{}\n{text}", String::from_utf8_lossy(&out.stderr));
+    // flock's table for node 1 under the overlay: the nodes' addresses and pod CIDRs, pod 1
+    // its endpoint.
+    let pods = overlay_pods();
+    let snap = overlay_cluster(&pods);
+    apply_overlay_table(&u.nodes[1].ns, &snap, "node-2", &[overlay_endpoint(1, &pods)]);
     for (from, src) in [(router_v4, pod0), (router_v6, pod0_v6)] {
         assert_eq!(forge(router, from, src, "after").as_deref(), None, "VXLAN from non-node {from} reached the pod");
     }
@@ -431,6 +481,127 @@ fn vxlan_from_a_non_node_or_with_a_forged_inner_source_is_dropped() {
     // The real overlay still works, both ways.
     for (a, b) in [(0, 1), (1, 0)] {
         exchange(&u.pods[a], &u.pods[b], u.pods[b].ips[0], 16 * 1024).unwrap_or_else(|e| panic!("pod {a} to pod {b} under the guard: {e}"));
+    }
+}
+
+/// The issue's first attack and its variants: VXLAN to an address of node 1 that its Node
+/// object does not list (a second NIC, a VIP) — which the kernel decapsulates all the same —
+/// from pod 0 through node 0's masquerade (so that it leaves with node 0's address), and from
+/// node 0 itself, over IPv4 and IPv6 underlays. Without flock's tables each reaches pod 1
+/// (checked first, so the test can fail); with them none does: node 0 drops its pod's VXLAN
+/// to an address that is not a pod's, node 1 takes VXLAN only at its VXLAN device's address.
+/// Pod to pod on the VXLAN port still works, and so does the overlay.
+#[test]
+fn vxlan_to_an_address_the_device_does_not_receive_on_is_dropped() {
+    if !require_root("vxlan_to_an_address_the_device_does_not_receive_on_is_dropped") {
+        return;
+    }
+    let u = underlay("ovd");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let routers = [0, 1]
+        .map(|i| Router::start(u.nodes[i].ns.netns(), RoutingConfig { routing: Routing::Vxlan, vxlan: VxlanConfig::default() }).unwrap());
+    for (i, r) in routers.iter().enumerate() {
+        rt.block_on(r.sync(peers(i))).unwrap();
+    }
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+    let node = |i: usize, v6: bool| if v6 { ip(&format!("2001:db8:5{i}::1")) } else { ip(&format!("198.18.5{i}.1")) };
+    let (pod0, pod1, pod0_v6, pod1_v6) = (ip("198.18.150.2"), ip("198.18.151.2"), ip("2001:db8:150::2"), ip("2001:db8:151::2"));
+    // Node 1's addresses that no Node object lists, routed to it by the underlay.
+    let (unlisted, unlisted_v6) = (ip("198.18.61.1"), ip("2001:db8:61::1"));
+    u.nodes[1].ns.ip(&["addr", "add", "198.18.61.1/32", "dev", "lo"]);
+    u.nodes[1].ns.ip(&["-6", "addr", "add", "2001:db8:61::1/128", "dev", "lo"]);
+    u._router.ip(&["route", "add", "198.18.61.1/32", "via", "198.18.51.1"]);
+    u._router.ip(&["-6", "route", "add", "2001:db8:61::1/128", "via", "2001:db8:51::1"]);
+    // Node 0 masquerades what its pods send out of its uplink (Calico's natOutgoing,
+    // ip-masq-agent): a table of the test's own, beside flock's.
+    let nat = "table inet t58nat {\n chain post {\n  type nat hook postrouting priority srcnat; policy accept;\n  oifname \"wan\" masquerade\n }\n}\n";
+    let nat_file = std::env::temp_dir().join(format!("flock-overlay-nat-{}.nft", std::process::id()));
+    std::fs::write(&nat_file, nat).unwrap();
+    let out = u.nodes[0].ns.try_exec(&["nft", "-f", nat_file.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&nat_file);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let sink = flock_cni::netns::run_in(&u.pods[1].ns.netns(), || {
+        let s = std::net::UdpSocket::bind("[::]:9999").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        s
+    })
+    .unwrap();
+    // A frame carrying pod 0's datagram to pod 1, sent from namespace `ns` to `to`:4789; what
+    // pod 1 received.
+    let forge = |ns: &NetnsGuard, to: IpAddr, v6_inner: bool, tag: &str| {
+        let v6 = to.is_ipv6();
+        let (src, dst) = if v6_inner { (pod0_v6, pod1_v6) } else { (pod0, pod1) };
+        let frame = forged_vxlan(node(0, v6), node(1, v6), src, dst, tag.as_bytes());
+        flock_cni::netns::run_in(&ns.netns(), || {
+            let s = std::net::UdpSocket::bind(SocketAddr::new(if v6 { ip("::") } else { ip("0.0.0.0") }, 0)).unwrap();
+            s.send_to(&frame, SocketAddr::new(to, 4789)).unwrap();
+        })
+        .unwrap();
+        let mut buf = [0u8; 64];
+        sink.recv(&mut buf).ok().map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    let (pod0_ns, node0_ns) = (&u.pods[0].ns, &u.nodes[0].ns);
+    let attacks = [(pod0_ns, unlisted, false), (pod0_ns, unlisted_v6, true), (node0_ns, unlisted, false), (node0_ns, unlisted_v6, true)];
+    // The controls: without flock's tables every one reaches pod 1.
+    for (ns, to, v6_inner) in attacks {
+        assert_eq!(
+            forge(ns, to, v6_inner, "before").as_deref(),
+            Some("before"),
+            "a frame to {to} from {} does not reach pod 1 even unguarded: the test proves nothing",
+            ns.name
+        );
+    }
+
+    // flock's tables: node 0's with pod 0 as its endpoint (no policy: its egress is open),
+    // node 1's.
+    let (pods, endpoint) = (overlay_pods(), overlay_endpoint);
+    let snap = overlay_cluster(&pods);
+    apply_overlay_table(node0_ns, &snap, "node-1", &[endpoint(0, &pods)]);
+    apply_overlay_table(&u.nodes[1].ns, &snap, "node-2", &[endpoint(1, &pods)]);
+    for (ns, to, v6_inner) in attacks {
+        assert_eq!(forge(ns, to, v6_inner, "after").as_deref(), None, "a frame to {to} from {} reached pod 1", ns.name);
+    }
+    // Node 0's own frames to node 1's InternalIPs carrying its pod's packets, both underlays
+    // and both inner families: taken (the device's address is the one allowed).
+    for (v6, v6_inner) in [(false, false), (true, true), (false, true), (true, false)] {
+        assert_eq!(forge(node0_ns, node(1, v6), v6_inner, "pod0").as_deref(), Some("pod0"), "node 0's frame to node 1 was dropped");
+    }
+    // Which rules dropped them: node 0's from-pods (the pod's, before masquerade), node 1's
+    // destination check (node 0's own).
+    let listed =
+        |ns: &NetnsGuard, chain: &str| String::from_utf8(ns.exec(&["nft", "list", "chain", "inet", "flock", chain]).stdout).unwrap();
+    let from_pods = listed(node0_ns, "from-pods");
+    for fam in ["ip daddr", "ip6 daddr"] {
+        let rule = from_pods.lines().find(|l| l.contains(&format!("{fam} != @overlay-pod-cidrs"))).unwrap_or_else(|| panic!("{from_pods}"));
+        assert!(rule.contains("counter packets 1 "), "{rule}");
+    }
+    let overlay_in = listed(&u.nodes[1].ns, "overlay-in");
+    for fam in ["ip daddr", "ip6 daddr"] {
+        let rule = overlay_in.lines().find(|l| l.contains(&format!("{fam} != @overlay-local"))).unwrap_or_else(|| panic!("{overlay_in}"));
+        assert!(rule.contains("counter packets 1 "), "{rule}");
+    }
+
+    // Pod to pod on the VXLAN port is left to policy (none here: it connects), both families.
+    for dst in [pod1, pod1_v6] {
+        let listener = flock_cni::netns::run_in(&u.pods[1].ns.netns(), || {
+            let s = std::net::UdpSocket::bind(SocketAddr::new(dst, 4789)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s
+        })
+        .unwrap();
+        flock_cni::netns::run_in(&u.pods[0].ns.netns(), || {
+            let s = std::net::UdpSocket::bind(SocketAddr::new(if dst.is_ipv6() { pod0_v6 } else { pod0 }, 0)).unwrap();
+            s.send_to(b"pod-to-pod", SocketAddr::new(dst, 4789)).unwrap();
+        })
+        .unwrap();
+        let mut buf = [0u8; 32];
+        let got = listener.recv(&mut buf).map(|n| buf[..n].to_vec());
+        assert_eq!(got.ok().as_deref(), Some(&b"pod-to-pod"[..]), "pod 0's UDP to {dst}:4789 was dropped");
+    }
+    for (a, b) in [(0, 1), (1, 0)] {
+        exchange(&u.pods[a], &u.pods[b], u.pods[b].ips[1], 16 * 1024)
+            .unwrap_or_else(|e| panic!("pod {a} to pod {b} under the tables: {e}"));
     }
 }
 

@@ -7,6 +7,8 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v sysctl >/dev/null 2>&1 || need+=(procps)
+# tests/kernel_host.rs forges neighbour solicitations with a raw socket from Python.
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 # tests/deploy.rs splits a binary's debug info as the image build does (deploy/split-debuginfo.sh).
 command -v objcopy >/dev/null 2>&1 || need+=(binutils)
 [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use flock::agent::routes::Routing;
 use flock::model::{Family, Protocol};
 use flock::sim::probe::{Outcome, Task, probe};
-use flock::sim::{ProbeSpec, Sim, SimOptions, Underlay};
+use flock::sim::{ProbeSpec, Sim, SimOptions, Underlay, UnderlaySpoofing};
 use flock::testkit::kernel::{NetnsGuard, flock_cni_binary, require_root};
 use flock::testkit::{self, policies};
 
@@ -444,6 +444,103 @@ async fn pods_cross_a_routed_underlay_over_vxlan_and_not_over_host_gw() {
                 "{routing}: {:?}",
                 cross.iter().filter(|c| c.outcome != Some(Outcome::Connected)).collect::<Vec<_>>()
             );
+        }
+        sim.teardown().await.unwrap();
+    }
+}
+
+/// A VXLAN frame (VNI 1) from VTEP `from` to VTEP `to` carrying a UDP datagram `src` →
+/// `dst`:9999 (IPv4), as a node's device would send it.
+fn vxlan_frame(
+    from: std::net::Ipv4Addr,
+    to: std::net::Ipv4Addr,
+    src: std::net::Ipv4Addr,
+    dst: std::net::Ipv4Addr,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut f = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
+    f.extend(flock::agent::routes::vtep_mac(to.into()));
+    f.extend(flock::agent::routes::vtep_mac(from.into()));
+    f.extend([0x08, 0x00]);
+    let udp_len = (8 + payload.len()) as u16;
+    let total = 20 + udp_len;
+    let mut ip = vec![0x45, 0, (total >> 8) as u8, total as u8, 0, 0, 0x40, 0, 64, 17, 0, 0];
+    ip.extend(src.octets());
+    ip.extend(dst.octets());
+    let mut sum: u32 = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    f.extend(ip);
+    f.extend([0x15, 0xb3, 0x27, 0x0f]);
+    f.extend(udp_len.to_be_bytes());
+    f.extend([0, 0]);
+    f.extend(payload);
+    f
+}
+
+/// The forged-outer attack (issue 58, item 2): from node-2's namespace — what the node, or a
+/// host-network pod with CAP_NET_RAW there, can send — a VXLAN frame with node-3's address as
+/// its outer source and a node-3 pod's as its inner one, to node-1, whose guard takes it for
+/// node-3's. An underlay that forwards forged sources (`allowed`) delivers it to node-1's pod;
+/// the default, validating underlay drops it at the router. node-2's frame as itself reaches
+/// the pod on both (the path works).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_sending_vxlan_as_another_is_stopped_by_a_validating_underlay() {
+    if !require_root("a_node_sending_vxlan_as_another_is_stopped_by_a_validating_underlay") {
+        return;
+    }
+    for spoofing in [UnderlaySpoofing::Allowed, UnderlaySpoofing::Validated] {
+        let mut opts = sim_options();
+        opts.underlay = Underlay::Routed;
+        opts.underlay_spoofing = spoofing;
+        opts.routing.routing = Routing::Vxlan;
+        let mut snap = testkit::base_cluster();
+        let mut third = snap.node("node-1").unwrap().clone();
+        third.name = "node-3".into();
+        third.pod_cidrs = vec!["198.18.3.0/24".parse().unwrap()];
+        third.internal_ips = vec!["198.18.0.3".parse().unwrap()];
+        third.addresses = third.internal_ips.clone();
+        snap.upsert_node(third);
+        let sim = Sim::build(snap, opts).await.unwrap();
+        let snap = sim.snapshot();
+        let v4 = |node: &str| match snap.node(node).unwrap().internal_ips.iter().find(|a| a.is_ipv4()) {
+            Some(std::net::IpAddr::V4(a)) => *a,
+            other => panic!("{node}: {other:?}"),
+        };
+        let target = snap.pods().find(|p| p.node.as_deref() == Some("node-1")).unwrap().clone();
+        let std::net::IpAddr::V4(target_ip) = target.ips[0] else { panic!("{target:?}") };
+        let sink = flock_cni::netns::run_in(&flock::netns::Netns::named(&sim.pod_netns(&target.key().to_string()).unwrap()), || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:9999").unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(1000))).unwrap();
+            s
+        })
+        .unwrap();
+        let node2 = sim.node_netns("node-2").unwrap();
+        // node-3's address on node-2's loopback (as a raw socket would write it): packets from
+        // it leave node-2's uplink with that source.
+        let ran = Command::new("ip").args(["-n", &node2, "addr", "add", &format!("{}/32", v4("node-3")), "dev", "lo"]).status().unwrap();
+        assert!(ran.success());
+        // A frame from node-2's namespace with `outer` as its source, carrying `inner`.
+        let send = |outer: std::net::Ipv4Addr, inner: std::net::Ipv4Addr, tag: &str| {
+            let frame = vxlan_frame(outer, v4("node-1"), inner, target_ip, tag.as_bytes());
+            flock_cni::netns::run_in(&flock::netns::Netns::named(&node2), || {
+                let s = std::net::UdpSocket::bind(SocketAddr::from((outer, 0))).unwrap();
+                s.send_to(&frame, SocketAddr::from((v4("node-1"), 4789))).unwrap();
+            })
+            .unwrap();
+            let mut buf = [0u8; 64];
+            sink.recv(&mut buf).ok().map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+        };
+        let own = send(v4("node-2"), "198.18.2.9".parse().unwrap(), "as itself");
+        assert_eq!(own.as_deref(), Some("as itself"), "{spoofing}: node-2's own frame did not arrive: the path is broken");
+        let forged = send(v4("node-3"), "198.18.3.9".parse().unwrap(), "as node-3");
+        match spoofing {
+            UnderlaySpoofing::Allowed => {
+                assert_eq!(forged.as_deref(), Some("as node-3"), "the attack did not work on a spoofing underlay: the test proves nothing")
+            }
+            UnderlaySpoofing::Validated => assert_eq!(forged, None, "a frame as node-3 crossed a validating underlay"),
         }
         sim.teardown().await.unwrap();
     }

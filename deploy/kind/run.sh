@@ -29,7 +29,7 @@ YAML
 
 docker build -t "$image" .
 kind load docker-image "$image" --name "$cluster"
-kubectl kustomize deploy/agent | sed "s#ghcr.io/flock-cni/flock:latest#$image#" | kubectl apply -f -
+kubectl kustomize deploy/agent | sed "s#ghcr.io/flock-cni/flock:0.1.0#$image#" | kubectl apply -f -
 kubectl -n flock-system rollout status daemonset/flock-agent --timeout=180s
 kubectl wait --for=condition=Ready nodes --all --timeout=180s
 

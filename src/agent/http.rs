@@ -26,9 +26,20 @@
 //!   is local, and the kubelet's probes come through the shared pool, as the node's address.)
 //! - **Everyone else shares a pool** (`max_connections`, 64) with **a bound per peer address**
 //!   (`per_peer`, 4): a scraper uses one connection at a time, and one pod cannot take the pool
-//!   from a Prometheus on another node (many pods together can, and the reserve stays).
-//! - **Time.** The request headers within `header_read` (2 s: a real client sends them in one
-//!   packet; hyper's deadline is for all of them, so dribbling bytes does not extend it), the
+//!   from a Prometheus on another node.
+//! - **A fair share when the pool is full.** A newcomer whose peer address holds fewer shared
+//!   slots than the peer holding the most takes one of that peer's slots whose connection is
+//!   still waiting for its request headers (its oldest; that connection is closed). A real
+//!   client sends its headers in one packet right after connecting, so what waits is a slow
+//!   client; a connection being answered is never cut for another. Many pods holding the whole
+//!   pool with partial headers (slowloris: 16 or 100 addresses × 4 connections) only take slots
+//!   from each other, and a scraper at one more address gets in at once (`tests` replay it).
+//!   What fairness cannot give: a slot while every shared one is being answered (requests
+//!   that arrived whole are served within `connection`), and more than one address's share to
+//!   a client behind many addresses.
+//! - **Time.** The request headers within `header_read` (1 s, the kubelet's default probe
+//!   timeout: a real client sends them in one packet; hyper's deadline runs from the
+//!   connection's start and is for all of them, so dribbling bytes does not extend it), the
 //!   whole connection — request, handler and writing the response to a client that reads
 //!   slowly — within `connection` (10 s: Prometheus' default scrape timeout; the kubelet gives
 //!   up after 1 s). One request per connection (no keep-alive, so no idle connections).
@@ -40,12 +51,12 @@
 //! tokens, no keys, no payloads). That is acceptable for the default. Operators who do not
 //! want pods to read it bind the endpoints to one address (an internal interface, or
 //! `127.0.0.1` with the probes' `httpGet.host` set) or a unix socket with `--metrics-address`
-//! (`FLOCK_METRICS_ADDRESS`; default `0.0.0.0:9781` for flock-agent, `0.0.0.0:9782` for
+//! (`FLOCK_METRICS_ADDRESS`; default `[::]:9781` for flock-agent, `[::]:9782` for
 //! flock-controller), or deny that egress by policy.
 
 use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -57,7 +68,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, watch};
 
 use super::SyncStatus;
 use super::metrics::Metrics;
@@ -192,7 +203,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            header_read: Duration::from_secs(2),
+            header_read: Duration::from_secs(1),
             connection: Duration::from_secs(10),
             max_connections: 64,
             per_peer: 4,
@@ -214,6 +225,21 @@ pub(crate) enum LocalPeers {
     Listed(BTreeSet<IpAddr>),
 }
 
+/// Binds a TCP listener. `[::]` (the default) takes both families on a dual-stack socket,
+/// so that the kubelet's probes reach the endpoints at the node's (the pod's) address on an
+/// IPv6-only node as on an IPv4 one (IPv4 peers then arrive as `::ffff:a.b.c.d`, which
+/// every peer check canonicalizes); where the kernel has IPv6 turned off it falls back to
+/// `0.0.0.0` with the same port.
+async fn bind_tcp(a: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::bind(a).await {
+        Err(e) if a.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED) && e.raw_os_error() == Some(nix::errno::Errno::EAFNOSUPPORT as i32) => {
+            tracing::info!(port = a.port(), "IPv6 is off on this node: serving on 0.0.0.0");
+            tokio::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), a.port())).await
+        }
+        r => r,
+    }
+}
+
 /// Answers a request path with a response (no bodies are read: every endpoint is a GET).
 pub(crate) type Handler = Arc<dyn Fn(&str) -> Response<Full<Bytes>> + Send + Sync>;
 
@@ -226,7 +252,7 @@ pub async fn serve_with(addr: ListenAddr, handler: Handler, stop: watch::Receive
 /// [`serve_with`] with explicit [`Limits`].
 pub(crate) async fn serve_limited(addr: ListenAddr, handler: Handler, limits: Limits, stop: watch::Receiver<bool>) -> std::io::Result<()> {
     let listener = match &addr {
-        ListenAddr::Tcp(a) => Listener::Tcp(tokio::net::TcpListener::bind(a).await?),
+        ListenAddr::Tcp(a) => Listener::Tcp(bind_tcp(*a).await?),
         ListenAddr::Unix(p) => {
             let _ = std::fs::remove_file(p);
             Listener::Unix(tokio::net::UnixListener::bind(p)?)
@@ -261,8 +287,13 @@ enum Conn {
 }
 
 /// Accepts connections until `stop`, each served in its own task or closed at once.
-async fn serve_on(listener: Listener, handler: Handler, limits: Limits, mut stop: watch::Receiver<bool>) {
+async fn serve_on(listener: Listener, handler: Handler, limits: Limits, stop: watch::Receiver<bool>) {
     let slots = Slots::new(&limits);
+    serve_slots(listener, handler, limits, Arc::new(slots), stop).await
+}
+
+/// [`serve_on`] with the slots given (tests look into them).
+async fn serve_slots(listener: Listener, handler: Handler, limits: Limits, slots: Arc<Slots>, mut stop: watch::Receiver<bool>) {
     let mut local = match &limits.local_peers {
         #[cfg(test)]
         LocalPeers::Listed(a) => Classifier::Listed(a.iter().map(IpAddr::to_canonical).collect()),
@@ -294,26 +325,36 @@ async fn serve_on(listener: Listener, handler: Handler, limits: Limits, mut stop
                 continue;
             }
         };
+        let now = Instant::now();
         let peer = match peer_addr {
             None => Peer::Local,
-            Some(a) if local.is_local(a.ip(), Instant::now()) => Peer::Local,
+            Some(a) if local.is_local(a.ip(), now) => Peer::Local,
             Some(a) => Peer::Remote(a.ip().to_canonical()),
         };
-        let slot = match slots.admit(peer) {
+        let admitted = slots.admit(peer, now);
+        refusals.evicted(slots.take_evictions(), peer_addr, now);
+        let slot = match admitted {
             Ok(s) => s,
             Err(why) => {
                 // Closed unread: the client sees the connection end (FIN or RST) at once.
                 drop(conn);
-                refusals.count(peer_addr, why, Instant::now());
+                refusals.count(peer_addr, why, now);
                 continue;
             }
         };
         let handler = handler.clone();
         let (header_read, connection) = (limits.header_read, limits.connection);
         tokio::spawn(async move {
-            let _slot = slot;
+            let evicted = slot.evicted();
+            let slot = Arc::new(slot);
+            let marker = slot.clone();
             let svc = service_fn(move |req: Request<Incoming>| {
-                let r = handler(req.uri().path());
+                // The headers are in: from now on the slot stays this connection's.
+                let r = if marker.serving() {
+                    handler(req.uri().path())
+                } else {
+                    json_response(StatusCode::SERVICE_UNAVAILABLE, json!({"error": "slot given to another peer"}))
+                };
                 async move { Ok::<_, Infallible>(r) }
             });
             let mut builder = http1::Builder::new();
@@ -324,11 +365,17 @@ async fn serve_on(listener: Listener, handler: Handler, limits: Limits, mut stop
                     Conn::Unix(s) => builder.serve_connection(TokioIo::new(s), svc).await,
                 }
             };
-            match tokio::time::timeout(connection, served).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(peer = ?peer_addr, error = %e, "HTTP connection ended with an error"),
-                Err(_) => tracing::debug!(peer = ?peer_addr, limit = ?connection, "HTTP connection cut: too slow"),
+            tokio::select! {
+                r = tokio::time::timeout(connection, served) => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::debug!(peer = ?peer_addr, error = %e, "HTTP connection ended with an error"),
+                    Err(_) => tracing::debug!(peer = ?peer_addr, limit = ?connection, "HTTP connection cut: too slow"),
+                },
+                () = evicted.notified() => {
+                    tracing::debug!(peer = ?peer_addr, "HTTP connection cut before its headers arrived: its slot went to a peer with fewer");
+                }
             }
+            drop(slot);
         });
     }
 }
@@ -407,7 +454,8 @@ impl NodeAddresses {
 enum Refused {
     /// Its remote peer already has [`Limits::per_peer`] connections.
     PeerCap,
-    /// No slot: the shared pool is full (for a local peer, its reserve too).
+    /// No slot: the shared pool is full (for a local peer, its reserve too) and no peer with
+    /// more connections than this one's has one still waiting for its headers.
     PoolFull,
 }
 
@@ -420,95 +468,243 @@ impl Refused {
     }
 }
 
-/// Connections being served per remote peer address.
-type PeerCounts = Arc<Mutex<HashMap<IpAddr, usize>>>;
+/// Who a shared slot counts against: the node (local peers whose reserve is busy), or a
+/// remote address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum PeerKey {
+    Node,
+    Addr(IpAddr),
+}
 
-/// The slots: a reserve for local peers, a shared pool for everyone, connections per remote
-/// peer. Decided without waiting: a connection gets a slot now or none.
+/// How far a connection has got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Its request headers have not all arrived: its shared slot may go to a fairer peer.
+    Headers,
+    /// Being answered: it keeps its slot until it ends or `connection` cuts it.
+    Serving,
+}
+
+/// A connection holding a slot.
+struct Entry {
+    /// `None`: a slot of the local reserve (never taken away).
+    shared: Option<PeerKey>,
+    since: Instant,
+    phase: Phase,
+    /// Woken when the slot is taken away ([`Slots::admit`]).
+    evict: Arc<Notify>,
+}
+
+/// The slots' bookkeeping, behind one lock (a few dozen entries: decided in microseconds).
+#[derive(Default)]
+struct Ledger {
+    next_id: u64,
+    conns: HashMap<u64, Entry>,
+    /// Shared slots per peer.
+    shared_by_peer: HashMap<PeerKey, usize>,
+    reserve_used: usize,
+    shared_used: usize,
+    /// Slots taken away from a peer with more, since the last [`Slots::take_evictions`].
+    evictions: u64,
+}
+
+impl Ledger {
+    fn count(&self, key: PeerKey) -> usize {
+        self.shared_by_peer.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Removes connection `id`'s entry and gives its slot back (nothing when it is gone).
+    fn release(&mut self, id: u64) -> Option<Entry> {
+        let entry = self.conns.remove(&id)?;
+        match entry.shared {
+            None => self.reserve_used = self.reserve_used.saturating_sub(1),
+            Some(key) => {
+                self.shared_used = self.shared_used.saturating_sub(1);
+                if let Some(n) = self.shared_by_peer.get_mut(&key) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        self.shared_by_peer.remove(&key);
+                    }
+                }
+            }
+        }
+        Some(entry)
+    }
+
+    /// The connection to take a shared slot from for a newcomer of `key`: one still waiting
+    /// for its headers, of the peer holding the most shared slots (the oldest of its
+    /// connections), if that peer holds more than `key` does. Connections being answered
+    /// are never taken: their request arrived whole.
+    fn victim(&self, key: PeerKey) -> Option<u64> {
+        let mine = self.count(key);
+        self.conns
+            .iter()
+            .filter_map(|(id, e)| match (e.shared, e.phase) {
+                (Some(k), Phase::Headers) => Some((self.count(k), std::cmp::Reverse(e.since), *id)),
+                _ => None,
+            })
+            .max()
+            .filter(|(theirs, _, _)| *theirs > mine)
+            .map(|(_, _, id)| id)
+    }
+
+    fn insert(&mut self, shared: Option<PeerKey>, now: Instant) -> (u64, Arc<Notify>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        match shared {
+            None => self.reserve_used += 1,
+            Some(key) => {
+                self.shared_used += 1;
+                *self.shared_by_peer.entry(key).or_insert(0) += 1;
+            }
+        }
+        let evict = Arc::new(Notify::new());
+        self.conns.insert(id, Entry { shared, since: now, phase: Phase::Headers, evict: evict.clone() });
+        (id, evict)
+    }
+}
+
+/// The slots: a reserve for local peers, a shared pool for everyone, shared among peers
+/// fairly. Decided without waiting: a connection gets a slot now or is closed.
+///
+/// Fairness: when the pool is full, a newcomer whose peer holds fewer shared slots than the
+/// peer holding the most takes one of that peer's slots whose connection is still waiting for
+/// its headers (the oldest; that connection is closed). A real client sends its headers in
+/// one packet, right after connecting, so what waits is almost always a slow client. Many
+/// peers holding the whole pool with partial headers therefore only take slots from each
+/// other, and one more peer — a scraper — is always let in (the attack: 16 or 100
+/// addresses × 4 such connections).
 struct Slots {
-    local: Arc<Semaphore>,
-    shared: Arc<Semaphore>,
+    local_connections: usize,
+    max_connections: usize,
     per_peer: usize,
-    peers: PeerCounts,
+    #[cfg(test)]
+    fair: bool,
+    ledger: Arc<Mutex<Ledger>>,
 }
 
 /// A connection's slot, given back when dropped.
 struct Slot {
-    _permit: OwnedSemaphorePermit,
-    peer: Option<(IpAddr, PeerCounts)>,
+    id: u64,
+    evict: Arc<Notify>,
+    ledger: Arc<Mutex<Ledger>>,
+}
+
+impl Slot {
+    /// Marks the connection's request as arrived whole: its slot is no longer taken away.
+    /// False if it already was.
+    fn serving(&self) -> bool {
+        let mut ledger = self.ledger.lock().unwrap_or_else(PoisonError::into_inner);
+        match ledger.conns.get_mut(&self.id) {
+            Some(e) => {
+                e.phase = Phase::Serving;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Woken once the slot has been given to another peer.
+    fn evicted(&self) -> Arc<Notify> {
+        self.evict.clone()
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some((ip, peers)) = &self.peer {
-            let mut peers = peers.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(n) = peers.get_mut(ip) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    peers.remove(ip);
-                }
-            }
-        }
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner).release(self.id);
     }
 }
 
 impl Slots {
     fn new(limits: &Limits) -> Self {
         Self {
-            local: Arc::new(Semaphore::new(limits.local_connections.min(Semaphore::MAX_PERMITS))),
-            shared: Arc::new(Semaphore::new(limits.max_connections.min(Semaphore::MAX_PERMITS))),
+            local_connections: limits.local_connections,
+            max_connections: limits.max_connections,
             per_peer: limits.per_peer,
-            peers: PeerCounts::default(),
+            #[cfg(test)]
+            fair: true,
+            ledger: Arc::default(),
         }
     }
 
-    fn admit(&self, peer: Peer) -> Result<Slot, Refused> {
-        match peer {
-            Peer::Local => {
-                let permit = self.local.clone().try_acquire_owned().or_else(|_| self.shared.clone().try_acquire_owned());
-                Ok(Slot { _permit: permit.map_err(|_| Refused::PoolFull)?, peer: None })
+    fn admit(&self, peer: Peer, now: Instant) -> Result<Slot, Refused> {
+        let mut ledger = self.ledger.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = match peer {
+            Peer::Local if ledger.reserve_used < self.local_connections => {
+                let (id, evict) = ledger.insert(None, now);
+                return Ok(Slot { id, evict, ledger: self.ledger.clone() });
             }
+            Peer::Local => PeerKey::Node,
             Peer::Remote(ip) => {
-                let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-                let n = peers.get(&ip).copied().unwrap_or(0);
-                if n >= self.per_peer {
+                if ledger.count(PeerKey::Addr(ip)) >= self.per_peer {
                     return Err(Refused::PeerCap);
                 }
-                let permit = self.shared.clone().try_acquire_owned().map_err(|_| Refused::PoolFull)?;
-                peers.insert(ip, n + 1);
-                Ok(Slot { _permit: permit, peer: Some((ip, self.peers.clone())) })
+                PeerKey::Addr(ip)
+            }
+        };
+        if ledger.shared_used >= self.max_connections {
+            #[cfg(test)]
+            if !self.fair {
+                return Err(Refused::PoolFull);
+            }
+            let victim = ledger.victim(key).ok_or(Refused::PoolFull)?;
+            if let Some(e) = ledger.release(victim) {
+                e.evict.notify_one();
+                ledger.evictions += 1;
             }
         }
+        let (id, evict) = ledger.insert(Some(key), now);
+        Ok(Slot { id, evict, ledger: self.ledger.clone() })
+    }
+
+    /// Slots taken away since the last call.
+    fn take_evictions(&self) -> u64 {
+        std::mem::take(&mut self.ledger.lock().unwrap_or_else(PoisonError::into_inner).evictions)
     }
 }
 
 /// A warning about refused connections is logged at most this often.
 const REFUSALS_WARNING_EVERY: Duration = Duration::from_secs(60);
 
-/// Connections closed unserved: each at debug level, and a warning counting them at most every
-/// [`REFUSALS_WARNING_EVERY`] (a flood must not flood the log).
+/// Connections closed unserved or cut for a fairer peer: each at debug level, and a warning
+/// counting them at most every [`REFUSALS_WARNING_EVERY`] (a flood must not flood the log).
 #[derive(Debug, Default)]
 struct Refusals {
     peer_cap: u64,
     pool_full: u64,
+    /// Connections cut before their headers arrived, their slot given to a peer with fewer.
+    evicted: u64,
     warned_at: Option<Instant>,
 }
 
 impl Refusals {
+    fn evicted(&mut self, n: u64, peer: Option<SocketAddr>, now: Instant) {
+        if n > 0 {
+            self.evicted += n;
+            self.warn(peer, now);
+        }
+    }
+
     fn count(&mut self, peer: Option<SocketAddr>, why: Refused, now: Instant) {
         tracing::debug!(peer = ?peer, reason = why.as_str(), "HTTP connection refused: closed unread");
         match why {
             Refused::PeerCap => self.peer_cap += 1,
             Refused::PoolFull => self.pool_full += 1,
         }
+        self.warn(peer, now);
+    }
+
+    fn warn(&mut self, peer: Option<SocketAddr>, now: Instant) {
         if self.warned_at.is_none_or(|t| now.saturating_duration_since(t) >= REFUSALS_WARNING_EVERY) {
             tracing::warn!(
                 per_peer_cap = self.peer_cap,
                 pool_full = self.pool_full,
+                cut_waiting_for_headers = self.evicted,
                 last_peer = ?peer,
-                "HTTP connections refused since the last such warning: too many at once from one peer or in all (see the debug log for each)"
+                "HTTP connections refused or cut since the last such warning: too many at once from one peer or in all (see the debug log for each)"
             );
-            (self.peer_cap, self.pool_full, self.warned_at) = (0, 0, Some(now));
+            (self.peer_cap, self.pool_full, self.evicted, self.warned_at) = (0, 0, 0, Some(now));
         }
     }
 }
@@ -517,7 +713,6 @@ impl Refusals {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
-    use std::net::Ipv4Addr;
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -606,6 +801,31 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The default `[::]` takes both families: an IPv4 client (which arrives as
+    /// `::ffff:127.0.0.1`) is still the local peer the listed addresses name, and an IPv6
+    /// client is served too. (An IPv6-only node's kubelet probes the node's IPv6 address: a
+    /// `0.0.0.0` default refused every probe there, found on a real IPv6 cluster.)
+    #[tokio::test]
+    async fn the_unspecified_ipv6_address_serves_both_families() {
+        let listener = bind_tcp(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let limits = Limits { local_peers: LocalPeers::Listed([IpAddr::V4(Ipv4Addr::LOCALHOST)].into()), ..Limits::default() };
+        let (stop_tx, stop) = watch::channel(false);
+        let server = tokio::spawn(serve_on(Listener::Tcp(listener), handler(), limits, stop));
+        let v4 = served_eventually(Ipv4Addr::LOCALHOST, SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)).await;
+        assert!(v4.starts_with("HTTP/1.1 200"), "{v4}");
+        let mut s = TcpStream::connect((Ipv6Addr::LOCALHOST, port)).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: flock\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await.unwrap().unwrap();
+        assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&out));
+        // The IPv4 loopback client, mapped, is still the listed local peer.
+        let peer = SocketAddr::new(IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped()), 1);
+        assert!(Classifier::Listed([IpAddr::V4(Ipv4Addr::LOCALHOST)].into()).is_local(peer.ip(), Instant::now()));
+        stop_tx.send(true).unwrap();
+        server.await.unwrap();
+    }
+
     /// 127.0.0.`n`: a remote peer for [`tcp_server`] (Linux routes all of 127.0.0.0/8 to lo).
     fn pod(n: u8) -> Ipv4Addr {
         Ipv4Addr::new(127, 0, 0, n)
@@ -613,12 +833,20 @@ mod tests {
 
     /// A server on 127.0.0.1 for which only 127.0.0.1 is local: [`pod`]s are remote.
     async fn tcp_server(limits: Limits) -> (SocketAddr, watch::Sender<bool>, JoinHandle<()>) {
+        let (addr, stop_tx, server, _) = tcp_server_fair(limits, true).await;
+        (addr, stop_tx, server)
+    }
+
+    /// [`tcp_server`], with its slots, fair or not (`false`: a full pool refuses everyone,
+    /// as before fairness).
+    async fn tcp_server_fair(limits: Limits, fair: bool) -> (SocketAddr, watch::Sender<bool>, JoinHandle<()>, Arc<Slots>) {
         let limits = Limits { local_peers: LocalPeers::Listed([IpAddr::V4(Ipv4Addr::LOCALHOST)].into()), ..limits };
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop_tx, stop) = watch::channel(false);
-        let server = tokio::spawn(serve_on(Listener::Tcp(listener), handler(), limits, stop));
-        (addr, stop_tx, server)
+        let slots = Arc::new(Slots { fair, ..Slots::new(&limits) });
+        let server = tokio::spawn(serve_slots(Listener::Tcp(listener), handler(), limits, slots.clone(), stop));
+        (addr, stop_tx, server, slots)
     }
 
     /// A connection from `from`, with a small receive buffer (a client that does not read
@@ -712,13 +940,19 @@ mod tests {
             connection: Duration::from_secs(30),
             ..Limits::default()
         };
-        let (addr, stop_tx, server) = tcp_server(limits).await;
-        // Two pods request /big and never read: 8 connections, the whole shared pool...
+        let (addr, stop_tx, server, slots) = tcp_server_fair(limits, true).await;
+        // Two pods request /big and never read: 8 connections being answered, the whole
+        // shared pool (none waits for headers, so fairness takes none of them)...
         let mut held = Vec::new();
         for p in [2, 3] {
             for _ in 0..4 {
                 held.push(non_reader(pod(p), addr).await);
             }
+        }
+        let started = Instant::now();
+        while slots.serving() < 8 {
+            assert!(started.elapsed() < Duration::from_secs(10), "the non-readers were not all answered");
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // ...and ten more send their headers one byte per 500 ms, 4 connections each,
         // connecting again when cut: 40 more than the pool.
@@ -831,6 +1065,113 @@ mod tests {
         stop(stop_tx, server).await;
     }
 
+    /// A slowloris attacker on a runtime of its own (so that the test measures the server,
+    /// not its own scheduling): `peers` addresses (127.0.1.x, 127.0.2.x, ...) with 4
+    /// connections each that send a part of their headers and then one byte per 500 ms,
+    /// connecting again 200 ms after being cut (ten times as eager as the attacker,
+    /// which came back every 2 s), until dropped.
+    struct Slowloris {
+        runtime: Option<tokio::runtime::Runtime>,
+    }
+
+    impl Drop for Slowloris {
+        fn drop(&mut self) {
+            if let Some(rt) = self.runtime.take() {
+                rt.shutdown_background();
+            }
+        }
+    }
+
+    fn slowloris(peers: usize, to: SocketAddr) -> Slowloris {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        for p in 0..peers {
+            let from = Ipv4Addr::new(127, 0, 1 + (p / 250) as u8, 1 + (p % 250) as u8);
+            for _ in 0..4 {
+                runtime.spawn(async move {
+                    loop {
+                        if let Ok(mut s) = connect_from(from, to).await
+                            && s.write_all(b"GET /metrics HTTP/1.1\r\nHost: flock\r\nX-Slow: ").await.is_ok()
+                        {
+                            let mut buf = [0u8; 64];
+                            loop {
+                                // Cut (EOF or reset) ends the connection; else one more byte.
+                                match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
+                                    Ok(Ok(0) | Err(_)) => break,
+                                    Ok(Ok(_)) => {}
+                                    Err(_) => {
+                                        if s.write_all(b"a").await.is_err() {
+                                            break;
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                });
+            }
+        }
+        Slowloris { runtime: Some(runtime) }
+    }
+
+    /// `n` GETs of `path` from `from`, one every 100 ms: how many were answered 200 within 1 s.
+    async fn answered(from: Ipv4Addr, to: SocketAddr, path: &str, n: usize) -> usize {
+        let mut ok = 0;
+        for _ in 0..n {
+            match get_from(from, to, path, Duration::from_secs(1)).await {
+                Ok(out) if out.starts_with("HTTP/1.1 200") => ok += 1,
+                _ => {}
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ok
+    }
+
+    /// Waits until the flood holds every shared slot (at most 10 s).
+    async fn pool_held(slots: &Slots, limits: &Limits) {
+        let started = Instant::now();
+        while slots.usage().1 < limits.max_connections {
+            assert!(started.elapsed() < Duration::from_secs(10), "the flood never held the pool: {:?}", slots.usage());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The attack, with the default limits: 16, then 100 addresses each hold 4
+    /// connections with partial headers (reconnecting when cut). A scraper at another
+    /// address gets 29 of 30 answers within 1 s, the node's probes all 30 — and without
+    /// fairness the same flood blinds the scraper.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slowloris_flood_from_many_addresses_leaves_a_scraper_its_share() {
+        let limits = Limits::default();
+        // Without fairness (and a header deadline the flood's connections outlive, so that none
+        // is cut meanwhile): 16 addresses hold the pool and the scraper gets nothing.
+        let unfair_limits = Limits { header_read: Duration::from_secs(30), ..limits.clone() };
+        let (addr, stop_tx, server, slots) = tcp_server_fair(unfair_limits, false).await;
+        let flood = slowloris(16, addr);
+        pool_held(&slots, &limits).await;
+        let unfair = answered(pod(250), addr, "/metrics", 10).await;
+        assert_eq!(unfair, 0, "the attack did not work without fairness: {unfair} of 10 answered");
+        drop(flood);
+        stop(stop_tx, server).await;
+
+        for peers in [16, 100] {
+            let (addr, stop_tx, server, slots) = tcp_server_fair(limits.clone(), true).await;
+            let flood = slowloris(peers, addr);
+            pool_held(&slots, &limits).await;
+            let (scraper, probes) =
+                tokio::join!(answered(pod(250), addr, "/metrics", 30), answered(Ipv4Addr::LOCALHOST, addr, "/healthz", 30),);
+            eprintln!("{peers} peers × 4 slow connections: the scraper got {scraper} of 30 answers within 1 s, the node's probes {probes}");
+            assert!(scraper >= 29, "{peers} peers: the scraper got {scraper} of 30 answers within 1 s");
+            assert_eq!(probes, 30, "{peers} peers: the node's probes got {probes} of 30 answers within 1 s");
+            // The flood is still on (it holds the pool again as soon as the scraper is done),
+            // spread over its addresses.
+            pool_held(&slots, &limits).await;
+            assert!(slots.usage().2 >= peers.min(limits.max_connections / limits.per_peer), "{:?}", slots.usage());
+            drop(flood);
+            stop(stop_tx, server).await;
+        }
+    }
+
     #[test]
     fn the_node_addresses_are_cached_and_listed_again() {
         let node: Arc<Mutex<BTreeSet<IpAddr>>> = Arc::new(Mutex::new(["10.0.0.1".parse().unwrap()].into()));
@@ -881,29 +1222,82 @@ mod tests {
         assert!(addrs.is_local("10.0.0.1".parse().unwrap(), now));
     }
 
+    impl Slots {
+        /// (reserve slots used, shared slots used, peers holding shared slots).
+        fn usage(&self) -> (usize, usize, usize) {
+            let l = self.ledger.lock().unwrap();
+            (l.reserve_used, l.shared_used, l.shared_by_peer.len())
+        }
+
+        /// Connections being answered.
+        fn serving(&self) -> usize {
+            self.ledger.lock().unwrap().conns.values().filter(|e| e.phase == Phase::Serving).count()
+        }
+    }
+
     #[test]
     fn slots_keep_the_reserve_for_the_node_and_cap_each_peer() {
         let slots = Slots::new(&Limits { local_connections: 1, max_connections: 2, per_peer: 1, ..Limits::default() });
         let (a, b, c): (IpAddr, IpAddr, IpAddr) = ("10.1.0.1".parse().unwrap(), "10.1.0.2".parse().unwrap(), "10.1.0.3".parse().unwrap());
-        let first = slots.admit(Peer::Remote(a)).unwrap();
-        assert_eq!(slots.admit(Peer::Remote(a)).err(), Some(Refused::PeerCap));
-        let second = slots.admit(Peer::Remote(b)).unwrap();
-        // The shared pool is full: a third peer is refused, the node is not...
-        assert_eq!(slots.admit(Peer::Remote(c)).err(), Some(Refused::PoolFull));
-        let local = slots.admit(Peer::Local).unwrap();
+        let now = Instant::now();
+        let first = slots.admit(Peer::Remote(a), now).unwrap();
+        assert_eq!(slots.admit(Peer::Remote(a), now).err(), Some(Refused::PeerCap));
+        let second = slots.admit(Peer::Remote(b), now).unwrap();
+        // Both are being answered: the shared pool is full and a third peer is refused, the
+        // node is not...
+        assert!(first.serving() && second.serving());
+        assert_eq!(slots.admit(Peer::Remote(c), now).err(), Some(Refused::PoolFull));
+        let local = slots.admit(Peer::Local, now).unwrap();
         // ...until its reserve is busy too.
-        assert_eq!(slots.admit(Peer::Local).err(), Some(Refused::PoolFull));
+        assert_eq!(slots.admit(Peer::Local, now).err(), Some(Refused::PoolFull));
         // A refused peer leaves no count behind; a slot given back frees its peer.
-        assert_eq!(slots.peers.lock().unwrap().len(), 2);
+        assert_eq!(slots.usage(), (1, 2, 2));
         drop(first);
-        assert_eq!(slots.peers.lock().unwrap().len(), 1);
-        let again = slots.admit(Peer::Remote(a)).unwrap();
+        assert_eq!(slots.usage(), (1, 1, 1));
+        let again = slots.admit(Peer::Remote(a), now).unwrap();
         // Local peers fall back on the shared pool when their reserve is busy.
         drop((again, second));
-        let shared = slots.admit(Peer::Local).unwrap();
-        assert!(slots.peers.lock().unwrap().is_empty());
+        let shared = slots.admit(Peer::Local, now).unwrap();
+        assert_eq!(slots.usage(), (1, 1, 1));
         drop((local, shared));
-        assert_eq!(slots.local.available_permits(), 1);
-        assert_eq!(slots.shared.available_permits(), 2);
+        assert_eq!(slots.usage(), (0, 0, 0));
+        assert_eq!(slots.take_evictions(), 0);
+    }
+
+    #[test]
+    fn a_full_pool_gives_a_waiting_slot_of_the_peer_with_most_to_a_peer_with_fewer() {
+        let slots = Slots::new(&Limits { local_connections: 0, max_connections: 4, per_peer: 3, ..Limits::default() });
+        let ip = |n: u8| Peer::Remote(IpAddr::V4(Ipv4Addr::new(198, 18, 0, n)));
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Peer 1 holds three slots waiting for headers (the oldest at 0 ms), peer 2 one.
+        let a: Vec<_> = (0..3).map(|i| slots.admit(ip(1), at(i)).unwrap()).collect();
+        let b = slots.admit(ip(2), at(10)).unwrap();
+        // Peer 3 holds none: it takes peer 1's oldest slot, whose connection is told.
+        let c = slots.admit(ip(3), at(20)).unwrap();
+        assert_eq!(slots.take_evictions(), 1);
+        assert!(!a[0].serving(), "the oldest of the peer with most was not taken");
+        assert!(a[1].serving() && a[2].serving());
+        // Peer 1's two are being answered now: what still waits is peer 2's and peer 3's, one
+        // each, so peer 4 (none) takes the older of them, peer 2's.
+        let d = slots.admit(ip(4), at(30)).unwrap();
+        assert!(!b.serving() && c.serving() && d.serving());
+        // Everyone holds one or more and nothing waits: peer 5 is refused; and a peer with as
+        // many as the one with most takes nothing either.
+        assert_eq!(slots.admit(ip(5), at(40)).err(), Some(Refused::PoolFull));
+        drop(d);
+        let d = slots.admit(ip(4), at(50)).unwrap();
+        assert_eq!(slots.admit(ip(4), at(60)).err(), Some(Refused::PoolFull), "peer 4 (1) took from peer 4 (1)");
+        assert_eq!(slots.take_evictions(), 1);
+        // The taken slots were counted off at once: four in use, by three peers.
+        assert_eq!(slots.usage(), (0, 4, 3));
+        drop((a, b, c, d));
+        assert_eq!(slots.usage(), (0, 0, 0));
+        // The node's connections in the shared pool count as one peer.
+        let node: Vec<_> = (0..4).map(|i| slots.admit(Peer::Local, at(100 + i)).unwrap()).collect();
+        let e = slots.admit(ip(1), at(200)).unwrap();
+        assert!(!node[0].serving() && node[1].serving());
+        assert_eq!(slots.usage(), (0, 4, 2));
+        drop(e);
     }
 }

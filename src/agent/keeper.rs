@@ -14,6 +14,12 @@
 //! clears it); anything else → `ERR <why>`. Only a peer with the keeper's own uid is served
 //! (and the socket is mode 0600), a request is bounded in size, descriptors ([`MAX_FDS`]) and
 //! time ([`TIMEOUT`]), and the store in names ([`MAX_NAMES`]).
+//!
+//! Clients are served side by side, each on a thread of its own with its own deadline
+//! ([`MAX_CLIENTS`] at once; one more is told `ERR busy` at once): a client that connects and
+//! says nothing holds only its own thread until [`TIMEOUT`], never the next agent's hand-over.
+//! The store is locked only to answer a request (the descriptors a GET hands out are
+//! duplicated under the lock and sent after it).
 
 use std::collections::BTreeMap;
 use std::io::{IoSlice, IoSliceMut};
@@ -21,6 +27,8 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 // rustix, not nix, for this module: it receives descriptors as `OwnedFd`s, which nix hands
@@ -42,6 +50,9 @@ pub const MAX_FDS: usize = 8;
 pub const MAX_NAMES: usize = 8;
 /// How long one exchange may take, either side.
 pub const TIMEOUT: Duration = Duration::from_secs(2);
+/// Clients served at once. Each is one thread for at most twice [`TIMEOUT`] (its request,
+/// then its reply); an agent makes one exchange every 10 s.
+pub const MAX_CLIENTS: usize = 16;
 /// A request's or reply's text (`PUT ` and a name of at most 32 bytes fit well inside).
 const MAX_MESSAGE: usize = 64;
 
@@ -90,8 +101,22 @@ impl Keeper {
         let connect = |source| KeeperError::Connect { path: self.path.clone(), source };
         let addr = SocketAddrUnix::new(&self.path).map_err(connect)?;
         net::connect(&sock, &addr).map_err(connect)?;
-        send(&sock, request.as_bytes(), fds).map_err(|e| io("send", e))?;
-        let (reply, got) = receive(&sock).map_err(|e| io("receive", e))?;
+        if let Err(e) = send(&sock, request.as_bytes(), fds) {
+            // A busy keeper answers and closes before reading: its reason is waiting.
+            if let Ok((reply, _)) = receive(&sock).or_else(|_| receive(&sock))
+                && reply.starts_with(b"ERR ")
+            {
+                return Err(KeeperError::Refused { path: self.path.clone(), message: String::from_utf8_lossy(&reply).into_owned() });
+            }
+            return Err(io("send", e));
+        }
+        let (reply, got) = match receive(&sock) {
+            // A busy keeper closes without reading the request: the kernel reports that reset
+            // (once) before the reply queued ahead of it.
+            Err(Errno::CONNRESET) => receive(&sock),
+            r => r,
+        }
+        .map_err(|e| io("receive", e))?;
         let reply = String::from_utf8_lossy(&reply).into_owned();
         match reply.strip_prefix("OK ").and_then(|n| n.parse::<usize>().ok()) {
             Some(n) if request.starts_with("GET") && n == got.len() => Ok(got),
@@ -193,30 +218,55 @@ pub fn listen(path: &Path) -> Result<OwnedFd, KeeperError> {
     Ok(sock)
 }
 
-/// Serves `listener` (from [`listen`]) forever, one connection at a time (each bounded by
-/// [`TIMEOUT`]); returns only if accepting fails.
-pub fn serve(listener: &OwnedFd, store: &mut Store) -> Errno {
+/// Serves `listener` (from [`listen`]) forever, clients side by side (each on its own
+/// thread, bounded by [`TIMEOUT`]); returns only if accepting fails.
+pub fn serve(listener: &OwnedFd, store: &Mutex<Store>) -> Errno {
     let uid = nix::unistd::geteuid().as_raw();
     // accept wakes at least this often, to expire what is no longer deposited.
     if let Err(e) = sockopt::set_socket_timeout(listener, sockopt::Timeout::Recv, Some(EXPIRY / 4)) {
         return e;
     }
-    loop {
-        for name in store.expire(std::time::Instant::now()) {
-            tracing::info!(name, "socket keeper: closed sockets no agent deposited again within {}s", EXPIRY.as_secs());
+    let clients = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        loop {
+            for name in lock(store).expire(std::time::Instant::now()) {
+                tracing::info!(name, "socket keeper: closed sockets no agent deposited again within {}s", EXPIRY.as_secs());
+            }
+            let conn = match net::accept_with(listener, SocketFlags::CLOEXEC) {
+                Ok(fd) => fd,
+                Err(Errno::INTR | Errno::CONNABORTED | Errno::AGAIN) => continue,
+                Err(e) => return e,
+            };
+            if clients.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
+                clients.fetch_sub(1, Ordering::SeqCst);
+                // A fresh connection's buffer is empty: this send does not wait.
+                let _ = bound_in_time(&conn).and_then(|()| send(&conn, b"ERR busy", &[]));
+                tracing::warn!(limit = MAX_CLIENTS, "socket keeper: refused a client: as many are being served");
+                continue;
+            }
+            let clients = &clients;
+            let spawned = std::thread::Builder::new().name("keeper-client".into()).spawn_scoped(scope, move || {
+                if let Err(e) = one(&conn, store, uid) {
+                    tracing::warn!(error = %e, "socket keeper: a request failed");
+                }
+                drop(conn);
+                clients.fetch_sub(1, Ordering::SeqCst);
+            });
+            if let Err(e) = spawned {
+                clients.fetch_sub(1, Ordering::SeqCst);
+                tracing::warn!(error = %e, "socket keeper: cannot start a thread for a client; it is closed");
+            }
         }
-        let conn = match net::accept_with(listener, SocketFlags::CLOEXEC) {
-            Ok(fd) => fd,
-            Err(Errno::INTR | Errno::CONNABORTED | Errno::AGAIN) => continue,
-            Err(e) => return e,
-        };
-        if let Err(e) = one(&conn, store, uid) {
-            tracing::warn!(error = %e, "socket keeper: a request failed");
-        }
-    }
+    })
 }
 
-fn one(conn: &OwnedFd, store: &mut Store, uid: u32) -> Result<(), Errno> {
+/// The store, even if a client's thread panicked while holding it (its state is whole: every
+/// change is one map operation).
+fn lock(store: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
+    store.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn one(conn: &OwnedFd, store: &Mutex<Store>, uid: u32) -> Result<(), Errno> {
     bound_in_time(conn)?;
     // nix's, not rustix's: across PID namespaces (the agent's pod and the keeper's) the
     // kernel reports pid 0, which rustix's credentials cannot hold.
@@ -229,14 +279,22 @@ fn one(conn: &OwnedFd, store: &mut Store, uid: u32) -> Result<(), Errno> {
     }
     let (request, fds) = receive(conn)?;
     let (verb, count) = (String::from_utf8_lossy(request.get(..3).unwrap_or_default()).into_owned(), fds.len());
-    let reply = store.handle(&request, fds, std::time::Instant::now());
-    let text = reply.text;
+    // Answered under the lock, sent after it: a client that does not read its reply holds
+    // only its own thread.
+    let (text, out) = {
+        let mut store = lock(store);
+        let reply = store.handle(&request, fds, std::time::Instant::now());
+        let out: Result<Vec<OwnedFd>, Errno> =
+            reply.fds.iter().map(|f| f.try_clone_to_owned().map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))).collect();
+        (reply.text, out?)
+    };
     match text.strip_prefix("ERR ") {
         Some(why) => tracing::warn!(pid, why, "socket keeper: refused a request"),
         None if verb == "PUT" => tracing::info!(pid, sockets = count, "socket keeper: holding the agent's sockets"),
-        None => tracing::info!(pid, sockets = reply.fds.len(), "socket keeper: handed its sockets to an agent"),
+        None => tracing::info!(pid, sockets = out.len(), "socket keeper: handed its sockets to an agent"),
     }
-    send(conn, text.as_bytes(), &reply.fds)
+    let borrowed: Vec<BorrowedFd<'_>> = out.iter().map(AsFd::as_fd).collect();
+    send(conn, text.as_bytes(), &borrowed)
 }
 
 fn bound_in_time(fd: &OwnedFd) -> Result<(), Errno> {
@@ -250,7 +308,8 @@ fn send(fd: &OwnedFd, text: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Errno> 
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(Errno::MSGSIZE);
     }
-    net::sendmsg(fd, &[IoSlice::new(text)], &mut control, SendFlags::empty()).map(drop)
+    // NOSIGNAL: a peer that went away is an error, not a SIGPIPE.
+    net::sendmsg(fd, &[IoSlice::new(text)], &mut control, SendFlags::NOSIGNAL).map(drop)
 }
 
 /// One message and the descriptors that came with it (owned: closed if unused). More than
@@ -351,10 +410,7 @@ mod tests {
         let listener = listen(&path).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        std::thread::spawn(move || {
-            let mut store = Store::default();
-            serve(&listener, &mut store)
-        });
+        std::thread::spawn(move || serve(&listener, &Mutex::new(Store::default())));
         let k = Keeper::new(&path);
         assert!(k.take(DNS_PROXY).unwrap().is_empty());
         let (r, w) = pipe();
@@ -373,5 +429,65 @@ mod tests {
         // No keeper: a connect error naming the path.
         let e = Keeper::new(dir.join("none.sock")).take(DNS_PROXY).unwrap_err();
         assert!(e.to_string().contains("none.sock"), "{e}");
+    }
+
+    fn connect(path: &Path) -> OwnedFd {
+        let sock = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        net::connect(&sock, &SocketAddrUnix::new(path).unwrap()).unwrap();
+        sock
+    }
+
+    /// Whether the keeper has closed `c` (EOF or a reset) within 10 s, without answering.
+    fn closed_unanswered(c: &OwnedFd) -> bool {
+        sockopt::set_socket_timeout(c, sockopt::Timeout::Recv, Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; MAX_MESSAGE];
+        matches!(net::recv(c, &mut buf, RecvFlags::empty()), Ok((0, _)) | Err(Errno::CONNRESET))
+    }
+
+    /// The attack: clients that connect and say nothing. The next agent's hand-over
+    /// is served while they are all still connected (before the fix it waited for each to be
+    /// cut, 2 s apiece); each is cut after [`TIMEOUT`]; one past [`MAX_CLIENTS`] is told
+    /// busy at once, and served once they are gone.
+    #[test]
+    fn an_idle_client_stalls_no_one() {
+        let dir = flock_cni::testing::TempDir::new("keeper-idle");
+        let path = dir.join("k.sock");
+        let listener = listen(&path).unwrap();
+        std::thread::spawn(move || serve(&listener, &Mutex::new(Store::default())));
+        let k = Keeper::new(&path);
+        let (_r, w) = pipe();
+        k.deposit(DNS_PROXY, &[w.as_fd()]).unwrap();
+
+        let idle: Vec<OwnedFd> = (0..3).map(|_| connect(&path)).collect();
+        let started = std::time::Instant::now();
+        assert_eq!(k.take(DNS_PROXY).unwrap().len(), 1);
+        assert_eq!(k.take(DNS_PROXY).unwrap().len(), 1);
+        let took = started.elapsed();
+        // Still connected and unanswered: the hand-overs did not wait for them.
+        for c in &idle {
+            let mut buf = [0u8; MAX_MESSAGE];
+            assert_eq!(net::recv(c, &mut buf, RecvFlags::DONTWAIT).err(), Some(Errno::AGAIN), "an idle client was answered or cut early");
+        }
+        assert!(took < TIMEOUT, "two hand-overs took {took:?} beside three idle clients");
+        for c in &idle {
+            assert!(closed_unanswered(c), "an idle client was not cut");
+        }
+
+        // As many idle clients as the keeper serves at once: the next is refused at once...
+        let idle: Vec<OwnedFd> = (0..MAX_CLIENTS).map(|_| connect(&path)).collect();
+        let e = k.take(DNS_PROXY).unwrap_err();
+        assert!(e.to_string().contains("ERR busy"), "{e}");
+        // ...and served once they have been cut.
+        for c in &idle {
+            assert!(closed_unanswered(c));
+        }
+        let started = std::time::Instant::now();
+        loop {
+            match k.take(DNS_PROXY) {
+                Ok(got) => break assert_eq!(got.len(), 1),
+                Err(e) => assert!(started.elapsed() < Duration::from_secs(10), "not served after the idle clients went: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }

@@ -17,7 +17,7 @@
 
 mod backoff;
 pub(crate) mod cni;
-pub(crate) mod cniconf;
+pub mod cniconf;
 pub(crate) mod denials;
 mod digest;
 pub mod dns;
@@ -686,6 +686,7 @@ async fn sync_loop(shared: Arc<Shared>, router: Option<routes::Router>, mut stop
     // Under an overlay, the table takes VXLAN from nodes only.
     if cfg.routes && cfg.routing.routing != routes::Routing::HostGw {
         translate.overlay_port = Some(cfg.routing.vxlan.port);
+        translate.overlay_node = Some(cfg.node.clone());
     }
     let mut translation = Some(translation::Translation::new(translate, render_options));
     let mut run_policies = Some(run_policies::RunPolicies::new(&cfg.node));

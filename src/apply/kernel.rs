@@ -12,7 +12,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use nftables::schema::{Chain, Set};
+use nftables::schema::Chain;
 
 use super::netlink::{NetlinkError, NfSocket};
 use super::{ApplyError, Backend, ObjectInfo};
@@ -270,10 +270,12 @@ impl Backend for NftCli {
 /// Object names, kinds and handles of table `inet flock` from `nft -j -t` listings: one
 /// JSON document, or several in a row (one per listing command).
 ///
-/// Chains and sets are read with the `nftables` crate's schema types. Maps are read by hand:
-/// crate 0.6.3 has no `verdict` data type, so a verdict map (flock's dispatch maps) does not
-/// deserialize — and one unreadable object must not hide the others, so each object is
-/// decoded on its own.
+/// Chains are read with the `nftables` crate's schema types. Sets and maps are read by hand,
+/// their name, table and handle only: crate 0.6.3 has no `verdict` data type (flock's
+/// dispatch maps) and no `integer` key type, which nft gives a set keyed by a raw payload
+/// (the overlay's `ip saddr . @th,336,32`: `["ipv4_addr", "integer"]`) — a restarted agent
+/// could not read its own table, and its every sync failed. One unreadable object must not
+/// hide the others, so each object is decoded on its own.
 pub(crate) fn parse_objects(json: &[u8]) -> Result<Vec<ObjectInfo>, ApplyError> {
     #[derive(serde::Deserialize)]
     struct Listing {
@@ -291,17 +293,15 @@ pub(crate) fn parse_objects(json: &[u8]) -> Result<Vec<ObjectInfo>, ApplyError> 
             if c.table == TABLE {
                 out.push(ObjectInfo { kind: Kind::Chain, name: c.name.to_string(), handle: c.handle.map_or(0, u64::from) });
             }
-        } else if let Some(s) = obj.get("set") {
-            let s: Set<'_> = serde_json::from_value(s.clone()).map_err(|e| bad(format!("set: {e}")))?;
-            if s.table == TABLE {
-                out.push(ObjectInfo { kind: Kind::Set, name: s.name.to_string(), handle: s.handle.map_or(0, u64::from) });
-            }
-        } else if let Some(m) = obj.get("map") {
-            let field = |k: &str| m.get(k).and_then(serde_json::Value::as_str);
-            let name = field("name").ok_or_else(|| bad("map without a name".into()))?;
-            if field("table") == Some(TABLE) {
-                let handle = m.get("handle").and_then(serde_json::Value::as_u64).unwrap_or(0);
-                out.push(ObjectInfo { kind: Kind::Map, name: name.to_string(), handle });
+        } else {
+            for (key, kind) in [("set", Kind::Set), ("map", Kind::Map)] {
+                let Some(m) = obj.get(key) else { continue };
+                let field = |k: &str| m.get(k).and_then(serde_json::Value::as_str);
+                let name = field("name").ok_or_else(|| bad(format!("{key} without a name")))?;
+                if field("table") == Some(TABLE) {
+                    let handle = m.get("handle").and_then(serde_json::Value::as_u64).unwrap_or(0);
+                    out.push(ObjectInfo { kind, name: name.to_string(), handle });
+                }
             }
         }
     }
@@ -317,7 +317,7 @@ mod tests {
     #[test]
     fn parses_terse_json_listing() {
         // Captured from nft 1.0.6: `nft -j -t list table inet flock`.
-        let json = br#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "flock", "handle": 1}}, {"set": {"family": "inet", "name": "pod-addrs-v4", "table": "flock", "type": ["ifname", "ipv4_addr"], "handle": 3, "comment": "c"}}, {"map": {"family": "inet", "name": "ingress-chains", "table": "flock", "type": "ifname", "handle": 6, "comment": "c", "map": "verdict"}}, {"chain": {"family": "inet", "table": "flock", "name": "ingress-ABCD1234-x/a", "handle": 1}}, {"chain": {"family": "inet", "table": "flock", "name": "forward", "handle": 2, "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}}, {"rule": {"family": "inet", "table": "flock", "chain": "forward", "handle": 17, "expr": [{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}}, {"accept": null}]}}]}"#;
+        let json = br#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "flock", "handle": 1}}, {"set": {"family": "inet", "name": "pod-addrs-v4", "table": "flock", "type": ["ifname", "ipv4_addr"], "handle": 3, "comment": "c"}}, {"set": {"family": "inet", "name": "overlay-v4-in-v4", "table": "flock", "type": ["ipv4_addr", "integer"], "handle": 9, "comment": "c", "flags": ["interval"]}}, {"set": {"family": "ip", "name": "other", "table": "kube-proxy", "type": "ipv4_addr", "handle": 4}}, {"map": {"family": "inet", "name": "ingress-chains", "table": "flock", "type": "ifname", "handle": 6, "comment": "c", "map": "verdict"}}, {"chain": {"family": "inet", "table": "flock", "name": "ingress-ABCD1234-x/a", "handle": 1}}, {"chain": {"family": "inet", "table": "flock", "name": "forward", "handle": 2, "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}}, {"rule": {"family": "inet", "table": "flock", "chain": "forward", "handle": 17, "expr": [{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}}, {"accept": null}]}}]}"#;
         let objs = parse_objects(json).unwrap();
         let names: Vec<(Kind, &str, u64)> = objs.iter().map(|o| (o.kind, o.name.as_str(), o.handle)).collect();
         assert_eq!(
@@ -325,6 +325,7 @@ mod tests {
             vec![
                 (Kind::Chain, "forward", 2),
                 (Kind::Chain, "ingress-ABCD1234-x/a", 1),
+                (Kind::Set, "overlay-v4-in-v4", 9),
                 (Kind::Set, "pod-addrs-v4", 3),
                 (Kind::Map, "ingress-chains", 6),
             ]

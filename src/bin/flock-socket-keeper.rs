@@ -45,8 +45,7 @@ fn main() -> ExitCode {
     // which closes what it held.
     let socket = args.socket.clone();
     std::thread::spawn(move || {
-        let mut store = Store::default();
-        let e = keeper::serve(&listener, &mut store);
+        let e = keeper::serve(&listener, &std::sync::Mutex::new(Store::default()));
         tracing::error!(error = %e, socket = %socket.display(), "socket keeper: accepting failed; exiting");
         std::process::exit(1);
     });

@@ -5,10 +5,17 @@
 //!
 //! [`parse`] reads the lines (the `tracing` JSON format, fields nested under `fields` or
 //! flattened), keeps one flow per (from, to, protocol, port) with how often and how it was
-//! seen, and counts what it leaves out by why: other log lines, records that are no
-//! policy verdict (spoofed source, unknown pod, another table's drops), flows without a port
-//! (ICMP), unreadable lines. [`flips`] explains each flow on the cluster before and after the
-//! change (in the family logged) and keeps those whose verdict differs. Pure.
+//! seen, and counts what it leaves out by why: other log lines, lines it cannot attribute to
+//! flock-agent, records that are no policy verdict (spoofed source, unknown pod, another
+//! table's drops), flows without a port (ICMP), unreadable lines. [`flips`] explains each flow
+//! on the cluster before and after the change (in the family logged) and keeps those whose
+//! verdict differs. Pure.
+//!
+//! Only a line that is flock-agent's is read: a bare JSON object, or kubectl's `--prefix` form
+//! with flock-agent's container (`[pod/NAME/flock-agent] {…}`), either with `--timestamps`'
+//! time before the object. A JSON object after any other text is not: a mixed stream
+//! (`--all-containers`, another pod's logs, a text-format line quoting a pod's input) would
+//! otherwise let whoever writes a line forge a flow the operator then reads as flock's.
 
 use std::collections::BTreeMap;
 
@@ -24,6 +31,8 @@ use crate::translate::Options;
 const TARGET: &str = "flock::denied";
 /// Unreadable lines named in the answer (the rest are counted).
 const NAMED: usize = 20;
+/// flock-agent's container in its DaemonSet (`deploy/agent/daemonset.yaml`).
+const CONTAINER: &str = "flock-agent";
 
 /// One flow the agent logged, with how it was seen.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -55,6 +64,9 @@ pub struct FlowLog {
     pub records: usize,
     /// Lines that are not `flock::denied` records (other logs, text format).
     pub other_lines: usize,
+    /// Lines with a JSON object after text that is not kubectl's prefix of flock-agent's
+    /// container (another container's, or anything else): not read.
+    pub unattributed: usize,
     /// Records that are no policy verdict (spoofed source, unknown pod).
     pub not_policy: usize,
     /// Records without a port flock's policies can name (ICMP, other protocols).
@@ -71,8 +83,17 @@ pub fn parse(text: &str) -> FlowLog {
         if line.trim().is_empty() {
             continue;
         }
-        // What `kubectl logs --prefix` or `--timestamps` puts before the JSON is skipped.
-        let line = line.find('{').map_or("", |i| line[i..].trim());
+        let line = match agent_record(line) {
+            Attributed::Agent(json) => json,
+            Attributed::Other => {
+                out.other_lines += 1;
+                continue;
+            }
+            Attributed::Foreign => {
+                out.unattributed += 1;
+                continue;
+            }
+        };
         let Ok(Value::Object(record)) = serde_json::from_str::<Value>(line) else {
             out.other_lines += 1;
             continue;
@@ -108,6 +129,49 @@ pub fn parse(text: &str) -> FlowLog {
         }
     }
     out
+}
+
+/// Whose a line is.
+enum Attributed<'a> {
+    /// flock-agent's, with the text where its JSON starts.
+    Agent(&'a str),
+    /// A line with no JSON object (a text-format log line, a blank or garbled one).
+    Other,
+    /// A JSON object after text that is not flock-agent's prefix.
+    Foreign,
+}
+
+/// The JSON of a line of flock-agent's: the line itself, or what follows kubectl's
+/// `[pod/NAME/flock-agent] ` (`--prefix`); either may start with an RFC 3339 time
+/// (`--timestamps`).
+fn agent_record(line: &str) -> Attributed<'_> {
+    let line = line.trim();
+    if !line.contains('{') {
+        return Attributed::Other;
+    }
+    let mut rest = line;
+    if let Some(after) = rest.strip_prefix("[pod/") {
+        let Some((pod, after)) = after.split_once('/') else { return Attributed::Foreign };
+        let Some(after) = after.strip_prefix(CONTAINER).and_then(|a| a.strip_prefix("] ")) else { return Attributed::Foreign };
+        if pod.is_empty() || !pod.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.') {
+            return Attributed::Foreign;
+        }
+        rest = after;
+    }
+    if let Some((time, after)) = rest.split_once(' ')
+        && is_timestamp(time)
+    {
+        rest = after;
+    }
+    if rest.starts_with('{') { Attributed::Agent(rest) } else { Attributed::Foreign }
+}
+
+/// Whether `s` is a time as `kubectl logs --timestamps` writes it (`2026-11-27T10:00:00.123456789Z`).
+fn is_timestamp(s: &str) -> bool {
+    s.len() >= 20
+        && s.as_bytes()[0].is_ascii_digit()
+        && s.contains('T')
+        && s.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'-' | b':' | b'.' | b'T' | b'Z' | b'+'))
 }
 
 enum How {
@@ -286,6 +350,35 @@ mod tests {
         assert_eq!((seen.denied, seen.allowed, seen.audit), (2, 0, 0));
         let audit = log.flows[&Flow { from: "198.18.0.7".into(), to: "x/a".into(), protocol: Protocol::Udp, port: 53, family: None }];
         assert_eq!(audit.audit, 1);
+    }
+
+    /// Only flock-agent's lines are read: bare, or after kubectl's prefix of its container (and
+    /// `--timestamps`); a record after any other text — another container's, a text-format
+    /// line that quotes a pod's input — is counted and left out.
+    #[test]
+    fn only_lines_of_flock_agent_are_read() {
+        let rec = line("allowed", "x/a", "y/b", "TCP", 80);
+        let forged = line("allowed", "z/evil", "y/b", "TCP", 443);
+        let text = [
+            rec.clone(),
+            format!("[pod/flock-agent-7xk2p/flock-agent] {rec}"),
+            format!("2026-11-27T10:00:00.123456789Z {rec}"),
+            format!("[pod/flock-agent-7xk2p/flock-agent] 2026-11-27T10:00:00.123456789Z {rec}"),
+            // Another container of a pod, another pod's line, text before the JSON.
+            format!("[pod/flock-agent-7xk2p/install-cni] {forged}"),
+            format!("[pod/evil/app] {forged}"),
+            format!("[pod/flock-agent-x/flock-agent]{forged}"),
+            format!("[pod/Evil Pod/flock-agent] {forged}"),
+            format!("2026-11-27T10:00:00Z  WARN flock::dns: refused answer for name {forged}"),
+            format!("garbage {forged}"),
+            format!("\x1b[2K {forged}"),
+            "2026-11-27T10:00:00Z  INFO flock::sync: synced".to_string(),
+        ]
+        .join("\n");
+        let log = parse(&text);
+        assert_eq!((log.records, log.unattributed, log.other_lines), (4, 7, 1), "{log:?}");
+        assert_eq!(log.flows.len(), 1, "a forged flow was read: {:?}", log.flows);
+        assert!(log.flows.keys().all(|f| f.from == "x/a" && f.port == 80));
     }
 
     /// Every flip is what two explains say, and every observed flow whose explains differ

@@ -596,6 +596,7 @@ impl<'u, 'd> Gen<'u, 'd> {
             audit_mode: g.u.arbitrary()?,
             dns_resolvers: None,
             overlay_port: g.u.arbitrary::<bool>()?.then_some(4789),
+            overlay_node: Some(g.node.clone()),
         };
         let render_options = RenderOptions { peer_classes_from: g.u.int_in_range(0..=10)?, ..RenderOptions::DEFAULT };
         Ok((g, snapshot, endpoints, options, render_options))

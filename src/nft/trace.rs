@@ -607,6 +607,12 @@ fn compile_rule(rule: &str) -> Result<Rule, String> {
                 let pattern = c.string()?;
                 matches.push(Match::IfName { iface, neg, pattern });
             }
+            "ip6" if c.toks.get(c.pos + 1) == Some(&Tok::Word("hoplimit")) => {
+                // Only in rules of ICMPv6 types, which no traced flow matches.
+                c.pos += 2;
+                c.word()?;
+                matches.push(Match::IcmpType);
+            }
             "ip" | "ip6" => {
                 let (v6, field) = c.addr_field()?;
                 if c.peek_word() == Some("vmap") {

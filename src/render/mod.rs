@@ -1010,6 +1010,12 @@ pub const OVERLAY_NODES_V4: &str = "overlay-nodes-v4";
 pub const OVERLAY_NODES_V6: &str = "overlay-nodes-v6";
 /// The chain every VXLAN packet to this node goes through first ([`overlay_in`]).
 pub const OVERLAY_IN: &str = "overlay-in";
+/// The addresses this node's VXLAN devices receive on, per family.
+pub const OVERLAY_LOCAL_V4: &str = "overlay-local-v4";
+pub const OVERLAY_LOCAL_V6: &str = "overlay-local-v6";
+/// Every node's pod CIDRs, per family: the only destinations of a pod's UDP to the VXLAN port.
+pub const OVERLAY_POD_CIDRS_V4: &str = "overlay-pod-cidrs-v4";
+pub const OVERLAY_POD_CIDRS_V6: &str = "overlay-pod-cidrs-v6";
 
 /// The families, as (outer, inner), of the sets of what each node's VXLAN may carry.
 const OVERLAY_PAIRS: [(Family, Family); 4] =
@@ -1023,9 +1029,46 @@ fn overlay_sources_set(outer: Family, inner: Family) -> String {
 }
 
 fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
-    let mut out: Vec<Set> = [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
-        .into_iter()
-        .map(|(fam, name)| Set {
+    let of_family = |fam: Family| move |a: &&std::net::IpAddr| a.is_ipv6() == (fam == Family::V6);
+    let mut out: Vec<Set> = Vec::new();
+    for (fam, local, cidrs) in [(Family::V4, OVERLAY_LOCAL_V4, OVERLAY_POD_CIDRS_V4), (Family::V6, OVERLAY_LOCAL_V6, OVERLAY_POD_CIDRS_V6)]
+    {
+        out.push(Set {
+            name: local.into(),
+            comment: format!(
+                "this node's {} address its VXLAN device receives on: VXLAN to another address of the node is dropped",
+                fam.as_str()
+            ),
+            key: vec![addr_type(fam)],
+            data: None,
+            interval: false,
+            timeout: false,
+            elements: Arc::new(sorted(
+                o.local
+                    .iter()
+                    .filter(of_family(fam))
+                    .map(|a| element_of(Key::one(KeyPart::Addr(*a)), "this node's VXLAN device"))
+                    .collect(),
+            )),
+        });
+        out.push(Set {
+            name: cidrs.into(),
+            comment: format!("every node's {} pod CIDRs: a pod's UDP {} to any other address is dropped", fam.as_str(), o.port),
+            key: vec![addr_type(fam)],
+            data: None,
+            interval: true,
+            timeout: false,
+            elements: Arc::new(sorted(
+                o.pod_cidrs
+                    .iter()
+                    .filter(|n| n.addr().is_ipv6() == (fam == Family::V6))
+                    .map(|n| element_of(Key::one(KeyPart::Net(*n)), "pod CIDR"))
+                    .collect(),
+            )),
+        });
+    }
+    out.extend([(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)].into_iter().map(|(fam, name)| {
+        Set {
             name: name.into(),
             comment: format!("every {} address of the nodes: a pod's VXLAN (UDP {}) to one is dropped", fam.as_str(), o.port),
             key: vec![addr_type(fam)],
@@ -1039,8 +1082,8 @@ fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
                     .map(|a| element_of(Key::one(KeyPart::Addr(*a)), "node"))
                     .collect(),
             )),
-        })
-        .collect();
+        }
+    }));
     for (outer, inner) in OVERLAY_PAIRS {
         let mut elements = Vec::new();
         for s in &o.senders {
@@ -1079,27 +1122,36 @@ fn overlay_guard(o: &crate::translate::OverlayGuard) -> Rule {
         .comment("VXLAN to this node: checked for its sender and what it carries")
 }
 
-/// What a VXLAN packet to this node must be: from a node, carrying an IPv4 or IPv6 packet
-/// whose source is one of that node's pods or addresses. Anything else — from a host that is
-/// not a node, a forged inner source, another EtherType, a frame too short to read — is
-/// dropped as spoofed (a raw field that cannot be read matches nothing).
+/// What a VXLAN packet to this node must be: to the address its VXLAN device receives on
+/// (the kernel decapsulates VXLAN to any address the node holds: a second NIC's, a VIP), from
+/// a node, carrying an IPv4 or IPv6 packet whose source is one of that node's pods or
+/// addresses. Anything else — to another address, from a host that is not a node, a forged
+/// inner source, another EtherType, a frame too short to read — is dropped as spoofed (a raw
+/// field that cannot be read matches nothing).
 fn overlay_in(spoofed: &Verdict) -> Chain {
-    let mut rules: Vec<Rule> = OVERLAY_PAIRS
+    let mut rules: Vec<Rule> = [(Family::V4, OVERLAY_LOCAL_V4), (Family::V6, OVERLAY_LOCAL_V6)]
         .into_iter()
-        .map(|(outer, inner)| {
+        .map(|(fam, set)| {
             Rule::new(
-                vec![
-                    Stmt::InnerEtherType(inner),
-                    Stmt::Lookup {
-                        fields: vec![Field::Saddr(outer), Field::InnerSaddr(inner)],
-                        neg: false,
-                        set: overlay_sources_set(outer, inner),
-                    },
-                ],
-                Some(Verdict::Return),
+                vec![Stmt::Lookup { fields: vec![Field::Daddr(fam)], neg: true, set: set.into() }, Stmt::Counter],
+                Some(spoofed.clone()),
             )
+            .comment("VXLAN to an address of this node its VXLAN device does not receive on: not the overlay")
         })
         .collect();
+    rules.extend(OVERLAY_PAIRS.into_iter().map(|(outer, inner)| {
+        Rule::new(
+            vec![
+                Stmt::InnerEtherType(inner),
+                Stmt::Lookup {
+                    fields: vec![Field::Saddr(outer), Field::InnerSaddr(inner)],
+                    neg: false,
+                    set: overlay_sources_set(outer, inner),
+                },
+            ],
+            Some(Verdict::Return),
+        )
+    }));
     rules.push(
         Rule::new(vec![Stmt::Counter], Some(spoofed.clone()))
             .comment("VXLAN not from a node, or carrying a source that is not the sending node's: spoofed"),
@@ -1112,11 +1164,13 @@ fn overlay_in(spoofed: &Verdict) -> Chain {
     }
 }
 
-/// In `from-pods` under an overlay: a pod's VXLAN to any address of a node is dropped as
-/// spoofed, whatever its policy (masqueraded on its way, it would leave with a node's address
-/// and reach `overlay-in` as its node's frame).
+/// In `from-pods` under an overlay: a pod's UDP to the VXLAN port is dropped as spoofed,
+/// whatever its policy, when it goes to any address of a node or to any address outside the
+/// nodes' pod CIDRs (masqueraded on its way, it would leave with a node's address and reach
+/// `overlay-in` as its node's frame — at an address the Node objects list or any other the
+/// receiving node holds). Pod to pod on that port is left to policy.
 fn overlay_from_pods(o: &crate::translate::OverlayGuard, spoofed: &Verdict) -> Vec<Rule> {
-    [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
+    let mut out: Vec<Rule> = [(Family::V4, OVERLAY_NODES_V4), (Family::V6, OVERLAY_NODES_V6)]
         .into_iter()
         .map(|(fam, set)| {
             Rule::new(
@@ -1129,7 +1183,19 @@ fn overlay_from_pods(o: &crate::translate::OverlayGuard, spoofed: &Verdict) -> V
             )
             .comment("VXLAN from a pod to a node: only nodes send the overlay")
         })
-        .collect()
+        .collect();
+    out.extend([(Family::V4, OVERLAY_POD_CIDRS_V4), (Family::V6, OVERLAY_POD_CIDRS_V6)].into_iter().map(|(fam, set)| {
+        Rule::new(
+            vec![
+                Stmt::Lookup { fields: vec![Field::Daddr(fam)], neg: true, set: set.into() },
+                Stmt::Dport(Proto::Udp, Ports::One(o.port)),
+                Stmt::Counter,
+            ],
+            Some(spoofed.clone()),
+        )
+        .comment("VXLAN from a pod to an address that is not a pod's: only nodes send the overlay")
+    }));
+    out
 }
 
 /// The pod interfaces whose DNS goes through the proxy, and the trusted resolvers.
@@ -1388,18 +1454,54 @@ pub(crate) fn revoked_rule(bit: u32) -> Rule {
 }
 
 /// What a pod sends the node to find its gateway and take part in multicast on its link,
-/// which no policy judges: IPv6 neighbour discovery and multicast listener reports (from
-/// link-local or unspecified sources, which the source check would take for spoofed, and
-/// which conntrack may call invalid): before the invalid check in the chains of packets to
-/// the node.
+/// which no policy judges: IPv6 neighbour discovery and multicast listener reports, before
+/// the invalid check in the chains of packets to the node (conntrack may call them invalid).
+/// Only as RFC 4861 and 3810 send them: neighbour discovery with hop limit 255 (a packet that
+/// crossed a router has less), MLD with hop limit 1, from a link-local source — or from `::`
+/// for a neighbour or router solicitation before the pod has an address (duplicate address
+/// detection) and an MLD report then, or — neighbour discovery — from the pod's own address
+/// on its own interface (Linux solicits from the address of the packet that needs the
+/// neighbour). Anything else of these types goes on to the source check, which drops it as
+/// spoofed: a pod cannot make the node learn a neighbour entry for a forged global address.
 fn link_local() -> Vec<Rule> {
-    ICMPV6_LINK
-        .iter()
-        .map(|t| {
-            Rule::new(vec![Stmt::IcmpV6Type(*t)], Some(Verdict::Accept))
-                .comment("IPv6 neighbour discovery and multicast listeners: link-local, never policy")
-        })
-        .collect()
+    let link_local: (std::net::Ipv6Addr, u8) = (std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10);
+    let unspecified: (std::net::Ipv6Addr, u8) = (std::net::Ipv6Addr::UNSPECIFIED, 128);
+    let mut out = Vec::new();
+    for t in ICMPV6_LINK {
+        let (hop_limit, what) = match t {
+            IcmpV6::MldListenerReport | IcmpV6::Mld2ListenerReport => (1, "multicast listener report"),
+            _ => (255, "neighbour discovery"),
+        };
+        let from_unspecified = !matches!(t, IcmpV6::NdNeighborAdvert | IcmpV6::MldListenerReport);
+        for (source, whence) in [(link_local, "a link-local source"), (unspecified, "::, before the pod has an address")] {
+            if source == unspecified && !from_unspecified {
+                continue;
+            }
+            out.push(
+                Rule::new(
+                    vec![Stmt::IcmpV6Type(t), Stmt::HopLimit(hop_limit), Stmt::Saddr6Prefix(source.0, source.1)],
+                    Some(Verdict::Accept),
+                )
+                .comment(format!("IPv6 {what} from {whence}, hop limit {hop_limit}: never policy")),
+            );
+        }
+        // Linux solicits from the address of the packet that needs the neighbour: the pod's
+        // own global address, which only its own interface may send.
+        if hop_limit == 255 {
+            out.push(
+                Rule::new(
+                    vec![
+                        Stmt::IcmpV6Type(t),
+                        Stmt::HopLimit(hop_limit),
+                        Stmt::Lookup { fields: vec![Field::IifName, Field::Saddr(Family::V6)], neg: false, set: POD_ADDRS_V6.into() },
+                    ],
+                    Some(Verdict::Accept),
+                )
+                .comment(format!("IPv6 {what} from the pod's own address, hop limit {hop_limit}: never policy")),
+            );
+        }
+    }
+    out
 }
 
 /// With the DNS proxy: DNS the steering already judged (`dns-steer` jumps `from-pods`) and

@@ -106,7 +106,7 @@ fn golden_overlay_dual_stack() {
     other.internal_ips = vec!["198.18.9.2".parse().unwrap()];
     other.pod_cidrs = vec!["198.18.3.0/24".parse().unwrap()];
     s.upsert_node(other);
-    let options = Options { overlay_port: Some(4789), ..Options::default() };
+    let options = Options { overlay_port: Some(4789), overlay_node: Some("node-1".into()), ..Options::default() };
     let np = translate(&s, &s.derived_endpoints("node-1"), &options);
     let rs = render(&np);
     let text = rs.to_text();
@@ -115,7 +115,15 @@ fn golden_overlay_dual_stack() {
     let Some(Object::Chain(c)) = rs.object(OVERLAY_IN) else { panic!("no {OVERLAY_IN}") };
     let last = c.rules.last().and_then(|r| r.verdict.clone());
     assert!(matches!(&last, Some(Verdict::Drop)) || last == Some(Verdict::Goto(DENY_SPOOFED.into())), "{last:?}");
-    assert!(c.rules[..c.rules.len() - 1].iter().all(|r| r.verdict == Some(Verdict::Return)));
+    // First, the outer destination must be this node's VXLAN device's (node-1's first
+    // InternalIP of each family); then the senders' sets.
+    assert!(c.rules[..2].iter().all(|r| r.verdict == last), "{:?}", c.rules);
+    assert!(c.rules[2..c.rules.len() - 1].iter().all(|r| r.verdict == Some(Verdict::Return)));
+    assert!(text.contains("elements = { 198.18.0.1 comment \"this node's VXLAN device\" }"), "{text}");
+    assert!(text.contains("ip daddr != @overlay-local-v4 counter goto deny-spoofed"), "{text}");
+    // A pod's UDP to the VXLAN port goes to pod CIDRs only.
+    assert!(text.contains("ip daddr != @overlay-pod-cidrs-v4 udp dport 4789 counter goto deny-spoofed"), "{text}");
+    assert!(text.contains("2001:db8:2::/64 comment \"pod CIDR\""), "{text}");
     assert!(text.contains("198.18.0.2 . 0xc6120200-0xc61202ff comment \"node-2: pods 198.18.2.0/24\""));
     assert!(text.contains("2001:db8::2 . 0xc6120002 comment \"node-2: its address 198.18.0.2\""));
     // Not trusted: 198.18.9.2 (node-2's and node-3's), so node-3 sends nothing; 198.18.2.77 as

@@ -31,6 +31,25 @@ pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<(), PlumbingError> {
     run(&["ip", "netns", "exec", ns, "sysctl", "-q", "-w", &format!("{key}={value}")]).map(drop)
 }
 
+/// Runs nft `script` (from stdin) inside network namespace `ns`.
+fn nft_in(ns: &str, script: &str) -> Result<(), PlumbingError> {
+    use std::io::Write as _;
+    let command = format!("ip netns exec {ns} nft -f -");
+    let fail = |message: String| PlumbingError { command: command.clone(), message };
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot run ip: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(script.as_bytes()).map_err(|e| fail(format!("writing the script: {e}")))?;
+    }
+    let out = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
+    if out.status.success() { Ok(()) } else { Err(fail(String::from_utf8_lossy(&out.stderr).trim().to_string())) }
+}
+
 /// Runs a command, failing with its stderr.
 pub fn run(args: &[&str]) -> Result<String, PlumbingError> {
     let out = Command::new(args[0])
@@ -55,6 +74,8 @@ pub(crate) struct Fabric {
     pub(crate) routed: bool,
     /// The fabric's port of each member namespace.
     ports: Mutex<BTreeMap<String, String>>,
+    /// Routed and validating sources: the port each member address is reached through.
+    sources: Option<Mutex<BTreeMap<IpAddr, String>>>,
 }
 
 /// The routed underlay's gateway, on every fabric port (link-local data, as pods' gateways).
@@ -62,11 +83,27 @@ pub(crate) const ROUTER_V4: &str = "169.254.0.1";
 pub(crate) const ROUTER_V6: &str = "fe80::1";
 /// The routed underlay's table of pod CIDRs, for hosts' packets.
 const HOSTS_TABLE: &str = "100";
+/// The routed underlay's source validation (in the fabric namespace, never the host's): what
+/// arrives on a port is forwarded only from an address of that port's member (a node's, a
+/// host's) or, from a node, from its pod CIDRs — as a cloud VPC checks sources.
+const SOURCE_CHECK: &str = "table inet underlay {
+  comment \"flockctl sim: the routed underlay forwards only what a member sends from its own addresses (a node's also from its pod CIDRs)\"
+  set sources-v4 { type ifname . ipv4_addr; flags interval; comment \"fabric port . an address its member may send from\"; }
+  set sources-v6 { type ifname . ipv6_addr; flags interval; comment \"fabric port . an address its member may send from\"; }
+  chain forward {
+    type filter hook forward priority filter; policy accept;
+    iifname . ip saddr != @sources-v4 counter drop comment \"a source that is not the sending member's: spoofed\"
+    iifname . ip6 saddr != @sources-v6 counter drop comment \"a source that is not the sending member's: spoofed\"
+  }
+}
+";
 
 impl Fabric {
     /// Creates the fabric namespace: a bridge `br0` (an L2 underlay) or a router (`routed`).
     /// Runs are named `flks-<pid>-<n>`, so one process can hold several.
-    pub(crate) fn new(routed: bool) -> Result<Self, PlumbingError> {
+    /// With `validate` (routed only), the router drops what a member sends from another's
+    /// address ([`SOURCE_CHECK`]).
+    pub(crate) fn new(routed: bool, validate: bool) -> Result<Self, PlumbingError> {
         static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let run_id = format!("{PREFIX}{}-{n}", std::process::id());
@@ -77,11 +114,15 @@ impl Fabric {
             members: Mutex::new(0),
             routed,
             ports: Mutex::new(BTreeMap::new()),
+            sources: (routed && validate).then(|| Mutex::new(BTreeMap::new())),
         };
         f.add_netns(&f.fabric_ns)?;
         if routed {
             sysctl(&f.fabric_ns, "net.ipv4.ip_forward", "1")?;
             sysctl(&f.fabric_ns, "net.ipv6.conf.all.forwarding", "1")?;
+            if f.sources.is_some() {
+                nft_in(&f.fabric_ns, SOURCE_CHECK)?;
+            }
         } else {
             run(&["ip", "-n", &f.fabric_ns, "link", "add", "br0", "type", "bridge"])?;
             run(&["ip", "-n", &f.fabric_ns, "link", "set", "br0", "up"])?;
@@ -97,7 +138,20 @@ impl Fabric {
         let port = self.port(ns)?;
         let cidr = format!("{addr}/{}", if addr.is_ipv4() { 32 } else { 128 });
         let fam = if addr.is_ipv4() { "-4" } else { "-6" };
-        run(&["ip", fam, "-n", &self.fabric_ns, "route", "replace", &cidr, "dev", &port]).map(drop)
+        run(&["ip", fam, "-n", &self.fabric_ns, "route", "replace", &cidr, "dev", &port])?;
+        if let Some(sources) = &self.sources {
+            if let Ok(mut s) = sources.lock() {
+                s.insert(addr, port.clone());
+            }
+            self.allow_source(&port, &cidr, addr.is_ipv6())?;
+        }
+        Ok(())
+    }
+
+    /// Validating: member port `port` may send from `cidr`.
+    fn allow_source(&self, port: &str, cidr: &str, v6: bool) -> Result<(), PlumbingError> {
+        let set = if v6 { "sources-v6" } else { "sources-v4" };
+        nft_in(&self.fabric_ns, &format!("add element inet underlay {set} {{ \"{port}\" . {cidr} }}\n"))
     }
 
     /// Routed underlay: `cidr` (a node's pods) via the member's address `via`, for what comes
@@ -105,7 +159,15 @@ impl Fabric {
     /// host-gw cannot cross it.
     pub(crate) fn route_via_member(&self, cidr: &str, via: IpAddr) -> Result<(), PlumbingError> {
         let fam = if via.is_ipv4() { "-4" } else { "-6" };
-        run(&["ip", fam, "-n", &self.fabric_ns, "route", "replace", cidr, "via", &via.to_string(), "table", HOSTS_TABLE]).map(drop)
+        run(&["ip", fam, "-n", &self.fabric_ns, "route", "replace", cidr, "via", &via.to_string(), "table", HOSTS_TABLE])?;
+        // The node's pods' packets to hosts come from its port with their own sources.
+        if let Some(sources) = &self.sources {
+            let port = sources.lock().ok().and_then(|s| s.get(&via).cloned());
+            if let Some(port) = port {
+                self.allow_source(&port, cidr, via.is_ipv6())?;
+            }
+        }
+        Ok(())
     }
 
     /// Routed underlay: what host `ns` sends may reach pods ([`Fabric::route_via_member`]).

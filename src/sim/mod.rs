@@ -108,6 +108,8 @@ pub struct SimOptions {
     pub dns: Option<crate::agent::dns::DnsConfig>,
     /// How the nodes are connected: one L2 segment, or each behind a router.
     pub underlay: Underlay,
+    /// Whether the routed underlay lets a member send from addresses that are not its own.
+    pub underlay_spoofing: UnderlaySpoofing,
     /// How the agents route to other nodes' pods (`--routing`).
     pub routing: crate::agent::routes::RoutingConfig,
 }
@@ -131,6 +133,37 @@ impl std::str::FromStr for Underlay {
             "routed" => Ok(Self::Routed),
             other => Err(format!("{other:?}: l2 or routed")),
         }
+    }
+}
+
+/// What a routed underlay does with a packet whose source is not its sender's: drop it, as
+/// cloud VPCs do (each port may send from its member's addresses and, for a node, its pod
+/// CIDRs), or forward it, as a plain router does (the forged-outer attack on the overlay:
+/// a node, or a host-network pod with CAP_NET_RAW, sending VXLAN as another node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnderlaySpoofing {
+    #[default]
+    Validated,
+    Allowed,
+}
+
+impl std::str::FromStr for UnderlaySpoofing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "validated" => Ok(Self::Validated),
+            "allowed" => Ok(Self::Allowed),
+            other => Err(format!("{other:?}: validated or allowed")),
+        }
+    }
+}
+
+impl std::fmt::Display for UnderlaySpoofing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Validated => "validated",
+            Self::Allowed => "allowed",
+        })
     }
 }
 
@@ -172,6 +205,7 @@ impl SimOptions {
             revoke: true,
             dns: None,
             underlay: Underlay::L2,
+            underlay_spoofing: UnderlaySpoofing::Validated,
             routing: crate::agent::routes::RoutingConfig::default(),
         }
     }
@@ -284,7 +318,8 @@ impl Sim {
     /// Builds the simulation for `snapshot`.
     pub async fn build(snapshot: Snapshot, opts: SimOptions) -> Result<Self, SimError> {
         let swept = fabric::sweep(fabric::Sweep::Crashed);
-        let fabric = Arc::new(Fabric::new(opts.underlay == Underlay::Routed)?);
+        let routed = opts.underlay == Underlay::Routed;
+        let fabric = Arc::new(Fabric::new(routed, routed && opts.underlay_spoofing == UnderlaySpoofing::Validated)?);
         let mut snapshot = snapshot;
         augment_nodes(&mut snapshot)?;
         let source = StaticSource::new(snapshot.clone());

@@ -404,7 +404,7 @@ impl Incremental {
         np.problems = problems;
         // Few pods (a namespace's), looked at every time: resolvers come and go with pods.
         np.dns_resolvers = self.options.dns_resolvers.as_ref().map(|r| r.addresses(snapshot)).unwrap_or_default();
-        np.overlay = self.options.overlay_port.map(|port| super::OverlayGuard::of(snapshot, port));
+        np.overlay = self.options.overlay_port.map(|port| super::OverlayGuard::of(snapshot, port, self.options.overlay_node.as_deref()));
 
         self.idents = eps.iter().map(|e| e.interface.clone()).zip(idents).collect();
         self.eps = eps;

@@ -622,6 +622,13 @@ pub struct OverlayGuard {
     /// Addresses left out because they are ambiguous, by node (each names the node and the
     /// address): the guard takes less, never more.
     pub problems: Vec<String>,
+    /// Every node's pod CIDRs, merged (none inside another), sorted: a pod's UDP to the VXLAN
+    /// port goes only to these (pod to pod), never anywhere else.
+    pub pod_cidrs: Vec<IpNet>,
+    /// The addresses this node's VXLAN devices send and receive on — its first InternalIP of
+    /// each family, as the routes make them — sorted; VXLAN to any other address of the node
+    /// is not the overlay. Empty when the node is unknown: no VXLAN is taken.
+    pub local: Vec<IpAddr>,
 }
 
 /// One node as a VXLAN sender: the underlay addresses it sends from and the inner sources
@@ -641,7 +648,7 @@ impl OverlayGuard {
     /// The guard for `port` from the nodes of `snapshot`. A node's `status.addresses` are
     /// its kubelet's word: an InternalIP two nodes claim is taken from neither, and one inside
     /// a pod CIDR is no node's inner source (a node could otherwise speak for other pods).
-    pub fn of(snapshot: &crate::model::Snapshot, port: u16) -> Self {
+    pub fn of(snapshot: &crate::model::Snapshot, port: u16, node: Option<&str>) -> Self {
         use std::collections::{BTreeMap, BTreeSet};
         let nodes: BTreeSet<IpAddr> = snapshot.nodes().flat_map(|n| n.internal_ips.iter().chain(&n.addresses).copied()).collect();
         let mut claims: BTreeMap<IpAddr, BTreeSet<&str>> = BTreeMap::new();
@@ -684,7 +691,22 @@ impl OverlayGuard {
         }
         senders.sort_by(|a, b| a.node.cmp(&b.node));
         problems.sort();
-        Self { port, nodes: nodes.into_iter().collect(), senders, problems }
+        let all_cidrs: BTreeSet<IpNet> = pod_cidrs.iter().copied().collect();
+        let mut merged_cidrs: Vec<IpNet> = Vec::with_capacity(all_cidrs.len());
+        for net in all_cidrs {
+            if !merged_cidrs.iter().any(|m| m.contains(&net)) {
+                merged_cidrs.push(net);
+            }
+        }
+        // As `routes::plan` picks the local address: the first InternalIP of each family.
+        let mut local: Vec<IpAddr> = snapshot
+            .nodes()
+            .filter(|n| Some(n.name.as_str()) == node)
+            .flat_map(|n| [false, true].into_iter().filter_map(|v6| n.internal_ips.iter().copied().find(|a| a.is_ipv6() == v6)))
+            .collect();
+        local.sort();
+        local.dedup();
+        Self { port, nodes: nodes.into_iter().collect(), senders, problems, pod_cidrs: merged_cidrs, local }
     }
 }
 

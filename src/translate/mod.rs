@@ -59,11 +59,14 @@ pub struct Options {
     /// The VXLAN overlay's UDP port, when the node takes overlay traffic
     /// ([`NodePolicy::overlay`]).
     pub overlay_port: Option<u16>,
+    /// This node's name, under the overlay: its InternalIPs are the addresses VXLAN must be
+    /// sent to ([`OverlayGuard::local`]).
+    pub overlay_node: Option<String>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { isolate_run_pods: true, audit_mode: false, dns_resolvers: None, overlay_port: None }
+        Self { isolate_run_pods: true, audit_mode: false, dns_resolvers: None, overlay_port: None, overlay_node: None }
     }
 }
 
@@ -166,7 +169,7 @@ pub fn translate(snapshot: &Snapshot, endpoints: &[LocalEndpoint], options: &Opt
     problems.dedup();
     out.problems = problems;
     out.dns_resolvers = options.dns_resolvers.as_ref().map(|r| r.addresses(snapshot)).unwrap_or_default();
-    out.overlay = options.overlay_port.map(|port| OverlayGuard::of(snapshot, port));
+    out.overlay = options.overlay_port.map(|port| OverlayGuard::of(snapshot, port, options.overlay_node.as_deref()));
     out
 }
 

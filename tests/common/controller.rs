@@ -135,6 +135,7 @@ pub fn daemon_options(agent: flock::agent::AgentConfig, dir: &Path) -> flock::da
         listen: flock::agent::http::ListenAddr::Unix(dir.join("metrics.sock")),
         cni_conf: None,
         cni_mtu: None,
+        cni_host_ports: flock::agent::cniconf::HostPorts::Off,
         degraded_after: Duration::from_secs(5),
         disconnected_after: Duration::from_secs(60),
         source: flock::source::kube::SourceOptions::for_node(&node),

@@ -239,6 +239,9 @@ fn register(slot: usize) -> u32 {
 /// `next_id` the batch's next set id (taken by the rule's anonymous sets).
 pub(super) fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &mut u32) -> Result<Compiled, String> {
     let mut out = Compiled { exprs: Vec::new(), comment: rule.comment.clone(), anonymous: Vec::new() };
+    // Whether an earlier statement established that the packet is IPv6 (`icmpv6 type`): nft
+    // then loads `ip6` fields without checking the family again.
+    let mut ipv6 = false;
     for stmt in &rule.stmts {
         match stmt {
             Stmt::CtState(states) => {
@@ -308,8 +311,8 @@ pub(super) fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &m
                 out.exprs.push(load(if *o { OIFNAME } else { IIFNAME }, NFT_REG_1));
                 out.exprs.push(cmp(if *neg { NFT_CMP_NEQ } else { NFT_CMP_EQ }, prefix.as_bytes()));
             }
-            Stmt::Lookup { fields, neg, set } => lookup(fields, *neg, false, set, sets, &mut out.exprs)?,
-            Stmt::Vmap { fields, map } => lookup(fields, false, true, map, sets, &mut out.exprs)?,
+            Stmt::Lookup { fields, neg, set } => lookup(fields, *neg, false, set, sets, ipv6, &mut out.exprs)?,
+            Stmt::Vmap { fields, map } => lookup(fields, false, true, map, sets, ipv6, &mut out.exprs)?,
             Stmt::InnerEtherType(fam) => {
                 let offset = crate::render::rule::INNER_ETHERTYPE / 8;
                 out.exprs.push(load(Load::Payload { base: NFT_PAYLOAD_TRANSPORT_HEADER, offset, len: 2, family: None }, NFT_REG_1));
@@ -323,6 +326,36 @@ pub(super) fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &m
                 out.exprs.push(cmp(NFT_CMP_EQ, &[IPPROTO_ICMPV6]));
                 out.exprs.push(load(Load::Payload { base: NFT_PAYLOAD_TRANSPORT_HEADER, offset: 0, len: 1, family: None }, NFT_REG_1));
                 out.exprs.push(cmp(NFT_CMP_EQ, &[t.number()]));
+                ipv6 = true;
+            }
+            Stmt::HopLimit(n) => {
+                if !std::mem::replace(&mut ipv6, true) {
+                    out.exprs.push(load(Load::Meta { key: NFT_META_NFPROTO, len: 1 }, NFT_REG_1));
+                    out.exprs.push(cmp(NFT_CMP_EQ, &[NFPROTO_IPV6]));
+                }
+                out.exprs.push(load(Load::Payload { base: NFT_PAYLOAD_NETWORK_HEADER, offset: 7, len: 1, family: None }, NFT_REG_1));
+                out.exprs.push(cmp(NFT_CMP_EQ, &[*n]));
+            }
+            Stmt::Saddr6Prefix(addr, len) => {
+                if !std::mem::replace(&mut ipv6, true) {
+                    out.exprs.push(load(Load::Meta { key: NFT_META_NFPROTO, len: 1 }, NFT_REG_1));
+                    out.exprs.push(cmp(NFT_CMP_EQ, &[NFPROTO_IPV6]));
+                }
+                // As nft compiles it: all 16 bytes, masked unless the prefix is the whole address.
+                out.exprs.push(load(Load::Payload { base: NFT_PAYLOAD_NETWORK_HEADER, offset: 8, len: 16, family: None }, NFT_REG_1));
+                let len = u32::from((*len).min(128));
+                let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+                let value = addr.to_bits() & mask;
+                if len < 128 {
+                    out.exprs.push(expr("bitwise", |b| {
+                        u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
+                        u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
+                        u32_attr(b, NFTA_BITWISE_LEN, 16);
+                        nested(b, NFTA_BITWISE_MASK, |d| attr(d, NFTA_DATA_VALUE, &mask.to_be_bytes()));
+                        nested(b, NFTA_BITWISE_XOR, |d| attr(d, NFTA_DATA_VALUE, &[0u8; 16]));
+                    }));
+                }
+                out.exprs.push(cmp(NFT_CMP_EQ, &value.to_be_bytes()));
             }
             Stmt::Counter => out.exprs.push(expr("counter", |_| {})),
             Stmt::Limit { rate, burst } => {
@@ -441,6 +474,7 @@ fn lookup(
     vmap: bool,
     target: &str,
     sets: &HashMap<&str, SetRef<'_>>,
+    ipv6: bool,
     exprs: &mut Vec<Vec<u8>>,
 ) -> Result<(), String> {
     let fields: Vec<Load> = fields.iter().map(|f| field(*f)).collect();
@@ -451,8 +485,11 @@ fn lookup(
         if families.any(|other| other != fam) {
             return Err("addresses of two families in one match".into());
         }
-        exprs.push(load(Load::Meta { key: NFT_META_NFPROTO, len: 1 }, NFT_REG_1));
-        exprs.push(cmp(NFT_CMP_EQ, &[fam]));
+        // Unless the rule established it already (IPv6 after `icmpv6 type`), as nft does.
+        if !(ipv6 && fam == NFPROTO_IPV6) {
+            exprs.push(load(Load::Meta { key: NFT_META_NFPROTO, len: 1 }, NFT_REG_1));
+            exprs.push(cmp(NFT_CMP_EQ, &[fam]));
+        }
     }
     let interval_concat = set.set.interval && fields.len() > 1;
     let mut slot = 0;

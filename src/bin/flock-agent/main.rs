@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use flock::agent::AgentConfig;
+use flock::agent::cniconf::HostPorts;
 use flock::agent::http::ListenAddr;
 use flock::crd::AgentPod;
 use flock::daemon::{self, DaemonOptions};
@@ -45,7 +46,7 @@ struct Args {
     #[arg(long, env = "FLOCK_POD_WAIT", default_value = "10s", value_parser = parse_duration)]
     pod_wait: Duration,
     /// Address of /healthz, /readyz and /metrics (HOST:PORT or unix:/path).
-    #[arg(long, env = "FLOCK_METRICS_ADDRESS", default_value = "0.0.0.0:9781")]
+    #[arg(long, env = "FLOCK_METRICS_ADDRESS", default_value = "[::]:9781")]
     metrics_address: ListenAddr,
     /// Log format.
     #[arg(long, env = "FLOCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -66,6 +67,14 @@ struct Args {
     /// underlay's less the VXLAN encapsulation.
     #[arg(long, env = "FLOCK_CNI_MTU")]
     cni_mtu: Option<u32>,
+    /// Pods' hostPorts: auto chains the portmap plugin after flock-cni when it is in
+    /// --cni-bin-dir; on always (a pod's ADD then fails without it); off never (hostPorts
+    /// are not served).
+    #[arg(long, env = "FLOCK_CNI_HOST_PORTS", value_enum, default_value_t = HostPortsArg::Auto)]
+    cni_host_ports: HostPortsArg,
+    /// Directory of the node's CNI plugins (where --cni-host-ports auto looks for portmap).
+    #[arg(long, env = "FLOCK_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    cni_bin_dir: PathBuf,
     /// Do not isolate the egress of pods labelled flock.dev/run that no policy selects yet.
     #[arg(long, env = "FLOCK_NO_RUN_POD_ISOLATION")]
     no_run_pod_isolation: bool,
@@ -283,6 +292,14 @@ fn node_status_options(args: &Args) -> Option<NodeStatusOptions> {
     args.node_status.then(|| NodeStatusOptions { agent_pod, interval: args.node_status_interval, ..NodeStatusOptions::default() })
 }
 
+/// `--cni-host-ports`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum HostPortsArg {
+    Auto,
+    On,
+    Off,
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(&args.log, args.log_format);
@@ -367,6 +384,11 @@ fn run(args: Args) -> anyhow::Result<()> {
             listen: args.metrics_address.clone(),
             cni_conf: (!args.no_cni_conf).then(|| (args.cni_conf_dir.clone(), args.cni_conf_name.clone())),
             cni_mtu: args.cni_mtu,
+            cni_host_ports: match args.cni_host_ports {
+                HostPortsArg::Auto => HostPorts::Auto(args.cni_bin_dir.clone()),
+                HostPortsArg::On => HostPorts::On,
+                HostPortsArg::Off => HostPorts::Off,
+            },
             degraded_after: args.degraded_after,
             disconnected_after: args.disconnected_after,
             source: SourceOptions::for_node(&args.node_name),

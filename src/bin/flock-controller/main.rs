@@ -70,7 +70,7 @@ struct Args {
     #[arg(long, env = "FLOCK_AUDIT_MAX_PER_RUN", default_value_t = 100)]
     audit_max_per_run: usize,
     /// Address of /healthz, /readyz and /metrics (HOST:PORT or unix:/path).
-    #[arg(long, env = "FLOCK_METRICS_ADDRESS", default_value = "0.0.0.0:9782")]
+    #[arg(long, env = "FLOCK_METRICS_ADDRESS", default_value = "[::]:9782")]
     metrics_address: ListenAddr,
     /// Run without leader election (one replica only).
     #[arg(long, env = "FLOCK_NO_LEADER_ELECTION")]

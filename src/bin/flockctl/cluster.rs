@@ -22,7 +22,9 @@ pub struct ClusterArgs {
     pub context: Option<String>,
 }
 
-pub async fn client(args: &ClusterArgs) -> anyhow::Result<kube::Client> {
+/// The API client, and the API server's address as the kubeconfig names it (errors say
+/// which server did not answer: a wrong kubeconfig is otherwise only "client error (Connect)").
+pub async fn client(args: &ClusterArgs) -> anyhow::Result<(kube::Client, String)> {
     let options = KubeConfigOptions { context: args.context.clone(), ..KubeConfigOptions::default() };
     let config = match (&args.kubeconfig, &args.context) {
         (Some(path), _) => {
@@ -34,7 +36,9 @@ pub async fn client(args: &ClusterArgs) -> anyhow::Result<kube::Client> {
         }
         (None, None) => kube::Config::infer().await.context("finding the cluster (KUBECONFIG, ~/.kube/config, in-cluster)")?,
     };
-    kube::Client::try_from(config).context("building the API client")
+    let server = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).context("building the API client")?;
+    Ok((client, server))
 }
 
 /// The cluster's snapshot, for `verb` (which errors name). Objects flock cannot read are
@@ -43,12 +47,12 @@ pub fn read(args: &ClusterArgs, verb: &str) -> anyhow::Result<Snapshot> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let listed = runtime
         .block_on(async {
-            let client = client(args).await?;
-            flock::source::kube::list_cluster(&client).await.map_err(anyhow::Error::from)
+            let (client, server) = client(args).await?;
+            flock::source::kube::list_cluster(&client).await.with_context(|| format!("the API server at {server}"))
         })
         .with_context(|| format!("{verb}: reading the cluster"))?;
     for u in &listed.unreadable {
-        eprintln!("warning: left out (flock cannot read it): {u}");
+        eprintln!("warning: left out (flock cannot read it): {}", flock::text::visible(&u.to_string()));
     }
     Ok(listed.snapshot)
 }

@@ -148,7 +148,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         } else {
             let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
             for w in &m.warnings {
-                eprintln!("warning: {w}");
+                eprintln!("warning: {}", flock::text::visible(&w.to_string()));
             }
             m.into_snapshot()
         };
@@ -164,6 +164,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             audit_mode: args.allow_audit_mode,
             dns_resolvers: None,
             overlay_port: None,
+            overlay_node: None,
         };
         let e = Explainer::new(&snapshot, options).explain(&query)?;
         let allowed = e.verdict == explain::Verdict::Allow;
@@ -173,6 +174,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         };
         (text, allowed)
     };
-    println!("{}", text.trim_end());
+    // Names and reasons from the cluster: nothing in them reaches the terminal as a control.
+    println!("{}", flock::text::visible_lines(text.trim_end()));
     Ok(if args.exit_code && !allowed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

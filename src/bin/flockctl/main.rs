@@ -93,7 +93,8 @@ fn main() -> ExitCode {
         // 2, as grep and diff: 1 is an answer (a Deny with `explain --exit-code`, failing
         // conformance cases).
         Err(e) => {
-            eprintln!("error: {}", flock::process::error_chain(&*e));
+            // An error may quote the API server or a file: its controls are escaped.
+            eprintln!("error: {}", flock::text::visible_lines(&flock::process::error_chain(&*e)));
             ExitCode::from(2)
         }
     }

@@ -153,7 +153,11 @@ impl Side {
             sh(&["ip", "-n", n, "neigh", "replace", &pod_ip.to_string(), "lladdr", pod_mac, "dev", iface, "nud", "permanent"])?;
 
             let overlay_port = (routing != Routing::HostGw).then_some(VxlanConfig::default().port);
-            let ir = translate::translate(snap, &endpoints, &Options { overlay_port, ..Options::default() });
+            let ir = translate::translate(
+                snap,
+                &endpoints,
+                &Options { overlay_port, overlay_node: Some(node_name.into()), ..Options::default() },
+            );
             let rs = render::render_with(&ir, options);
             rules += rs.stats().rules;
             Applier::new(NftCli::new(Netns::named(n))).defer_baseline().apply(&rs).with_context(|| format!("applying the table in {n}"))?;

@@ -64,7 +64,7 @@ pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
     } else {
         let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
         for w in &m.warnings {
-            eprintln!("warning: {w}");
+            eprintln!("warning: {}", flock::text::visible(&w.to_string()));
         }
         (m.into_snapshot(), "the manifests")
     };
@@ -78,7 +78,8 @@ pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
         bail!("node {:?} is neither a Node in {source} nor the spec.nodeName of a pod ({known})", args.node);
     }
     for p in translate::validate_all(&snapshot) {
-        eprintln!("warning: {p}");
+        // A policy problem quotes the policy's fields (a live cluster's): escaped.
+        eprintln!("warning: {}", flock::text::visible(&p.to_string()));
     }
     let endpoints = snapshot.derived_endpoints(&args.node);
     let options = Options {
@@ -86,6 +87,7 @@ pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
         audit_mode: args.allow_audit_mode,
         dns_resolvers: None,
         overlay_port: args.routing.overlay_port(),
+        overlay_node: Some(args.node.clone()),
     };
     let policy = translate::translate(&snapshot, &endpoints, &options);
     let ruleset = flock::render::render(&policy);

@@ -66,6 +66,11 @@ pub struct CommonArgs {
     /// behind a router: host-gw cannot reach another node).
     #[arg(long, default_value = "l2")]
     pub underlay: flock::sim::Underlay,
+    /// On a routed underlay: `validated` (the router forwards only what a node or host sends
+    /// from its own addresses, a node's also from its pod CIDRs, as cloud VPCs do) or
+    /// `allowed` (it forwards forged sources too: a node can send VXLAN as another).
+    #[arg(long, default_value = "validated")]
+    pub underlay_spoofing: flock::sim::UnderlaySpoofing,
     /// How the agents reach other nodes' pods: host-gw, vxlan or auto (flock-agent's
     /// `--routing`).
     #[arg(long, default_value = "host-gw")]
@@ -124,6 +129,7 @@ pub fn preflight(common: &CommonArgs) -> anyhow::Result<SimOptions> {
     o.probe_timeout = Duration::from_millis(common.timeout_ms);
     o.parallelism = common.parallel.max(1);
     o.underlay = common.underlay;
+    o.underlay_spoofing = common.underlay_spoofing;
     o.routing.routing = common.routing;
     Ok(o)
 }
@@ -202,7 +208,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
     let mut opts = preflight(&args.common)?;
     let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
     for w in &m.warnings {
-        eprintln!("warning: {w}");
+        eprintln!("warning: {}", flock::text::visible(&w.to_string()));
     }
     let snapshot = m.to_snapshot();
     for p in flock::translate::validate_all(&snapshot) {

@@ -95,7 +95,7 @@ pub fn run(args: &WhatifArgs) -> anyhow::Result<ExitCode> {
     } else {
         let m = flock::source::files::load_manifests(&args.manifests).context("reading manifests")?;
         for w in &m.warnings {
-            eprintln!("warning: {w}");
+            eprintln!("warning: {}", flock::text::visible(&w.to_string()));
         }
         m.into_snapshot()
     };
@@ -113,7 +113,7 @@ pub fn run(args: &WhatifArgs) -> anyhow::Result<ExitCode> {
     }
     let change = flock::source::files::load_manifests(&args.apply).context("reading --apply")?;
     for w in &change.warnings {
-        eprintln!("warning: --apply: {w}");
+        eprintln!("warning: --apply: {}", flock::text::visible(&w.to_string()));
     }
     let mut after = before.clone();
     apply_change(&mut after, &change.objects, &deletes);
@@ -122,6 +122,7 @@ pub fn run(args: &WhatifArgs) -> anyhow::Result<ExitCode> {
         audit_mode: args.allow_audit_mode,
         dns_resolvers: None,
         overlay_port: None,
+        overlay_node: None,
     };
     let scope = Scope { port: args.port, protocol: args.protocol, family: args.family };
     if !args.flows.is_empty() {
@@ -159,7 +160,7 @@ fn observed(
 ) -> anyhow::Result<ExitCode> {
     let mut log = observed::parse(&read_flows(&args.flows)?);
     for u in &log.unreadable {
-        eprintln!("warning: --flows: left out: {u}");
+        eprintln!("warning: --flows: left out: {}", flock::text::visible(u));
     }
     if log.unreadable_count > log.unreadable.len() {
         eprintln!("warning: --flows: {} more records left out", log.unreadable_count - log.unreadable.len());
@@ -168,7 +169,7 @@ fn observed(
         // Nothing judged is no answer: a script must not read it as "nothing flips".
         bail!(
             "--flows: no flock::denied records found in {} lines (flock-agent logs them as JSON with --log-format json)",
-            log.other_lines + log.unreadable_count + log.not_policy + log.portless
+            log.other_lines + log.unattributed + log.unreadable_count + log.not_policy + log.portless
         );
     }
     log.flows.retain(|f, _| {
@@ -191,7 +192,7 @@ fn observed(
                 "flows": f.flows,
                 "records": f.records,
                 "unjudged": f.unjudged,
-                "skipped": {"otherLines": log.other_lines, "notPolicy": log.not_policy, "portless": log.portless, "unreadable": log.unreadable_count},
+                "skipped": {"otherLines": log.other_lines, "unattributed": log.unattributed, "notPolicy": log.not_policy, "portless": log.portless, "unreadable": log.unreadable_count},
             });
             println!("{}", serde_json::to_string_pretty(&doc)?);
         }
@@ -234,13 +235,13 @@ fn flips_table(f: &observed::Flips, total: usize, log: &observed::FlowLog) -> St
         ));
     }
     for u in &f.unjudged {
-        let _ = writeln!(out, "not judged: {u}");
+        let _ = writeln!(out, "not judged: {}", flock::text::visible(u));
     }
     let listed = if f.flips.len() < total { format!(" ({} listed: --max-changes)", f.flips.len()) } else { String::new() };
     let _ = writeln!(
         out,
-        "{total} of {} observed flows flip{listed} ({} records; left out: {} other lines, {} not policy verdicts, {} without a port, {} unreadable)",
-        f.flows, f.records, log.other_lines, log.not_policy, log.portless, log.unreadable_count
+        "{total} of {} observed flows flip{listed} ({} records; left out: {} other lines, {} not flock-agent's, {} not policy verdicts, {} without a port, {} unreadable)",
+        f.flows, f.records, log.other_lines, log.unattributed, log.not_policy, log.portless, log.unreadable_count
     );
     out
 }
