@@ -130,18 +130,27 @@ func makeCgroupBase(st *clusterState, base string) error {
 			if err := st.record(func(s *clusterState) { s.CgroupDirs = append(s.CgroupDirs, dir) }); err != nil {
 				return err
 			}
-			if hasController(h, "cpuset") {
-				// A new cpuset cgroup has no CPUs or memory nodes: it takes its parent's.
-				for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-					v, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
-					if err != nil {
-						return err
-					}
-					if err := os.WriteFile(filepath.Join(dir, f), v, 0o644); err != nil {
-						return fmt.Errorf("setting %s of %s: %w", f, dir, err)
-					}
-				}
+			if err := inheritCpuset(h, dir); err != nil {
+				return err
 			}
+		}
+	}
+	return nil
+}
+
+// inheritCpuset gives a new cgroup of a cpuset hierarchy its parent's CPUs and memory
+// nodes: a new cpuset cgroup has none, and no process could run in it.
+func inheritCpuset(h hierarchy, dir string) error {
+	if !hasController(h, "cpuset") {
+		return nil
+	}
+	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+		v, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), v, 0o644); err != nil {
+			return fmt.Errorf("setting %s of %s: %w", f, dir, err)
 		}
 	}
 	return nil

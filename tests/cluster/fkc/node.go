@@ -173,16 +173,8 @@ func (c *cluster) makeNodeCgroup(rel string) error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("creating cgroup %s: %w", dir, err)
 		}
-		if hasController(h, "cpuset") {
-			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-				v, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
-				if err != nil {
-					return err
-				}
-				if err := os.WriteFile(filepath.Join(dir, f), v, 0o644); err != nil {
-					return err
-				}
-			}
+		if err := inheritCpuset(h, dir); err != nil {
+			return err
 		}
 	}
 	return nil
