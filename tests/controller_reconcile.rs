@@ -4,7 +4,8 @@
 //! create → none; profile missing → condition False and no hot loop; enforce off → no
 //! policy and stale ones removed; the pin holds when the mode flips; API errors → requeued
 //! with backoff; CiliumNetworkPolicy where served, never both; start-up refuses without
-//! an API server address; the auto probe; leader election; API server address changes.
+//! an API server address; start-up waits for a control plane that is down or answers 503;
+//! the auto probe; leader election; API server address changes.
 //! Profiles are read from one watch's cache (no read per reconcile), and only once it holds
 //! a complete list; the per-run backoff forgets runs that succeed or are deleted; every
 //! metric is `flock_*`.
@@ -558,6 +559,77 @@ async fn the_auto_probe() {
     assert_eq!(ev["type"], "Warning");
     assert_eq!(ev["regarding"]["kind"], "Deployment");
     assert_eq!(ev["regarding"]["name"], "flock-controller");
+}
+
+/// A control plane that is not there yet, or answers 503, is waited for: the start is
+/// retried (never "enforcement off" from a blip), a stop ends the wait, and what cannot
+/// get better (a /0 cluster CIDR) fails at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_waits_for_the_control_plane() {
+    let (_tx, no_stop) = watch::channel(false);
+    // The probe's first two reads fail with 503: retried, and the decision is the real one.
+    let server = server().await;
+    server.fail_requests(FailRule::new(2, 503).path_contains("/daemonsets/flock-agent"));
+    let s = controller::start_until_ready(&server.client(), &options(EnforceMode::Auto), no_stop.clone()).await.unwrap().unwrap();
+    assert!(!s.decision.reason.contains("probe failed"), "{}", s.decision.reason);
+    assert!(s.decision.reason.contains("no DaemonSet flock-system/flock-agent"), "{}", s.decision.reason);
+    assert!(events(&server, "EnforcerProbeFailed").is_empty(), "a 503 is not a probe verdict");
+    // The EndpointSlice list fails twice with 503: retried.
+    server.fail_requests(FailRule::new(2, 503).method(Method::GET).path_contains("/endpointslices"));
+    let s = controller::start_until_ready(&server.client(), &options(EnforceMode::On), no_stop.clone()).await.unwrap().unwrap();
+    assert!(s.cluster.api_server.iter().any(|n| n.to_string().starts_with("198.18.250.2")), "{:?}", s.cluster.api_server);
+    let slice_lists = server.requests().iter().filter(|r| r.path.contains("/endpointslices")).count();
+    assert!(slice_lists >= 3, "two failures and a success: {slice_lists}");
+
+    // No API server at all yet: the client's connections are refused until it starts.
+    let dir = std::env::temp_dir().join(format!("flock-controller-wait-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("apiserver.sock");
+    let client = flock_test_apiserver::client_for_socket(&socket);
+    let late = {
+        let socket = socket.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let server = ApiServer::start(&socket).await.unwrap();
+            common::seed(&server);
+            server
+        })
+    };
+    let t0 = Instant::now();
+    let s = controller::start_until_ready(&client, &options(EnforceMode::Auto), no_stop.clone()).await.unwrap().unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(700), "started before the API server existed");
+    assert!(s.decision.reason.contains("no DaemonSet"), "{}", s.decision.reason);
+    let late = late.await.unwrap();
+
+    // A stop ends the wait.
+    let gone = dir.join("never.sock");
+    let (tx, stop) = watch::channel(false);
+    let waiting = tokio::spawn({
+        let client = flock_test_apiserver::client_for_socket(&gone);
+        async move { controller::start_until_ready(&client, &options(EnforceMode::On), stop).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "nothing to start against: still waiting");
+    tx.send(true).unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("the stop ends the wait").unwrap();
+    assert!(matches!(r, Ok(None)), "{r:?}");
+
+    // Permanent: a /0 cluster CIDR is an error at once, not a retry.
+    let mut opts = options(EnforceMode::On);
+    opts.cluster.pod_cidrs = vec!["0.0.0.0/0".parse().unwrap()];
+    let t0 = Instant::now();
+    let e = controller::start_until_ready(&late.client(), &opts, no_stop).await.unwrap_err();
+    assert!(!e.retryable() && t0.elapsed() < Duration::from_secs(2), "{e}");
+    drop(late);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn start_backoff_doubles_to_thirty_seconds() {
+    let waits: Vec<u64> = (0..10).map(|a| controller::start_backoff(a).as_millis() as u64).collect();
+    assert_eq!(waits, [250, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]);
+    assert_eq!(controller::start_backoff(u32::MAX), Duration::from_secs(30));
 }
 
 /// Two candidates on one Lease: at most one leads at any time (sampled every 5 ms), a

@@ -115,6 +115,65 @@ pub enum StartError {
     ApiServer(#[from] apiserver::ApiServerError),
     #[error("the cluster {what} {cidr} is invalid: {why}")]
     Cidr { what: &'static str, cidr: String, why: &'static str },
+    /// The enforcer probe could not reach the API server: deciding "off" from a network
+    /// blip would leave every new run unenforced until the next restart.
+    #[error("the enforcer probe could not reach the API server: {0}")]
+    ProbeUnreachable(probe::ProbeError),
+}
+
+impl StartError {
+    /// Whether starting again later can succeed: the API server unreachable, overloaded
+    /// or still without its endpoints. A bad flag, URL or CIDR, or an API answer that
+    /// refuses (401, 403, 404), is permanent: the process exits and says why.
+    pub fn retryable(&self) -> bool {
+        use apiserver::ApiServerError as A;
+        match self {
+            Self::ApiServer(A::Resolve { .. } | A::NoAddress { .. }) | Self::ProbeUnreachable(_) => true,
+            Self::ApiServer(A::List(e)) => transient(e),
+            Self::ApiServer(A::NoHost { .. } | A::BadPort { .. }) | Self::Cidr { .. } => false,
+        }
+    }
+}
+
+/// A kube error that a later attempt may not see: no connection, a timeout, or the API
+/// server's own "try again" answers (429 and 5xx).
+pub(crate) fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(status) => status.code == 429 || (500..=599).contains(&status.code),
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,
+        _ => false,
+    }
+}
+
+/// The waits between start attempts: 250 ms doubling to 30 s.
+pub fn start_backoff(attempt: u32) -> Duration {
+    Duration::from_millis(250u64.saturating_mul(1u64 << attempt.min(7))).min(Duration::from_secs(30))
+}
+
+/// [`start`] until it succeeds, fails for good ([`StartError::retryable`] false) or `stop`
+/// turns true (`Ok(None)`). Every failed attempt is logged by name with the next wait, so an
+/// operator sees why the controller is not Ready yet. A controller started beside a control
+/// plane that is restarting (or before its endpoints exist) waits for it instead of exiting.
+pub async fn start_until_ready(client: &Client, opts: &Options, mut stop: watch::Receiver<bool>) -> Result<Option<Startup>, StartError> {
+    let mut attempt = 0u32;
+    loop {
+        if *stop.borrow() {
+            return Ok(None);
+        }
+        match start(client, opts).await {
+            Ok(s) => return Ok(Some(s)),
+            Err(e) if e.retryable() => {
+                let wait = start_backoff(attempt);
+                tracing::warn!(error = %e, attempt = attempt + 1, retry_in_ms = wait.as_millis() as u64, "cannot start yet; retrying");
+                attempt = attempt.saturating_add(1);
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.wait_for(|s| *s) => return Ok(None),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The start-up decisions.
@@ -168,6 +227,10 @@ pub async fn start(client: &Client, opts: &Options) -> Result<Startup, StartErro
     let probe_result = match opts.enforce {
         EnforceMode::Auto => Some(probe::probe(client, &opts.agent).await),
         _ => None,
+    };
+    let probe_result = match probe_result {
+        Some(Err(e)) if transient(e.kube_error()) => return Err(StartError::ProbeUnreachable(e)),
+        other => other,
     };
     if let Some(Err(e)) = &probe_result {
         tracing::error!(error = %e, "the enforcer probe failed: policies of new runs will not be enforced");

@@ -60,11 +60,19 @@ pub(crate) struct ProbeResult {
 
 /// The probe could not tell.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ProbeError {
+pub enum ProbeError {
     #[error("cannot read DaemonSet {namespace}/{name}: {error}")]
     DaemonSet { namespace: String, name: String, error: kube::Error },
     #[error("cannot list pods in kube-system with {selector}: {error}")]
     Pods { selector: String, error: kube::Error },
+}
+
+impl ProbeError {
+    pub(crate) fn kube_error(&self) -> &kube::Error {
+        match self {
+            Self::DaemonSet { error, .. } | Self::Pods { error, .. } => error,
+        }
+    }
 }
 
 /// The decision new runs pin.

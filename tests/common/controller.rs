@@ -30,6 +30,12 @@ pub fn endpoint_slice(addr: &str) -> Value {
 /// the API server's EndpointSlice (198.18.250.2:6443).
 pub async fn api_server() -> ApiServer {
     let server = ApiServer::start_temp().await.unwrap();
+    seed(&server);
+    server
+}
+
+/// Gives `server` what [`api_server`] has: flock's CRDs and the API server's EndpointSlice.
+pub fn seed(server: &ApiServer) {
     for file in [
         "controller/crds/runprofiles.flock.dev.yaml",
         "controller/crds/runs.flock.dev.yaml",
@@ -40,7 +46,6 @@ pub async fn api_server() -> ApiServer {
         server.apply(serde_saphyr::from_str::<Value>(&text).unwrap()).unwrap();
     }
     server.apply(endpoint_slice("198.18.250.2")).unwrap();
-    server
 }
 
 /// Polls `f` every 10 ms until it returns `Some`, for at most `secs`.

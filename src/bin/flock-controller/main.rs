@@ -205,7 +205,12 @@ fn run(args: Args) -> anyhow::Result<()> {
 
         let (version, commit) = (flock::process::VERSION, flock::process::COMMIT);
         tracing::info!(identity = %id, mode = args.enforce.as_str(), version, commit, "flock-controller starting");
-        let startup = controller::start(&client, &opts).await.context("starting")?;
+        // The control plane may be restarting or not serve its endpoints yet: wait for it
+        // (not Ready meanwhile) rather than exit into a restart loop.
+        let Some(startup) = controller::start_until_ready(&client, &opts, stop.clone()).await.context("starting")? else {
+            server.abort();
+            return Ok(());
+        };
         health.started.store(true, Ordering::SeqCst);
 
         if args.no_leader_election {
