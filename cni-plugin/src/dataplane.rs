@@ -2,10 +2,16 @@
 //!
 //! - The pod side is created directly in the pod's namespace under the runtime's name
 //!   (`CNI_IFNAME`), with the pod's addresses as /32 and /128 and link-local gateways:
-//!   169.254.1.1 (answered by proxy ARP on the host side, which has no IPv4 address) and
-//!   fe80::1 (assigned to the host side). DAD is off on both ends so IPv6 works at once.
+//!   169.254.1.1 (configured nowhere) and fe80::1 (assigned to the host side), each a
+//!   permanent neighbour entry with the host side's MAC. DAD is off on both ends so IPv6
+//!   works at once.
 //! - The host side is named by [`crate::host_interface_name`] and gets a /32 or /128 route
-//!   per pod address, proxy ARP, forwarding, and no address of its own besides fe80::1.
+//!   and a permanent neighbour entry (the pod side's MAC) per pod address, forwarding, no
+//!   address of its own besides fe80::1, and ARP off: a pod is a hostile sender, and with
+//!   ARP on, each ARP request or IPv6 neighbour solicitation from a forged source would
+//!   become a neighbour entry of the node (the kernel's table is shared by every pod of the
+//!   node, 1,024 entries by default). With ARP off the node processes no ARP from the pod
+//!   and learns no neighbour from it; both ends know each other from the start.
 //! - Every pod-to-pod packet is routed by the host and crosses the forward hook once, with
 //!   the source pod's host interface as `iifname` and the destination's as `oifname`: that is
 //!   what flock's ruleset dispatches on.
@@ -22,7 +28,8 @@ use std::path::{Path, PathBuf};
 use crate::netlink::Netlink;
 use crate::netns::{self, NetnsError};
 
-/// The pod's IPv4 gateway: never configured anywhere, answered by proxy ARP.
+/// The pod's IPv4 gateway: configured nowhere; the pod's permanent neighbour entry for it
+/// names the host side's MAC.
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// The pod's IPv6 gateway, assigned to every host-side interface (link-local, so repeating it
 /// on each link is fine).
@@ -134,11 +141,10 @@ fn configure(p: &PodNetwork, ns: &File, host: &mut Netlink) -> Result<Wired, Dat
         source: io::Error::from_raw_os_error(nix::libc::ENODEV),
     })?;
 
-    // Host side: no IPv4 address; proxy ARP answers for the pod's gateway.
+    // Host side: no IPv4 address, no ARP (the neighbours on both ends are permanent).
     let h = p.host_if.as_str();
+    host.set_noarp(hl.index).map_err(nl_err(format!("setting {h} arp off")))?;
     if has_v4 {
-        sysctl(&["net", "ipv4", "conf", h, "proxy_arp"], "1")?;
-        sysctl(&["net", "ipv4", "neigh", h, "proxy_delay"], "0")?;
         sysctl(&["net", "ipv4", "conf", h, "forwarding"], "1")?;
         sysctl(&["net", "ipv4", "ip_forward"], "1")?;
     }
@@ -152,7 +158,8 @@ fn configure(p: &PodNetwork, ns: &File, host: &mut Netlink) -> Result<Wired, Dat
 
     // Pod side.
     let pod = p.clone();
-    let pod_mac = netns::run_in_file(ns, &p.netns, move || -> Result<String, DataplaneError> {
+    let host_lladdr = hl.lladdr.clone();
+    let pod_link = netns::run_in_file(ns, &p.netns, move || -> Result<crate::netlink::Link, DataplaneError> {
         let mut nl = Netlink::new().map_err(nl_err("netlink socket in the pod"))?;
         let i = pod.pod_if.as_str();
         let link = nl.link(i).map_err(nl_err(format!("looking up {i} in the pod")))?.ok_or_else(|| DataplaneError::Netlink {
@@ -167,6 +174,9 @@ fn configure(p: &PodNetwork, ns: &File, host: &mut Netlink) -> Result<Wired, Dat
             nl.add_address(link.index, *a, prefix).map_err(nl_err(format!("adding {a}/{prefix} to {i}")))?;
         }
         nl.set_up(link.index).map_err(nl_err(format!("setting {i} up")))?;
+        for gw in gateways(has_v4, has_v6) {
+            nl.add_permanent_neighbour(link.index, gw, &host_lladdr).map_err(nl_err(format!("neighbour {gw} on {i}")))?;
+        }
         if has_v4 {
             let gw = IpAddr::V4(GATEWAY_V4);
             nl.add_route(gw, 32, None, link.index).map_err(nl_err(format!("route {gw} dev {i} scope link")))?;
@@ -174,14 +184,20 @@ fn configure(p: &PodNetwork, ns: &File, host: &mut Netlink) -> Result<Wired, Dat
         for (dst, prefix, gw) in pod_routes(&pod) {
             nl.add_route(dst, prefix, Some(gw), link.index).map_err(nl_err(format!("route {dst}/{prefix} via {gw} dev {i}")))?;
         }
-        Ok(link.mac)
+        Ok(link)
     })??;
 
     for a in &p.addrs {
         let prefix = if a.is_ipv4() { 32 } else { 128 };
+        host.add_permanent_neighbour(hl.index, *a, &pod_link.lladdr).map_err(nl_err(format!("neighbour {a} on {h}")))?;
         host.add_route(*a, prefix, None, hl.index).map_err(nl_err(format!("route {a}/{prefix} dev {h}")))?;
     }
-    Ok(Wired { host_mac: hl.mac, pod_mac })
+    Ok(Wired { host_mac: hl.mac, pod_mac: pod_link.mac })
+}
+
+/// The pod's gateways, one per family it has: permanent neighbours of the pod side.
+fn gateways(has_v4: bool, has_v6: bool) -> impl Iterator<Item = IpAddr> {
+    [has_v4.then_some(IpAddr::V4(GATEWAY_V4)), has_v6.then_some(IpAddr::V6(GATEWAY_V6))].into_iter().flatten()
 }
 
 /// The pod's routes: the configured ones for each family it has an address in, or a
@@ -238,6 +254,16 @@ pub fn check(p: &PodNetwork) -> Result<(), String> {
             let full = if v6 { 128 } else { 32 };
             if !routes.iter().any(|r| r.dst == *a && r.prefix == full && r.oif == Some(hl.index)) {
                 return Err(format!("host route {a}/{full} dev {} is missing", p.host_if));
+            }
+        }
+    }
+    // With ARP off (every attachment this version makes), the node reaches the pod only
+    // through its permanent neighbour entries.
+    if hl.noarp {
+        let neighbours = host.neighbours(hl.index).map_err(|e| format!("listing neighbours of {}: {e}", p.host_if))?;
+        for a in &p.addrs {
+            if !neighbours.iter().any(|n| n.addr == *a && n.permanent && !n.lladdr.is_empty()) {
+                return Err(format!("permanent neighbour {a} on {} is missing", p.host_if));
             }
         }
     }

@@ -10,9 +10,12 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::RawFd;
 
-use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
 use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope};
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState};
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
@@ -20,14 +23,24 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 /// The main routing table.
 const RT_TABLE_MAIN: u8 = 254;
 
-/// A link: index, name, MAC, up or not.
+/// A link: index, name, MAC (as text and as bytes), up or not, ARP off or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
     pub index: u32,
     pub name: String,
     pub mac: String,
+    pub lladdr: Vec<u8>,
     pub up: bool,
+    pub noarp: bool,
     pub mtu: Option<u32>,
+}
+
+/// A neighbour entry: address, link-layer address, and whether it is permanent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Neighbour {
+    pub addr: IpAddr,
+    pub lladdr: Vec<u8>,
+    pub permanent: bool,
 }
 
 /// A route of the main table.
@@ -156,6 +169,56 @@ impl Netlink {
         self.request(RouteNetlinkMessage::SetLink(msg), NLM_F_ACK).map(drop)
     }
 
+    /// `ip link set dev INDEX arp off`: the kernel neither sends nor processes ARP on the
+    /// link, and learns no IPv6 neighbour from it; its neighbours are then the permanent
+    /// entries [`Netlink::add_permanent_neighbour`] writes.
+    pub fn set_noarp(&mut self, index: u32) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.header.flags = LinkFlags::Noarp;
+        msg.header.change_mask = LinkFlags::Noarp;
+        self.request(RouteNetlinkMessage::SetLink(msg), NLM_F_ACK).map(drop)
+    }
+
+    /// `ip neigh replace ADDR lladdr MAC dev INDEX nud permanent`
+    pub fn add_permanent_neighbour(&mut self, index: u32, addr: IpAddr, lladdr: &[u8]) -> io::Result<()> {
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+        msg.header.ifindex = index;
+        msg.header.state = NeighbourState::Permanent;
+        msg.header.kind = RouteType::Unicast;
+        msg.attributes.push(NeighbourAttribute::Destination(match addr {
+            IpAddr::V4(a) => NeighbourAddress::Inet(a),
+            IpAddr::V6(a) => NeighbourAddress::Inet6(a),
+        }));
+        msg.attributes.push(NeighbourAttribute::LinkLayerAddress(lladdr.to_vec()));
+        self.request(RouteNetlinkMessage::NewNeighbour(msg), NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE).map(drop)
+    }
+
+    /// `ip neigh show dev INDEX` (both families).
+    pub fn neighbours(&mut self, index: u32) -> io::Result<Vec<Neighbour>> {
+        let replies = self.request(RouteNetlinkMessage::GetNeighbour(NeighbourMessage::default()), NLM_F_DUMP)?;
+        Ok(replies
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewNeighbour(n) if n.header.ifindex == index => {
+                    let mut addr = None;
+                    let mut lladdr = Vec::new();
+                    for a in &n.attributes {
+                        match a {
+                            NeighbourAttribute::Destination(NeighbourAddress::Inet(v)) => addr = Some(IpAddr::V4(*v)),
+                            NeighbourAttribute::Destination(NeighbourAddress::Inet6(v)) => addr = Some(IpAddr::V6(*v)),
+                            NeighbourAttribute::LinkLayerAddress(l) => lladdr.clone_from(l),
+                            _ => {}
+                        }
+                    }
+                    Some(Neighbour { addr: addr?, lladdr, permanent: n.header.state == NeighbourState::Permanent })
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
     /// `ip link del dev INDEX` (a veth takes its peer with it).
     pub fn delete_link(&mut self, index: u32) -> io::Result<()> {
         let mut msg = LinkMessage::default();
@@ -247,12 +310,22 @@ impl Netlink {
 }
 
 fn link_of(l: &LinkMessage) -> Link {
-    let mut link =
-        Link { index: l.header.index, name: String::new(), mac: String::new(), up: l.header.flags.contains(LinkFlags::Up), mtu: None };
+    let mut link = Link {
+        index: l.header.index,
+        name: String::new(),
+        mac: String::new(),
+        lladdr: Vec::new(),
+        up: l.header.flags.contains(LinkFlags::Up),
+        noarp: l.header.flags.contains(LinkFlags::Noarp),
+        mtu: None,
+    };
     for a in &l.attributes {
         match a {
             LinkAttribute::IfName(n) => link.name = n.clone(),
-            LinkAttribute::Address(b) => link.mac = b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":"),
+            LinkAttribute::Address(b) => {
+                link.mac = b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":");
+                link.lladdr.clone_from(b);
+            }
             LinkAttribute::Mtu(m) => link.mtu = Some(*m),
             _ => {}
         }

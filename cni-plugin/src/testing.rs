@@ -136,6 +136,72 @@ impl Drop for NetnsGuard {
     }
 }
 
+/// What [`forge_neighbour_requests`] sends.
+#[derive(Debug, Clone, Copy)]
+pub enum Forged<'a> {
+    /// ARP requests for `target` from senders 198.18.200.1, .2, …
+    Arp { target: &'a str },
+    /// IPv6 neighbour solicitations for fe80::1 from `prefix` + 1, + 2, … with hop limit `hop`.
+    Solicitation { prefix: &'a str, hop: u8 },
+}
+
+/// Sends `count` forged frames from `pod`'s `eth0` (a raw socket in the pod's namespace, as
+/// an attacker with CAP_NET_RAW would), each with the pod's MAC as its link-layer address.
+#[allow(clippy::panic)]
+pub fn forge_neighbour_requests(pod: &NetnsGuard, what: Forged<'_>, count: u32) {
+    const SCRIPT: &str = r#"
+import socket, struct, sys, ipaddress
+kind, arg, hop, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(("eth0", 0))
+mac = open("/sys/class/net/eth0/address").read().strip()
+src = bytes.fromhex(mac.replace(":", ""))
+def csum(b):
+    if len(b) % 2: b += b"\0"
+    t = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while t >> 16: t = (t & 0xffff) + (t >> 16)
+    return (~t) & 0xffff
+for i in range(1, count + 1):
+    if kind == "arp":
+        spa = socket.inet_aton("198.18.200.%d" % (i % 254 + 1))
+        arp = struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1) + src + spa + b"\0" * 6 + socket.inet_aton(arg)
+        s.send(b"\xff" * 6 + src + b"\x08\x06" + arp)
+    else:
+        saddr = (ipaddress.IPv6Address(arg) + i).packed
+        target = ipaddress.IPv6Address("fe80::1").packed
+        daddr = ipaddress.IPv6Address("ff02::1:ff00:1").packed
+        body = struct.pack("!BBHI", 135, 0, 0, 0) + target + bytes([1, 1]) + src
+        pseudo = saddr + daddr + struct.pack("!IxxxB", len(body), 58)
+        c = csum(pseudo + body)
+        body = body[:2] + struct.pack("!H", c) + body[4:]
+        ip6 = struct.pack("!IHBB", 0x60000000, len(body), 58, hop) + saddr + daddr
+        s.send(bytes.fromhex("3333ff000001") + src + b"\x86\xdd" + ip6 + body)
+"#;
+    let (kind, arg, hop) = match what {
+        Forged::Arp { target } => ("arp", target.to_string(), 0),
+        Forged::Solicitation { prefix, hop } => ("ns", prefix.to_string(), hop),
+    };
+    let out = pod.try_exec(&["python3", "-c", SCRIPT, kind, &arg, &hop.to_string(), &count.to_string()]);
+    if !out.status.success() {
+        panic!("forging {kind}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// The neighbour entries of `iface` in `ns` (both families) whose address starts with one
+/// of `prefixes`, as `ip neigh` prints them.
+pub fn neighbours_of(ns: &NetnsGuard, iface: &str, prefixes: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for fam in ["-4", "-6"] {
+        let listed = ns.ip(&[fam, "neigh", "show", "dev", iface]);
+        for line in String::from_utf8_lossy(&listed.stdout).lines() {
+            if prefixes.iter().any(|p| line.starts_with(p)) {
+                out.push(line.to_string());
+            }
+        }
+    }
+    out
+}
+
 /// Runs a command; panics with its stderr when it fails.
 #[allow(clippy::panic)]
 pub fn run(args: &[&str]) -> Output {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use flock_cni::protocol::{Reply, Request};
 use flock_cni::runtime::{ConfList, Runtime, Sandbox};
 use flock_cni::spec::{Attachment, code};
-use flock_cni::testing::{FakeAgent, NetnsGuard, TempDir, require_root};
+use flock_cni::testing::{FakeAgent, Forged, NetnsGuard, TempDir, forge_neighbour_requests, neighbours_of, require_root};
 use flock_cni::{host_interface_name, netns};
 use serde_json::{Value, json};
 
@@ -34,8 +34,7 @@ struct Fixture {
 impl Fixture {
     fn new(tag: &str, subnet4: &'static str) -> Self {
         let node = NetnsGuard::new(tag);
-        // A default route, as real nodes have (proxy ARP needs one to answer for the pods'
-        // gateway).
+        // A default route, as real nodes have.
         node.ip(&["link", "add", "uplink", "type", "veth", "peer", "name", "uplink-peer"]);
         node.ip(&["link", "set", "uplink", "up"]);
         node.ip(&["link", "set", "uplink-peer", "up"]);
@@ -388,6 +387,74 @@ fn dual_stack_add() {
     assert!(ping(&pa, pod_ip(&rb, true)), "IPv4 a → b");
     f.runtime.del(&conf, &f.sandbox(&pa, "a"), Some(&ra)).unwrap();
     f.runtime.del(&conf, &f.sandbox(&pb, "b"), Some(&rb)).unwrap();
+    assert!(f.leases().is_empty());
+}
+
+/// The attacker in the pod, with no flock table on the node: floods of ARP requests (for
+/// the gateway and for the node's address) and of IPv6 neighbour solicitations (from off-link
+/// globals and from link-locals, hop limit 255), every sender forged. On a host side with
+/// ARP on — how flock-cni wired pods before — the flood becomes neighbour entries of the
+/// node (checked, so the test can fail); on what flock-cni wires (ARP off, permanent
+/// neighbours on both ends) none does, and the pod still reaches the node and the other pod
+/// in both families. CHECK names a missing permanent neighbour.
+#[test]
+fn forged_arp_and_solicitations_teach_the_node_no_neighbour() {
+    if !require_root("forged_arp_and_solicitations_teach_the_node_no_neighbour") {
+        return;
+    }
+    let f = Fixture::new("nbr", "198.18.58.0/24");
+    f.node.ip(&["addr", "add", "198.18.58.254/32", "dev", "uplink"]);
+    f.node.ip(&["-6", "addr", "add", "2001:db8:58::fffe/128", "dev", "uplink", "nodad"]);
+    let _agent = FakeAgent::acking(&f.socket());
+    let conf = f.conf_with("1.0.0", json!([[{"subnet": "198.18.58.0/24"}], [{"subnet": "2001:db8:58::/64"}]]), false);
+    let (pa, pb, pc) = (NetnsGuard::new("pa"), NetnsGuard::new("pb"), NetnsGuard::new("pc"));
+    let (sa, sb, sc) = (f.sandbox(&pa, "a"), f.sandbox(&pb, "b"), f.sandbox(&pc, "c"));
+    let ra = f.runtime.add(&conf, &sa).unwrap();
+    let rb = f.runtime.add(&conf, &sb).unwrap();
+    let rc = f.runtime.add(&conf, &sc).unwrap();
+    let forged = ["198.18.200.", "2001:db8:ee::", "fe80::ee"];
+    let flood = |pod: &NetnsGuard| {
+        forge_neighbour_requests(pod, Forged::Arp { target: "169.254.1.1" }, 100);
+        forge_neighbour_requests(pod, Forged::Arp { target: "198.18.58.254" }, 100);
+        forge_neighbour_requests(pod, Forged::Solicitation { prefix: "2001:db8:ee::", hop: 255 }, 100);
+        forge_neighbour_requests(pod, Forged::Solicitation { prefix: "fe80::ee00", hop: 255 }, 100);
+        std::thread::sleep(Duration::from_millis(200));
+    };
+
+    // c's host side with ARP on: the flood is learnt.
+    let (host_a, host_c) = (host_interface_name("cid-a", "eth0"), host_interface_name("cid-c", "eth0"));
+    f.node.ip(&["link", "set", "dev", &host_c, "arp", "on"]);
+    flood(&pc);
+    let learnt = neighbours_of(&f.node, &host_c, &forged);
+    assert!(learnt.len() >= 200, "the attack did not work with ARP on: {learnt:?}");
+
+    // a as flock-cni wired it: nothing is learnt.
+    let host = String::from_utf8_lossy(&f.node.ip(&["link", "show", "dev", &host_a]).stdout).into_owned();
+    assert!(host.contains("NOARP"), "{host}");
+    flood(&pa);
+    let learnt = neighbours_of(&f.node, &host_a, &forged);
+    assert!(learnt.is_empty(), "forged senders became neighbour entries: {learnt:?}");
+    let permanent = neighbours_of(&f.node, &host_a, &[""]);
+    assert!(permanent.len() == 2 && permanent.iter().all(|n| n.contains("PERMANENT")), "{permanent:?}");
+    let gateways = neighbours_of(&pa, "eth0", &["169.254.1.1", "fe80::1"]);
+    assert!(gateways.len() == 2 && gateways.iter().all(|n| n.contains("PERMANENT")), "{gateways:?}");
+
+    // a still reaches the node and b, both families.
+    for to in ["198.18.58.254".parse().unwrap(), "2001:db8:58::fffe".parse().unwrap(), pod_ip(&rb, true), pod_ip(&rb, false)] {
+        assert!(ping(&pa, to), "a cannot reach {to}");
+    }
+    assert!(ping(&pb, pod_ip(&ra, false)), "b cannot reach a over IPv6");
+
+    // CHECK notices a missing permanent neighbour (the node could not reach the pod).
+    f.runtime.check(&conf, &sa, &ra).unwrap();
+    let a4 = pod_ip(&ra, true).to_string();
+    f.node.ip(&["neigh", "del", &a4, "dev", &host_a]);
+    let e = f.runtime.check(&conf, &sa, &ra).unwrap_err();
+    assert!(e.to_string().contains(&format!("permanent neighbour {a4}")), "{e}");
+
+    for (sb_, r) in [(&sa, &ra), (&sb, &rb), (&sc, &rc)] {
+        f.runtime.del(&conf, sb_, Some(r)).unwrap();
+    }
     assert!(f.leases().is_empty());
 }
 

@@ -12,8 +12,9 @@ pub struct Node {
 }
 
 /// A pod wired into a [`Node`] like flock-cni wires it: a veth whose host side is `iface`
-/// (no address, proxy ARP, a /32 or /128 route to the pod) and whose pod side is `eth0`
-/// with the pod's addresses and a link-local default gateway.
+/// (no address, ARP off, a /32 or /128 route and a permanent neighbour entry per pod
+/// address) and whose pod side is `eth0` with the pod's addresses and a link-local default
+/// gateway that is a permanent neighbour entry too.
 pub struct Pod {
     pub ns: NetnsGuard,
     pub ips: Vec<IpAddr>,
@@ -36,14 +37,34 @@ impl Node {
 
     /// Creates a pod namespace and wires it with host interface `iface`.
     pub fn add_pod(&self, tag: &str, iface: &str, ips: &[IpAddr]) -> Pod {
+        self.wire(tag, iface, ips, false)
+    }
+
+    /// [`Node::add_pod`] as flock-cni wired pods before it turned ARP off on the host side:
+    /// proxy ARP answers for the gateway and both ends learn their neighbours. Attachments
+    /// made before an upgrade still look like this, and for them flock's ruleset is the
+    /// defence against forged neighbour discovery.
+    pub fn add_pod_learning_neighbours(&self, tag: &str, iface: &str, ips: &[IpAddr]) -> Pod {
+        self.wire(tag, iface, ips, true)
+    }
+
+    fn wire(&self, tag: &str, iface: &str, ips: &[IpAddr], learning: bool) -> Pod {
         let pod = NetnsGuard::new(tag);
         run(&["ip", "-n", &self.ns.name, "link", "add", iface, "type", "veth", "peer", "name", "eth0", "netns", &pod.name]);
         pod.sysctl("net.ipv6.conf.eth0.accept_dad", "0");
         self.ns.sysctl(&format!("net.ipv6.conf.{iface}.accept_dad"), "0");
+        if learning {
+            self.ns.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1");
+            self.ns.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0");
+        } else {
+            self.ns.ip(&["link", "set", iface, "arp", "off"]);
+        }
         pod.ip(&["link", "set", "eth0", "up"]);
         self.ns.ip(&["link", "set", iface, "up"]);
-        self.ns.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1");
-        self.ns.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0");
+        let mac = |ns: &NetnsGuard, dev: &str| {
+            String::from_utf8_lossy(&ns.exec(&["cat", &format!("/sys/class/net/{dev}/address")]).stdout).trim().to_string()
+        };
+        let (host_mac, pod_mac) = (mac(&self.ns, iface), mac(&pod, "eth0"));
         let mut has_v6 = false;
         for ip in ips {
             match ip {
@@ -57,14 +78,25 @@ impl Node {
                     self.ns.ip(&["-6", "route", "add", &format!("{a}/128"), "dev", iface]);
                 }
             }
+            if !learning {
+                self.ns.ip(&["neigh", "replace", &ip.to_string(), "lladdr", &pod_mac, "dev", iface, "nud", "permanent"]);
+            }
         }
+        let mut gateways = Vec::new();
         if ips.iter().any(IpAddr::is_ipv4) {
+            gateways.push("169.254.1.1");
             pod.ip(&["route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"]);
             pod.ip(&["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"]);
         }
         if has_v6 {
+            gateways.push("fe80::1");
             self.ns.ip(&["-6", "addr", "add", "fe80::1/64", "dev", iface, "nodad"]);
             pod.ip(&["-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"]);
+        }
+        if !learning {
+            for gw in gateways {
+                pod.ip(&["neigh", "replace", gw, "lladdr", &host_mac, "dev", "eth0", "nud", "permanent"]);
+            }
         }
         Pod { ns: pod, ips: ips.to_vec() }
     }
