@@ -5,6 +5,7 @@
 //! policy and stale ones removed; the pin holds when the mode flips; API errors → requeued
 //! with backoff; CiliumNetworkPolicy where served, never both; start-up refuses without
 //! an API server address; start-up waits for a control plane that is down or answers 503;
+//! a run never takes over a same-named policy it does not control;
 //! the auto probe; leader election; API server address changes.
 //! Profiles are read from one watch's cache (no read per reconcile), and only once it holds
 //! a complete list; the per-run backoff forgets runs that succeed or are deleted; every
@@ -559,6 +560,42 @@ async fn the_auto_probe() {
     assert_eq!(ev["type"], "Warning");
     assert_eq!(ev["regarding"]["kind"], "Deployment");
     assert_eq!(ev["regarding"]["name"], "flock-controller");
+}
+
+/// A Run never takes over a same-named policy it does not control (the apply is forced):
+/// an administrator's `default-deny-egress` keeps its spec and owners beside a Run named
+/// `default-deny`, the run says why by name, and deleting the run leaves the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_never_takes_over_a_policy_it_does_not_control() {
+    let server = server().await;
+    create_profile(&server, "web", profile_spec()).await;
+    let admins = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "default-deny-egress", "namespace": NS}, "spec": {"podSelector": {}, "policyTypes": ["Egress"]}});
+    server.apply(admins).unwrap();
+    let before = policy(&server, "default-deny-egress").unwrap();
+    let ctl = Running::start(&server, options(EnforceMode::On)).await;
+    create_run(&server, "default-deny", "web").await;
+    eventually(10, "NetworkPolicyReady PolicyNameTaken", || {
+        (condition(&server, "default-deny", NETWORK_POLICY_READY)? == ("False".into(), "PolicyNameTaken".into())).then_some(())
+    })
+    .await;
+    let st = run_of(&server, "default-deny").status.unwrap();
+    let message = &crd::condition(&st.conditions, NETWORK_POLICY_READY).unwrap().message;
+    assert!(message.contains("NetworkPolicy agents/default-deny-egress exists and is not this run's"), "{message}");
+    assert!(message.contains("controlled by no one"), "{message}");
+    assert!(st.network_policy.is_none(), "{:?}", st.network_policy);
+    let after = policy(&server, "default-deny-egress").unwrap();
+    assert_eq!(serde_json::to_value(&after.spec).unwrap(), serde_json::to_value(&before.spec).unwrap(), "the administrator's spec");
+    assert!(after.metadata.owner_references.unwrap_or_default().is_empty(), "no owner added");
+    assert!(
+        !server.requests().iter().any(|r| r.method == Method::PATCH && r.path.contains("/networkpolicies/default-deny-egress")),
+        "the policy was written to"
+    );
+    // The run goes; the policy stays.
+    Api::<Run>::namespaced(server.client(), NS).delete("default-deny", &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(policy(&server, "default-deny-egress").unwrap().metadata.uid, before.metadata.uid);
+    ctl.stop().await;
 }
 
 /// A control plane that is not there yet, or answers 503, is waited for: the start is

@@ -96,6 +96,8 @@ pub(crate) mod reason {
     pub(crate) const PROFILE_INVALID: &str = "ProfileInvalid";
     pub(crate) const RUN_INVALID: &str = "RunInvalid";
     pub(crate) const APPLY_FAILED: &str = "ApplyFailed";
+    /// A policy of the run's policy name exists and the run does not control it.
+    pub(crate) const POLICY_NAME_TAKEN: &str = "PolicyNameTaken";
     /// `Ready` of a run whose enforcement is disabled: nothing to wait for.
     pub(crate) const ENFORCEMENT_DISABLED: &str = "EnforcementDisabled";
     /// `Ready` of a run whose nodes do not all enforce its policy yet.
@@ -442,6 +444,19 @@ fn owned_by(obj: &DynamicObject, owner: &str) -> bool {
     obj.owner_references().iter().any(|o| o.uid == owner && o.controller == Some(true))
 }
 
+/// Step 5's guard: who holds the run's policy name of `kind` when the run does not control
+/// the object there (`None`: no object, or the run's own).
+pub(crate) async fn foreign_policy(client: &Client, run: &Run, kind: &PolicyKind) -> Result<Option<String>, ReconcileError> {
+    let (Some(namespace), Some(run_uid)) = (run.namespace(), run.uid()) else { return Ok(None) };
+    let name = render::policy_name(&run.name_any());
+    let api = policy_api(client, &namespace, kind);
+    let live = api.get_opt(&name).await.map_err(|error| ReconcileError::Read { kind: kind.kind().to_string(), namespace, name, error })?;
+    Ok(live.filter(|obj| !owned_by(obj, &run_uid)).map(|obj| match obj.owner_references().iter().find(|o| o.controller == Some(true)) {
+        Some(o) => format!("controlled by {} {} uid {}", o.kind, o.name, o.uid),
+        None => "controlled by no one: made by hand or by another tool".to_string(),
+    }))
+}
+
 /// Step 4, for an invalid run past its deadline: the pod selector of the run's policy of
 /// `kind` as it is, when the run controls one (not empty: that would select the whole
 /// namespace). Those pods had its egress, so its withdrawal keeps selecting them, whatever
@@ -671,6 +686,20 @@ async fn steps(
     };
     if expired {
         plan.withdraw(expires_text.as_deref().unwrap_or_default());
+    }
+    // The apply is forced (it reverts edits of the run's policy), so it must never reach a
+    // same-named object the run does not control: a Run named `default-deny` would otherwise
+    // replace an administrator's `default-deny-egress`, and its deletion collect it.
+    if let Some(holder) = foreign_policy(&ctx.client, run, &ctx.kind).await? {
+        return Ok(Outcome::UserError {
+            reason: reason::POLICY_NAME_TAKEN,
+            message: format!(
+                "{} {}/{} exists and is not this run's ({holder}): it is left alone, and the run gets no policy until it is gone; rename the run",
+                ctx.kind.kind(),
+                plan.namespace,
+                plan.name
+            ),
+        });
     }
     let destinations = plan.destinations();
     let object = desired(&plan, &ctx.kind)
