@@ -3,15 +3,18 @@
 //! - The pod side is created directly in the pod's namespace under the runtime's name
 //!   (`CNI_IFNAME`), with the pod's addresses as /32 and /128 and link-local gateways:
 //!   169.254.1.1 (configured nowhere) and fe80::1 (assigned to the host side), each a
-//!   permanent neighbour entry with the host side's MAC. DAD is off on both ends so IPv6
-//!   works at once.
+//!   permanent neighbour entry with the host side's MAC, and a link-local address of its
+//!   own (EUI-64 of its MAC, set by the plugin). Both MACs are set at creation. DAD is off
+//!   on both ends so IPv6 works at once.
 //! - The host side is named by [`crate::host_interface_name`] and gets a /32 or /128 route
-//!   and a permanent neighbour entry (the pod side's MAC) per pod address, forwarding, no
-//!   address of its own besides fe80::1, and ARP off: a pod is a hostile sender, and with
-//!   ARP on, each ARP request or IPv6 neighbour solicitation from a forged source would
-//!   become a neighbour entry of the node (the kernel's table is shared by every pod of the
-//!   node, 1,024 entries by default). With ARP off the node processes no ARP from the pod
-//!   and learns no neighbour from it; both ends know each other from the start.
+//!   and a permanent neighbour entry (the pod side's MAC) per pod address and for the pod's
+//!   link-local address, forwarding, no address of its own besides fe80::1, and ARP off: a
+//!   pod is a hostile sender, and with ARP on, each ARP request or IPv6 neighbour
+//!   solicitation from a forged source would become a neighbour entry of the node (the
+//!   kernel's table is shared by every pod of the node, 1,024 entries by default). With ARP
+//!   off the node processes no ARP from the pod and learns no neighbour from its
+//!   solicitations (router solicitations, still recorded, are dropped by flock's ruleset);
+//!   both ends know each other from the start.
 //! - Every pod-to-pod packet is routed by the host and crosses the forward hook once, with
 //!   the source pod's host interface as `iifname` and the destination's as `oifname`: that is
 //!   what flock's ruleset dispatches on.
@@ -31,6 +34,31 @@ use crate::netns::{self, NetnsError};
 /// The pod's IPv4 gateway: configured nowhere; the pod's permanent neighbour entry for it
 /// names the host side's MAC.
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// The MAC of every host-side interface (Calico's choice too: each veth is a link of its
+/// own, so they may share it). Both ends get a MAC at creation, never a random one: udev's
+/// `MACAddressPolicy=persistent` rewrites a random MAC shortly after a link appears, which
+/// would leave the permanent neighbour entries naming a MAC that no longer exists.
+pub const HOST_MAC: [u8; 6] = [0xee; 6];
+
+/// The pod side's MAC: the 48 bits of hash in the host interface's name (unique per
+/// attachment, as the name is), made unicast and locally administered.
+pub fn pod_mac(host_if: &str) -> [u8; 6] {
+    let hex = host_if.strip_prefix(crate::HOST_INTERFACE_PREFIX).unwrap_or(host_if).as_bytes();
+    let mut mac = [0u8; 6];
+    for (i, byte) in mac.iter_mut().enumerate() {
+        let digit = |j: usize| hex.get(j).and_then(|c| (*c as char).to_digit(16)).unwrap_or(0) as u8;
+        *byte = (digit(2 * i) << 4) | digit(2 * i + 1);
+    }
+    mac[0] = (mac[0] & 0xfc) | 0x02;
+    mac
+}
+
+/// The modified EUI-64 link-local address of `mac` (RFC 4291), as the kernel would make it.
+pub fn eui64_link_local(mac: [u8; 6]) -> Ipv6Addr {
+    let [a, b, c, d, e, f] = mac;
+    Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, a ^ 0x02, b, c, 0xff, 0xfe, d, e, f])
+}
+
 /// The pod's IPv6 gateway, assigned to every host-side interface (link-local, so repeating it
 /// on each link is fine).
 pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
@@ -116,7 +144,7 @@ pub fn setup(p: &PodNetwork) -> Result<Wired, DataplaneError> {
     if pod_exists {
         return Err(DataplaneError::Exists { name: p.pod_if.clone(), place: format!("in {}", p.netns.display()) });
     }
-    host.add_veth(&p.host_if, &p.pod_if, ns.as_raw_fd(), p.mtu).map_err(|e| {
+    host.add_veth((&p.host_if, HOST_MAC), (&p.pod_if, pod_mac(&p.host_if)), ns.as_raw_fd(), p.mtu).map_err(|e| {
         if e.raw_os_error() == Some(nix::libc::EEXIST) {
             DataplaneError::Exists { name: format!("{} or {}", p.host_if, p.pod_if), place: "(created concurrently)".into() }
         } else {
@@ -159,15 +187,24 @@ fn configure(p: &PodNetwork, ns: &File, host: &mut Netlink) -> Result<Wired, Dat
     // Pod side.
     let pod = p.clone();
     let host_lladdr = hl.lladdr.clone();
-    let pod_link = netns::run_in_file(ns, &p.netns, move || -> Result<crate::netlink::Link, DataplaneError> {
+    let pod_lladdr = pod_mac(&p.host_if);
+    let pod_link = netns::run_in_file(ns, &p.netns, move || -> Result<(crate::netlink::Link, Vec<IpAddr>), DataplaneError> {
         let mut nl = Netlink::new().map_err(nl_err("netlink socket in the pod"))?;
         let i = pod.pod_if.as_str();
         let link = nl.link(i).map_err(nl_err(format!("looking up {i} in the pod")))?.ok_or_else(|| DataplaneError::Netlink {
             what: format!("{i} did not appear in the pod"),
             source: io::Error::from_raw_os_error(nix::libc::ENODEV),
         })?;
+        // The pod side's link-local address, set here rather than by the kernel (which adds
+        // it only once the carrier is seen, after ADD returns): the node answers what the
+        // pod sends from it (to fe80::1) through a permanent neighbour entry too.
+        let mut link_local = Vec::new();
         if has_v6 {
             sysctl(&["net", "ipv6", "conf", i, "accept_dad"], "0")?;
+            sysctl(&["net", "ipv6", "conf", i, "addr_gen_mode"], "1")?;
+            let ll = IpAddr::V6(eui64_link_local(pod_lladdr));
+            nl.add_address(link.index, ll, 64).map_err(nl_err(format!("adding {ll}/64 to {i}")))?;
+            link_local.push(ll);
         }
         for a in &pod.addrs {
             let prefix = if a.is_ipv4() { 32 } else { 128 };
@@ -184,8 +221,12 @@ fn configure(p: &PodNetwork, ns: &File, host: &mut Netlink) -> Result<Wired, Dat
         for (dst, prefix, gw) in pod_routes(&pod) {
             nl.add_route(dst, prefix, Some(gw), link.index).map_err(nl_err(format!("route {dst}/{prefix} via {gw} dev {i}")))?;
         }
-        Ok(link)
+        Ok((link, link_local))
     })??;
+    let (pod_link, pod_link_local) = pod_link;
+    for a in &pod_link_local {
+        host.add_permanent_neighbour(hl.index, *a, &pod_link.lladdr).map_err(nl_err(format!("neighbour {a} on {h}")))?;
+    }
 
     for a in &p.addrs {
         let prefix = if a.is_ipv4() { 32 } else { 128 };
@@ -259,10 +300,12 @@ pub fn check(p: &PodNetwork) -> Result<(), String> {
     }
     // With ARP off (every attachment this version makes), the node reaches the pod only
     // through its permanent neighbour entries.
-    if hl.noarp {
+    let noarp = hl.noarp;
+    if noarp {
         let neighbours = host.neighbours(hl.index).map_err(|e| format!("listing neighbours of {}: {e}", p.host_if))?;
+        let mac = pod_mac(&p.host_if);
         for a in &p.addrs {
-            if !neighbours.iter().any(|n| n.addr == *a && n.permanent && !n.lladdr.is_empty()) {
+            if !neighbours.iter().any(|n| n.addr == *a && n.permanent && n.lladdr == mac) {
                 return Err(format!("permanent neighbour {a} on {} is missing", p.host_if));
             }
         }
@@ -281,6 +324,15 @@ pub fn check(p: &PodNetwork) -> Result<(), String> {
                 return Err(format!("address {a} is missing on {} in {}", pod.pod_if, pod.netns.display()));
             }
         }
+        if noarp {
+            let neighbours = nl.neighbours(link.index).map_err(|e| format!("listing neighbours in the pod: {e}"))?;
+            let (v4, v6) = (pod.addrs.iter().any(IpAddr::is_ipv4), pod.addrs.iter().any(IpAddr::is_ipv6));
+            for gw in gateways(v4, v6) {
+                if !neighbours.iter().any(|n| n.addr == gw && n.permanent && n.lladdr == HOST_MAC) {
+                    return Err(format!("the gateway's permanent neighbour {gw} on {} in {} is missing", pod.pod_if, pod.netns.display()));
+                }
+            }
+        }
         Ok(())
     })
     .map_err(|e| e.to_string())?
@@ -295,4 +347,20 @@ pub fn links_with_prefix(prefix: &str) -> Result<Vec<String>, DataplaneError> {
 /// Whether a network namespace path can be opened.
 pub fn netns_exists(path: &Path) -> bool {
     File::open(path).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_macs_are_unicast_locally_administered_and_follow_the_name() {
+        let name = crate::host_interface_name("cid", "eth0");
+        let mac = pod_mac(&name);
+        assert_eq!(mac[0] & 0x03, 0x02, "unicast, locally administered: {mac:02x?}");
+        assert_eq!(format!("{:02x}{:02x}{:02x}{:02x}{:02x}", mac[1], mac[2], mac[3], mac[4], mac[5]), name[5..]);
+        assert_ne!(pod_mac(&crate::host_interface_name("cid2", "eth0")), mac);
+        assert_eq!(HOST_MAC[0] & 0x03, 0x02);
+        assert_eq!(eui64_link_local([0x0a, 0x11, 0x22, 0x33, 0x44, 0x55]), "fe80::811:22ff:fe33:4455".parse::<Ipv6Addr>().unwrap());
+    }
 }

@@ -142,15 +142,17 @@ impl Netlink {
             .collect())
     }
 
-    /// `ip link add HOST [mtu M] type veth peer name PEER netns FD [mtu M]`: both ends are
-    /// created at once, the peer directly in the namespace of `peer_netns`. Fails with
-    /// EEXIST when either name is taken.
-    pub fn add_veth(&mut self, host: &str, peer: &str, peer_netns: RawFd, mtu: Option<u32>) -> io::Result<()> {
+    /// `ip link add HOST address HOST_MAC [mtu M] type veth peer name PEER address PEER_MAC
+    /// netns FD [mtu M]`: both ends are created at once, the peer directly in the namespace
+    /// of `peer_netns`. Fails with EEXIST when either name is taken.
+    pub fn add_veth(&mut self, host: (&str, [u8; 6]), peer: (&str, [u8; 6]), peer_netns: RawFd, mtu: Option<u32>) -> io::Result<()> {
         let mut peer_msg = LinkMessage::default();
-        peer_msg.attributes.push(LinkAttribute::IfName(peer.to_string()));
+        peer_msg.attributes.push(LinkAttribute::IfName(peer.0.to_string()));
+        peer_msg.attributes.push(LinkAttribute::Address(peer.1.to_vec()));
         peer_msg.attributes.push(LinkAttribute::NetNsFd(peer_netns));
         let mut msg = LinkMessage::default();
-        msg.attributes.push(LinkAttribute::IfName(host.to_string()));
+        msg.attributes.push(LinkAttribute::IfName(host.0.to_string()));
+        msg.attributes.push(LinkAttribute::Address(host.1.to_vec()));
         if let Some(m) = mtu {
             msg.attributes.push(LinkAttribute::Mtu(m));
             peer_msg.attributes.push(LinkAttribute::Mtu(m));

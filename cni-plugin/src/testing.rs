@@ -143,6 +143,8 @@ pub enum Forged<'a> {
     Arp { target: &'a str },
     /// IPv6 neighbour solicitations for fe80::1 from `prefix` + 1, + 2, … with hop limit `hop`.
     Solicitation { prefix: &'a str, hop: u8 },
+    /// IPv6 router solicitations (to ff02::2) from `prefix` + 1, + 2, …, hop limit 255.
+    RouterSolicitation { prefix: &'a str },
 }
 
 /// Sends `count` forged frames from `pod`'s `eth0` (a raw socket in the pod's namespace, as
@@ -166,6 +168,14 @@ for i in range(1, count + 1):
         spa = socket.inet_aton("198.18.200.%d" % (i % 254 + 1))
         arp = struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1) + src + spa + b"\0" * 6 + socket.inet_aton(arg)
         s.send(b"\xff" * 6 + src + b"\x08\x06" + arp)
+    elif kind == "rs":
+        saddr = (ipaddress.IPv6Address(arg) + i).packed
+        daddr = ipaddress.IPv6Address("ff02::2").packed
+        body = struct.pack("!BBHI", 133, 0, 0, 0) + bytes([1, 1]) + src
+        c = csum(saddr + daddr + struct.pack("!IxxxB", len(body), 58) + body)
+        body = body[:2] + struct.pack("!H", c) + body[4:]
+        ip6 = struct.pack("!IHBB", 0x60000000, len(body), 58, 255) + saddr + daddr
+        s.send(bytes.fromhex("333300000002") + src + b"\x86\xdd" + ip6 + body)
     else:
         saddr = (ipaddress.IPv6Address(arg) + i).packed
         target = ipaddress.IPv6Address("fe80::1").packed
@@ -180,6 +190,7 @@ for i in range(1, count + 1):
     let (kind, arg, hop) = match what {
         Forged::Arp { target } => ("arp", target.to_string(), 0),
         Forged::Solicitation { prefix, hop } => ("ns", prefix.to_string(), hop),
+        Forged::RouterSolicitation { prefix } => ("rs", prefix.to_string(), 255),
     };
     let out = pod.try_exec(&["python3", "-c", SCRIPT, kind, &arg, &hop.to_string(), &count.to_string()]);
     if !out.status.success() {
@@ -187,12 +198,13 @@ for i in range(1, count + 1):
     }
 }
 
-/// The neighbour entries of `iface` in `ns` (both families) whose address starts with one
-/// of `prefixes`, as `ip neigh` prints them.
+/// The neighbour entries of `iface` in `ns` (both families, every state: `ip neigh` hides
+/// `NOARP` entries unless asked) whose address starts with one of `prefixes`, as `ip neigh`
+/// prints them.
 pub fn neighbours_of(ns: &NetnsGuard, iface: &str, prefixes: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
     for fam in ["-4", "-6"] {
-        let listed = ns.ip(&[fam, "neigh", "show", "dev", iface]);
+        let listed = ns.ip(&[fam, "neigh", "show", "nud", "all", "dev", iface]);
         for line in String::from_utf8_lossy(&listed.stdout).lines() {
             if prefixes.iter().any(|p| line.starts_with(p)) {
                 out.push(line.to_string());

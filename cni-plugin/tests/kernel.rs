@@ -434,10 +434,24 @@ fn forged_arp_and_solicitations_teach_the_node_no_neighbour() {
     flood(&pa);
     let learnt = neighbours_of(&f.node, &host_a, &forged);
     assert!(learnt.is_empty(), "forged senders became neighbour entries: {learnt:?}");
-    let permanent = neighbours_of(&f.node, &host_a, &[""]);
-    assert!(permanent.len() == 2 && permanent.iter().all(|n| n.contains("PERMANENT")), "{permanent:?}");
-    let gateways = neighbours_of(&pa, "eth0", &["169.254.1.1", "fe80::1"]);
-    assert!(gateways.len() == 2 && gateways.iter().all(|n| n.contains("PERMANENT")), "{gateways:?}");
+    // The node's entries for a: its two addresses and its link-local one, all permanent,
+    // with the pod side's MAC; a's for its gateways, with the host side's. Both MACs were
+    // set at creation (udev rewrites random ones).
+    let pod_mac = String::from_utf8_lossy(&pa.exec(&["cat", "/sys/class/net/eth0/address"]).stdout).trim().to_string();
+    let mut permanent = neighbours_of(&f.node, &host_a, &[""]);
+    permanent.retain(|n| n.contains("PERMANENT"));
+    assert_eq!(permanent.len(), 3, "{permanent:?}");
+    assert!(permanent.iter().all(|n| n.contains(&pod_mac)), "{permanent:?} {pod_mac}");
+    assert!(permanent.iter().any(|n| n.starts_with("fe80::")), "{permanent:?}");
+    let gateways = neighbours_of(&pa, "eth0", &["169.254.1.1", "fe80::1 "]);
+    assert!(gateways.len() == 2 && gateways.iter().all(|n| n.contains("PERMANENT") && n.contains("ee:ee:ee:ee:ee:ee")), "{gateways:?}");
+    for (ns, dev) in [(&f.node, host_a.as_str()), (&pa, "eth0")] {
+        let assign =
+            String::from_utf8_lossy(&ns.exec(&["cat", &format!("/sys/class/net/{dev}/addr_assign_type")]).stdout).trim().to_string();
+        assert_eq!(assign, "3", "{dev}: the MAC was set, not random (NET_ADDR_SET)");
+    }
+    // a reaches the node's link-local address from its own (the reply needs the entry).
+    assert!(pa.try_exec(&["ping", "-6", "-c", "1", "-W", "1", "fe80::1%eth0"]).status.success(), "a → fe80::1");
 
     // a still reaches the node and b, both families.
     for to in ["198.18.58.254".parse().unwrap(), "2001:db8:58::fffe".parse().unwrap(), pod_ip(&rb, true), pod_ip(&rb, false)] {
@@ -445,8 +459,11 @@ fn forged_arp_and_solicitations_teach_the_node_no_neighbour() {
     }
     assert!(ping(&pb, pod_ip(&ra, false)), "b cannot reach a over IPv6");
 
-    // CHECK notices a missing permanent neighbour (the node could not reach the pod).
+    // CHECK notices a missing permanent neighbour on either end.
     f.runtime.check(&conf, &sa, &ra).unwrap();
+    pa.ip(&["neigh", "del", "169.254.1.1", "dev", "eth0"]);
+    let e = f.runtime.check(&conf, &sa, &ra).unwrap_err();
+    assert!(e.to_string().contains("the gateway's permanent neighbour 169.254.1.1"), "{e}");
     let a4 = pod_ip(&ra, true).to_string();
     f.node.ip(&["neigh", "del", &a4, "dev", &host_a]);
     let e = f.runtime.check(&conf, &sa, &ra).unwrap_err();

@@ -1466,7 +1466,7 @@ pub(crate) fn revoked_rule(bit: u32) -> Rule {
 fn link_local() -> Vec<Rule> {
     let link_local: (std::net::Ipv6Addr, u8) = (std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10);
     let unspecified: (std::net::Ipv6Addr, u8) = (std::net::Ipv6Addr::UNSPECIFIED, 128);
-    let mut out = Vec::new();
+    let mut out = vec![router_solicitations()];
     for t in ICMPV6_LINK {
         let (hop_limit, what) = match t {
             IcmpV6::MldListenerReport | IcmpV6::Mld2ListenerReport => (1, "multicast listener report"),
@@ -1504,6 +1504,16 @@ fn link_local() -> Vec<Rule> {
     out
 }
 
+/// Router solicitations from a pod, dropped (counted, not logged): its routes come from
+/// flock-cni and no router advertises to it, while a node that forwards records the source
+/// of each solicitation as a neighbour entry (on an interface with ARP off too), so a pod
+/// could fill the node's table with forged link-local ones. Not logged: every pod's kernel
+/// sends them as its interface comes up, which is no denial.
+fn router_solicitations() -> Rule {
+    Rule::new(vec![Stmt::IcmpV6Type(IcmpV6::NdRouterSolicit), Stmt::Counter], Some(Verdict::Drop))
+        .comment("IPv6 router solicitation: no router answers pods; dropped, not logged")
+}
+
 /// With the DNS proxy: DNS the steering already judged (`dns-steer` jumps `from-pods`) and
 /// marked for the proxy, accepted rather than judged again.
 fn steered_dns(dns_mark: Option<u32>) -> Option<Rule> {
@@ -1514,9 +1524,10 @@ fn steered_dns(dns_mark: Option<u32>) -> Option<Rule> {
 }
 
 /// The ICMPv6 types a pod sends to its gateway (the host side of its interface) to find it
-/// and to take part in multicast on the link: neighbour discovery (RFC 4861) and MLD.
-const ICMPV6_LINK: [IcmpV6; 5] =
-    [IcmpV6::NdRouterSolicit, IcmpV6::NdNeighborSolicit, IcmpV6::NdNeighborAdvert, IcmpV6::MldListenerReport, IcmpV6::Mld2ListenerReport];
+/// and to take part in multicast on the link: neighbour discovery (RFC 4861) and MLD. Not
+/// router solicitations: see [`router_solicitations`].
+const ICMPV6_LINK: [IcmpV6; 4] =
+    [IcmpV6::NdNeighborSolicit, IcmpV6::NdNeighborAdvert, IcmpV6::MldListenerReport, IcmpV6::Mld2ListenerReport];
 
 /// The static chains: dispatch (from-pods, to-pods), the forward base chain, the input base
 /// chain and the chain it sends local pods' packets to (to-node); and the chains where what

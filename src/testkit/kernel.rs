@@ -23,8 +23,9 @@ pub struct Pod {
 impl Node {
     pub fn new(tag: &str) -> Self {
         let ns = NetnsGuard::new(tag);
-        // A default route over an uplink, as every real node has: proxy ARP answers for the
-        // pods' link-local gateway only when the node has a route to it via another device.
+        // A default route over an uplink, as every real node has (in the older wiring, proxy
+        // ARP answers for the pods' gateway only when the node has a route to it via another
+        // device).
         // (No dummy driver on every kernel: a veth pair whose peer stays in the node.)
         ns.ip(&["link", "add", "uplink", "type", "veth", "peer", "name", "uplink-peer"]);
         ns.ip(&["link", "set", "uplink-peer", "up"]);
