@@ -329,9 +329,11 @@ pub struct RunSpec {
     pub profile: String,
     /// The run's pods. Default: the pods labelled `flock.dev/run: <run name>` (names longer
     /// than 63 characters are shortened with a hash, see `flock.dev/run` in docs/reference.md). A
-    /// custom selector must select only pods carrying the `flock.dev/run` label (in
-    /// `matchLabels`, or a `matchExpressions` entry `In` or `Exists` on it): flock-agent
-    /// isolates such pods from their creation, so none is open before the policy exists.
+    /// custom selector must select only this run's pods: `flock.dev/run` pinned to that value
+    /// (in `matchLabels`, or a `matchExpressions` entry `In` with that one value; the schema
+    /// asks for the label, the controller for the value): flock-agent isolates such pods from
+    /// their creation, so none is open before the policy exists, and no run's profile reaches
+    /// another run's pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("(has(self.matchLabels) && 'flock.dev/run' in self.matchLabels) || (has(self.matchExpressions) && self.matchExpressions.exists(e, e.key == 'flock.dev/run' && (e.operator == 'In' || e.operator == 'Exists')))").message("podSelector must require the flock.dev/run label (pods without it would be open until the run's policy exists)"))]
     pub(crate) pod_selector: Option<Selector>,

@@ -127,7 +127,7 @@ fn render_goldens_for_each_profile_feature() {
     }
     // A run that names its pods (all of them labelled flock.dev/run, as it must).
     let custom = run(
-        "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-8}\nspec:\n  profile: p\n  podSelector:\n    matchLabels: {app: agent}\n    matchExpressions: [{key: tier, operator: Exists}, {key: flock.dev/run, operator: Exists}]\n",
+        "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {name: job-8}\nspec:\n  profile: p\n  podSelector:\n    matchLabels: {app: agent}\n    matchExpressions: [{key: tier, operator: Exists}, {key: flock.dev/run, operator: In, values: [job-8]}]\n",
     );
     let np = render::render(&custom, &profile_named("dns-only", "spec: {}"), &cluster()).unwrap();
     golden(dir.join("custom-selector.yaml"), &crd::to_yaml(&np).unwrap());
@@ -224,12 +224,25 @@ fn render_refuses_invalid_input_naming_it() {
         assert!(e.to_string().contains("spec.podSelector: must require the flock.dev/run label"), "{e}");
     }
     for selector in
-        ["{matchLabels: {flock.dev/run: job-10, app: agent}}", "{matchExpressions: [{key: flock.dev/run, operator: In, values: [a, b]}]}"]
+        ["{matchLabels: {flock.dev/run: job-10, app: agent}}", "{matchExpressions: [{key: flock.dev/run, operator: In, values: [job-10]}]}"]
     {
         let r = run(&format!(
             "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {{name: job-10}}\nspec: {{profile: p, podSelector: {selector}}}\n"
         ));
         assert!(render::render(&r, &profile_named("p", "spec: {}"), &cluster()).is_ok(), "{selector}");
+    }
+    // The label, but not pinned to this run: other runs' pods (the attack: a profile that
+    // adds to what they may reach).
+    for selector in [
+        "{matchExpressions: [{key: flock.dev/run, operator: In, values: [a, b]}]}",
+        "{matchExpressions: [{key: flock.dev/run, operator: Exists}]}",
+        "{matchLabels: {flock.dev/run: job-11}}",
+    ] {
+        let r = run(&format!(
+            "apiVersion: flock.dev/v1alpha1\nkind: Run\nmetadata: {{name: job-10}}\nspec: {{profile: p, podSelector: {selector}}}\n"
+        ));
+        let e = render::render(&r, &profile_named("p", "spec: {}"), &cluster()).unwrap_err();
+        assert!(e.to_string().contains("spec.podSelector: must select only this run's pods: flock.dev/run: job-10"), "{selector}: {e}");
     }
 }
 

@@ -206,7 +206,8 @@ pub(crate) fn managed_selector() -> String {
 
 /// The run's pod selector: its own, or `flock.dev/run: <label value>`.
 pub(crate) fn run_selector(run: &Run) -> Result<Selector, RenderError> {
-    let problems = run.spec.problems();
+    let mut problems = run.spec.problems();
+    problems.extend(pinning_problem(run));
     if !problems.is_empty() {
         return Err(RenderError::Run { run: run_key(run), problems });
     }
@@ -224,8 +225,25 @@ pub(crate) fn default_selector(run: &Run) -> Selector {
 /// The run's pod selector when that part of the run is valid, whatever else is wrong with
 /// it (an invalid run past its deadline still gets a policy that allows nothing).
 pub(crate) fn own_selector(run: &Run) -> Option<Selector> {
-    let bad = run.spec.problems().iter().any(|p| p.field.starts_with("spec.podSelector"));
+    let bad = run.spec.problems().iter().chain(&pinning_problem(run)).any(|p| p.field.starts_with("spec.podSelector"));
     (!bad).then(|| run.spec.pod_selector.clone().unwrap_or_else(|| default_selector(run)))
+}
+
+/// A run's own selector must select only the run's own pods: `flock.dev/run` pinned to its
+/// label value (`matchLabels`, or `In` with that one value). The schema can only ask for
+/// the label (it cannot compute a long name's value): `Exists`, or another run's value, would
+/// extend this run's profile to that run's pods (NetworkPolicies add up).
+fn pinning_problem(run: &Run) -> Option<Problem> {
+    let sel = run.spec.pod_selector.as_ref()?;
+    let own = run_label_value(run.meta().name.as_deref().unwrap_or_default());
+    let pinned = sel.match_labels.get(RUN_LABEL) == Some(&own)
+        || sel.match_expressions.iter().any(|e| e.key == RUN_LABEL && e.operator == crd::SelectorOperator::In && e.values == [own.clone()]);
+    (!pinned).then(|| Problem {
+        field: "spec.podSelector".into(),
+        message: format!(
+            "must select only this run's pods: {RUN_LABEL}: {own} (in matchLabels, or matchExpressions In with that one value)"
+        ),
+    })
 }
 
 fn run_key(run: &Run) -> String {
@@ -746,5 +764,44 @@ mod tests {
         // A cut that would end on '.' or '-' backs off to an alphanumeric.
         let v = run_label_value(&format!("{}-{}", "r".repeat(51), "s".repeat(20)));
         assert!(validate_label_value(&v).is_ok(), "{v}");
+    }
+
+    fn run_selecting(name: &str, selector: Value) -> Run {
+        serde_json::from_value(json!({"apiVersion": "flock.dev/v1alpha1", "kind": "Run",
+            "metadata": {"name": name, "namespace": "a", "uid": "u1"}, "spec": {"profile": "p", "podSelector": selector}}))
+        .unwrap()
+    }
+
+    /// The attack: run `a` selects the pods of run `b` (or of every run) with a selector the
+    /// schema takes, so that a's profile adds to what b's pods may reach.
+    #[test]
+    fn a_run_selects_only_its_own_pods() {
+        let refused = [
+            json!({"matchExpressions": [{"key": RUN_LABEL, "operator": "Exists"}]}),
+            json!({"matchLabels": {RUN_LABEL: "b"}}),
+            json!({"matchExpressions": [{"key": RUN_LABEL, "operator": "In", "values": ["a", "b"]}]}),
+            json!({"matchLabels": {"app": "x"}, "matchExpressions": [{"key": RUN_LABEL, "operator": "In", "values": ["b"]}]}),
+        ];
+        for sel in refused {
+            let run = run_selecting("a", sel.clone());
+            let e = run_selector(&run).unwrap_err().to_string();
+            assert!(e.contains("must select only this run's pods: flock.dev/run: a"), "{sel}: {e}");
+            // Its withdrawal (or deny-all) then uses the default selector, not this one.
+            assert_eq!(own_selector(&run), None, "{sel}");
+        }
+        for sel in [
+            json!({"matchLabels": {RUN_LABEL: "a", "app": "x"}}),
+            json!({"matchExpressions": [{"key": RUN_LABEL, "operator": "In", "values": ["a"]}, {"key": RUN_LABEL, "operator": "Exists"}]}),
+        ] {
+            let run = run_selecting("a", sel.clone());
+            assert!(run_selector(&run).is_ok(), "{sel}");
+            assert!(own_selector(&run).is_some(), "{sel}");
+        }
+        // A long name's value is its shortened form.
+        let long = "r".repeat(70);
+        let run = run_selecting(&long, json!({"matchLabels": {RUN_LABEL: run_label_value(&long)}}));
+        assert!(run_selector(&run).is_ok());
+        let run = run_selecting(&long, json!({"matchLabels": {RUN_LABEL: "r".repeat(63)}}));
+        assert!(run_selector(&run).is_err());
     }
 }
