@@ -44,6 +44,14 @@ fn flockctl_prints_each_cause_once() {
         // (Without root, the preflight fails first.)
         failure(&out, "error: cannot read /nonexistent/flock/cases");
     }
+    // On a real cluster: the kubeconfig, and a prefix the API would refuse, are named
+    // before anything is created.
+    let cases = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/conformance/001-deny-all-ingress-in-x");
+    let out = Command::new(exe).args(["conformance", "--kubeconfig", "/nonexistent/flock/kubeconfig", cases]).output().unwrap();
+    failure(&out, "kubeconfig /nonexistent/flock/kubeconfig");
+    let out = Command::new(exe).args(["conformance", "--kubeconfig", "/dev/null", "--namespace-prefix", "Bad_", cases]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("error: --namespace-prefix \"Bad_\": lowercase letters"), "{}", text(&out.stderr));
 }
 
 #[test]

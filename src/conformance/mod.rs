@@ -17,6 +17,8 @@ pub(crate) const DEFAULT_ORDER: [&str; 9] = ["x/a", "x/b", "x/c", "y/a", "y/b", 
 
 use crate::model::Family;
 
+pub mod cluster;
+
 /// What a cell expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expect {
@@ -194,9 +196,9 @@ pub(crate) const DEFAULT_TTL: u32 = 30;
 
 /// A deletion of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DeleteRef {
-    pub(crate) kind: manifest::Kind,
-    pub(crate) key: ObjectRef,
+pub struct DeleteRef {
+    pub kind: manifest::Kind,
+    pub key: ObjectRef,
 }
 
 /// One step: a wait, changes, then probes (by name first, then by address).
@@ -205,9 +207,29 @@ pub struct Step {
     /// How long to wait before the step's changes (e.g. for a record's TTL to pass).
     pub(crate) wait: std::time::Duration,
     pub apply: Vec<Object>,
+    /// The applied objects as the case writes them (what a real cluster is sent, rewritten
+    /// by [`cluster`]).
+    pub(crate) raw_apply: Vec<Value>,
     pub(crate) delete: Vec<DeleteRef>,
     pub probes: Vec<Probe>,
     pub(crate) host_probes: Vec<HostProbe>,
+}
+
+impl Step {
+    /// The applied objects as the case writes them.
+    pub fn raw_apply(&self) -> &[Value] {
+        &self.raw_apply
+    }
+
+    /// How long to wait before the step's changes.
+    pub fn wait(&self) -> std::time::Duration {
+        self.wait
+    }
+
+    /// The step's deletions.
+    pub fn deletions(&self) -> &[DeleteRef] {
+        &self.delete
+    }
 }
 
 /// A case.
@@ -368,6 +390,7 @@ pub(crate) fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case
                 .map_err(|_| invalid(format!("steps[{i}].wait: {w} is not a number of seconds")))?,
         };
         let mut objects = Manifests::default();
+        let raw_apply = s.apply.clone();
         for (j, v) in s.apply.into_iter().enumerate() {
             manifest::parse_value(path, DocRef { document: i + 1, item: Some(j) }, v, &mut objects)?;
         }
@@ -439,7 +462,7 @@ pub(crate) fn parse_case(path: &Path, dir_name: &str, text: &str) -> Result<Case
                 matrix,
             });
         }
-        steps.push(Step { wait, apply: objects.objects, delete, probes, host_probes });
+        steps.push(Step { wait, apply: objects.objects, raw_apply, delete, probes, host_probes });
     }
     Ok(Case { dir_name: dir_name.to_string(), name: raw.name, source: raw.source, notes: raw.notes, dns, steps })
 }
@@ -454,6 +477,18 @@ pub struct Mismatch {
     pub(crate) expected: Expect,
     /// What was expected and seen, where `expected` does not say it (probes by name).
     pub(crate) detail: Option<String>,
+}
+
+impl Mismatch {
+    /// The cell's source, as the case names it.
+    pub fn from(&self) -> &str {
+        &self.from
+    }
+
+    /// The cell's destination, as the case names it.
+    pub fn to(&self) -> &str {
+        &self.to
+    }
 }
 
 impl std::fmt::Display for Mismatch {
@@ -484,6 +519,11 @@ pub(crate) fn compare(step: usize, probe: &Probe, observed: &BTreeMap<(String, S
         }
     }
     out
+}
+
+/// [`compare`], for runners outside the crate (`flockctl conformance --kubeconfig`).
+pub fn compare_cells(step: usize, probe: &Probe, observed: &BTreeMap<(String, String), bool>) -> Vec<Mismatch> {
+    compare(step, probe, observed)
 }
 
 /// Compares what probes by name saw (source → outcome; a source missing was not probed)

@@ -239,6 +239,18 @@ pub fn parse_str(path: &Path, text: &str) -> Result<Manifests, ManifestError> {
     Ok(out)
 }
 
+/// The image of the first container of the first Pod in `text` (what a base cluster's pods
+/// run, for `flockctl conformance --kubeconfig`).
+pub fn first_pod_image(text: &str) -> Option<String> {
+    documents(text).0.iter().find_map(|d| {
+        let v: Value = from_yaml(d.body, d.first_line).ok()?;
+        if v.get("kind")?.as_str()? != "Pod" {
+            return None;
+        }
+        v["spec"]["containers"][0]["image"].as_str().map(String::from)
+    })
+}
+
 /// Fewer documents than this per thread are parsed on one (a thread costs more than it saves).
 const PARALLEL_MIN_DOCUMENTS: usize = 2048;
 

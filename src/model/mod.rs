@@ -43,8 +43,13 @@ impl ObjectRef {
         Self { namespace: namespace.into(), name: name.into() }
     }
 
+    /// The object's namespace (empty for a cluster-scoped one).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     /// `namespace/name`, both parts non-empty and one `/`.
-    pub(crate) fn parse(s: &str) -> Option<Self> {
+    pub fn parse(s: &str) -> Option<Self> {
         let (ns, name) = s.split_once('/')?;
         (!ns.is_empty() && !name.is_empty() && !name.contains('/')).then(|| Self::new(ns, name))
     }

@@ -1,5 +1,6 @@
 //! `flockctl conformance [--base FILE] DIR...`: run conformance cases on a simulated cluster
-//! built from the base, and print `PASS|FAIL|SKIP <case> (why)` lines and a summary.
+//! built from the base — or, with `--kubeconfig`/`--context`, on that real cluster
+//! (`super::live`) — and print `PASS|FAIL|SKIP <case> (why)` lines and a summary.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +12,8 @@ use clap::Args;
 use flock::sim::Sim;
 use flock::sim::runner::{self, CaseOutcome, Verdict};
 
+use super::cluster::ClusterArgs;
+use super::live::{LiveOptions, Runner};
 use super::sim::{CommonArgs, cleanup_on_interrupt, note_kept, preflight, runtime};
 
 #[derive(Args)]
@@ -31,10 +34,44 @@ pub struct ConformanceArgs {
     shuffle: Option<u64>,
     #[command(flatten)]
     common: CommonArgs,
+    /// Run the cases on the real cluster of this kubeconfig (or of --context) instead of a
+    /// simulation: pods are created there, probes go through the API's exec.
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// On a real cluster: the agnhost image of every pod (default: the base's pods' image).
+    #[arg(long, value_name = "IMAGE")]
+    image: Option<String>,
+    /// On a real cluster: put before every namespace and ClusterNetworkPolicy the run
+    /// creates (keeps it away from other objects).
+    #[arg(long, value_name = "PREFIX", default_value = "flock-conformance-")]
+    namespace_prefix: String,
+    /// On a real cluster: how long after a step's writes a cell may take to match.
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = duration)]
+    settle: std::time::Duration,
+    /// On a real cluster: how long a pod may take to be ready.
+    #[arg(long, value_name = "DURATION", default_value = "3m", value_parser = duration)]
+    ready_timeout: std::time::Duration,
+}
+
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?}: {e} (a duration like 20s, 500ms, 1m)"))
+}
+
+/// A name the API takes as a namespace prefix: lowercase letters, digits and `-`, starting
+/// with a letter, short enough to leave room for the case's names.
+fn check_prefix(p: &str) -> anyhow::Result<()> {
+    let ok = !p.is_empty()
+        && p.len() <= 40
+        && p.starts_with(|c: char| c.is_ascii_lowercase())
+        && p.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !ok {
+        bail!("--namespace-prefix {p:?}: lowercase letters, digits and '-', starting with a letter, at most 40");
+    }
+    Ok(())
 }
 
 pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
-    let opts = preflight(&args.common)?;
+    let live = args.cluster.kubeconfig.is_some() || args.cluster.context.is_some();
     let dirs = flock::source::files::find_cases(&args.dirs)?;
     let base_path = match &args.base {
         Some(b) => b.clone(),
@@ -56,6 +93,10 @@ pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
         flock::synth::Rng::new(seed).shuffle(&mut cases);
         eprintln!("{} cases in an order shuffled with seed {seed}", cases.len());
     }
+    if live {
+        return run_live(args, &base_path, base, &cases);
+    }
+    let opts = preflight(&args.common)?;
     let rt = runtime()?;
     let (_passed, failed, _skipped) = rt.block_on(async {
         cleanup_on_interrupt()?;
@@ -104,6 +145,96 @@ pub fn run(args: &ConformanceArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok((passed, failed, skipped))
     })?;
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The cases on a real cluster; everything the run created is deleted at the end, also
+/// after an error or a signal.
+fn run_live(
+    args: &ConformanceArgs,
+    base_path: &std::path::Path,
+    base: flock::model::Snapshot,
+    cases: &[flock::conformance::Case],
+) -> anyhow::Result<ExitCode> {
+    check_prefix(&args.namespace_prefix)?;
+    let image = match &args.image {
+        Some(i) => i.clone(),
+        None => base_image(base_path)?,
+    };
+    let opts = LiveOptions {
+        image,
+        prefix: args.namespace_prefix.clone(),
+        parallel: args.common.parallel,
+        connect_timeout: std::time::Duration::from_millis(args.common.timeout_ms),
+        settle: args.settle,
+        ready_timeout: args.ready_timeout,
+        verbose: args.verbose,
+    };
+    let rt = runtime()?;
+    rt.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let (client, server) = super::cluster::client(&args.cluster).await?;
+        let started = Instant::now();
+        let run = super::live::run_id();
+        eprintln!("run {run} on the cluster at {server} (namespaces {}*)", args.namespace_prefix);
+        let mut runner: Option<Runner> = None;
+        let work = async {
+            runner = Some(Runner::start(client.clone(), base, opts, run.clone()).await?);
+            let Some(r) = runner.as_mut() else { bail!("the run did not start") };
+            let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+            for case in cases {
+                let o = r.run_case(case).await;
+                match o.verdict {
+                    Verdict::Pass => passed += 1,
+                    Verdict::Fail => failed += 1,
+                    Verdict::Skip => skipped += 1,
+                }
+                println!("{}", flock::text::visible(&verdict_line(&case.dir_name, &o)));
+                for e in o.errors.iter().skip(3) {
+                    eprintln!("  {}: {}", case.dir_name, flock::text::visible(e));
+                }
+            }
+            anyhow::Ok((passed, failed, skipped))
+        };
+        let outcome = tokio::select! {
+            r = work => r,
+            _ = hup.recv() => Err(anyhow::anyhow!("interrupted (SIGHUP)")),
+            _ = int.recv() => Err(anyhow::anyhow!("interrupted (SIGINT)")),
+            _ = term.recv() => Err(anyhow::anyhow!("interrupted (SIGTERM)")),
+        };
+        // Whatever happened, the run's objects go (a runner that failed to start may have
+        // made some: a fresh one over the same client finds them by label).
+        let cleanup = match &runner {
+            Some(r) => r.teardown().await,
+            None => super::live::teardown_run(&client, &run).await,
+        };
+        if let Some(r) = &runner {
+            let mut t = r.settle_times.clone();
+            t.sort_by(f64::total_cmp);
+            if !t.is_empty() {
+                eprintln!(
+                    "after a step's writes, every cell as expected within: p50 {:.2}s, p90 {:.2}s, max {:.2}s ({} steps)",
+                    t[t.len() / 2],
+                    t[(t.len() * 9 / 10).min(t.len() - 1)],
+                    t[t.len() - 1],
+                    t.len()
+                );
+            }
+        }
+        eprintln!("total {:.1}s", started.elapsed().as_secs_f64());
+        let (passed, failed, skipped) = outcome?;
+        cleanup.context("deleting what the run created")?;
+        println!("{passed} passed, {failed} failed, {skipped} skipped");
+        anyhow::Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    })
+}
+
+/// The image of the base's first pod.
+fn base_image(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    flock::model::manifest::first_pod_image(&text).with_context(|| format!("{} has no pod with an image: pass --image", path.display()))
 }
 
 /// `PASS|FAIL|SKIP <case>`, with why: the cells that differ and errors for a failure, the

@@ -6,6 +6,7 @@ mod cluster;
 mod conformance;
 mod dataplane;
 mod explain;
+mod live;
 mod overlay;
 mod render;
 mod sim;

@@ -65,7 +65,7 @@ func kernelHasSCTP() bool {
 
 func cmdE2E(args []string) error {
 	fs := flag.NewFlagSet("e2e", flag.ContinueOnError)
-	suite := fs.String("suite", "netpol", "netpol, api, conformance or all")
+	suite := fs.String("suite", "netpol", "netpol, api, conformance, network-policy-api, cases or all")
 	focus := fs.String("focus", "", "only the specs of the suite that also match this regular expression")
 	procs := fs.Int("procs", 0, "parallel ginkgo processes (default: the suite's)")
 	if err := fs.Parse(args); err != nil {
@@ -80,36 +80,47 @@ func cmdE2E(args []string) error {
 	}
 	var names []string
 	if *suite == "all" {
-		names = []string{"api", "netpol", "conformance", npapiSuite}
-	} else if _, ok := e2eSuites()[*suite]; ok || *suite == npapiSuite {
+		names = []string{"api", "netpol", "conformance", npapiSuite, casesSuite}
+	} else if _, ok := e2eSuites()[*suite]; ok || *suite == npapiSuite || *suite == casesSuite {
 		names = []string{*suite}
 	} else {
-		return fmt.Errorf("--suite must be netpol, api, conformance, %s or all, not %q", npapiSuite, *suite)
+		return fmt.Errorf("--suite must be netpol, api, conformance, %s, %s or all, not %q", npapiSuite, casesSuite, *suite)
 	}
-	if err := c.l.lock("e2e build"); err != nil {
-		return err
-	}
-	if err := c.l.build("cluster", "e2e"); err != nil {
-		return err
-	}
-	tars, err := c.l.buildE2EImages()
-	if err != nil {
-		return err
-	}
-	for _, n := range c.plan.Nodes {
-		for _, t := range tars {
-			if err := c.importTar(n, t); err != nil {
-				return err
+	// flock's own cases need only agnhost, which every node has (its sandbox image).
+	if len(names) > 1 || names[0] != casesSuite {
+		if err := c.l.lock("e2e build"); err != nil {
+			return err
+		}
+		if err := c.l.build("cluster", "e2e"); err != nil {
+			return err
+		}
+		tars, err := c.l.buildE2EImages()
+		if err != nil {
+			return err
+		}
+		for _, n := range c.plan.Nodes {
+			for _, t := range tars {
+				if err := c.importTar(n, t); err != nil {
+					return err
+				}
 			}
 		}
+		progress("e2e: %d images imported into every node", len(tars))
 	}
-	progress("e2e: %d images imported into every node", len(tars))
 	out := filepath.Join(c.l.Target, "e2e")
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
 	total := e2eCounts{}
 	for _, name := range names {
+		if name == casesSuite {
+			r, err := c.runCases(*focus, out)
+			if err != nil {
+				return err
+			}
+			total.add(r)
+			continue
+		}
 		if name == npapiSuite {
 			r, err := c.runNetworkPolicyAPI(*focus)
 			if err != nil {
@@ -296,6 +307,88 @@ func readJUnit(path string, focus *regexp.Regexp, skips []e2eSkip) (e2eCounts, e
 }
 
 const npapiSuite = "network-policy-api"
+
+// casesSuite is flock's own case corpus (tests/conformance) on the cluster, through
+// `flockctl conformance --kubeconfig`: what any operator can run on theirs.
+const casesSuite = "cases"
+
+// runCases runs tests/conformance (the cases whose folder matches focus, if given) with the
+// flockctl the images were built with; its report is target/cluster/e2e/cases.txt.
+func (c *cluster) runCases(focus, out string) (e2eCounts, error) {
+	flockctl := filepath.Join(c.l.Target, "images", "out", "flockctl")
+	if _, err := os.Stat(flockctl); err != nil {
+		return e2eCounts{}, fmt.Errorf("%s is missing (up.sh builds it): %w", flockctl, err)
+	}
+	dir := filepath.Join(c.l.Repo, "tests", "conformance")
+	args := []string{"conformance", "--kubeconfig", c.l.Kubeconfig(), "--image", agnhostImage, "--base", filepath.Join(dir, "base-cluster.yaml")}
+	if focus == "" {
+		args = append(args, dir)
+	} else {
+		re, err := regexp.Compile(focus)
+		if err != nil {
+			return e2eCounts{}, fmt.Errorf("--focus: %w", err)
+		}
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return e2eCounts{}, err
+		}
+		for _, e := range entries {
+			if e.IsDir() && re.MatchString(e.Name()) {
+				args = append(args, filepath.Join(dir, e.Name()))
+			}
+		}
+		if len(args) == 6 {
+			return e2eCounts{}, fmt.Errorf("--focus %q matches no case of %s", focus, dir)
+		}
+	}
+	report := filepath.Join(out, "cases.txt")
+	progress("e2e: flock's cases (%s) through flockctl conformance --kubeconfig", dir)
+	f, err := os.Create(report)
+	if err != nil {
+		return e2eCounts{}, err
+	}
+	defer f.Close()
+	cmd := exec.Command(flockctl, args...)
+	cmd.Stdout = f
+	cmd.Stderr = os.Stderr
+	t := time.Now()
+	runErr := cmd.Run()
+	text, err := os.ReadFile(report)
+	if err != nil {
+		return e2eCounts{}, err
+	}
+	counts := readCaseLines(string(text))
+	progress("e2e: cases: %d passed, %d failed, %d skipped in %.1f min (report %s; flockctl: %v)",
+		counts.Passed, len(counts.Failed), len(counts.Skipped), time.Since(t).Minutes(), report, runErr)
+	if counts.Passed+len(counts.Failed) == 0 {
+		return counts, fmt.Errorf("flockctl conformance ran no case (%v; report %s)", runErr, report)
+	}
+	if runErr != nil && len(counts.Failed) == 0 {
+		return counts, fmt.Errorf("flockctl conformance: %v (report %s)", runErr, report)
+	}
+	return counts, nil
+}
+
+// readCaseLines counts flockctl conformance's `PASS|FAIL|SKIP <case> (why)` lines.
+func readCaseLines(text string) e2eCounts {
+	var c e2eCounts
+	re := regexp.MustCompile(`^(PASS|FAIL|SKIP) (\S+)(?: \((.*)\))?$`)
+	for _, line := range strings.Split(text, "\n") {
+		m := re.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		switch m[1] {
+		case "PASS":
+			c.Passed++
+		case "FAIL":
+			c.Failed = append(c.Failed, m[2]+": "+m[3])
+		case "SKIP":
+			c.Skipped = append(c.Skipped, skippedSpec{Name: m[2], Reason: m[3]})
+		}
+	}
+	return c
+}
 
 // runNetworkPolicyAPI runs network-policy-api's conformance suite (the ClusterNetworkPolicy
 // profile with its experimental features) as its CI does, writing the upstream report to

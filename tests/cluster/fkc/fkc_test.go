@@ -399,3 +399,18 @@ func TestGoTestVCountsLeafTests(t *testing.T) {
 		t.Fatalf("counts %+v", c)
 	}
 }
+
+func TestCaseLinesCountEveryVerdict(t *testing.T) {
+	out := "PASS 001-deny-all-ingress-in-x\n" +
+		"PASS 060-mixed (1 of 3 probes skipped: SCTP not available on the cluster's nodes)\n" +
+		"FAIL 002-allow (1 cells differ; step 1 TCP/81 y/a -> x/b: expected to connect, was blocked)\n" +
+		"SKIP 301-dns (needs the case's DNS server and records (the cluster's DNS answers for itself))\n" +
+		"2 passed, 1 failed, 1 skipped\n"
+	c := readCaseLines(out)
+	if c.Passed != 2 || len(c.Failed) != 1 || len(c.Skipped) != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+	if !strings.HasPrefix(c.Failed[0], "002-allow: 1 cells differ") || !strings.HasPrefix(c.Skipped[0].Reason, "needs the case's DNS") {
+		t.Fatalf("what they say: %+v", c)
+	}
+}
