@@ -211,17 +211,7 @@ fn run_live(
             None => super::live::teardown_run(&client, &run).await,
         };
         if let Some(r) = &runner {
-            let mut t = r.settle_times.clone();
-            t.sort_by(f64::total_cmp);
-            if !t.is_empty() {
-                eprintln!(
-                    "after a step's writes, every cell as expected within: p50 {:.2}s, p90 {:.2}s, max {:.2}s ({} steps)",
-                    t[t.len() / 2],
-                    t[(t.len() * 9 / 10).min(t.len() - 1)],
-                    t[t.len() - 1],
-                    t.len()
-                );
-            }
+            eprintln!("{}", settle_summary(&r.settled));
         }
         eprintln!("total {:.1}s", started.elapsed().as_secs_f64());
         let (passed, failed, skipped) = outcome?;
@@ -229,6 +219,19 @@ fn run_live(
         println!("{passed} passed, {failed} failed, {skipped} skipped");
         anyhow::Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     })
+}
+
+/// How steps converged: how many matched at each cell's first probe, and for the others
+/// how long after the step's writes their last cell matched.
+fn settle_summary(settled: &[(usize, f64)]) -> String {
+    let first = settled.iter().filter(|(r, _)| *r == 1).count();
+    let mut later: Vec<f64> = settled.iter().filter(|(r, _)| *r > 1).map(|(_, t)| *t).collect();
+    later.sort_by(f64::total_cmp);
+    let mut s = format!("{first} of {} settled steps matched at every cell's first probe", settled.len());
+    if let (Some(p50), Some(max)) = (later.get(later.len() / 2), later.last()) {
+        s.push_str(&format!("; the other {} after {p50:.2}s (p50), {max:.2}s (max) from the step's writes", later.len()));
+    }
+    s
 }
 
 /// The image of the base's first pod.

@@ -65,8 +65,19 @@ pub struct Runner {
     /// Whether flock is the cluster's CNI (FlockNodes exist): then a wrong cell gets flock's
     /// explanation from the cluster's objects.
     flock: bool,
-    /// Seconds from a step's last write to its last cell matching, every step that matched.
-    pub settle_times: Vec<f64>,
+    /// Every step whose cells all matched: how many probe rounds that took (1: each cell
+    /// matched at its first probe) and the seconds from the step's last write to its last
+    /// cell matching.
+    pub settled: Vec<(usize, f64)>,
+}
+
+/// A case's object the API server refuses as invalid: it never reaches the CNI, so the case
+/// (written for what flock does with such an object) cannot run on a real cluster.
+#[derive(Debug, thiserror::Error)]
+#[error("the API server refuses {what}: {message}")]
+struct Refused {
+    what: String,
+    message: String,
 }
 
 fn cnp_resource() -> ApiResource {
@@ -144,7 +155,7 @@ impl Runner {
             up: BTreeMap::new(),
             cnp: cnp_resource(),
             flock,
-            settle_times: Vec::new(),
+            settled: Vec::new(),
         };
         runner.remove_leftovers().await?;
         runner.create_base().await?;
@@ -208,7 +219,12 @@ impl Runner {
             }
             _ => bail!("cannot write {what}"),
         };
-        r.with_context(|| format!("writing {what}"))
+        match r {
+            Ok(()) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_invalid() => Err(Refused { what, message: s.message }.into()),
+            Err(kube::Error::Api(s)) => bail!("writing {what}: {} ({} {})", s.message, s.code, s.reason),
+            Err(e) => Err(anyhow::Error::new(e).context(format!("writing {what}"))),
+        }
     }
 
     async fn delete(&self, kind: Kind, ns: Option<&str>, name: &str) -> anyhow::Result<()> {
@@ -375,13 +391,17 @@ impl Runner {
             out.skip_reasons.push(why);
             return out;
         }
+        let mut refused = None;
         for (i, step) in case.steps.iter().enumerate() {
             if !step.wait().is_zero() {
                 tokio::time::sleep(step.wait()).await;
             }
             let started = Instant::now();
             if let Err(e) = self.step(i, step, case, &mut out).await {
-                out.errors.push(format!("step {}: {e:#}", i + 1));
+                match e.downcast_ref::<Refused>() {
+                    Some(r) => refused = Some(format!("step {}: {r}", i + 1)),
+                    None => out.errors.push(format!("step {}: {e:#}", i + 1)),
+                }
                 break;
             }
             out.step_times.push(started.elapsed());
@@ -391,6 +411,9 @@ impl Runner {
         }
         out.verdict = if !out.mismatches.is_empty() || !out.errors.is_empty() {
             Verdict::Fail
+        } else if let Some(why) = refused {
+            out.skip_reasons = vec![why];
+            Verdict::Skip
         } else if out.probes_run == 0 && out.probes_skipped > 0 {
             Verdict::Skip
         } else {
@@ -446,6 +469,7 @@ impl Runner {
         }
         let written = Instant::now();
         let mut last_match = Duration::ZERO;
+        let mut rounds = 0;
         let mut all_matched = true;
         for probe in &step.probes {
             if probe.protocol == Protocol::Sctp && !self.mapping.target.sctp {
@@ -461,7 +485,10 @@ impl Runner {
             out.probes_run += 1;
             out.errors.extend(errors.into_iter().map(|e| format!("step {}: {}: {e}", i + 1, probe.label())));
             match matched {
-                Some(t) => last_match = last_match.max(t),
+                Some((r, t)) => {
+                    rounds = rounds.max(r);
+                    last_match = last_match.max(t);
+                }
                 None => all_matched = false,
             }
             let mismatches = flock::conformance::compare_cells(i, probe, &observed);
@@ -470,14 +497,15 @@ impl Runner {
             }
             out.mismatches.extend(mismatches);
         }
-        if all_matched && !step.probes.is_empty() {
-            self.settle_times.push(last_match.as_secs_f64());
+        if all_matched && rounds > 0 {
+            self.settled.push((rounds, last_match.as_secs_f64()));
             if self.opts.verbose {
                 eprintln!(
-                    "  {} step {}: every cell as expected {:.2}s after the step's writes",
+                    "  {} step {}: every cell as expected {:.2}s after the step's writes ({rounds} probe round{})",
                     case.dir_name,
                     i + 1,
-                    last_match.as_secs_f64()
+                    last_match.as_secs_f64(),
+                    if rounds == 1 { "" } else { "s" }
                 );
             }
         }
@@ -518,14 +546,17 @@ impl Runner {
 
     /// Probes every cell, again each one that differs from its expectation until it
     /// matches or the settle time passes. Returns what each cell saw last, the cells that
-    /// could not be probed, and when the last cell matched (`None`: not all did).
-    async fn probe(&self, cells: &[Cell], written: Instant) -> (BTreeMap<(String, String), bool>, Vec<String>, Option<Duration>) {
+    /// could not be probed, and the rounds it took and when the last cell matched (`None`:
+    /// not all did).
+    async fn probe(&self, cells: &[Cell], written: Instant) -> (BTreeMap<(String, String), bool>, Vec<String>, Option<(usize, Duration)>) {
         let mut observed = BTreeMap::new();
         let mut errors = BTreeMap::new();
         let mut pending: Vec<Cell> = cells.to_vec();
         let mut matched_at = Duration::ZERO;
         let deadline = written + self.opts.settle;
+        let mut rounds = 0;
         loop {
+            rounds += 1;
             let sem = Arc::new(tokio::sync::Semaphore::new(self.opts.parallel.max(1)));
             let mut set = tokio::task::JoinSet::new();
             for c in pending.drain(..) {
@@ -558,7 +589,7 @@ impl Runner {
                 }
             }
             if again.is_empty() {
-                return (observed, Vec::new(), Some(matched_at));
+                return (observed, Vec::new(), Some((rounds, matched_at)));
             }
             if Instant::now() >= deadline {
                 return (observed, errors.into_values().collect(), None);
