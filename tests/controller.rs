@@ -189,10 +189,13 @@ fn render_is_dual_stack() {
     assert_eq!(blocks[0].cidr, "0.0.0.0/0");
     assert_eq!(
         blocks[0].except.as_deref().unwrap(),
-        ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "198.18.0.0/20", "198.18.240.0/20"]
+        ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "198.18.0.0/20", "198.18.240.0/20"]
     );
     assert_eq!(blocks[1].cidr, "::/0");
-    assert_eq!(blocks[1].except.as_deref().unwrap(), ["fc00::/7", "fe80::/10", "2001:db8:1::/48", "2001:db8:2::/112"]);
+    assert_eq!(
+        blocks[1].except.as_deref().unwrap(),
+        ["fc00::/7", "fe80::/10", "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001:db8:1::/48", "2001:db8:2::/112"]
+    );
     let api: Vec<Vec<String>> =
         egress[2..4].iter().map(|r| r.to.as_ref().unwrap().iter().map(|p| p.ip_block.clone().unwrap().cidr).collect()).collect();
     assert_eq!(api, [vec!["198.18.240.1/32".to_string()], vec!["198.18.250.2/32".to_string(), "2001:db8:250::2/128".to_string()]]);

@@ -14,7 +14,8 @@
 //! rule asks its DNS proxy to see every answer (it learns the names' addresses from them).
 //!
 //! Both address families are handled: the internet rule allows `0.0.0.0/0` and `::/0`, each
-//! minus the private and link-local ranges of its family ([`PRIVATE_V4`], [`PRIVATE_V6`]),
+//! minus the private, shared and link-local ranges of its family and the IPv6 ranges that
+//! embed IPv4 addresses ([`PRIVATE_V4`], [`PRIVATE_V6`]),
 //! the cluster's pod and service CIDRs of that family, and the profile's extra excepts; API
 //! server addresses of either family become `/32` or `/128` blocks. Loopback needs no rule:
 //! flock filters in the forward hook, which loopback traffic never crosses.
@@ -37,10 +38,15 @@ use crate::model::EGRESS_DOMAINS_ANNOTATION;
 use crate::model::RUN_LABEL;
 use crate::translate::selector::validate_label_value;
 
-/// Private (RFC 1918) and link-local IPv4 ranges, always excepted from the internet rule.
-pub(crate) const PRIVATE_V4: [&str; 4] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"];
-/// Unique-local (the IPv6 private range) and link-local IPv6 ranges, always excepted.
-pub(crate) const PRIVATE_V6: [&str; 2] = ["fc00::/7", "fe80::/10"];
+/// Private (RFC 1918), shared (RFC 6598: carrier-grade NAT, and many clusters' and VPCs'
+/// internal ranges) and link-local IPv4 ranges, always excepted from the internet rule.
+pub(crate) const PRIVATE_V4: [&str; 5] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"];
+/// Unique-local (the IPv6 private range) and link-local IPv6 ranges, always excepted, and the
+/// IPv6 ranges that carry an IPv4 address inside (so that "the internet" over IPv6 is not a
+/// way back to the private IPv4 ranges): NAT64's well-known and local-use prefixes
+/// (RFC 6052, RFC 8215) and 6to4. (IPv4-mapped addresses never leave a host as IPv6: a
+/// socket sends them as IPv4, under the IPv4 rule.)
+pub(crate) const PRIVATE_V6: [&str; 5] = ["fc00::/7", "fe80::/10", "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16"];
 
 /// The namespace label the API server sets on every namespace (immutable, its name).
 const NAMESPACE_LABEL: &str = crate::model::convert::NAMESPACE_NAME_LABEL;
