@@ -190,6 +190,94 @@ func (a *apiClient) do(method, path string, body []byte) ([]byte, error) {
 	return data, nil
 }
 
+// watchReady sends every pod of ns that is Ready (from a list, then a watch from its
+// resourceVersion) until stop is closed. A watch the API server ends (its timeout, a
+// restart) is resumed from the last resourceVersion seen, and relisted when that is gone
+// (410); it returns an error only after five failed attempts in a row, with the last one.
+func (a *apiClient) watchReady(ns string, ready chan<- readyEvent, stop <-chan struct{}) error {
+	rv := ""
+	failures := 0
+	var last error
+	for {
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		if failures >= 5 {
+			return fmt.Errorf("%d attempts in a row failed, the last: %w", failures, last)
+		}
+		if failures > 0 {
+			time.Sleep(200 * time.Millisecond)
+		}
+		if rv == "" {
+			data, err := a.do("GET", "/api/v1/namespaces/"+ns+"/pods", nil)
+			if err != nil {
+				failures, last = failures+1, err
+				continue
+			}
+			var list struct {
+				Metadata struct {
+					ResourceVersion string `json:"resourceVersion"`
+				} `json:"metadata"`
+				Items []pod `json:"items"`
+			}
+			if err := json.Unmarshal(data, &list); err != nil {
+				failures, last = failures+1, fmt.Errorf("the pod list: %w", err)
+				continue
+			}
+			for _, p := range list.Items {
+				if p.ready() {
+					ready <- readyEvent{name: p.Metadata.Name, at: time.Now()}
+				}
+			}
+			rv = list.Metadata.ResourceVersion
+		}
+		req, err := http.NewRequest("GET", a.base+"/api/v1/namespaces/"+ns+"/pods?watch=1&allowWatchBookmarks=true&resourceVersion="+rv, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := a.http.Do(req)
+		if err != nil {
+			failures, last = failures+1, err
+			continue
+		}
+		if resp.StatusCode != http.StatusOK {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			failures, last = failures+1, fmt.Errorf("watch: %s: %s", resp.Status, shorten(string(body), 300))
+			continue
+		}
+		dec := json.NewDecoder(bufio.NewReader(resp.Body))
+		for {
+			var ev struct {
+				Type   string `json:"type"`
+				Object pod    `json:"object"`
+			}
+			if err := dec.Decode(&ev); err != nil {
+				if err != io.EOF {
+					failures, last = failures+1, fmt.Errorf("watch: %w", err)
+				}
+				break
+			}
+			failures = 0
+			if ev.Type == "ERROR" {
+				// Most often 410 Gone: the resourceVersion is too old; relist.
+				rv = ""
+				last = fmt.Errorf("watch: an ERROR event")
+				break
+			}
+			if v := ev.Object.Metadata.ResourceVersion; v != "" {
+				rv = v
+			}
+			if ev.Type != "BOOKMARK" && ev.Object.ready() {
+				ready <- readyEvent{name: ev.Object.Metadata.Name, at: time.Now()}
+			}
+		}
+		resp.Body.Close()
+	}
+}
+
 // benchPods creates n pods at once (spread over the nodes) and times each from its
 // creation request to the moment a watch reports it Ready; then the memory at rest.
 func (c *cluster) benchPods(n int) (map[string]any, error) {
@@ -212,31 +300,11 @@ func (c *cluster) benchPods(n int) (map[string]any, error) {
 	}
 
 	// Watch first, so that no transition is missed.
-	req, err := http.NewRequest("GET", a.base+"/api/v1/namespaces/"+ns+"/pods?watch=1", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := a.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
 	ready := make(chan readyEvent, n*4)
-	go func() {
-		dec := json.NewDecoder(bufio.NewReader(resp.Body))
-		for {
-			var ev struct {
-				Object pod `json:"object"`
-			}
-			if err := dec.Decode(&ev); err != nil {
-				close(ready)
-				return
-			}
-			if ev.Object.ready() {
-				ready <- readyEvent{name: ev.Object.Metadata.Name, at: time.Now()}
-			}
-		}
-	}()
+	stop := make(chan struct{})
+	defer close(stop)
+	watchErr := make(chan error, 1)
+	go func() { watchErr <- a.watchReady(ns, ready, stop) }()
 
 	created := map[string]time.Time{}
 	errs := make(chan error, n)
@@ -271,10 +339,9 @@ func (c *cluster) benchPods(n int) (map[string]any, error) {
 	deadline := time.After(10 * time.Minute)
 	for len(seen) < n {
 		select {
-		case ev, ok := <-ready:
-			if !ok {
-				return nil, fmt.Errorf("the watch ended with %d of %d pods Ready", len(seen), n)
-			}
+		case err := <-watchErr:
+			return nil, fmt.Errorf("watching the pods, with %d of %d Ready: %w", len(seen), n, err)
+		case ev := <-ready:
 			if seen[ev.name] || created[ev.name].IsZero() {
 				continue
 			}

@@ -68,6 +68,7 @@ type objectMeta struct {
 	Labels            map[string]string `json:"labels"`
 	DeletionTimestamp string            `json:"deletionTimestamp"`
 	UID               string            `json:"uid"`
+	ResourceVersion   string            `json:"resourceVersion"`
 }
 
 type condition struct {
