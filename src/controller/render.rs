@@ -123,13 +123,15 @@ pub(crate) fn policy_name(run: &str) -> String {
 }
 
 /// The `flock.dev/run` label value of a run's pods: the run's name, or (past the 63
-/// characters of a label value) its first characters and a hash. Workload builders stamp this
-/// on the run's pod template.
+/// characters of a label value) its first characters, `_` and a hash. Workload builders stamp
+/// this on the run's pod template. The `_` keeps the two kinds apart: no run name has one
+/// (names are DNS subdomains), so no run can be named another's shortened value and select
+/// that run's pods.
 pub(crate) fn run_label_value(run: &str) -> String {
     if validate_label_value(run).is_ok() {
         return run.to_string();
     }
-    format!("{}-{}", trim_to(run, 52), short_hash(run))
+    format!("{}_{}", trim_to(run, 52), short_hash(run))
 }
 
 /// The first `n` bytes of a DNS name, ending alphanumeric.
@@ -770,6 +772,14 @@ mod tests {
         // A cut that would end on '.' or '-' backs off to an alphanumeric.
         let v = run_label_value(&format!("{}-{}", "r".repeat(51), "s".repeat(20)));
         assert!(validate_label_value(&v).is_ok(), "{v}");
+        // The attack: a run named as another's shortened value (the old `-` form was a valid
+        // run name) would select that run's pods. The shortened value has a `_`, which no
+        // run name can.
+        let long = format!("{}.x-y", "r".repeat(70));
+        let short = run_label_value(&long);
+        assert_eq!(short.matches('_').count(), 1, "{short}");
+        let as_name = short.replace('_', "-");
+        assert_ne!(run_label_value(&as_name), short);
     }
 
     fn run_selecting(name: &str, selector: Value) -> Run {
