@@ -54,18 +54,31 @@ pub struct CaseOutcome {
     pub problems: Vec<String>,
 }
 
+impl CaseOutcome {
+    /// Before the case runs: a pass with nothing seen yet.
+    pub fn new() -> Self {
+        Self {
+            verdict: Verdict::Pass,
+            mismatches: Vec::new(),
+            errors: Vec::new(),
+            probes_run: 0,
+            probes_skipped: 0,
+            skip_reasons: Vec::new(),
+            step_times: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+}
+
+impl Default for CaseOutcome {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Runs `case` on `sim`, starting from `base`, and restores `base` afterwards.
 pub async fn run_case(sim: &mut Sim, base: &Snapshot, case: &Case) -> CaseOutcome {
-    let mut out = CaseOutcome {
-        verdict: Verdict::Pass,
-        mismatches: Vec::new(),
-        errors: Vec::new(),
-        probes_run: 0,
-        probes_skipped: 0,
-        skip_reasons: Vec::new(),
-        step_times: Vec::new(),
-        problems: Vec::new(),
-    };
+    let mut out = CaseOutcome::new();
     let dns = sim.set_dns(case.dns.clone());
     if let Err(e) = &dns {
         out.errors.push(format!("dns: {e}"));

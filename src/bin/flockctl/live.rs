@@ -327,8 +327,8 @@ impl Runner {
         Ok(has)
     }
 
-    async fn create_base(&mut self) -> anyhow::Result<()> {
-        let started = Instant::now();
+    /// Writes the base's namespaces as they are in the base (a case's label changes undone).
+    async fn write_base_namespaces(&self) -> anyhow::Result<Vec<Carried>> {
         let namespaces: Vec<Carried> = self
             .base
             .namespaces()
@@ -343,6 +343,12 @@ impl Runner {
         for n in &namespaces {
             self.write(n).await?;
         }
+        Ok(namespaces)
+    }
+
+    async fn create_base(&mut self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let namespaces = self.write_base_namespaces().await?;
         let first = namespaces.first().map(|n| n.name.clone()).context("the base cluster has no namespace")?;
         self.mapping.target.sctp = self.detect_sctp(&first).await?;
         let pods: Vec<_> = self.base.pods().cloned().collect();
@@ -376,16 +382,7 @@ impl Runner {
 
     /// Runs one case and restores the base.
     pub async fn run_case(&mut self, case: &Case) -> CaseOutcome {
-        let mut out = CaseOutcome {
-            verdict: Verdict::Pass,
-            mismatches: Vec::new(),
-            errors: Vec::new(),
-            probes_run: 0,
-            probes_skipped: 0,
-            skip_reasons: Vec::new(),
-            step_times: Vec::new(),
-            problems: Vec::new(),
-        };
+        let mut out = CaseOutcome::new();
         if let Some(why) = self.mapping.skip_reason(&self.base, case) {
             out.verdict = Verdict::Skip;
             out.skip_reasons.push(why);
@@ -648,20 +645,7 @@ impl Runner {
                 gone.push(n);
             }
         }
-        let namespaces: Vec<Carried> = self
-            .base
-            .namespaces()
-            .map(|n| {
-                self.mapping.namespace_object(
-                    &n.name,
-                    (&n.labels).into_iter().map(|(k, v)| (k.to_string(), v.to_string())),
-                    Default::default(),
-                )
-            })
-            .collect();
-        for n in &namespaces {
-            self.write(n).await?;
-        }
+        self.write_base_namespaces().await?;
         let extra: Vec<ObjectRef> = self.up.keys().filter(|k| !self.base_pods.contains_key(*k)).cloned().collect();
         for k in extra {
             if base_ns.contains(&self.mapping.namespace(k.namespace())) {
