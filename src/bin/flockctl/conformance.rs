@@ -198,11 +198,11 @@ fn run_live(
             }
             anyhow::Ok((passed, failed, skipped))
         };
-        let outcome = tokio::select! {
-            r = work => r,
-            _ = hup.recv() => Err(anyhow::anyhow!("interrupted (SIGHUP)")),
-            _ = int.recv() => Err(anyhow::anyhow!("interrupted (SIGINT)")),
-            _ = term.recv() => Err(anyhow::anyhow!("interrupted (SIGTERM)")),
+        let (outcome, signal) = tokio::select! {
+            r = work => (r, None),
+            _ = hup.recv() => (Err(anyhow::anyhow!("interrupted")), Some(("SIGHUP", nix::libc::SIGHUP))),
+            _ = int.recv() => (Err(anyhow::anyhow!("interrupted")), Some(("SIGINT", nix::libc::SIGINT))),
+            _ = term.recv() => (Err(anyhow::anyhow!("interrupted")), Some(("SIGTERM", nix::libc::SIGTERM))),
         };
         // Whatever happened, the run's objects go (a runner that failed to start may have
         // made some: a fresh one over the same client finds them by label).
@@ -214,6 +214,14 @@ fn run_live(
             eprintln!("{}", settle_summary(&r.settled));
         }
         eprintln!("total {:.1}s", started.elapsed().as_secs_f64());
+        if let Some((name, number)) = signal {
+            // As a shell reports a process a signal ended: 128 + its number.
+            match cleanup {
+                Ok(()) => eprintln!("interrupted ({name}): everything the run created is deleted"),
+                Err(e) => eprintln!("interrupted ({name}); deleting what the run created failed: {e:#}"),
+            }
+            return Ok(ExitCode::from(128 + number as u8));
+        }
         let (passed, failed, skipped) = outcome?;
         cleanup.context("deleting what the run created")?;
         println!("{passed} passed, {failed} failed, {skipped} skipped");
