@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI's part of the real cluster (docs/cluster.md): fkc's own checks always (go vet, its unit
-# tests: standard library only, no cache needed); the cluster smoke — up, smoke, down — only
+# tests: standard library only, no cache needed); the cluster smoke — up, smoke, the first of
+# flock's cases through flockctl conformance --kubeconfig, down — only
 # where the binary cache is already filled, so that a cold cache never turns CI red. It says
 # which, either way.
 set -uo pipefail
@@ -29,4 +30,7 @@ trap 'tests/cluster/down.sh || exit 1' EXIT
 tests/cluster/down.sh >/dev/null 2>&1 || true
 tests/cluster/up.sh --family ipv4 || exit 1
 tests/cluster/smoke.sh || status=1
+# flockctl conformance --kubeconfig on the real cluster: the first cases of the corpus (the
+# whole corpus is `e2e.sh --suite cases`, about 9 minutes here).
+tests/cluster/e2e.sh --suite cases --focus '^0[0-2]' || status=1
 exit $status
