@@ -424,8 +424,18 @@ fn forged_arp_and_solicitations_teach_the_node_no_neighbour() {
     // c's host side with ARP on: the flood is learnt.
     let (host_a, host_c) = (host_interface_name("cid-a", "eth0"), host_interface_name("cid-c", "eth0"));
     f.node.ip(&["link", "set", "dev", &host_c, "arp", "on"]);
-    flood(&pc);
-    let learnt = neighbours_of(&f.node, &host_c, &forged);
+    // The control only has to show that the flood can work: the kernel does not learn from
+    // every forged solicitation right after the flag changes (CI once saw the 100 ARP
+    // entries and none of ND), so it gets up to three floods.
+    let mut learnt = Vec::new();
+    for _ in 0..3 {
+        flood(&pc);
+        learnt = neighbours_of(&f.node, &host_c, &forged);
+        if learnt.len() >= 200 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
     assert!(learnt.len() >= 200, "the attack did not work with ARP on: {learnt:?}");
 
     // a as flock-cni wired it: nothing is learnt.
