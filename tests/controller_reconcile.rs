@@ -300,7 +300,10 @@ async fn a_missing_profile_sets_a_condition_and_waits_without_a_hot_loop() {
     })
     .await;
     assert_eq!(condition(&server, "job-2", READY), Some(("False".into(), "ProfileNotFound".into())));
-    assert!(policy(&server, "job-2-egress").is_none());
+    // The run's pods get a policy that allows nothing, both ways.
+    let spec = policy(&server, "job-2-egress").expect("a policy that allows nothing").spec.unwrap();
+    assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_string(), "Egress".to_string()][..]), "{spec:?}");
+    assert!(spec.egress.as_ref().is_none_or(Vec::is_empty) && spec.ingress.as_ref().is_none_or(Vec::is_empty), "{spec:?}");
     // Settled (the pass that follows its own status write is a no-op): over the next
     // 1.5 s, no more reads of the profile, no status writes.
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -319,7 +322,8 @@ async fn a_missing_profile_sets_a_condition_and_waits_without_a_hot_loop() {
     eventually(10, "Applied", || (condition(&server, "job-2", NETWORK_POLICY_READY)?.1 == "Applied").then_some(())).await;
     eprintln!("profile created → policy {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
 
-    // An invalid profile: ProfileInvalid, the last good policy stays; the profile's Ready
+    // An invalid profile: ProfileInvalid, and the run's policy (the same object) allows
+    // nothing (fail closed: the edit may have meant to narrow it); the profile's Ready
     // condition says why.
     let uid = policy(&server, "job-2-egress").unwrap().metadata.uid;
     Api::<RunProfile>::all(server.client())
@@ -340,9 +344,13 @@ async fn a_missing_profile_sets_a_condition_and_waits_without_a_hot_loop() {
     assert_eq!(ready.reason, "Invalid");
     assert!(ready.message.contains("spec.cidrs[0].cidr"), "{}", ready.message);
     assert!(p.metadata.generation.is_some());
-    assert_eq!(policy(&server, "job-2-egress").unwrap().metadata.uid, uid, "the last applied policy stays");
+    let np = policy(&server, "job-2-egress").unwrap();
+    assert_eq!(np.metadata.uid, uid, "the same policy");
+    let spec = np.spec.unwrap();
+    assert!(spec.egress.as_ref().is_none_or(Vec::is_empty) && spec.ingress.as_ref().is_none_or(Vec::is_empty), "{spec:?}");
     let msg = run_of(&server, "job-2").status.unwrap();
-    assert!(crd::condition(&msg.conditions, NETWORK_POLICY_READY).unwrap().message.contains("stays in place"));
+    let np_ready = crd::condition(&msg.conditions, NETWORK_POLICY_READY).unwrap().message.clone();
+    assert!(np_ready.contains("RunProfile later is invalid") && np_ready.contains("allows nothing"), "{np_ready}");
     ctl.stop().await;
 }
 

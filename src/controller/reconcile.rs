@@ -6,9 +6,11 @@
 //!    `Disabled`.
 //! 3. [`cached_profile`] — from the RunProfile cache, never a live read; missing →
 //!    condition `ProfileNotFound` (only once the cache holds a complete list: before that
-//!    the reconcile waits). An expired run needs no profile.
-//! 4. [`render::plan`], [`desired`] — render (pure); an invalid run or profile →
-//!    `RunInvalid`/`ProfileInvalid`. Past the run's deadline ([`expires_at`], read on the
+//!    the reconcile waits) and a policy that allows nothing: grants come only from profiles
+//!    that exist (deleting one revokes it). An expired run needs no profile.
+//! 4. [`render::plan`], [`desired`] — render (pure); an invalid run → `RunInvalid` (the last
+//!    applied policy stays), an invalid profile → `ProfileInvalid` and a policy that allows
+//!    nothing. Past the run's deadline ([`expires_at`], read on the
 //!    context's clock) the plan is withdrawn: the policy allows nothing — also when the
 //!    profile is missing or invalid, and when the run itself is invalid (fail closed: it keeps
 //!    `RunInvalid`, and the policy keeps selecting the pods it selected, [`live_selector`]).
@@ -32,7 +34,8 @@
 //!
 //! User errors (2, 3, 4) write their condition and wait for a change of the run or of its
 //! profile (the controller watches profiles) or for the run's deadline: no hot loop; an
-//! earlier policy stays in place until the deadline. API errors requeue with a per-run
+//! invalid run's earlier policy stays in place until the deadline, a run whose profile is
+//! missing or invalid has one that allows nothing. API errors requeue with a per-run
 //! exponential backoff ([`Backoffs`]: forgotten on success, on the run's deletion, and when a
 //! relist no longer has the run).
 //! A RunProfile's reconcile only checks it and writes its `Ready` condition.
@@ -330,8 +333,8 @@ pub(crate) enum Outcome {
         recorded: Vec<Change>,
         /// The pods the policy selects.
         selector: Selector,
-        /// The run is invalid (condition reason and message): only an expired run's policy
-        /// is applied then, allowing nothing.
+        /// The run is invalid, or its profile missing or invalid (condition reason and
+        /// message): the policy applied allows nothing.
         invalid: Option<(&'static str, String)>,
     },
     Disabled,
@@ -505,11 +508,12 @@ pub(crate) async fn remove_policies(client: &Client, run: &Run, kinds: &[PolicyK
 /// judgement.
 pub(crate) fn conditions(status: &mut RunStatus, outcome: &Outcome, enforced: &Judgement, generation: Option<i64>, now: &str) {
     let (np_ok, np_reason, np_message) = match outcome {
-        Outcome::Applied { policy, invalid: Some((reason, message)), .. } => (
+        Outcome::Applied { policy, invalid: Some((reason, message)), expired, .. } => (
             false,
             *reason,
             format!(
-                "{message}; past the run's deadline {} {} allows nothing (uid {}, generation {})",
+                "{message}; {}{} {} allows nothing (uid {}, generation {})",
+                if *expired { "past the run's deadline " } else { "" },
                 policy.kind,
                 policy.name,
                 policy.uid,
@@ -648,22 +652,29 @@ async fn steps(
     let expired = expires.is_some_and(|t| now >= t);
     let expires_text = expires.map(format_time);
     let cached = cached_profile(&ctx.caches, &run.spec.profile).await?;
+    let withdrawn = || RunProfile::new(&run.spec.profile, crd::RunProfileSpec::withdrawn());
+    let mut invalid = None;
     let profile = match (&cached, expired) {
         (Some(p), _) => p.clone(),
         // Expired: nothing of the profile is used.
-        (None, true) => Arc::new(RunProfile::new(&run.spec.profile, crd::RunProfileSpec::withdrawn())),
+        (None, true) => Arc::new(withdrawn()),
+        // Fail closed: a grant comes from a profile that exists. One deleted (the way an
+        // administrator revokes it) or never there leaves the run a policy that allows
+        // nothing, not the last one applied.
         (None, false) => {
-            return Ok(Outcome::UserError {
-                reason: reason::PROFILE_NOT_FOUND,
-                message: format!("RunProfile {} does not exist", run.spec.profile),
-            });
+            invalid = Some((reason::PROFILE_NOT_FOUND, format!("RunProfile {} does not exist", run.spec.profile)));
+            Arc::new(withdrawn())
         }
     };
     let cluster = ctx.cluster.borrow().clone();
-    let withdrawn = || RunProfile::new(&run.spec.profile, crd::RunProfileSpec::withdrawn());
-    let mut invalid = None;
     let planned = match render::plan(run, &profile, &cluster) {
         Err(RenderError::Profile { .. }) if expired => render::plan(run, &withdrawn(), &cluster),
+        // An invalid profile grants nothing either (its administrator's edit may have meant
+        // to narrow it).
+        Err(e @ RenderError::Profile { .. }) => {
+            invalid = Some(user_error(&e));
+            render::plan(run, &withdrawn(), &cluster)
+        }
         // Fail closed: an invalid run must not keep the egress it was granted past its
         // deadline. The pods its policy selects keep being selected; without a policy, the
         // run's own selector when that part is valid, else its default one.
@@ -1059,6 +1070,29 @@ mod tests {
         }
     }
 
+    /// A missing profile: the policy applied allows nothing, and the conditions say so
+    /// (not as a deadline: the run has none).
+    #[test]
+    fn a_missing_profile_s_policy_allows_nothing_and_says_so() {
+        let mut s = RunStatus::default();
+        let Outcome::Applied { policy, result, previous, expired, recorded, selector, .. } = applied_outcome(false) else {
+            unreachable!("applied_outcome is Applied")
+        };
+        let invalid = Some((reason::PROFILE_NOT_FOUND, "RunProfile p does not exist".to_string()));
+        let outcome = Outcome::Applied { policy, result, previous, expired, recorded, selector, invalid };
+        conditions(&mut s, &outcome, &judged("True"), Some(1), "t1");
+        let np = crd::condition(&s.conditions, NETWORK_POLICY_READY).unwrap();
+        assert_eq!((np.status.as_str(), np.reason.as_str()), ("False", "ProfileNotFound"));
+        assert!(
+            np.message.starts_with("RunProfile p does not exist; NetworkPolicy ") && np.message.contains("allows nothing"),
+            "{}",
+            np.message
+        );
+        assert!(!np.message.contains("deadline"), "{}", np.message);
+        let ready = crd::condition(&s.conditions, READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "ProfileNotFound"));
+    }
+
     fn judged(status: &'static str) -> Judgement {
         Judgement { status, reason: "R", message: format!("judged {status}"), pending: Vec::new() }
     }
@@ -1075,16 +1109,16 @@ mod tests {
         s.network_policy = Some(applied("u1"));
         conditions(
             &mut s,
-            &Outcome::UserError { reason: reason::PROFILE_NOT_FOUND, message: "RunProfile p does not exist".into() },
+            &Outcome::UserError { reason: reason::RUN_INVALID, message: "run a/r is invalid: spec.profile: required".into() },
             &yes,
             Some(2),
             "t2",
         );
         let np = crd::condition(&s.conditions, NETWORK_POLICY_READY).unwrap();
-        assert_eq!((np.status.as_str(), np.reason.as_str(), np.last_transition_time.as_str()), ("False", "ProfileNotFound", "t2"));
+        assert_eq!((np.status.as_str(), np.reason.as_str(), np.last_transition_time.as_str()), ("False", "RunInvalid", "t2"));
         assert!(np.message.contains("stays in place"), "{}", np.message);
         let ready = crd::condition(&s.conditions, READY).unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "ProfileNotFound"));
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "RunInvalid"));
         let unknown = judged("Unknown");
         conditions(&mut s, &Outcome::Disabled, &unknown, Some(2), "t3");
         let ready = crd::condition(&s.conditions, READY).unwrap();
