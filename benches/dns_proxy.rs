@@ -16,9 +16,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flock::agent::dns_proxy::{DnsProxy, Learner, ProxyConfig};
-use flock::agent::domains::{DomainLearner, DomainRule, KernelWriter};
 use flock::dns::{DomainPattern, Learned};
+use flock::dns_proxy::learner::{DomainLearner, DomainRule, KernelWriter};
+use flock::dns_proxy::proxy::{DnsProxy, Learner, ProxyConfig};
 use flock::netns;
 use flock::sim::dns::{Record, RecordData, Zone};
 use flock::testkit::kernel::{Node, redirect_dns, require_root, serve_dns, serve_dns_proxy};

@@ -15,7 +15,8 @@
 //! tests. [`apply`] is the edge that runs `nft`.
 //!
 //! Around the pipeline: [`source`] (the static and the Kubernetes informer sources),
-//! [`agent`] (the node agent core: endpoint registry, CNI socket, sync loop), [`daemon`]
+//! [`agent`] (the node agent core: endpoint registry, CNI socket, sync loop), [`dns_proxy`]
+//! (egress by name: the agent's DNS proxy, its learning and the socket keeper), [`daemon`]
 //! (flock-agent wired), [`report`] (a policy's problems reported once for the cluster),
 //! [`controller`] (flock-controller) and [`process`] (what both daemons share). flockctl's
 //! simulated cluster, synthetic clusters and conformance runner are modules of this crate
@@ -35,6 +36,7 @@ pub mod controller;
 pub mod crd;
 pub mod daemon;
 pub mod dns;
+pub mod dns_proxy;
 pub mod explain;
 #[cfg(feature = "arbitrary")]
 #[doc(hidden)]

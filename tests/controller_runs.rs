@@ -195,27 +195,35 @@ async fn expiry_withdraws_egress_and_a_raised_deadline_grants_it_again() {
     assert!(a[3].spec.removed.is_empty());
     assert_eq!(a[3].spec.profile.generation, Some(2));
 
-    // Expiry needs no profile: the profile deleted, the deadline passes, egress is withdrawn.
+    // Deleting the profile revokes it (fail closed): the policy allows nothing at once, and the
+    // trail says why, with everything it took away.
     server.delete("flock.dev/v1alpha1", "RunProfile", None, "web").unwrap();
     wait_condition(&server, "job-1", NETWORK_POLICY_READY, "False", "ProfileNotFound").await;
-    clock.advance(3600);
-    eventually(10, "the policy withdrawn again", || policy(&server, "job-1-egress").filter(|p| egress_rules(p) == 0)).await;
-    wait_condition(&server, "job-1", EXPIRED, "True", "DeadlineExceeded").await;
+    eventually(10, "the policy withdrawn with its profile", || policy(&server, "job-1-egress").filter(|p| egress_rules(p) == 0)).await;
     let a = wait_audits(&server, "job-1", 5).await;
-    assert_eq!(a[4].spec.action, crd::AuditAction::Expired);
+    assert_eq!((a[4].spec.action, a[4].spec.reason.as_str()), (crd::AuditAction::Changed, "ProfileNotFound"));
     assert_eq!(a[4].spec.removed.len(), 4, "DNS, internet (two families) and the CIDR");
+    assert!(a[4].spec.message.contains("RunProfile web does not exist"), "{}", a[4].spec.message);
+    // Expiry needs no profile: the deadline passes, and that is recorded too (nothing left to
+    // take away).
+    clock.advance(3600);
+    wait_condition(&server, "job-1", EXPIRED, "True", "DeadlineExceeded").await;
+    let a = wait_audits(&server, "job-1", 6).await;
+    assert_eq!(a[5].spec.action, crd::AuditAction::Expired);
+    assert!(a[5].spec.removed.is_empty(), "{:?}", a[5].spec.removed);
+    assert_eq!(egress_rules(&policy(&server, "job-1-egress").unwrap()), 0);
 
     // Passes that change nothing record nothing (no duplicates: names are per sequence).
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(audits(&server, "job-1").len(), 5);
+    assert_eq!(audits(&server, "job-1").len(), 6);
     let st = run_of(&server, "job-1").status.unwrap();
-    assert_eq!(st.grant.as_ref().map(|g| (g.sequence, g.expired)), Some((5, true)));
+    assert_eq!(st.grant.as_ref().map(|g| (g.sequence, g.expired)), Some((6, true)));
     // A withdrawal (the policy deleted behind the controller's back) is recorded too.
     let uid = policy(&server, "job-1-egress").unwrap().metadata.uid.unwrap();
     server.delete("networking.k8s.io/v1", "NetworkPolicy", Some(NS), "job-1-egress").unwrap();
-    let a = wait_audits(&server, "job-1", 6).await;
-    assert_eq!((a[5].spec.action, a[5].spec.reason.as_str()), (crd::AuditAction::Withdrawn, "NetworkPolicyWithdrawn"));
-    assert!(a[5].spec.message.contains(&uid), "{}", a[5].spec.message);
+    let a = wait_audits(&server, "job-1", 7).await;
+    assert_eq!((a[6].spec.action, a[6].spec.reason.as_str()), (crd::AuditAction::Withdrawn, "NetworkPolicyWithdrawn"));
+    assert!(a[6].spec.message.contains(&uid), "{}", a[6].spec.message);
     eventually(10, "the policy re-created", || policy(&server, "job-1-egress").filter(|p| p.metadata.uid.as_ref() != Some(&uid))).await;
     let text = ctl.metrics.encode();
     assert!(text.contains("flock_controller_audit_events_written_total{action=\"Expired\"} 2"), "{text}");
@@ -338,9 +346,18 @@ async fn a_missing_profile_or_an_unlabelled_selector_grants_nothing() {
     create_run(&server, "job-5", json!({"profile": "nope"})).await;
     wait_condition(&server, "job-5", NETWORK_POLICY_READY, "False", "ProfileNotFound").await;
     wait_condition(&server, "job-5", READY, "False", "ProfileNotFound").await;
-    wait_condition(&server, "job-5", ENFORCED, "False", "NoPolicyApplied").await;
-    assert!(policy(&server, "job-5-egress").is_none());
-    assert!(audits(&server, "job-5").is_empty(), "nothing granted, nothing recorded");
+    // Fail closed: the run's pods get a policy that allows nothing both ways (their
+    // isolation does not wait for the profile).
+    let np = eventually(10, "a policy that allows nothing", || policy(&server, "job-5-egress")).await;
+    let spec = np.spec.clone().unwrap();
+    assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_string(), "Egress".to_string()][..]), "{spec:?}");
+    assert_eq!(egress_rules(&np), 0);
+    assert!(spec.ingress.is_none_or(|i| i.is_empty()), "{:?}", np.spec);
+    wait_condition(&server, "job-5", ENFORCED, "True", "NoPodsScheduled").await;
+    let msg = wait_condition(&server, "job-5", NETWORK_POLICY_READY, "False", "ProfileNotFound").await;
+    assert!(msg.contains("RunProfile nope does not exist") && msg.contains("allows nothing"), "{msg}");
+    let a = wait_audits(&server, "job-5", 1).await;
+    assert!(a[0].spec.added.is_empty() && a[0].spec.removed.is_empty(), "nothing granted: {:?}", a[0].spec);
 
     // The CRD's CEL rule refuses this on a real API server; the controller checks again.
     profile(&server, "web", json!({}));
@@ -468,8 +485,8 @@ fn domains_annotation(np: &NetworkPolicy) -> Option<String> {
 
 /// Egress by name: the run's policy carries the profile's names as the annotation flock-agent
 /// reads (exact JSON), the audit trail records each name added and removed, a profile whose
-/// names cannot be enforced (no DNS, an invalid name) is `ProfileInvalid` while the run's
-/// earlier policy stays, and names dropped from the profile leave the policy.
+/// names cannot be enforced (no DNS, an invalid name) is `ProfileInvalid` and grants nothing
+/// (recorded as such), and names dropped from the profile leave the policy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn domains_reach_the_policy_annotation_and_the_audit_trail() {
     let server = common::api_server().await;
@@ -502,7 +519,7 @@ async fn domains_reach_the_policy_annotation_and_the_audit_trail() {
     eventually(10, "one name", || policy(&server, "job-d-egress").filter(|p| domains_annotation(p).as_deref() == Some(pypi))).await;
 
     // Names without DNS (a real API server's CEL rule refuses it; the controller checks
-    // again): ProfileInvalid, on the run and the profile, and the earlier policy stays.
+    // again): ProfileInvalid, on the run and the profile.
     profile(&server, "fetch", json!({"dns": false, "domains": [{"name": "*.pypi.org", "ports": [{"port": 443}]}]}));
     let msg = wait_condition(&server, "job-d", NETWORK_POLICY_READY, "False", "ProfileInvalid").await;
     assert!(msg.contains("spec.domains: domains need dns"), "{msg}");
@@ -522,15 +539,22 @@ async fn domains_reach_the_policy_annotation_and_the_audit_trail() {
     })
     .await;
     assert!(msg.contains("\"pypi.*.org\" is not a domain name: '*' may only be the first label"), "{msg}");
-    let np = policy(&server, "job-d-egress").unwrap();
-    assert_eq!(domains_annotation(&np).as_deref(), Some(pypi), "the earlier policy stays");
-    assert_eq!(audits(&server, "job-d").len(), 3, "nothing granted, nothing recorded");
-
-    // No names: no annotation (server-side apply drops what the controller no longer writes).
-    profile(&server, "fetch", json!({}));
-    eventually(10, "the annotation gone", || policy(&server, "job-d-egress").filter(|p| domains_annotation(p).is_none())).await;
+    // Fail closed: an invalid profile grants nothing (its administrator's edit may have meant
+    // to narrow it), and the trail records what was taken away, and why.
+    let np = eventually(10, "the names withdrawn", || policy(&server, "job-d-egress").filter(|p| domains_annotation(p).is_none())).await;
+    assert_eq!(egress_rules(&np), 0, "not even DNS");
     let a = wait_audits(&server, "job-d", 4).await;
-    assert_eq!(a[3].spec.removed, ["domain: *.pypi.org on TCP/443"]);
+    assert_eq!((a[3].spec.action, a[3].spec.reason.as_str()), (crd::AuditAction::Changed, "ProfileInvalid"));
+    assert!(a[3].spec.removed.contains(&"domain: *.pypi.org on TCP/443".to_string()), "{:?}", a[3].spec.removed);
+
+    // Valid again, without names: DNS is granted back, and no annotation (server-side apply
+    // drops what the controller no longer writes).
+    profile(&server, "fetch", json!({}));
+    eventually(10, "DNS granted again", || policy(&server, "job-d-egress").filter(|p| egress_rules(p) == 1)).await;
+    assert!(domains_annotation(&policy(&server, "job-d-egress").unwrap()).is_none());
+    let a = wait_audits(&server, "job-d", 5).await;
+    assert_eq!((a[4].spec.action, a[4].spec.reason.as_str()), (crd::AuditAction::Changed, "EgressChanged"));
+    assert!(a[4].spec.removed.is_empty() && !a[4].spec.added.is_empty(), "{:?}", a[4].spec);
     wait_condition(&server, "job-d", READY, "True", "Applied").await;
     ctl.stop().await;
 }

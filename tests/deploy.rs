@@ -86,7 +86,7 @@ fn socket_keeper_outlives_agent_rollouts_with_nothing_it_does_not_need() {
     let agent = docs(&root().join("deploy/agent/daemonset.yaml")).remove(0);
     let socket = env(c, "FLOCK_SOCKET_KEEPER").unwrap();
     assert_eq!(env(&agent["spec"]["template"]["spec"]["containers"][0], "FLOCK_DNS_SOCKET_KEEPER"), Some(socket.clone()));
-    assert_eq!(socket, flock::agent::keeper::DEFAULT_SOCKET);
+    assert_eq!(socket, flock::dns_proxy::keeper::DEFAULT_SOCKET);
     // The same hostPath as the agent's /run/flock.
     assert_eq!(c["volumeMounts"][0]["mountPath"], "/run/flock");
     assert_eq!(spec["volumes"][0]["hostPath"]["path"], "/run/flock");

@@ -14,11 +14,11 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flock::agent::dns::domain_rules;
-use flock::agent::dns_proxy::{Bounds, DnsProxy, ProxyConfig, ProxyStats, RefusedBy};
-use flock::agent::domains::{DomainLearner, KernelWriter};
 use flock::apply::Applier;
 use flock::apply::kernel::NftCli;
+use flock::dns_proxy::domain_rules;
+use flock::dns_proxy::learner::{DomainLearner, KernelWriter};
+use flock::dns_proxy::proxy::{Bounds, DnsProxy, ProxyConfig, ProxyStats, RefusedBy};
 use flock::model::{LocalEndpoint, Snapshot};
 use flock::netns::{self, Netns};
 use flock::render::{self, DnsSteer, RenderOptions};

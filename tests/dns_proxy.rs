@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flock::agent::dns_proxy::{DnsProxy, Learner, ProxyConfig, ProxyStats, RefusedBy};
 use flock::dns::Learned;
+use flock::dns_proxy::proxy::{DnsProxy, Learner, ProxyConfig, ProxyStats, RefusedBy};
 use flock::netns::{self, Netns};
 use flock::sim::dns::{Record, RecordData, Zone};
 use flock::testkit::kernel::{Node, redirect_dns, require_root, serve_dns, serve_dns_proxy, serve_in};
@@ -271,8 +271,8 @@ fn a_pod_reaches_a_domain_from_its_answer_on_until_the_ttl_passes() {
     if !require_root("a_pod_reaches_a_domain_from_its_answer_on_until_the_ttl_passes") {
         return;
     }
-    use flock::agent::domains::{DomainLearner, DomainRule, KernelWriter};
     use flock::dns::DomainPattern;
+    use flock::dns_proxy::learner::{DomainLearner, DomainRule, KernelWriter};
 
     let node = Node::new("dnse");
     let client_ips: [IpAddr; 2] = ["198.18.216.2".parse().unwrap(), "2001:db8:216::2".parse().unwrap()];
@@ -357,9 +357,9 @@ fn the_rendered_steering_judges_dns_by_policy_and_fails_closed_without_the_proxy
     if !require_root("the_rendered_steering_judges_dns_by_policy_and_fails_closed_without_the_proxy") {
         return;
     }
-    use flock::agent::domains::{DomainLearner, KernelWriter};
     use flock::apply::Applier;
     use flock::apply::kernel::NftCli;
+    use flock::dns_proxy::learner::{DomainLearner, KernelWriter};
     use flock::model::{LocalEndpoint, ObjectRef};
     use flock::render::{self, DnsSteer, RenderOptions};
     use flock::translate::{Options, translate};
@@ -454,7 +454,7 @@ spec:
     assert!(chain.lines().any(|l| l.contains("drop") && l.contains("counter packets") && !l.contains("counter packets 0 ")), "{chain}");
 
     let learner = Arc::new(DomainLearner::new(KernelWriter::default()));
-    learner.set_rules(flock::agent::dns::domain_rules(&np));
+    learner.set_rules(flock::dns_proxy::domain_rules(&np));
     let proxy = DnsProxy::new(ProxyConfig::new(STEER_PORT, vec![resolver_ip]), learner);
     let stats = proxy.stats();
     let (stop_proxy, proxy_thread) = serve_dns_proxy(node.ns.netns(), proxy);
@@ -483,8 +483,8 @@ spec:
 /// configuration are refused, by address.
 #[test]
 fn queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next() {
-    use flock::agent::dns_proxy::Listeners;
-    use flock::agent::keeper::{self, Keeper};
+    use flock::dns_proxy::keeper::{self, Keeper};
+    use flock::dns_proxy::proxy::Listeners;
     if !require_root("queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next") {
         return;
     }

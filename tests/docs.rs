@@ -501,8 +501,9 @@ fn agent_exposition() -> String {
     m.status_request("get", true);
     m.event_request("get", true);
     m.node_status_write(true);
-    m.dns_learned("x/p[0]", 1);
-    m.dns_evicted(1, 1);
+    use flock::dns_proxy::learner::LearnedStats;
+    m.learned("x/p[0]", 1);
+    m.evicted(1, 1);
     m.encode()
 }
 

@@ -10,7 +10,7 @@
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
-use flock::agent::dns::DnsConfig;
+use flock::dns_proxy::DnsConfig;
 use flock::model::Protocol;
 use flock::netns::{self, Netns};
 use flock::sim::dns::{Record, RecordData, Zone};

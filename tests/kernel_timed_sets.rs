@@ -8,11 +8,11 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use flock::agent::dns_proxy::Learner;
-use flock::agent::domains::{DomainLearner, DomainRule, KernelWriter};
 use flock::apply::netlink::NfSocket;
 use flock::apply::netlink::timed::TimedElement;
 use flock::dns::{DomainPattern, Learned};
+use flock::dns_proxy::learner::{DomainLearner, DomainRule, KernelWriter};
+use flock::dns_proxy::proxy::Learner;
 use flock::netns;
 use flock::render::names::TABLE;
 use flock::testkit::kernel::{NetnsGuard, require_root};

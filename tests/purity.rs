@@ -42,6 +42,7 @@ const FORBIDDEN_PREFIXES: &[&str] = &[
     "crate::apply",
     "crate::netns",
     "crate::agent",
+    "crate::dns_proxy",
     "crate::source",
     "crate::sim",
     "crate::daemon",

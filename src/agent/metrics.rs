@@ -64,7 +64,7 @@ pub struct Metrics {
     node_status_writes: Family<Labels, Counter>,
     node_status_last_write: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The DNS proxy's counters (read into the families below when scraped).
-    dns: std::sync::Arc<super::dns_proxy::ProxyStats>,
+    dns: std::sync::Arc<crate::dns_proxy::proxy::ProxyStats>,
     dns_queries: Counter,
     dns_answers: Family<Labels, Counter>,
     dns_refused: Family<Labels, Counter>,
@@ -335,7 +335,7 @@ impl Metrics {
         ] {
             self.dns_answers.get_or_create(&label("result", result)).inner().store(load(n), std::sync::atomic::Ordering::Relaxed);
         }
-        for why in super::dns_proxy::RefusedBy::ALL {
+        for why in crate::dns_proxy::proxy::RefusedBy::ALL {
             self.dns_refused
                 .get_or_create(&label("reason", why.as_str()))
                 .inner()
@@ -345,19 +345,8 @@ impl Metrics {
     }
 
     /// The DNS proxy's counters, for the proxy.
-    pub(crate) fn dns_stats(&self) -> std::sync::Arc<super::dns_proxy::ProxyStats> {
+    pub(crate) fn dns_stats(&self) -> std::sync::Arc<crate::dns_proxy::proxy::ProxyStats> {
         self.dns.clone()
-    }
-
-    /// Addresses a domain rule learned.
-    pub fn dns_learned(&self, rule: &str, addresses: u64) {
-        self.dns_learned_addresses.get_or_create(&label("rule", rule)).inc_by(addresses);
-    }
-
-    /// Learned addresses evicted by one answer, and what the sets hold after it.
-    pub fn dns_evicted(&self, evicted: u64, held: i64) {
-        self.dns_learned_evictions.inc_by(evicted);
-        self.dns_learned_held.set(held);
     }
 
     /// How many CNI requests that change the endpoints are being served.
@@ -551,6 +540,18 @@ impl crate::source::kube::SourceMetrics for Metrics {
     }
     fn resource_served(&self, resource: &str, served: bool) {
         Metrics::resource_served(self, resource, served);
+    }
+}
+
+/// The DNS proxy's learner counts what it learns and evicts here.
+impl crate::dns_proxy::learner::LearnedStats for Metrics {
+    fn learned(&self, rule: &str, addresses: u64) {
+        self.dns_learned_addresses.get_or_create(&label("rule", rule)).inc_by(addresses);
+    }
+
+    fn evicted(&self, evicted: u64, held: i64) {
+        self.dns_learned_evictions.inc_by(evicted);
+        self.dns_learned_held.set(held);
     }
 }
 

@@ -20,11 +20,7 @@ pub(crate) mod cni;
 pub mod cniconf;
 pub(crate) mod denials;
 mod digest;
-pub mod dns;
-pub mod dns_proxy;
-pub mod domains;
 pub mod http;
-pub mod keeper;
 pub mod metrics;
 pub mod node_lock;
 mod registry;
@@ -48,6 +44,7 @@ use tracing::Instrument;
 
 use crate::apply::kernel::NftCli;
 use crate::apply::{Applier, Drift, Outcome};
+use crate::dns_proxy as dns;
 use crate::model::LocalEndpoint;
 use crate::netns::Netns;
 use crate::render::{self, Stats};
@@ -480,9 +477,10 @@ impl Agent {
                 let remembered = config.state_dir.as_ref().map(|d| d.join(dns::RESOLVERS_FILE));
                 // Off the runtime: it waits for the proxy's thread (and the socket keeper).
                 let (d2, ns, metrics) = (d.clone(), config.netns.clone(), config.metrics.clone());
-                let service = tokio::task::spawn_blocking(move || dns::DnsService::start(&d2, &ns, metrics, remembered))
-                    .await
-                    .map_err(|e| StartError::Panicked(e.to_string()))??;
+                let service =
+                    tokio::task::spawn_blocking(move || dns::DnsService::start(&d2, &ns, metrics.dns_stats(), metrics, remembered))
+                        .await
+                        .map_err(|e| StartError::Panicked(e.to_string()))??;
                 tracing::info!(port = d.port, resolvers = ?d.resolvers, "DNS proxy listening");
                 Some(service)
             }

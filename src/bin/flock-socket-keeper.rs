@@ -1,13 +1,13 @@
 //! flock-socket-keeper: holds sockets for flock-agent across the agent's restarts and
 //! upgrades (today the DNS proxy's listeners), so that what arrives at them while no agent
 //! runs waits in the kernel for the next one instead of being dropped. It reads no packet
-//! and needs no capability; it only keeps descriptors open ([`flock::agent::keeper`]).
+//! and needs no capability; it only keeps descriptors open ([`flock::dns_proxy::keeper`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use flock::agent::keeper::{self, Store};
+use flock::dns_proxy::keeper::{self, Store};
 use flock::process::{LogFormat, init_logging};
 
 #[derive(Parser, Debug)]

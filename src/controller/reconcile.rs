@@ -754,7 +754,12 @@ async fn steps(
             ),
         ));
     }
-    if let Some(change) = audit::decide(status.grant.as_ref(), &destinations, expired, expires_text.as_deref()) {
+    // A grant taken away because the profile is gone or invalid says so, not "changed".
+    let profile_problem = invalid.as_ref().filter(|(r, _)| [reason::PROFILE_NOT_FOUND, reason::PROFILE_INVALID].contains(r));
+    if let Some(mut change) = audit::decide(status.grant.as_ref(), &destinations, expired, expires_text.as_deref()) {
+        if let (AuditAction::Changed, Some((why, _))) = (change.action, profile_problem) {
+            change.reason = why;
+        }
         let profile_note = cached.as_ref().map_or_else(
             || format!("RunProfile {} (gone)", run.spec.profile),
             |p| format!("RunProfile {} generation {}", run.spec.profile, p.metadata.generation.unwrap_or(0)),
@@ -762,7 +767,10 @@ async fn steps(
         let message = match change.action {
             AuditAction::Expired => format!("the run's deadline passed at {}", expires_text.as_deref().unwrap_or("?")),
             AuditAction::Extended => format!("the deadline was raised to {}; {profile_note}", expires_text.as_deref().unwrap_or("none")),
-            _ => profile_note,
+            _ => match profile_problem {
+                Some((_, why)) => format!("{why}: nothing is granted until it is valid; {profile_note}"),
+                None => profile_note,
+            },
         };
         changes.push((change, message));
     }

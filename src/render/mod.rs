@@ -371,7 +371,7 @@ struct Rendered {
 }
 
 /// How the DNS of pods with domain rules reaches the agent's DNS proxy
-/// (`crate::agent::dns_proxy`), and which resolvers it trusts.
+/// (`crate::dns_proxy::proxy`), and which resolvers it trusts.
 ///
 /// A query of such a pod to a trusted resolver is judged by the pod's own egress policy
 /// first (chain `dns-steer`, in prerouting after the Service DNAT, jumps `from-pods` — the

@@ -21,10 +21,10 @@ use hickory_proto::rr::{Name, RData, Record as HRecord, RecordType};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::watch;
 
-use crate::agent::dns_proxy::{read_message, write_message};
 use crate::conformance::{DnsSpec, RecordData as CaseData};
 use crate::dns::answer::MAX_MESSAGE;
 use crate::dns::response_to;
+use crate::dns_proxy::proxy::{read_message, write_message};
 use crate::model::Snapshot;
 use crate::netns::{self, Netns};
 

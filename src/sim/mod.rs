@@ -105,7 +105,7 @@ pub struct SimOptions {
     /// The agents cut connections a change denies (`--revoke-denied-flows`).
     pub revoke: bool,
     /// The agents run their DNS proxy (`--dns-resolvers`): domain rules are enforced.
-    pub dns: Option<crate::agent::dns::DnsConfig>,
+    pub dns: Option<crate::dns_proxy::DnsConfig>,
     /// How the nodes are connected: one L2 segment, or each behind a router.
     pub underlay: Underlay,
     /// Whether the routed underlay lets a member send from addresses that are not its own.
@@ -182,7 +182,7 @@ impl SimOptions {
     /// that TTLs are floored at 1 s, not 30 s, so that cases see records expire quickly, and
     /// a resolver gets 2 s to answer, not 5.
     pub fn with_cluster_dns(mut self) -> Self {
-        use crate::agent::dns;
+        use crate::dns_proxy as dns;
         self.dns = Some(dns::DnsConfig {
             limits: crate::dns::Limits { min_ttl: 1, ..crate::dns::Limits::default() },
             upstream_timeout: Duration::from_secs(2),

@@ -221,13 +221,13 @@ pub fn serve_dns(
 
 /// `proxy` serving in `ns` (the node's), its listeners bound before this returns.
 #[allow(clippy::panic)]
-pub fn serve_dns_proxy<L: crate::agent::dns_proxy::Learner>(
+pub fn serve_dns_proxy<L: crate::dns_proxy::proxy::Learner>(
     ns: crate::netns::Netns,
-    proxy: crate::agent::dns_proxy::DnsProxy<L>,
+    proxy: crate::dns_proxy::proxy::DnsProxy<L>,
 ) -> (tokio::sync::watch::Sender<bool>, std::thread::JoinHandle<()>) {
     serve_in(ns, move |stop, ready| {
         Box::pin(async move {
-            let listeners = match crate::agent::dns_proxy::Listeners::bind(proxy.config()) {
+            let listeners = match crate::dns_proxy::proxy::Listeners::bind(proxy.config()) {
                 Ok(l) => l,
                 Err(e) => panic!("{e}"),
             };

@@ -174,7 +174,7 @@ struct Args {
     dns_resolvers: Vec<std::net::IpAddr>,
     /// The DNS proxy's port, on 127.0.0.1 and ::1 of the node (tproxy delivers steered DNS
     /// there, addresses kept; no pod can address it).
-    #[arg(long, env = "FLOCK_DNS_PROXY_PORT", default_value_t = flock::agent::dns::DEFAULT_PROXY_PORT)]
+    #[arg(long, env = "FLOCK_DNS_PROXY_PORT", default_value_t = flock::dns_proxy::DEFAULT_PROXY_PORT)]
     dns_proxy_port: u16,
     /// The packet mark bit of DNS on its way to the proxy (one bit; routed to the node by an
     /// ip rule on it).
@@ -182,10 +182,10 @@ struct Args {
     dns_proxy_mark: u32,
     /// The routing table (and the priority of its ip rule) that delivers marked DNS to the
     /// node itself.
-    #[arg(long, env = "FLOCK_DNS_ROUTE_TABLE", default_value_t = flock::agent::dns::DEFAULT_ROUTE_TABLE)]
+    #[arg(long, env = "FLOCK_DNS_ROUTE_TABLE", default_value_t = flock::dns_proxy::DEFAULT_ROUTE_TABLE)]
     dns_route_table: u32,
     /// Priority of the `ip rule` that sends marked DNS to that table.
-    #[arg(long, env = "FLOCK_DNS_RULE_PRIORITY", default_value_t = flock::agent::dns::DEFAULT_RULE_PRIORITY)]
+    #[arg(long, env = "FLOCK_DNS_RULE_PRIORITY", default_value_t = flock::dns_proxy::DEFAULT_RULE_PRIORITY)]
     dns_rule_priority: u32,
     /// A learned address is admitted for at least this long (a shorter TTL is raised to it).
     #[arg(long, env = "FLOCK_DNS_MIN_TTL", default_value = "30s", value_parser = parse_duration)]
@@ -198,16 +198,16 @@ struct Args {
     dns_upstream_timeout: Duration,
     /// UDP queries the DNS proxy has in flight at most, per pod and on the node (beyond:
     /// dropped and counted; the pod's resolver asks again).
-    #[arg(long, env = "FLOCK_DNS_IN_FLIGHT_PER_POD", default_value_t = flock::agent::dns_proxy::Bounds::default().in_flight_per_pod)]
+    #[arg(long, env = "FLOCK_DNS_IN_FLIGHT_PER_POD", default_value_t = flock::dns_proxy::proxy::Bounds::default().in_flight_per_pod)]
     dns_in_flight_per_pod: usize,
     /// Queries the DNS proxy has upstream at once on the node (beyond: dropped and counted).
-    #[arg(long, env = "FLOCK_DNS_IN_FLIGHT", default_value_t = flock::agent::dns_proxy::Bounds::default().in_flight)]
+    #[arg(long, env = "FLOCK_DNS_IN_FLIGHT", default_value_t = flock::dns_proxy::proxy::Bounds::default().in_flight)]
     dns_in_flight: usize,
     /// TCP connections the DNS proxy takes at most, per pod and on the node (beyond: closed).
-    #[arg(long, env = "FLOCK_DNS_TCP_PER_POD", default_value_t = flock::agent::dns_proxy::Bounds::default().tcp_per_pod)]
+    #[arg(long, env = "FLOCK_DNS_TCP_PER_POD", default_value_t = flock::dns_proxy::proxy::Bounds::default().tcp_per_pod)]
     dns_tcp_per_pod: usize,
     /// TCP connections the DNS proxy takes at most on the node (beyond: closed).
-    #[arg(long, env = "FLOCK_DNS_TCP", default_value_t = flock::agent::dns_proxy::Bounds::default().tcp)]
+    #[arg(long, env = "FLOCK_DNS_TCP", default_value_t = flock::dns_proxy::proxy::Bounds::default().tcp)]
     dns_tcp: usize,
     /// A pod's TCP connection to the DNS proxy with no complete query for this long is closed.
     #[arg(long, env = "FLOCK_DNS_TCP_IDLE", default_value = "10s", value_parser = parse_duration)]
@@ -218,11 +218,11 @@ struct Args {
     dns_randomize_case: bool,
     /// Learned addresses a domain rule's set (per family), and the node, holds at most;
     /// beyond, the addresses that expire first are evicted.
-    #[arg(long, env = "FLOCK_DNS_LEARNED_PER_SET", default_value_t = flock::agent::domains::LearnedBounds::default().per_set)]
+    #[arg(long, env = "FLOCK_DNS_LEARNED_PER_SET", default_value_t = flock::dns_proxy::learner::LearnedBounds::default().per_set)]
     dns_learned_per_set: usize,
     /// Learned addresses held at most in all domain sets of the node; beyond, the addresses
     /// that expire first are evicted.
-    #[arg(long, env = "FLOCK_DNS_LEARNED_PER_NODE", default_value_t = flock::agent::domains::LearnedBounds::default().per_node)]
+    #[arg(long, env = "FLOCK_DNS_LEARNED_PER_NODE", default_value_t = flock::dns_proxy::learner::LearnedBounds::default().per_node)]
     dns_learned_per_node: usize,
     /// The socket of flock-socket-keeper, which holds the DNS proxy's listeners across the
     /// agent's restarts and upgrades (queries wait in them for the next agent instead of
@@ -349,7 +349,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         if args.dns_proxy {
             agent.translate.dns_resolvers = Some(args.dns_resolver_pods.clone());
             let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
-            agent.dns = Some(flock::agent::dns::DnsConfig {
+            agent.dns = Some(flock::dns_proxy::DnsConfig {
                 port: args.dns_proxy_port,
                 mark: args.dns_proxy_mark,
                 route_table: args.dns_route_table,
@@ -361,17 +361,20 @@ fn run(args: Args) -> anyhow::Result<()> {
                     ..flock::dns::Limits::default()
                 },
                 upstream_timeout: args.dns_upstream_timeout,
-                bounds: flock::agent::dns_proxy::Bounds {
+                bounds: flock::dns_proxy::proxy::Bounds {
                     in_flight_per_pod: args.dns_in_flight_per_pod,
                     in_flight: args.dns_in_flight,
                     tcp_per_pod: args.dns_tcp_per_pod,
                     tcp: args.dns_tcp,
                     tcp_idle: args.dns_tcp_idle,
-                    ..flock::agent::dns_proxy::Bounds::default()
+                    ..flock::dns_proxy::proxy::Bounds::default()
                 },
                 randomize_case: args.dns_randomize_case,
                 keeper: args.dns_socket_keeper.clone().filter(|p| !p.as_os_str().is_empty()),
-                learned: flock::agent::domains::LearnedBounds { per_set: args.dns_learned_per_set, per_node: args.dns_learned_per_node },
+                learned: flock::dns_proxy::learner::LearnedBounds {
+                    per_set: args.dns_learned_per_set,
+                    per_node: args.dns_learned_per_node,
+                },
             });
         }
         agent.deny_log = (args.deny_log_group != 0).then_some(flock::render::log::DenyLog {

@@ -1,6 +1,11 @@
-//! Egress by domain name on the node: the DNS proxy serving in the node's namespace, the
-//! policy routing that delivers steered DNS to it, and the domain rules its learner gets
-//! after every committed sync.
+//! Egress by domain name on the node, apart from the agent's sync loop as netavark keeps its
+//! DNS server apart: the transparent proxy ([`proxy`]), what it learns written into the domain
+//! rules' timed sets ([`learner`]), the socket keeper that holds its listeners across agent
+//! restarts ([`keeper`]), and here the service that runs them in the node's namespace with the
+//! policy routing that delivers steered DNS to it. The agent ([`crate::agent`]) starts the
+//! service and hands it the domain rules after every committed sync; nothing here reads the
+//! agent's state (its metrics come in behind [`learner::LearnedStats`] and
+//! [`proxy::ProxyStats`]). The pure parts (names, answers, exchanges) are [`crate::dns`].
 //!
 //! Order (the listener is ready before any redirect exists): [`DnsService::start`] binds the
 //! proxy's transparent sockets and adds the routing rule before the agent's first sync; the
@@ -10,6 +15,10 @@
 //! table (fail closed). The trusted resolvers the translation found are remembered in the
 //! agent's state directory ([`RESOLVERS_FILE`]): a restarted agent whose API server does not
 //! answer yet keeps serving the DNS its table (which outlives it) steers to the proxy.
+
+pub mod keeper;
+pub mod learner;
+pub mod proxy;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -23,12 +32,12 @@ use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute};
 use rtnetlink::{Handle, RouteMessageBuilder};
 use tokio::sync::watch;
 
-use super::dns_proxy::{DnsProxy, Listeners, ProxyConfig, ProxyError};
-use super::domains::{DomainLearner, DomainRule, KernelWriter};
-use super::keeper::{self, Keeper};
 use crate::netns::{self, Netns};
 use crate::render::{self, DnsSteer};
 use crate::translate::NodePolicy;
+use keeper::Keeper;
+use learner::{DomainLearner, DomainRule, KernelWriter, LearnedStats};
+use proxy::{DnsProxy, Listeners, ProxyConfig, ProxyError, ProxyStats};
 
 /// flock-agent's defaults (`--dns-proxy-port`, `--dns-route-table`, `--dns-rule-priority`),
 /// which the simulation's agents use too.
@@ -54,11 +63,11 @@ pub struct DnsConfig {
     pub limits: crate::dns::Limits,
     pub upstream_timeout: Duration,
     /// What pods may hold of the proxy (queries in flight, TCP connections).
-    pub bounds: super::dns_proxy::Bounds,
+    pub bounds: proxy::Bounds,
     /// Asked names go upstream in a random case (DNS 0x20).
     pub randomize_case: bool,
     /// Learned addresses per domain rule's set and per node.
-    pub learned: super::domains::LearnedBounds,
+    pub learned: learner::LearnedBounds,
     /// The socket keeper ([`super::keeper`]) that holds the proxy's listeners across the
     /// agent's restarts; `None`: they close with the agent.
     pub keeper: Option<PathBuf>,
@@ -75,9 +84,9 @@ impl Default for DnsConfig {
             resolvers: Vec::new(),
             limits: crate::dns::Limits::default(),
             upstream_timeout: Duration::from_secs(5),
-            bounds: super::dns_proxy::Bounds::default(),
+            bounds: proxy::Bounds::default(),
             randomize_case: true,
-            learned: super::domains::LearnedBounds::default(),
+            learned: learner::LearnedBounds::default(),
             keeper: None,
         }
     }
@@ -108,7 +117,7 @@ pub(crate) const RESOLVERS_FILE: &str = "dns-resolvers";
 /// The running proxy.
 pub(crate) struct DnsService {
     learner: Arc<DomainLearner<KernelWriter>>,
-    trusted: super::dns_proxy::Trusted,
+    trusted: proxy::Trusted,
     /// Trusted whatever the translation finds.
     configured: Vec<IpAddr>,
     /// Where the trusted resolvers are remembered across restarts, and what was written last.
@@ -252,16 +261,17 @@ impl DnsService {
     pub(crate) fn start(
         config: &DnsConfig,
         ns: &Netns,
-        metrics: Arc<super::metrics::Metrics>,
+        stats: Arc<ProxyStats>,
+        learned: Arc<dyn LearnedStats>,
         remembered: Option<PathBuf>,
     ) -> Result<Self, DnsError> {
-        let learner = Arc::new(DomainLearner::new(KernelWriter::default()).with_bounds(config.learned).with_metrics(metrics.clone()));
+        let learner = Arc::new(DomainLearner::new(KernelWriter::default()).with_bounds(config.learned).with_metrics(learned));
         let mut proxy_config = ProxyConfig::new(config.port, config.resolvers.clone());
         proxy_config.limits = config.limits;
         proxy_config.upstream_timeout = config.upstream_timeout;
         proxy_config.bounds = config.bounds;
         proxy_config.randomize_case = config.randomize_case;
-        let proxy = DnsProxy::with_stats(proxy_config, learner.clone(), metrics.dns_stats());
+        let proxy = DnsProxy::with_stats(proxy_config, learner.clone(), stats);
         let trusted = proxy.trusted();
         let remembered = remembered.map(|path| {
             let addrs = read_remembered(&path);

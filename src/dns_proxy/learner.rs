@@ -1,4 +1,4 @@
-//! The DNS proxy's learner ([`super::dns_proxy::Learner`]): which domain rules a pod's answer
+//! The DNS proxy's learner ([`super::proxy::Learner`]): which domain rules a pod's answer
 //! feeds, and the addresses it teaches written into those rules' timed nft sets before the
 //! pod sees the answer.
 //!
@@ -22,10 +22,18 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use super::dns_proxy::Learner;
+use super::proxy::Learner;
 use crate::apply::netlink::timed::TimedElement;
 use crate::apply::netlink::{NetlinkError, NfSocket};
 use crate::dns::{DomainPattern, Learned};
+
+/// What the learner reports after each answer it wrote (the agent's metrics count it).
+pub trait LearnedStats: Send + Sync {
+    /// `addresses` learned for the domain rule named `rule` (its policy's).
+    fn learned(&self, rule: &str, addresses: u64);
+    /// Addresses `evicted` by one answer, and what the node's sets `held` after it.
+    fn evicted(&self, evicted: u64, held: i64);
+}
 
 /// One domain rule on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,7 +173,7 @@ pub struct DomainLearner<W> {
     rules: RwLock<Arc<Vec<DomainRule>>>,
     bounds: LearnedBounds,
     /// Counts the addresses each rule learned.
-    metrics: Option<Arc<super::metrics::Metrics>>,
+    metrics: Option<Arc<dyn LearnedStats>>,
     // A std mutex held across one netlink batch: the kernel answers at once (no network), and
     // the answer waits for it anyway. What the sets hold changes only with a write.
     writer: Mutex<(W, Held)>,
@@ -188,7 +196,7 @@ impl<W: TimedWriter> DomainLearner<W> {
     }
 
     /// Counting what each rule learns in `metrics`.
-    pub(crate) fn with_metrics(mut self, metrics: Arc<super::metrics::Metrics>) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: Arc<dyn LearnedStats>) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -328,9 +336,9 @@ impl<W: TimedWriter> Learner for DomainLearner<W> {
         let written = self.write_bounded(elements);
         if let (Ok((evicted, dropped)), Some(m)) = (&written, &self.metrics) {
             for rule in self.rules().iter().filter(|r| r.pods.contains(&client) && r.patterns.iter().any(|p| p.matches(&learned.name))) {
-                m.dns_learned(&rule.source, learned.addresses.len().saturating_sub(*dropped) as u64);
+                m.learned(&rule.source, learned.addresses.len().saturating_sub(*dropped) as u64);
             }
-            m.dns_evicted(*evicted as u64, self.held() as i64);
+            m.evicted(*evicted as u64, self.held() as i64);
         }
         written.map(|_| ())
     }
