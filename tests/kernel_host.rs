@@ -148,8 +148,9 @@ fn a_pods_traffic_to_its_own_node_meets_its_egress_policy() {
 
 /// The attack over IPv6: a pod under egress deny-all floods its node with neighbour
 /// solicitations from forged global sources, from link-local ones with a hop limit that
-/// crossed a router, and router solicitations from forged link-local ones (a node that
-/// forwards records each source). Without flock's table each becomes a neighbour entry of the node
+/// crossed a router or that are not the pod's own link-local address (the one flock-cni gives
+/// it), and router solicitations from forged link-local ones (a node that forwards records
+/// each source). Without flock's table each becomes a neighbour entry of the node
 /// (checked first, so the test can fail); with it none does, and the pod still finds its
 /// gateway and reaches what its policy allows. The pod is wired as flock-cni wired pods
 /// before it turned ARP off on the host side: for those attachments the ruleset is the
@@ -166,14 +167,16 @@ fn forged_neighbour_solicitations_teach_the_node_nothing() {
     let (s, a, _) = cluster(DENY);
     let iface = LocalEndpoint::for_pod(&a).interface;
     let pa = node.add_pod_learning_neighbours("a", &iface, &a.ips);
-    let forged = ["2001:db8:ee::", "fe80::ee", "fe80::dd"];
+    let forged = ["2001:db8:ee::", "fe80::ee", "fe80::dd", "fe80::cc"];
 
     // Without flock's table, the flood is learnt.
     forge_neighbour_requests(&pa.ns, Forged::Solicitation { prefix: "2001:db8:ee::", hop: 255 }, 20);
     forge_neighbour_requests(&pa.ns, Forged::Solicitation { prefix: "fe80::ee00", hop: 64 }, 20);
     forge_neighbour_requests(&pa.ns, Forged::RouterSolicitation { prefix: "fe80::dd00" }, 20);
+    forge_neighbour_requests(&pa.ns, Forged::Solicitation { prefix: "fe80::cc00", hop: 255 }, 20);
     let learnt = neighbours_of(&node.ns, &iface, &forged);
     assert!(learnt.len() >= 20, "the attack did not work without flock: {learnt:?}");
+    assert!(learnt.iter().any(|n| n.starts_with("fe80::cc")), "forged link-local solicitations were not learnt without flock: {learnt:?}");
     assert!(learnt.iter().any(|n| n.starts_with("fe80::dd")), "router solicitations were not learnt without flock: {learnt:?}");
     forget_neighbours(&[&node.ns]);
 
@@ -182,6 +185,8 @@ fn forged_neighbour_solicitations_teach_the_node_nothing() {
     forge_neighbour_requests(&pa.ns, Forged::Solicitation { prefix: "2001:db8:ee::", hop: 255 }, 200);
     forge_neighbour_requests(&pa.ns, Forged::Solicitation { prefix: "fe80::ee00", hop: 64 }, 200);
     forge_neighbour_requests(&pa.ns, Forged::RouterSolicitation { prefix: "fe80::dd00" }, 200);
+    // Link-local sources as RFC 4861 sends them (hop limit 255), but not the pod's own.
+    forge_neighbour_requests(&pa.ns, Forged::Solicitation { prefix: "fe80::cc00", hop: 255 }, 200);
     std::thread::sleep(Duration::from_millis(200));
     let learnt = neighbours_of(&node.ns, &iface, &forged);
     assert!(learnt.is_empty(), "forged sources became neighbour entries: {learnt:?}");

@@ -40,24 +40,7 @@ pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// would leave the permanent neighbour entries naming a MAC that no longer exists.
 pub const HOST_MAC: [u8; 6] = [0xee; 6];
 
-/// The pod side's MAC: the 48 bits of hash in the host interface's name (unique per
-/// attachment, as the name is), made unicast and locally administered.
-pub fn pod_mac(host_if: &str) -> [u8; 6] {
-    let hex = host_if.strip_prefix(crate::HOST_INTERFACE_PREFIX).unwrap_or(host_if).as_bytes();
-    let mut mac = [0u8; 6];
-    for (i, byte) in mac.iter_mut().enumerate() {
-        let digit = |j: usize| hex.get(j).and_then(|c| (*c as char).to_digit(16)).unwrap_or(0) as u8;
-        *byte = (digit(2 * i) << 4) | digit(2 * i + 1);
-    }
-    mac[0] = (mac[0] & 0xfc) | 0x02;
-    mac
-}
-
-/// The modified EUI-64 link-local address of `mac` (RFC 4291), as the kernel would make it.
-pub fn eui64_link_local(mac: [u8; 6]) -> Ipv6Addr {
-    let [a, b, c, d, e, f] = mac;
-    Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, a ^ 0x02, b, c, 0xff, 0xfe, d, e, f])
-}
+pub use crate::naming::{eui64_link_local, pod_mac};
 
 /// The pod's IPv6 gateway, assigned to every host-side interface (link-local, so repeating it
 /// on each link is fine).

@@ -23,4 +23,4 @@ pub mod state;
 #[doc(hidden)]
 pub mod testing;
 
-pub use naming::{HOST_INTERFACE_PREFIX, host_interface_name, is_host_interface_name};
+pub use naming::{HOST_INTERFACE_PREFIX, host_interface_name, is_host_interface_name, pod_link_local};

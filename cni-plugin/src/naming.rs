@@ -1,4 +1,5 @@
-//! The host-side interface name of a pod attachment (design.md §3).
+//! The host-side interface name of a pod attachment (design.md §3), and the pod side's MAC
+//! and link-local address derived from it.
 //!
 //! `flk` + the first 12 hex digits of SHA-256 of `"<container id>/<ifname>"`: 15 bytes, the
 //! longest name Linux accepts (IFNAMSIZ - 1). It is derived only from what the runtime passes
@@ -31,6 +32,32 @@ pub fn host_interface_name(container_id: &str, ifname: &str) -> String {
         name.push(hex_digit(byte & 0x0f));
     }
     name
+}
+
+/// The pod side's MAC: the 48 bits of hash in the host interface's name (unique per
+/// attachment, as the name is), made unicast and locally administered.
+pub fn pod_mac(host_if: &str) -> [u8; 6] {
+    let hex = host_if.strip_prefix(HOST_INTERFACE_PREFIX).unwrap_or(host_if).as_bytes();
+    let mut mac = [0u8; 6];
+    for (i, byte) in mac.iter_mut().enumerate() {
+        let digit = |j: usize| hex.get(j).and_then(|c| (*c as char).to_digit(16)).unwrap_or(0) as u8;
+        *byte = (digit(2 * i) << 4) | digit(2 * i + 1);
+    }
+    mac[0] = (mac[0] & 0xfc) | 0x02;
+    mac
+}
+
+/// The modified EUI-64 link-local address of `mac` (RFC 4291), as the kernel would make it.
+pub fn eui64_link_local(mac: [u8; 6]) -> std::net::Ipv6Addr {
+    let [a, b, c, d, e, f] = mac;
+    std::net::Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, a ^ 0x02, b, c, 0xff, 0xfe, d, e, f])
+}
+
+/// The link-local address flock-cni gives the pod side of host interface `host_if` (the
+/// EUI-64 of [`pod_mac`]): the only link-local source flock's ruleset accepts neighbour
+/// discovery from on that interface.
+pub fn pod_link_local(host_if: &str) -> std::net::Ipv6Addr {
+    eui64_link_local(pod_mac(host_if))
 }
 
 /// Whether `name` has the exact shape [`host_interface_name`] produces (`flk` + 12 lowercase

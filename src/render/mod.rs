@@ -70,6 +70,9 @@ pub const FROM_PODS: &str = "from-pods";
 pub const TO_PODS: &str = "to-pods";
 pub(crate) const POD_ADDRS_V4: &str = "pod-addrs-v4";
 pub(crate) const POD_ADDRS_V6: &str = "pod-addrs-v6";
+/// Every IPv6 pod's host interface and the link-local address flock-cni gives its pod side
+/// (`flock_cni::pod_link_local`): the one link-local source of its neighbour discovery.
+pub(crate) const POD_LINK_LOCAL: &str = "pod-link-local";
 pub const EGRESS_MAP: &str = "egress-chains";
 pub const INGRESS_MAP: &str = "ingress-chains";
 /// Where an allowed egress packet goes: on to the destination's ingress policy (a pod on this
@@ -498,6 +501,7 @@ pub struct RenderCache {
 /// the audit mode's).
 struct Dispatch {
     addrs: [Arc<Vec<Element>>; 2],
+    link_local: Arc<Vec<Element>>,
     ingress: Arc<Vec<Element>>,
     egress: Arc<Vec<Element>>,
     audit_ingress: Arc<Vec<Element>>,
@@ -650,6 +654,7 @@ impl RenderCache {
         // Per endpoint, its chains in reference order, keyed by the entry's name.
         let (mut ingress_chains, mut egress_chains): (Vec<EndpointChains>, Vec<EndpointChains>) = (Vec::new(), Vec::new());
         let mut addrs = [Vec::new(), Vec::new()];
+        let mut link_locals = Vec::new();
         let (mut egress_map, mut ingress_map) = (Vec::new(), Vec::new());
         let mut endpoints = BTreeMap::new();
         let uses = &mut self.uses;
@@ -711,6 +716,14 @@ impl RenderCache {
                         verdict: None,
                     });
                 }
+                if ep.addrs.iter().any(std::net::IpAddr::is_ipv6) {
+                    let ll = std::net::IpAddr::V6(flock_cni::pod_link_local(&ep.interface));
+                    link_locals.push(Element {
+                        key: Key::new(vec![iface.clone(), KeyPart::Addr(ll)]),
+                        comment: comment(&pod),
+                        verdict: None,
+                    });
+                }
                 let element = |verdict: Verdict| Element { key: Key::one(iface.clone()), comment: comment(&pod), verdict: Some(verdict) };
                 if let Some(entry) = egress.as_ref().and_then(|e| e.entry.as_ref()) {
                     egress_map.push(element(Verdict::Jump(entry.clone())));
@@ -756,6 +769,7 @@ impl RenderCache {
             let [v4, v6] = addrs;
             Dispatch {
                 addrs: [v4, v6].map(|v| Arc::new(sorted(v))),
+                link_local: Arc::new(sorted(link_locals)),
                 ingress: Arc::new(sorted(ingress_map)),
                 egress: Arc::new(sorted(egress_map)),
                 audit_ingress: Arc::new(sorted(audit_ingress_map)),
@@ -776,6 +790,16 @@ impl RenderCache {
                 elements: Arc::clone(&dispatch.addrs[fam.index()]),
             });
         }
+        sets.push(Set {
+            name: POD_LINK_LOCAL.into(),
+            comment: "host interface and link-local address (flock-cni's) of every IPv6 pod on this node: its only link-local ND source"
+                .into(),
+            key: vec!["ifname", addr_type(Family::V6)],
+            data: None,
+            interval: false,
+            timeout: false,
+            elements: Arc::clone(&dispatch.link_local),
+        });
         let mut domains: BTreeMap<&DomainDef, BTreeSet<&str>> = BTreeMap::new();
         for ((iface, _), r) in &self.endpoints {
             for d in &r.domains {
@@ -1457,14 +1481,15 @@ pub(crate) fn revoked_rule(bit: u32) -> Rule {
 /// which no policy judges: IPv6 neighbour discovery and multicast listener reports, before
 /// the invalid check in the chains of packets to the node (conntrack may call them invalid).
 /// Only as RFC 4861 and 3810 send them: neighbour discovery with hop limit 255 (a packet that
-/// crossed a router has less), MLD with hop limit 1, from a link-local source — or from `::`
-/// for a neighbour or router solicitation before the pod has an address (duplicate address
-/// detection) and an MLD report then, or — neighbour discovery — from the pod's own address
-/// on its own interface (Linux solicits from the address of the packet that needs the
-/// neighbour). Anything else of these types goes on to the source check, which drops it as
-/// spoofed: a pod cannot make the node learn a neighbour entry for a forged global address.
+/// crossed a router has less), MLD with hop limit 1, from the pod's own link-local address on
+/// its own interface (the one flock-cni gives it, [`POD_LINK_LOCAL`]) — or from `::` for a
+/// neighbour solicitation before the pod has an address (duplicate address detection) and an
+/// MLD report then, or — neighbour discovery — from the pod's own address on its own
+/// interface (Linux solicits from the address of the packet that needs the neighbour).
+/// Anything else of these types goes on to the source check, which drops it as spoofed: a
+/// pod cannot make the node learn a neighbour entry for a forged global or link-local
+/// address.
 fn link_local() -> Vec<Rule> {
-    let link_local: (std::net::Ipv6Addr, u8) = (std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10);
     let unspecified: (std::net::Ipv6Addr, u8) = (std::net::Ipv6Addr::UNSPECIFIED, 128);
     let mut out = vec![router_solicitations()];
     for t in ICMPV6_LINK {
@@ -1473,16 +1498,24 @@ fn link_local() -> Vec<Rule> {
             _ => (255, "neighbour discovery"),
         };
         let from_unspecified = !matches!(t, IcmpV6::NdNeighborAdvert | IcmpV6::MldListenerReport);
-        for (source, whence) in [(link_local, "a link-local source"), (unspecified, "::, before the pod has an address")] {
-            if source == unspecified && !from_unspecified {
-                continue;
-            }
+        out.push(
+            Rule::new(
+                vec![
+                    Stmt::IcmpV6Type(t),
+                    Stmt::HopLimit(hop_limit),
+                    Stmt::Lookup { fields: vec![Field::IifName, Field::Saddr(Family::V6)], neg: false, set: POD_LINK_LOCAL.into() },
+                ],
+                Some(Verdict::Accept),
+            )
+            .comment(format!("IPv6 {what} from the pod's own link-local address, hop limit {hop_limit}: never policy")),
+        );
+        if from_unspecified {
             out.push(
                 Rule::new(
-                    vec![Stmt::IcmpV6Type(t), Stmt::HopLimit(hop_limit), Stmt::Saddr6Prefix(source.0, source.1)],
+                    vec![Stmt::IcmpV6Type(t), Stmt::HopLimit(hop_limit), Stmt::Saddr6Prefix(unspecified.0, unspecified.1)],
                     Some(Verdict::Accept),
                 )
-                .comment(format!("IPv6 {what} from {whence}, hop limit {hop_limit}: never policy")),
+                .comment(format!("IPv6 {what} from ::, before the pod has an address, hop limit {hop_limit}: never policy")),
             );
         }
         // Linux solicits from the address of the packet that needs the neighbour: the pod's

@@ -51,7 +51,27 @@ impl Node {
 
     fn wire(&self, tag: &str, iface: &str, ips: &[IpAddr], learning: bool) -> Pod {
         let pod = NetnsGuard::new(tag);
-        run(&["ip", "-n", &self.ns.name, "link", "add", iface, "type", "veth", "peer", "name", "eth0", "netns", &pod.name]);
+        // The pod side's MAC as flock-cni sets it, so its link-local address is the one flock's
+        // ruleset accepts neighbour discovery from (`flock_cni::pod_link_local`).
+        let [a, b, c, d, e, f] = flock_cni::dataplane::pod_mac(iface);
+        let lladdr = format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}");
+        run(&[
+            "ip",
+            "-n",
+            &self.ns.name,
+            "link",
+            "add",
+            iface,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "address",
+            &lladdr,
+            "netns",
+            &pod.name,
+        ]);
         pod.sysctl("net.ipv6.conf.eth0.accept_dad", "0");
         self.ns.sysctl(&format!("net.ipv6.conf.{iface}.accept_dad"), "0");
         if learning {
