@@ -4,7 +4,8 @@
 //! attack of issue "The DNS proxy under attack" and checks it fails: forged answers teach
 //! nothing (from the pod, from another pod, from off the node, with every id), nothing the
 //! steering did not deliver reaches the proxy (no self-queries), the resolver's own policy
-//! judges the pod's queries, and floods hold a bounded number of sockets.
+//! judges the pod's queries, floods hold a bounded number of sockets, and a flood kept in the
+//! socket keeper's listeners while no proxy runs is drained by the next within its bounds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -75,7 +76,7 @@ fn ip(s: &str) -> IpAddr {
 /// The cluster's manifests: the client (a domain rule for [`NAME`] on TCP 80, DNS to the
 /// resolver), the attacker (no policy), the resolver (the cluster DNS), dual-stack; and, with
 /// `resolver_policy`, a NetworkPolicy admitting into the resolver only kube-system.
-fn manifests(resolver_policy: bool) -> String {
+fn manifests(resolver_policy: bool, steer_attacker: bool) -> String {
     let mut m = format!(
         r#"
 apiVersion: v1
@@ -131,6 +132,22 @@ spec:
         r4 = V4.resolver,
         r6 = V6.resolver,
     );
+    if steer_attacker {
+        // The attacker has a domain rule too: its DNS goes through the proxy.
+        m.push_str(&format!(
+            r#"---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {{name: attacker-by-name}}
+spec:
+  tier: Admin
+  priority: 11
+  subject: {{pods: {{namespaceSelector: {{matchLabels: {{ns: apps}}}}, podSelector: {{matchLabels: {{app: attacker}}}}}}}}
+  egress:
+    - {{action: Accept, to: [{{domainNames: ['{NAME}']}}], protocols: [{{tcp: {{destinationPort: {{number: 80}}}}}}]}}
+"#
+        ));
+    }
     if resolver_policy {
         m.push_str(
             r#"---
@@ -243,8 +260,13 @@ struct Cluster {
 }
 
 fn cluster(tag: &str, resolver_policy: bool) -> Cluster {
+    cluster_with(tag, resolver_policy, false)
+}
+
+/// [`cluster`], where the attacker's DNS also goes through the proxy (`steer_attacker`).
+fn cluster_with(tag: &str, resolver_policy: bool, steer_attacker: bool) -> Cluster {
     let node = Node::new(&format!("{tag}n"));
-    let s: Snapshot = flock::testkit::parse_manifests(&manifests(resolver_policy)).to_snapshot();
+    let s: Snapshot = flock::testkit::parse_manifests(&manifests(resolver_policy, steer_attacker)).to_snapshot();
     let pod = |ns: &str, name: &str| s.pod_by_name(&flock::model::ObjectRef::new(ns, name)).unwrap().clone();
     let (client, attacker, coredns) = (pod("apps", "client"), pod("apps", "attacker"), pod("kube-system", "coredns"));
     let wire = |p: &flock::model::Pod, t: &str| node.add_pod(&format!("{tag}{t}"), &LocalEndpoint::for_pod(p).interface, &p.ips);
@@ -605,5 +627,121 @@ fn floods_hold_a_bounded_number_of_sockets() {
     stop_proxy.send(true).unwrap();
     stop_dns.send(true).unwrap();
     proxy.join().unwrap();
+    dns.join().unwrap();
+}
+
+/// The attacker floods while no proxy runs (the agent restarting or being upgraded), when
+/// the socket keeper holds the proxy's listeners: 5,000 UDP queries for a name never answered
+/// wait in the UDP receive queue, and TCP connections fill the accept backlog until the
+/// kernel takes no more. The next proxy takes the listeners from the keeper and drains the
+/// flood within its bounds (the attacker's per-pod limits; its sockets bounded), while
+/// another pod's query, asked again as resolvers do, is answered, and that pod can connect
+/// over TCP.
+#[test]
+fn a_flood_kept_for_the_next_proxy_is_drained_within_its_bounds() {
+    use flock::dns_proxy::keeper;
+    use flock::dns_proxy::proxy::Listeners;
+    if !require_root("a_flood_kept_for_the_next_proxy_is_drained_within_its_bounds") {
+        return;
+    }
+    let c = cluster_with("dnsk", false, true);
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (stop_dns, dns) = resolver(c.resolver.ns.netns(), vec![ip(V4.resolver), ip(V6.resolver)], Duration::ZERO, seen);
+    let keeping = flock::testkit::kernel::SocketKeeper::start(env!("CARGO_BIN_EXE_flock-socket-keeper"), "dnsk");
+    let k = keeping.client();
+    let bounds = Bounds { tcp_idle: Duration::from_secs(2), ..Bounds::default() };
+    let mut config = ProxyConfig::new(PORT, c.np.dns_resolvers.clone());
+    config.bounds = bounds;
+
+    // The first proxy binds and deposits its listeners, and is gone.
+    {
+        let (k, config) = (k.clone(), config.clone());
+        let (_stop, t) = serve_in(c.node.ns.netns(), move |_, ready| {
+            Box::pin(async move {
+                let l = Listeners::bind(&config).unwrap();
+                let fds = l.fds().unwrap();
+                let borrowed: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
+                k.deposit(keeper::DNS_PROXY, &borrowed).unwrap();
+                let _ = ready.send(());
+            })
+        });
+        t.join().unwrap();
+    }
+    let baseline = sockets(&c.node.ns);
+
+    // The flood, while nothing reads.
+    let mut unknown = Message::new();
+    unknown.set_id(1).set_recursion_desired(true);
+    unknown.add_query(Query::query(Name::from_ascii("never.example.test.").unwrap(), RecordType::A));
+    let unknown = unknown.to_vec().unwrap();
+    forge(&c.attacker.ns.netns(), (ip(V4.attacker), 40000).into(), &[(ip(V4.resolver), 53).into()], &unknown, 0..=4999);
+    let (conns, refused_at) = netns::run_in(&c.attacker.ns.netns(), || {
+        let mut conns = Vec::new();
+        let mut refused_at = None;
+        for i in 0..2000 {
+            match TcpStream::connect_timeout(&(ip(V4.resolver), 53).into(), Duration::from_millis(300)) {
+                Ok(s) => conns.push(s),
+                Err(_) => {
+                    refused_at = Some(i);
+                    break;
+                }
+            }
+        }
+        (conns, refused_at)
+    })
+    .unwrap();
+    assert!(refused_at.is_some(), "the backlog took {} connections and never filled: the attack did not happen", conns.len());
+    assert!(conns.len() >= 100, "only {} connections waited in the backlog", conns.len());
+
+    // The next proxy.
+    let learner = Arc::new(DomainLearner::new(KernelWriter::default()));
+    learner.set_rules(domain_rules(&c.np));
+    let proxy = DnsProxy::new(config.clone(), learner);
+    let stats = proxy.stats();
+    let (stop_proxy, proxy_thread) = {
+        let (k, config) = (k.clone(), config.clone());
+        serve_in(c.node.ns.netns(), move |stop, ready| {
+            Box::pin(async move {
+                let l = Listeners::adopt(&config, k.take(keeper::DNS_PROXY).unwrap()).unwrap();
+                let _ = ready.send(());
+                proxy.serve(l, stop).await;
+            })
+        })
+    };
+    // Another pod is served beside the flood, in both families, and can connect over TCP. A
+    // query it sends while the flood still fills the kept receive queue is lost, as every
+    // query is while no proxy runs without a keeper: it asks as resolvers do, again after a
+    // timeout (1 s here; glibc waits 5 s), and that is answered.
+    for (fam, id) in [(&V4, 7), (&V6, 8)] {
+        let t = if fam.prefix == 32 { RecordType::A } else { RecordType::AAAA };
+        let a = (0..3).find_map(|_| ask(&c.client.ns.netns(), ip(fam.resolver), query(id, t), Duration::from_secs(1)));
+        let a = a.unwrap_or_else(|| {
+            let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+            panic!(
+                "{} got no answer while the kept flood drained ({} queries, {} answers; refused: {} not steered, {} by the pod's limit, {} by the node's)",
+                fam.client,
+                n(&stats.queries),
+                n(&stats.answers),
+                stats.refused(RefusedBy::NotSteered),
+                stats.refused(RefusedBy::PodLimit),
+                stats.refused(RefusedBy::NodeLimit)
+            )
+        });
+        assert_eq!(a.answers().len(), 1, "{a:?}");
+    }
+    assert!(connects(&c.client.ns.netns(), (ip(V4.resolver), 53).into()), "the other pod cannot connect over TCP after the flood");
+    // The flood was read and refused by the attacker's own limits, holding few sockets.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stats.refused(RefusedBy::PodLimit) < 1000 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let refused = stats.refused(RefusedBy::PodLimit);
+    assert!(refused >= 1000, "{refused} of the kept flood refused by the pod's limits");
+    let held = sockets(&c.node.ns).saturating_sub(baseline);
+    assert!(held <= bounds.in_flight_per_pod + bounds.tcp_per_pod + 16, "{held} sockets held for the kept flood");
+    drop(conns);
+    stop_proxy.send(true).unwrap();
+    proxy_thread.join().unwrap();
+    stop_dns.send(true).unwrap();
     dns.join().unwrap();
 }

@@ -483,7 +483,7 @@ spec:
 /// configuration are refused, by address.
 #[test]
 fn queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next() {
-    use flock::dns_proxy::keeper::{self, Keeper};
+    use flock::dns_proxy::keeper;
     use flock::dns_proxy::proxy::Listeners;
     if !require_root("queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next") {
         return;
@@ -500,29 +500,10 @@ fn queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next() {
         Zone::new(vec![Record { name: "api.example.test".into(), ttl: 300, data: RecordData::Address("198.18.1.10".parse().unwrap()) }]);
     let (stop_dns, dns_thread) = serve_dns(resolver.ns.netns(), vec![resolver_ip], zone);
 
-    let dir = flock::testkit::kernel::TempDir::new("dnsk");
-    let path = dir.join("keeper.sock");
     // The keeper binary in a PID namespace of its own, as in its own pod: the agent's pid is
     // not visible to it (the kernel reports 0).
-    struct Keeping(std::process::Child);
-    impl Drop for Keeping {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _keeper = Keeping(
-        std::process::Command::new("unshare")
-            .args(["--pid", "--fork", "--kill-child", env!("CARGO_BIN_EXE_flock-socket-keeper"), "--socket", path.to_str().unwrap()])
-            .spawn()
-            .unwrap(),
-    );
-    let start = Instant::now();
-    while !path.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "the socket keeper did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let k = Keeper::new(&path);
+    let keeping = flock::testkit::kernel::SocketKeeper::start(env!("CARGO_BIN_EXE_flock-socket-keeper"), "dnsk");
+    let k = keeping.client();
     let mut config = ProxyConfig::new(KEPT_PORT, vec![resolver_ip]);
     config.ipv6 = false;
 

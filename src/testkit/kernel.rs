@@ -256,3 +256,44 @@ pub fn serve_dns_proxy<L: crate::dns_proxy::proxy::Learner>(
         })
     })
 }
+
+/// A running `flock-socket-keeper` (the binary at `bin`: integration tests pass
+/// `env!("CARGO_BIN_EXE_flock-socket-keeper")`) in a PID namespace of its own, as in its own
+/// pod, on a socket in a temporary directory; killed and removed on drop.
+pub struct SocketKeeper {
+    child: std::process::Child,
+    socket: std::path::PathBuf,
+    _dir: TempDir,
+}
+
+impl SocketKeeper {
+    #[allow(clippy::panic)]
+    pub fn start(bin: &str, tag: &str) -> Self {
+        let dir = TempDir::new(tag);
+        let socket = dir.join("keeper.sock");
+        let child = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", bin, "--socket"])
+            .arg(&socket)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {bin}: {e}"));
+        let keeper = Self { child, socket, _dir: dir };
+        let start = std::time::Instant::now();
+        while !keeper.socket.exists() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(10), "the socket keeper did not start");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        keeper
+    }
+
+    /// The agent's client of this keeper.
+    pub fn client(&self) -> crate::dns_proxy::keeper::Keeper {
+        crate::dns_proxy::keeper::Keeper::new(&self.socket)
+    }
+}
+
+impl Drop for SocketKeeper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
