@@ -1,7 +1,8 @@
 //! The node agent core over its unix socket, with a static source and real nft in a node
 //! namespace (root): ADD waits for the Pod and acknowledges after the commit, unknown pods
 //! are refused, the registry survives a restart whose first sync is a no-op, spooled DELs
-//! are drained, drift is repaired by the periodic resync, CHECK/STATUS/GC.
+//! are drained, drift is repaired by the periodic resync, CHECK/STATUS/GC, and a flood of
+//! ADDs for unknown pods leaves nothing and holds up no known pod's ADD.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -557,5 +558,71 @@ async fn a_due_sweep_gives_way_to_a_cni_request_a_bounded_while() {
     source.update(|s| s.upsert_pod(pod("late", "198.18.72.2")));
     pending.await.unwrap().unwrap();
     assert_eq!(in_flight(), Some(0.0));
+    agent.shutdown().await;
+}
+
+/// A flood of ADDs, as a tenant's churn makes it (sandboxes of pods deleted before the agent
+/// saw them, or never known): 300 ADDs for pods the source never shows, beside 50 for pods it
+/// does, all at once. Each unknown one is refused after the bounded wait, naming its pod, and
+/// leaves nothing — no endpoint, no element, no chain; the known ones are acknowledged with
+/// their rules in the kernel, none waiting behind the unknown ones; nothing stays in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_adds_for_unknown_pods_leaves_nothing_and_holds_up_no_one() {
+    if !require_root("a_flood_of_adds_for_unknown_pods_leaves_nothing_and_holds_up_no_one") {
+        return;
+    }
+    let (node, dir) = (NetnsGuard::new("addf"), TempDir::new("addf"));
+    let known: Vec<Pod> = (0..50).map(|i| pod(&format!("known-{i}"), &format!("198.18.71.{}", i + 1))).collect();
+    let source = StaticSource::new(snapshot(&known));
+    let mut cfg = config(&node, &dir);
+    // Long enough that no known pod's ADD can be mistaken for one waiting it out.
+    cfg.pod_wait = Duration::from_secs(3);
+    let metrics = cfg.metrics.clone();
+    let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
+    let socket = dir.join("cni.sock");
+
+    let started = std::time::Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..300 {
+        let (socket, name) = (socket.clone(), format!("ghost-{i}"));
+        let ip = format!("198.18.{}.{}", 72 + i / 200, 1 + i % 200);
+        calls.spawn(async move { (name.clone(), call(&socket, add(&name, &ip)).await, started.elapsed()) });
+    }
+    for (i, p) in known.iter().enumerate() {
+        let (socket, name) = (socket.clone(), p.name.clone());
+        let ip = format!("198.18.71.{}", i + 1);
+        calls.spawn(async move { (name.clone(), call(&socket, add(&name, &ip)).await, started.elapsed()) });
+    }
+    let (mut acked, mut refused) = (Vec::new(), Vec::new());
+    while let Some(done) = calls.join_next().await {
+        let (name, result, took) = done.unwrap();
+        match (name.starts_with("known-"), result) {
+            (true, Ok(())) => acked.push(took),
+            (false, Err(e)) => {
+                assert!(e.contains("not known") && e.contains(&name), "{name}: {e}");
+                refused.push(took);
+            }
+            (_, r) => panic!("{name}: {r:?}"),
+        }
+    }
+    assert_eq!((acked.len(), refused.len()), (50, 300));
+    let slowest_ack = acked.iter().max().copied().unwrap();
+    let first_refusal = refused.iter().min().copied().unwrap();
+    assert!(first_refusal >= Duration::from_secs(3), "an unknown pod was refused before the wait: {first_refusal:?}");
+    assert!(slowest_ack < first_refusal, "a known pod's ADD waited behind the unknown ones: {slowest_ack:?}");
+
+    let text = table(&node);
+    for i in 0..50 {
+        let iface = flock_cni::host_interface_name(&format!("cid-known-{i}"), "eth0");
+        assert!(text.contains(&format!("\"{iface}\" . 198.18.71.{}", i + 1)), "known-{i} is not in the table");
+    }
+    for i in 0..300 {
+        let iface = flock_cni::host_interface_name(&format!("cid-ghost-{i}"), "eth0");
+        assert!(!text.contains(&iface), "ghost-{i} left {iface} in the table");
+    }
+    assert!(!text.contains("198.18.72.") && !text.contains("198.18.73."), "an unknown pod's address is in the table");
+    assert_eq!(agent.status().borrow().endpoints, 50);
+    assert_eq!(metric(&metrics.encode(), "flock_cni_requests_in_flight"), Some(0.0));
+    eprintln!("50 ADDs acknowledged within {slowest_ack:?} beside 300 unknown ones (refused from {first_refusal:?})");
     agent.shutdown().await;
 }
