@@ -389,10 +389,16 @@ fn vxlan_from_a_non_node_or_with_a_forged_inner_source_is_dropped() {
     if !require_root("vxlan_from_a_non_node_or_with_a_forged_inner_source_is_dropped") {
         return;
     }
-    let u = underlay("ovs");
+    // Under `--routing auto` the same: on a routed underlay every peer is reached over VXLAN.
+    for (routing, tag) in [(Routing::Vxlan, "ovs"), (Routing::Auto, "ovsa")] {
+        forged_inner_sources(routing, tag);
+    }
+}
+
+fn forged_inner_sources(routing: Routing, tag: &str) {
+    let u = underlay(tag);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let routers = [0, 1]
-        .map(|i| Router::start(u.nodes[i].ns.netns(), RoutingConfig { routing: Routing::Vxlan, vxlan: VxlanConfig::default() }).unwrap());
+    let routers = [0, 1].map(|i| Router::start(u.nodes[i].ns.netns(), RoutingConfig { routing, vxlan: VxlanConfig::default() }).unwrap());
     for (i, r) in routers.iter().enumerate() {
         rt.block_on(r.sync(peers(i))).unwrap();
     }
@@ -496,10 +502,16 @@ fn vxlan_to_an_address_the_device_does_not_receive_on_is_dropped() {
     if !require_root("vxlan_to_an_address_the_device_does_not_receive_on_is_dropped") {
         return;
     }
-    let u = underlay("ovd");
+    // Under `--routing auto` the same: on a routed underlay every peer is reached over VXLAN.
+    for (routing, tag) in [(Routing::Vxlan, "ovd"), (Routing::Auto, "ovda")] {
+        unreceived_addresses(routing, tag);
+    }
+}
+
+fn unreceived_addresses(routing: Routing, tag: &str) {
+    let u = underlay(tag);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let routers = [0, 1]
-        .map(|i| Router::start(u.nodes[i].ns.netns(), RoutingConfig { routing: Routing::Vxlan, vxlan: VxlanConfig::default() }).unwrap());
+    let routers = [0, 1].map(|i| Router::start(u.nodes[i].ns.netns(), RoutingConfig { routing, vxlan: VxlanConfig::default() }).unwrap());
     for (i, r) in routers.iter().enumerate() {
         rt.block_on(r.sync(peers(i))).unwrap();
     }
