@@ -150,7 +150,8 @@ fn a_pods_traffic_to_its_own_node_meets_its_egress_policy() {
 /// solicitations from forged global sources, from link-local ones with a hop limit that
 /// crossed a router or that are not the pod's own link-local address (the one flock-cni gives
 /// it), and router solicitations from forged link-local ones (a node that forwards records
-/// each source). Without flock's table each becomes a neighbour entry of the node
+/// each source), then floods from the pod's own address past its rate. Without flock's table
+/// each forged source becomes a neighbour entry of the node
 /// (checked first, so the test can fail); with it none does, and the pod still finds its
 /// gateway and reaches what its policy allows. The pod is wired as flock-cni wired pods
 /// before it turned ARP off on the host side: for those attachments the ruleset is the
@@ -190,6 +191,16 @@ fn forged_neighbour_solicitations_teach_the_node_nothing() {
     std::thread::sleep(Duration::from_millis(200));
     let learnt = neighbours_of(&node.ns, &iface, &forged);
     assert!(learnt.is_empty(), "forged sources became neighbour entries: {learnt:?}");
+    // From the pod's own address (which the source check passes), a flood past the rate:
+    // the burst is taken, the rest dropped and counted.
+    forge_neighbour_requests(&pa.ns, Forged::SolicitationsFrom { source: "2001:db8:10::1" }, 300);
+    let listing = String::from_utf8_lossy(&node.ns.exec(&["nft", "list", "chain", "inet", "flock", "to-node"]).stdout).into_owned();
+    let dropped: u64 = listing
+        .lines()
+        .find(|l| l.contains("nd-neighbor-solicit") && l.contains("past its rate"))
+        .and_then(|l| l.split("counter packets ").nth(1)?.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no counted rate rule in to-node:\n{listing}"));
+    assert!(dropped >= 200, "{dropped} of 300 solicitations past the rate dropped:\n{listing}");
 
     // The pod still finds its gateway (ND for fe80::1) and reaches what its policy allows:
     // under deny-all nothing, so allow TCP 10250 to the node.

@@ -145,6 +145,8 @@ pub enum Forged<'a> {
     Solicitation { prefix: &'a str, hop: u8 },
     /// IPv6 router solicitations (to ff02::2) from `prefix` + 1, + 2, …, hop limit 255.
     RouterSolicitation { prefix: &'a str },
+    /// IPv6 neighbour solicitations for fe80::1, all from `source`, hop limit 255.
+    SolicitationsFrom { source: &'a str },
 }
 
 /// Sends `count` forged frames from `pod`'s `eth0` (a raw socket in the pod's namespace, as
@@ -177,7 +179,7 @@ for i in range(1, count + 1):
         ip6 = struct.pack("!IHBB", 0x60000000, len(body), 58, 255) + saddr + daddr
         s.send(bytes.fromhex("333300000002") + src + b"\x86\xdd" + ip6 + body)
     else:
-        saddr = (ipaddress.IPv6Address(arg) + i).packed
+        saddr = (ipaddress.IPv6Address(arg) + (0 if kind == "ns-from" else i)).packed
         target = ipaddress.IPv6Address("fe80::1").packed
         daddr = ipaddress.IPv6Address("ff02::1:ff00:1").packed
         body = struct.pack("!BBHI", 135, 0, 0, 0) + target + bytes([1, 1]) + src
@@ -191,6 +193,7 @@ for i in range(1, count + 1):
         Forged::Arp { target } => ("arp", target.to_string(), 0),
         Forged::Solicitation { prefix, hop } => ("ns", prefix.to_string(), hop),
         Forged::RouterSolicitation { prefix } => ("rs", prefix.to_string(), 255),
+        Forged::SolicitationsFrom { source } => ("ns-from", source.to_string(), 255),
     };
     let out = pod.try_exec(&["python3", "-c", SCRIPT, kind, &arg, &hop.to_string(), &count.to_string()]);
     if !out.status.success() {

@@ -301,6 +301,7 @@ fn stale_maps_and_the_chains_they_jump_to_go_together() {
         data: Some("verdict"),
         interval: false,
         timeout: false,
+        limit: None,
         elements: vec![Element {
             key: crate::render::Key::one(crate::render::KeyPart::Ifname("flk0".into())),
             comment: "e".into(),
@@ -380,6 +381,7 @@ fn a_full_sync_keeps_the_timed_sets_it_renders() {
         data: None,
         interval: false,
         timeout: true,
+        limit: None,
         elements: Vec::new().into(),
     };
     rs.objects.insert(0, Object::Set(timed("domains-v4-kept")));
@@ -409,6 +411,7 @@ fn element_differences_of_ordered_sets_are_found_by_a_merge() {
         data: None,
         interval: false,
         timeout: false,
+        limit: None,
         elements: std::sync::Arc::new(
             v.into_iter()
                 .map(|(a, c)| Element {

@@ -604,8 +604,11 @@ pub(crate) fn check_parsed(rs: &Ruleset, parsed: &NftRuleset) -> Result<(), Stri
                 if p.kind.to_string() != o.keyword() || p.spec.type_ != type_ {
                     return Err(format!("{} {name}: parsed as {} of type {:?}", o.keyword(), p.kind, p.spec.type_));
                 }
-                if !p.spec.flags.iter().map(String::as_str).eq(s.flags()) || p.spec.comment.as_deref() != Some(s.comment.as_str()) {
-                    return Err(format!("set {name}: flags {:?}, comment {:?}", p.spec.flags, p.spec.comment));
+                if !p.spec.flags.iter().map(String::as_str).eq(s.flags())
+                    || p.spec.comment.as_deref() != Some(s.comment.as_str())
+                    || p.spec.limit.as_deref() != s.limit_text().as_deref().and_then(|l| l.strip_prefix("limit "))
+                {
+                    return Err(format!("set {name}: flags {:?}, limit {:?}, comment {:?}", p.spec.flags, p.spec.limit, p.spec.comment));
                 }
                 if p.elements.len() != s.elements.len() {
                     return Err(format!("set {name}: {} elements parsed, {} rendered", p.elements.len(), s.elements.len()));

@@ -190,6 +190,8 @@ pub(crate) struct SetSpec {
     /// `ipv4_addr . inet_proto . inet_service`, or `ifname : verdict` for a map.
     pub(crate) type_: String,
     pub(crate) flags: Vec<String>,
+    /// `rate 20/second burst 50 packets`: each element's own limit, as `limit ...` declares it.
+    pub(crate) limit: Option<String>,
     pub(crate) comment: Option<String>,
 }
 
@@ -435,6 +437,7 @@ impl<'a> Parser<'a> {
                     "type" | "typeof" => spec.type_ = join(&self.statement()?),
                     "flags" => spec.flags = join(&self.statement()?).split(',').map(|f| f.trim().to_string()).collect(),
                     "comment" => spec.comment = Some(self.string("a comment")?),
+                    "limit" => spec.limit = Some(join(&self.statement()?)),
                     "elements" => {
                         self.keyword("=")?;
                         self.expect(&Tok::LBrace)?;
@@ -473,6 +476,18 @@ impl<'a> Parser<'a> {
                     Some(Tok::Word(w)) if *w == "timeout" => {
                         self.pos += 1;
                         timeout = Some(self.word("a timeout")?);
+                    }
+                    // The set's limit, as nft lists it on each element: the set's declaration
+                    // says it once.
+                    Some(Tok::Word(w)) if *w == "limit" => {
+                        self.pos += 1;
+                        self.keyword("rate")?;
+                        self.word("a rate")?;
+                        if matches!(self.peek(), Some(Tok::Word("burst"))) {
+                            self.pos += 1;
+                            self.word("a burst")?;
+                            self.keyword("packets")?;
+                        }
                     }
                     Some(Tok::Word(w)) if *w == "expires" => {
                         self.pos += 1;

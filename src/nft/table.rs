@@ -221,7 +221,11 @@ impl Ruleset {
                 match t.sets.get(name) {
                     Some(_) if *create => Err(TableError::Exists { what }),
                     Some(existing) => {
-                        if existing.spec.type_ != spec.type_ || existing.spec.flags != spec.flags || existing.kind != *kind {
+                        if existing.spec.type_ != spec.type_
+                            || existing.spec.flags != spec.flags
+                            || existing.spec.limit != spec.limit
+                            || existing.kind != *kind
+                        {
                             return Err(TableError::Exists { what });
                         }
                         Ok(())
@@ -449,6 +453,9 @@ impl Table {
                 let _ = writeln!(out, "\t\ttype {}", s.spec.type_);
                 if !s.spec.flags.is_empty() {
                     let _ = writeln!(out, "\t\tflags {}", s.spec.flags.join(","));
+                }
+                if let Some(l) = &s.spec.limit {
+                    let _ = writeln!(out, "\t\tlimit {l}");
                 }
                 if let Some(c) = &s.spec.comment {
                     let _ = writeln!(out, "\t\tcomment \"{c}\"");

@@ -70,9 +70,14 @@ pub const FROM_PODS: &str = "from-pods";
 pub const TO_PODS: &str = "to-pods";
 pub(crate) const POD_ADDRS_V4: &str = "pod-addrs-v4";
 pub(crate) const POD_ADDRS_V6: &str = "pod-addrs-v6";
-/// Every IPv6 pod's host interface and the link-local address flock-cni gives its pod side
-/// (`flock_cni::pod_link_local`): the one link-local source of its neighbour discovery.
-pub(crate) const POD_LINK_LOCAL: &str = "pod-link-local";
+/// Every IPv6 pod's host interface with each source its neighbour discovery and MLD may have:
+/// the link-local address flock-cni gives its pod side (`flock_cni::pod_link_local`), its own
+/// addresses and `::`; each element with a limiter of its own ([`ND_LIMIT`]).
+pub(crate) const POD_ND_SOURCES: &str = "pod-nd-sources";
+/// The rate (per second) and burst of each source of [`POD_ND_SOURCES`]: pods flock-cni wires
+/// know their gateway from the start and send next to nothing of this kind; beyond it, their
+/// packets meet the source check (dropped as spoofed).
+pub(crate) const ND_LIMIT: (u32, u32) = (10, 50);
 pub const EGRESS_MAP: &str = "egress-chains";
 pub const INGRESS_MAP: &str = "ingress-chains";
 /// Where an allowed egress packet goes: on to the destination's ingress policy (a pod on this
@@ -167,6 +172,9 @@ pub struct Set {
     /// agent's DNS proxy writes as it learns them. Never rendered with elements; kept, with
     /// what it learned, across full syncs, and left out of drift checks.
     pub timeout: bool,
+    /// `limit rate R/second burst B packets` (`(R, B)`): every element has a limiter of its
+    /// own, and a lookup that finds an element over its rate does not match.
+    pub limit: Option<(u32, u32)>,
     /// Shared: a set whose content did not change is the same allocation in the next render
     /// ([`RenderCache`]), so comparing it with the last applied one is a pointer comparison.
     pub elements: Arc<Vec<Element>>,
@@ -208,6 +216,7 @@ impl Object {
                     && a.data == b.data
                     && a.interval == b.interval
                     && a.timeout == b.timeout
+                    && a.limit == b.limit
                     && a.comment == b.comment
             }
             _ => false,
@@ -229,6 +238,9 @@ impl Object {
                 if let Some(flags) = set.flags_text() {
                     let _ = write!(s, "flags {flags}; ");
                 }
+                if let Some(limit) = set.limit_text() {
+                    let _ = write!(s, "{limit}; ");
+                }
                 let _ = write!(s, "comment \"{}\"; ", set.comment);
             }
         }
@@ -249,6 +261,11 @@ impl Set {
     fn flags_text(&self) -> Option<String> {
         let flags: Vec<&str> = self.flags().collect();
         (!flags.is_empty()).then(|| flags.join(","))
+    }
+
+    /// `limit rate R/second [burst B packets]`, as nft lists it.
+    pub(crate) fn limit_text(&self) -> Option<String> {
+        self.limit.map(|(rate, burst)| Stmt::Limit { rate, burst }.to_string())
     }
 
     /// Whether the key is declared by its expressions (`typeof`), not its types.
@@ -330,6 +347,9 @@ fn write_set(out: &mut String, keyword: &str, s: &Set) {
     let _ = writeln!(out, "\t\t{}", s.type_text());
     if let Some(flags) = s.flags_text() {
         let _ = writeln!(out, "\t\tflags {flags}");
+    }
+    if let Some(limit) = s.limit_text() {
+        let _ = writeln!(out, "\t\t{limit}");
     }
     let _ = writeln!(out, "\t\tcomment \"{}\"", s.comment);
     for (i, e) in s.elements.iter().enumerate() {
@@ -501,7 +521,7 @@ pub struct RenderCache {
 /// the audit mode's).
 struct Dispatch {
     addrs: [Arc<Vec<Element>>; 2],
-    link_local: Arc<Vec<Element>>,
+    nd_sources: Arc<Vec<Element>>,
     ingress: Arc<Vec<Element>>,
     egress: Arc<Vec<Element>>,
     audit_ingress: Arc<Vec<Element>>,
@@ -654,7 +674,7 @@ impl RenderCache {
         // Per endpoint, its chains in reference order, keyed by the entry's name.
         let (mut ingress_chains, mut egress_chains): (Vec<EndpointChains>, Vec<EndpointChains>) = (Vec::new(), Vec::new());
         let mut addrs = [Vec::new(), Vec::new()];
-        let mut link_locals = Vec::new();
+        let mut nd_sources = Vec::new();
         let (mut egress_map, mut ingress_map) = (Vec::new(), Vec::new());
         let mut endpoints = BTreeMap::new();
         let uses = &mut self.uses;
@@ -717,12 +737,12 @@ impl RenderCache {
                     });
                 }
                 if ep.addrs.iter().any(std::net::IpAddr::is_ipv6) {
-                    let ll = std::net::IpAddr::V6(flock_cni::pod_link_local(&ep.interface));
-                    link_locals.push(Element {
-                        key: Key::new(vec![iface.clone(), KeyPart::Addr(ll)]),
-                        comment: comment(&pod),
-                        verdict: None,
-                    });
+                    let own = ep.addrs.iter().copied().filter(std::net::IpAddr::is_ipv6);
+                    let link_local = flock_cni::pod_link_local(&ep.interface);
+                    for source in own.chain([link_local, std::net::Ipv6Addr::UNSPECIFIED].map(std::net::IpAddr::V6)) {
+                        let key = Key::new(vec![iface.clone(), KeyPart::Addr(source)]);
+                        nd_sources.push(Element { key, comment: comment(&pod), verdict: None });
+                    }
                 }
                 let element = |verdict: Verdict| Element { key: Key::one(iface.clone()), comment: comment(&pod), verdict: Some(verdict) };
                 if let Some(entry) = egress.as_ref().and_then(|e| e.entry.as_ref()) {
@@ -769,7 +789,7 @@ impl RenderCache {
             let [v4, v6] = addrs;
             Dispatch {
                 addrs: [v4, v6].map(|v| Arc::new(sorted(v))),
-                link_local: Arc::new(sorted(link_locals)),
+                nd_sources: Arc::new(sorted(nd_sources)),
                 ingress: Arc::new(sorted(ingress_map)),
                 egress: Arc::new(sorted(egress_map)),
                 audit_ingress: Arc::new(sorted(audit_ingress_map)),
@@ -787,18 +807,19 @@ impl RenderCache {
                 data: None,
                 interval: false,
                 timeout: false,
+                limit: None,
                 elements: Arc::clone(&dispatch.addrs[fam.index()]),
             });
         }
         sets.push(Set {
-            name: POD_LINK_LOCAL.into(),
-            comment: "host interface and link-local address (flock-cni's) of every IPv6 pod on this node: its only link-local ND source"
-                .into(),
+            name: POD_ND_SOURCES.into(),
+            comment: "IPv6 pods' interfaces with their ND sources: flock-cni's link-local address, their own, ::; each rate-limited".into(),
             key: vec!["ifname", addr_type(Family::V6)],
             data: None,
             interval: false,
             timeout: false,
-            elements: Arc::clone(&dispatch.link_local),
+            limit: Some(ND_LIMIT),
+            elements: Arc::clone(&dispatch.nd_sources),
         });
         let mut domains: BTreeMap<&DomainDef, BTreeSet<&str>> = BTreeMap::new();
         for ((iface, _), r) in &self.endpoints {
@@ -843,6 +864,7 @@ impl RenderCache {
             data: Some("verdict"),
             interval: false,
             timeout: false,
+            limit: None,
             elements: Arc::clone(&dispatch.ingress),
         }));
         // Audit mode: its dispatch, where some endpoint has an audited view.
@@ -855,6 +877,7 @@ impl RenderCache {
                 data: Some("verdict"),
                 interval: false,
                 timeout: false,
+                limit: None,
                 elements: Arc::clone(elements),
             })
         };
@@ -893,6 +916,7 @@ impl RenderCache {
             data: Some("verdict"),
             interval: false,
             timeout: false,
+            limit: None,
             elements: Arc::clone(&dispatch.egress),
         }));
         if auditing {
@@ -1022,6 +1046,7 @@ fn domain_sets<'a>(domains: impl Iterator<Item = &'a DomainDef>) -> Vec<Set> {
                 data: None,
                 interval: false,
                 timeout: true,
+                limit: None,
                 elements: Arc::new(Vec::new()),
             });
         }
@@ -1067,6 +1092,7 @@ fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
             data: None,
             interval: false,
             timeout: false,
+            limit: None,
             elements: Arc::new(sorted(
                 o.local
                     .iter()
@@ -1082,6 +1108,7 @@ fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
             data: None,
             interval: true,
             timeout: false,
+            limit: None,
             elements: Arc::new(sorted(
                 o.pod_cidrs
                     .iter()
@@ -1099,6 +1126,7 @@ fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
             data: None,
             interval: false,
             timeout: false,
+            limit: None,
             elements: Arc::new(sorted(
                 o.nodes
                     .iter()
@@ -1133,6 +1161,7 @@ fn overlay_sets(o: &crate::translate::OverlayGuard) -> Vec<Set> {
             data: None,
             interval: true,
             timeout: false,
+            limit: None,
             elements: Arc::new(sorted(elements)),
         });
     }
@@ -1234,6 +1263,7 @@ fn dns_sets<'a>(dns: &DnsSteer, selected: &[std::net::IpAddr], interfaces: impl 
         data: None,
         interval: false,
         timeout: false,
+        limit: None,
         elements: Arc::new(sorted(proxied)),
     }];
     for fam in [Family::V4, Family::V6] {
@@ -1252,6 +1282,7 @@ fn dns_sets<'a>(dns: &DnsSteer, selected: &[std::net::IpAddr], interfaces: impl 
             data: None,
             interval: true,
             timeout: false,
+            limit: None,
             elements: Arc::new(interval_elements(&nets, "trusted resolver")),
         });
     }
@@ -1480,59 +1511,46 @@ pub(crate) fn revoked_rule(bit: u32) -> Rule {
 /// What a pod sends the node to find its gateway and take part in multicast on its link,
 /// which no policy judges: IPv6 neighbour discovery and multicast listener reports, before
 /// the invalid check in the chains of packets to the node (conntrack may call them invalid).
-/// Only as RFC 4861 and 3810 send them: neighbour discovery with hop limit 255 (a packet that
-/// crossed a router has less), MLD with hop limit 1, from the pod's own link-local address on
-/// its own interface (the one flock-cni gives it, [`POD_LINK_LOCAL`]) — or from `::` for a
-/// neighbour solicitation before the pod has an address (duplicate address detection) and an
-/// MLD report then, or — neighbour discovery — from the pod's own address on its own
-/// interface (Linux solicits from the address of the packet that needs the neighbour).
-/// Anything else of these types goes on to the source check, which drops it as spoofed: a
-/// pod cannot make the node learn a neighbour entry for a forged global or link-local
-/// address.
+/// Only as RFC 4861 and 3810 send them — neighbour discovery with hop limit 255 (a packet that
+/// crossed a router has less), MLD with hop limit 1 — and only from the pod's own sources on
+/// its own interface ([`POD_ND_SOURCES`]): the link-local address flock-cni gives it, its own
+/// addresses (Linux solicits from the address of the packet that needs the neighbour) and
+/// `::` (duplicate address detection, before the pod has an address), each within its own
+/// rate ([`ND_LIMIT`]). Anything else of these types — a forged global or link-local source,
+/// a flood past the rate — goes on to the source check, which drops it as spoofed: a pod
+/// cannot make the node learn a neighbour entry for an address not its own, nor keep the
+/// node's neighbour discovery busy.
 fn link_local() -> Vec<Rule> {
-    let unspecified: (std::net::Ipv6Addr, u8) = (std::net::Ipv6Addr::UNSPECIFIED, 128);
     let mut out = vec![router_solicitations()];
     for t in ICMPV6_LINK {
         let (hop_limit, what) = match t {
             IcmpV6::MldListenerReport | IcmpV6::Mld2ListenerReport => (1, "multicast listener report"),
             _ => (255, "neighbour discovery"),
         };
-        let from_unspecified = !matches!(t, IcmpV6::NdNeighborAdvert | IcmpV6::MldListenerReport);
         out.push(
             Rule::new(
                 vec![
                     Stmt::IcmpV6Type(t),
                     Stmt::HopLimit(hop_limit),
-                    Stmt::Lookup { fields: vec![Field::IifName, Field::Saddr(Family::V6)], neg: false, set: POD_LINK_LOCAL.into() },
+                    Stmt::Lookup { fields: vec![Field::IifName, Field::Saddr(Family::V6)], neg: false, set: POD_ND_SOURCES.into() },
                 ],
                 Some(Verdict::Accept),
             )
-            .comment(format!("IPv6 {what} from the pod's own link-local address, hop limit {hop_limit}: never policy")),
+            .comment(format!("IPv6 {what} from the pod's own sources, hop limit {hop_limit}, within their rate: never policy")),
         );
-        if from_unspecified {
-            out.push(
-                Rule::new(
-                    vec![Stmt::IcmpV6Type(t), Stmt::HopLimit(hop_limit), Stmt::Saddr6Prefix(unspecified.0, unspecified.1)],
-                    Some(Verdict::Accept),
-                )
-                .comment(format!("IPv6 {what} from ::, before the pod has an address, hop limit {hop_limit}: never policy")),
-            );
-        }
-        // Linux solicits from the address of the packet that needs the neighbour: the pod's
-        // own global address, which only its own interface may send.
-        if hop_limit == 255 {
-            out.push(
-                Rule::new(
-                    vec![
-                        Stmt::IcmpV6Type(t),
-                        Stmt::HopLimit(hop_limit),
-                        Stmt::Lookup { fields: vec![Field::IifName, Field::Saddr(Family::V6)], neg: false, set: POD_ADDRS_V6.into() },
-                    ],
-                    Some(Verdict::Accept),
-                )
-                .comment(format!("IPv6 {what} from the pod's own address, hop limit {hop_limit}: never policy")),
-            );
-        }
+        // Past the rate, from the pod's own address (which the source check passes): dropped
+        // here, not judged by policy. From any other source the source check drops it.
+        out.push(
+            Rule::new(
+                vec![
+                    Stmt::IcmpV6Type(t),
+                    Stmt::Lookup { fields: vec![Field::IifName, Field::Saddr(Family::V6)], neg: false, set: POD_ADDRS_V6.into() },
+                    Stmt::Counter,
+                ],
+                Some(Verdict::Drop),
+            )
+            .comment(format!("IPv6 {what} from the pod's own address past its rate or hop limit: dropped")),
+        );
     }
     out
 }
@@ -2029,7 +2047,16 @@ impl Renderer<'_> {
         let set_comment = comment(&def.to_string());
         let name = names::dynamic(&purpose, &[&format!("{def:?}"), &set_comment], &def.short());
         // Elements stay in address order (the IR's), which is how nft lists intervals.
-        Some(Set { name, comment: set_comment, key: vec![addr_type(fam)], data: None, interval, timeout: false, elements: elements.into() })
+        Some(Set {
+            name,
+            comment: set_comment,
+            key: vec![addr_type(fam)],
+            data: None,
+            interval,
+            timeout: false,
+            limit: None,
+            elements: elements.into(),
+        })
     }
 
     /// The name of the set of every address of `defs` (exact sets: [`mergeable`]) in `fam`,
@@ -2078,6 +2105,7 @@ impl Renderer<'_> {
             data: None,
             interval: false,
             timeout: false,
+            limit: None,
             elements: elements.into(),
         })
     }
@@ -2113,6 +2141,7 @@ impl Renderer<'_> {
             data: None,
             interval: false,
             timeout: false,
+            limit: None,
             elements: elements.into(),
         })
     }

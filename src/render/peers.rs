@@ -237,6 +237,7 @@ impl PeerPlan {
                     data: None,
                     interval: suffix == "ports",
                     timeout: false,
+                    limit: None,
                     elements: elements.into(),
                 });
             }
@@ -293,6 +294,7 @@ impl PeerPlan {
                     data: Some("verdict"),
                     interval,
                     timeout: false,
+                    limit: None,
                     elements: elements.into(),
                 });
             }
@@ -329,6 +331,7 @@ impl PeerPlan {
                 data: None,
                 interval: true,
                 timeout: false,
+                limit: None,
                 elements: elements.into(),
             });
         }

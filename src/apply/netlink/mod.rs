@@ -585,6 +585,7 @@ mod tests {
             data: None,
             interval: false,
             timeout: false,
+            limit: None,
             elements: std::sync::Arc::new(Vec::new()),
         };
         let elements: Vec<Element> = (0..20_000u32)

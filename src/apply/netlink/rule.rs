@@ -151,6 +151,18 @@ fn expr(name: &str, fill: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     out
 }
 
+/// `limit rate R/second burst B packets`: a rule's statement, or a set's limit on each of its
+/// elements.
+pub(super) fn limit(rate: u32, burst: u32) -> Vec<u8> {
+    expr("limit", |b| {
+        attr(b, NFTA_LIMIT_RATE, &u64::from(rate).to_be_bytes());
+        attr(b, NFTA_LIMIT_UNIT, &1u64.to_be_bytes());
+        u32_attr(b, NFTA_LIMIT_BURST, burst);
+        u32_attr(b, NFTA_LIMIT_TYPE, NFT_LIMIT_PKTS);
+        u32_attr(b, NFTA_LIMIT_FLAGS, 0);
+    })
+}
+
 fn u32_attr(out: &mut Vec<u8>, ty: u16, v: u32) {
     attr(out, ty, &v.to_be_bytes());
 }
@@ -358,15 +370,7 @@ pub(super) fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &m
                 out.exprs.push(cmp(NFT_CMP_EQ, &value.to_be_bytes()));
             }
             Stmt::Counter => out.exprs.push(expr("counter", |_| {})),
-            Stmt::Limit { rate, burst } => {
-                out.exprs.push(expr("limit", |b| {
-                    attr(b, NFTA_LIMIT_RATE, &u64::from(*rate).to_be_bytes());
-                    attr(b, NFTA_LIMIT_UNIT, &1u64.to_be_bytes());
-                    u32_attr(b, NFTA_LIMIT_BURST, *burst);
-                    u32_attr(b, NFTA_LIMIT_TYPE, NFT_LIMIT_PKTS);
-                    u32_attr(b, NFTA_LIMIT_FLAGS, 0);
-                }));
-            }
+            Stmt::Limit { rate, burst } => out.exprs.push(limit(*rate, *burst)),
             Stmt::Log { prefix, group } => {
                 out.exprs.push(expr("log", |b| {
                     if let Some(p) = prefix {

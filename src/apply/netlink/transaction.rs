@@ -68,6 +68,7 @@ const NFTA_SET_DATA_LEN: u16 = 7;
 const NFTA_SET_DESC: u16 = 9;
 const NFTA_SET_ID: u16 = 10;
 const NFTA_SET_USERDATA: u16 = 13;
+const NFTA_SET_EXPR: u16 = 17;
 const NFTA_SET_DESC_SIZE: u16 = 1;
 const NFTA_SET_DESC_CONCAT: u16 = 2;
 const NFTA_SET_FIELD_LEN: u16 = 1;
@@ -565,6 +566,10 @@ fn encode_set(s: &Set, id: u32) -> Result<Vec<u8>, NetlinkError> {
     }
     udata(&mut ud, UDATA_SET_COMMENT, &nul_terminated(&s.comment)).map_err(err)?;
     attr(&mut body, NFTA_SET_USERDATA, &ud);
+    if let Some((rate, burst)) = s.limit {
+        // The kernel gives each element a copy of it.
+        nested(&mut body, NFTA_SET_EXPR, |b| b.extend(rule::limit(rate, burst)));
+    }
     Ok(body)
 }
 
