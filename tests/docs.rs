@@ -853,3 +853,55 @@ fn slugs_follow_github() {
     let a = anchors("# A\n## A\n```\n# not a heading\n```\n<a id=\"x\"></a>\n");
     assert_eq!(a, ["a".to_string(), "a-1".to_string(), "x".to_string()].into());
 }
+
+// ---------------------------------------------------------------------------------------
+// Helm values
+
+/// The leaf values of a values schema (objects recursed into; anything else is a value), as
+/// dotted paths.
+fn schema_leaves(schema: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
+    match schema.get("properties").and_then(serde_json::Value::as_object) {
+        // Resources are one value (requests and limits), as the reference lists them.
+        Some(props) if !prefix.ends_with("resources") => {
+            for (k, v) in props {
+                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                schema_leaves(v, &path, out);
+            }
+        }
+        _ => {
+            out.insert(prefix.to_string());
+        }
+    }
+}
+
+/// Every value of the chart's schema is a row of the reference's Helm values table, and
+/// every row is a value of the schema; each object of the schema refuses unknown keys.
+#[test]
+fn reference_lists_every_helm_value() {
+    let schema: serde_json::Value = serde_json::from_str(&read(&root().join("deploy/helm/flock/values.schema.json"))).unwrap();
+    let mut want = BTreeSet::new();
+    schema_leaves(&schema, "", &mut want);
+    fn closed(v: &serde_json::Value, path: &str) {
+        if let Some(props) = v.get("properties").and_then(serde_json::Value::as_object) {
+            assert_eq!(v.get("additionalProperties"), Some(&serde_json::Value::Bool(false)), "{path} accepts unknown keys");
+            for (k, p) in props {
+                closed(p, &format!("{path}.{k}"));
+            }
+        }
+        if let Some(items) = v.get("items") {
+            closed(items, &format!("{path}[]"));
+        }
+    }
+    closed(&schema, "values");
+    let lines = section(&reference(), "Helm values").expect("docs/reference.md has no Helm values section");
+    let mut have = BTreeSet::new();
+    for (header, rows) in tables(&lines) {
+        assert_eq!(header.first().map(String::as_str), Some("value"), "{header:?}");
+        for row in rows {
+            have.extend(code_spans(&row[0]));
+        }
+    }
+    let missing: Vec<_> = want.difference(&have).collect();
+    let extra: Vec<_> = have.difference(&want).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "docs/reference.md#helm-values: missing {missing:?}, not values {extra:?}");
+}

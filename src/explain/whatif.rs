@@ -67,6 +67,10 @@ pub struct WhatIf {
     pub classes: usize,
     /// Flows explained (each twice: before and after).
     pub evaluated: usize,
+    /// Without a port asked for, only the ports destination pods declare are judged: the
+    /// numeric ports (`port/PROTOCOL`) a changed NetworkPolicy names that no pod declares,
+    /// whose changes that hides.
+    pub unchecked_ports: Vec<String>,
 }
 
 /// The flows whose verdict differs between `before` and `after` (the same cluster with a
@@ -92,7 +96,9 @@ pub fn whatif(before: &Snapshot, after: &Snapshot, options: &Options, scope: &Sc
     let (one_before, one_after) = (on_one_node(before), on_one_node(after));
     let (mut explain_before, mut explain_after) =
         (Explainer::new(&one_before, options.clone()), Explainer::new(&one_after, options.clone()));
-    let mut out = WhatIf { changes: Vec::new(), total: 0, closed: 0, opened: 0, pods, classes: classes.len(), evaluated: 0 };
+    let unchecked_ports = if scope.port.is_none() { unchecked_ports(before, after, &classes, scope) } else { Vec::new() };
+    let mut out =
+        WhatIf { changes: Vec::new(), total: 0, closed: 0, opened: 0, pods, classes: classes.len(), evaluated: 0, unchecked_ports };
     for (i, src) in classes.iter().enumerate() {
         for (j, dst) in classes.iter().enumerate() {
             if affected.as_ref().is_some_and(|a| !a[i] && !a[j]) {
@@ -389,6 +395,27 @@ fn changed_policies<'a>(before: &'a Snapshot, after: &'a Snapshot) -> Vec<Change
         }
     }
     out
+}
+
+/// The numeric ports the changed NetworkPolicies' rules name (a range by its first port)
+/// that no pod declares, within the scope's protocol: `port/PROTOCOL`, sorted.
+fn unchecked_ports(before: &Snapshot, after: &Snapshot, classes: &[Class], scope: &Scope) -> Vec<String> {
+    let declared: BTreeSet<(u16, Protocol)> = classes.iter().flat_map(|c| c.ports.iter().copied()).collect();
+    let mut named = BTreeSet::new();
+    for changed in changed_policies(before, after) {
+        let Changed::Policy(p) = changed else { continue };
+        for port in p.ingress.iter().chain(&p.egress).flat_map(|r| &r.ports) {
+            let Some(crate::model::PortRef::Number(n)) = port.port else { continue };
+            let protocol = port.protocol.as_deref().map_or(Some(Protocol::Tcp), Protocol::parse);
+            if let (Ok(n), Some(protocol)) = (u16::try_from(n), protocol)
+                && scope.protocol.is_none_or(|want| want == protocol)
+                && !declared.contains(&(n, protocol))
+            {
+                named.insert((n, protocol));
+            }
+        }
+    }
+    named.into_iter().map(|(n, p)| format!("{n}/{}", p.as_k8s())).collect()
 }
 
 /// Addresses more than one pod reports.

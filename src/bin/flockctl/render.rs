@@ -34,6 +34,11 @@ pub struct RenderArgs {
     /// (or in a namespace so annotated) are logged, not enforced.
     #[arg(long)]
     allow_audit_mode: bool,
+    /// As flock-agent with its DNS proxy (on in the agent by default): the chains and sets
+    /// that send the DNS of pods with domain rules through the proxy, the cluster DNS pods
+    /// as trusted resolvers. Without it they are left out.
+    #[arg(long)]
+    dns_proxy: bool,
     #[command(flatten)]
     routing: RoutingArgs,
 }
@@ -85,12 +90,13 @@ pub fn run(args: &RenderArgs) -> anyhow::Result<ExitCode> {
     let options = Options {
         isolate_run_pods: !args.no_run_pod_isolation,
         audit_mode: args.allow_audit_mode,
-        dns_resolvers: None,
+        dns_resolvers: args.dns_proxy.then(translate::ResolverPods::cluster_dns),
         overlay_port: args.routing.overlay_port(),
         overlay_node: Some(args.node.clone()),
     };
     let policy = translate::translate(&snapshot, &endpoints, &options);
-    let ruleset = flock::render::render(&policy);
+    let dns = args.dns_proxy.then(|| flock::dns_proxy::DnsConfig::default().steer());
+    let ruleset = flock::render::render_with(&policy, &flock::render::RenderOptions { dns, ..flock::render::RenderOptions::default() });
     let text = ruleset.to_text();
     if args.check {
         NftCli::new(Netns::Fresh).check(&text).context("nft -c rejected the rendered ruleset")?;

@@ -202,6 +202,11 @@ fn observed(
     Ok(if args.exit_code && (total > 0 || !f.unjudged.is_empty()) { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
+/// `n` and the noun (with its verb) in the number `n` asks for: "1 flow changes", "2 flows change".
+fn flows(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 fn flips_table(f: &observed::Flips, total: usize, log: &observed::FlowLog) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -231,7 +236,7 @@ fn flips_table(f: &observed::Flips, total: usize, log: &observed::FlowLog) -> St
         out.push_str(&crate::table::columns(
             ["FROM", "TO", "PORT", "FAMILY", "VERDICT", "SEEN", "DECIDED BEFORE", "DECIDED AFTER"],
             &rows,
-            6,
+            7,
         ));
     }
     for u in &f.unjudged {
@@ -240,8 +245,14 @@ fn flips_table(f: &observed::Flips, total: usize, log: &observed::FlowLog) -> St
     let listed = if f.flips.len() < total { format!(" ({} listed: --max-changes)", f.flips.len()) } else { String::new() };
     let _ = writeln!(
         out,
-        "{total} of {} observed flows flip{listed} ({} records; left out: {} other lines, {} not flock-agent's, {} not policy verdicts, {} without a port, {} unreadable)",
-        f.flows, f.records, log.other_lines, log.unattributed, log.not_policy, log.portless, log.unreadable_count
+        "{total} of {}{listed} ({} records; left out: {} other lines, {} not flock-agent's, {} not policy verdicts, {} without a port, {} unreadable)",
+        flows(f.flows, "observed flow flips", "observed flows flip"),
+        f.records,
+        log.other_lines,
+        log.unattributed,
+        log.not_policy,
+        log.portless,
+        log.unreadable_count
     );
     out
 }
@@ -265,13 +276,25 @@ fn table(w: &WhatIf) -> String {
         })
         .collect();
     if !rows.is_empty() {
-        out.push_str(&crate::table::columns(["FROM", "TO", "PORT", "FAMILY", "VERDICT", "DECIDED BEFORE", "DECIDED AFTER"], &rows, 5));
+        out.push_str(&crate::table::columns(["FROM", "TO", "PORT", "FAMILY", "VERDICT", "DECIDED BEFORE", "DECIDED AFTER"], &rows, 6));
     }
     let listed = if w.changes.len() < w.total { format!(" ({} listed: --max-changes)", w.changes.len()) } else { String::new() };
     let _ = writeln!(
         out,
-        "{} flows change{listed}: {} Allow → Deny, {} Deny → Allow; {} pods in {} classes, {} flows explained before and after",
-        w.total, w.closed, w.opened, w.pods, w.classes, w.evaluated
+        "{}{listed}: {} Allow → Deny, {} Deny → Allow; {} pods in {} classes, {} explained before and after",
+        flows(w.total, "flow changes", "flows change"),
+        w.closed,
+        w.opened,
+        w.pods,
+        w.classes,
+        flows(w.evaluated, "flow", "flows")
     );
+    if !w.unchecked_ports.is_empty() {
+        let _ = writeln!(
+            out,
+            "not judged: {} (named by the change, declared by no pod; without --port only declared ports are judged: run with --port to judge one)",
+            w.unchecked_ports.join(", ")
+        );
+    }
     out
 }
