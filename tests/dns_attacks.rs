@@ -639,8 +639,6 @@ fn floods_hold_a_bounded_number_of_sockets() {
 /// over TCP.
 #[test]
 fn a_flood_kept_for_the_next_proxy_is_drained_within_its_bounds() {
-    use flock::dns_proxy::keeper;
-    use flock::dns_proxy::proxy::Listeners;
     if !require_root("a_flood_kept_for_the_next_proxy_is_drained_within_its_bounds") {
         return;
     }
@@ -648,25 +646,12 @@ fn a_flood_kept_for_the_next_proxy_is_drained_within_its_bounds() {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let (stop_dns, dns) = resolver(c.resolver.ns.netns(), vec![ip(V4.resolver), ip(V6.resolver)], Duration::ZERO, seen);
     let keeping = flock::testkit::kernel::SocketKeeper::start(env!("CARGO_BIN_EXE_flock-socket-keeper"), "dnsk");
-    let k = keeping.client();
     let bounds = Bounds { tcp_idle: Duration::from_secs(2), ..Bounds::default() };
     let mut config = ProxyConfig::new(PORT, c.np.dns_resolvers.clone());
     config.bounds = bounds;
 
     // The first proxy binds and deposits its listeners, and is gone.
-    {
-        let (k, config) = (k.clone(), config.clone());
-        let (_stop, t) = serve_in(c.node.ns.netns(), move |_, ready| {
-            Box::pin(async move {
-                let l = Listeners::bind(&config).unwrap();
-                let fds = l.fds().unwrap();
-                let borrowed: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
-                k.deposit(keeper::DNS_PROXY, &borrowed).unwrap();
-                let _ = ready.send(());
-            })
-        });
-        t.join().unwrap();
-    }
+    keeping.hold_new_listeners(c.node.ns.netns(), &config);
     let baseline = sockets(&c.node.ns);
 
     // The flood, while nothing reads.
@@ -698,16 +683,7 @@ fn a_flood_kept_for_the_next_proxy_is_drained_within_its_bounds() {
     learner.set_rules(domain_rules(&c.np));
     let proxy = DnsProxy::new(config.clone(), learner);
     let stats = proxy.stats();
-    let (stop_proxy, proxy_thread) = {
-        let (k, config) = (k.clone(), config.clone());
-        serve_in(c.node.ns.netns(), move |stop, ready| {
-            Box::pin(async move {
-                let l = Listeners::adopt(&config, k.take(keeper::DNS_PROXY).unwrap()).unwrap();
-                let _ = ready.send(());
-                proxy.serve(l, stop).await;
-            })
-        })
-    };
+    let (stop_proxy, proxy_thread) = keeping.serve_kept(c.node.ns.netns(), proxy);
     // Another pod is served beside the flood, in both families, and can connect over TCP. A
     // query it sends while the flood still fills the kept receive queue is lost, as every
     // query is while no proxy runs without a keeper: it asks as resolvers do, again after a

@@ -508,19 +508,7 @@ fn queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next() {
     config.ipv6 = false;
 
     // The first proxy binds and deposits, then is gone without ever reading.
-    {
-        let (k, config) = (k.clone(), config.clone());
-        let (_stop, t) = serve_in(node.ns.netns(), move |_, ready| {
-            Box::pin(async move {
-                let l = Listeners::bind(&config).unwrap();
-                let fds = l.fds().unwrap();
-                let borrowed: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
-                k.deposit(keeper::DNS_PROXY, &borrowed).unwrap();
-                let _ = ready.send(());
-            })
-        });
-        t.join().unwrap();
-    }
+    keeping.hold_new_listeners(node.ns.netns(), &config);
     let resolver_addr = SocketAddr::new(resolver_ip, 53);
     let udp = {
         let ns = client.ns.netns();
@@ -559,16 +547,7 @@ fn queries_made_while_no_proxy_runs_wait_in_the_kept_listeners_for_the_next() {
     // The next proxy takes them and answers what waited.
     let learner = Arc::new(Recorder::default());
     let proxy = DnsProxy::new(config.clone(), learner.clone());
-    let (stop_proxy, proxy_thread) = {
-        let (k, config) = (k.clone(), config.clone());
-        serve_in(node.ns.netns(), move |stop, ready| {
-            Box::pin(async move {
-                let l = Listeners::adopt(&config, k.take(keeper::DNS_PROXY).unwrap()).unwrap();
-                let _ = ready.send(());
-                proxy.serve(l, stop).await;
-            })
-        })
-    };
+    let (stop_proxy, proxy_thread) = keeping.serve_kept(node.ns.netns(), proxy);
     let want = vec!["198.18.1.10".parse::<IpAddr>().unwrap()];
     assert_eq!(addresses(&udp.join().unwrap()), want);
     let answers = tcp.join().unwrap();

@@ -289,6 +289,45 @@ impl SocketKeeper {
     pub fn client(&self) -> crate::dns_proxy::keeper::Keeper {
         crate::dns_proxy::keeper::Keeper::new(&self.socket)
     }
+
+    /// A proxy's life before an agent restart, in `ns`: it binds the listeners of `config`,
+    /// deposits them here, and is gone without reading a query.
+    #[allow(clippy::panic)]
+    pub fn hold_new_listeners(&self, ns: crate::netns::Netns, config: &crate::dns_proxy::proxy::ProxyConfig) {
+        let (keeper, config) = (self.client(), config.clone());
+        let (_stop, thread) = serve_in(ns, move |_, ready| {
+            Box::pin(async move {
+                let listeners = crate::dns_proxy::proxy::Listeners::bind(&config).unwrap_or_else(|e| panic!("binding the listeners: {e}"));
+                let fds = listeners.fds().unwrap_or_else(|e| panic!("the listeners' descriptors: {e}"));
+                let borrowed: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
+                if let Err(e) = keeper.deposit(crate::dns_proxy::keeper::DNS_PROXY, &borrowed) {
+                    panic!("depositing the listeners: {e}");
+                }
+                let _ = ready.send(());
+            })
+        });
+        if thread.join().is_err() {
+            panic!("the first proxy's thread panicked");
+        }
+    }
+
+    /// The next agent's proxy, in `ns`: it takes the listeners held here and serves them.
+    #[allow(clippy::panic)]
+    pub fn serve_kept<L: crate::dns_proxy::proxy::Learner>(
+        &self,
+        ns: crate::netns::Netns,
+        proxy: crate::dns_proxy::proxy::DnsProxy<L>,
+    ) -> (tokio::sync::watch::Sender<bool>, std::thread::JoinHandle<()>) {
+        let keeper = self.client();
+        serve_in(ns, move |stop, ready| {
+            Box::pin(async move {
+                let kept = keeper.take(crate::dns_proxy::keeper::DNS_PROXY).unwrap_or_else(|e| panic!("taking the listeners: {e}"));
+                let listeners = crate::dns_proxy::proxy::Listeners::adopt(proxy.config(), kept).unwrap_or_else(|e| panic!("{e}"));
+                let _ = ready.send(());
+                proxy.serve(listeners, stop).await;
+            })
+        })
+    }
 }
 
 impl Drop for SocketKeeper {
