@@ -576,7 +576,7 @@ async fn a_flood_of_adds_for_unknown_pods_leaves_nothing_and_holds_up_no_one() {
     let source = StaticSource::new(snapshot(&known));
     let mut cfg = config(&node, &dir);
     // Long enough that no known pod's ADD can be mistaken for one waiting it out.
-    cfg.pod_wait = Duration::from_secs(3);
+    cfg.pod_wait = Duration::from_secs(5);
     let metrics = cfg.metrics.clone();
     let agent = Agent::start(cfg, source.subscribe()).await.unwrap();
     let socket = dir.join("cni.sock");
@@ -608,7 +608,7 @@ async fn a_flood_of_adds_for_unknown_pods_leaves_nothing_and_holds_up_no_one() {
     assert_eq!((acked.len(), refused.len()), (50, 300));
     let slowest_ack = acked.iter().max().copied().unwrap();
     let first_refusal = refused.iter().min().copied().unwrap();
-    assert!(first_refusal >= Duration::from_secs(3), "an unknown pod was refused before the wait: {first_refusal:?}");
+    assert!(first_refusal >= Duration::from_secs(5), "an unknown pod was refused before the wait: {first_refusal:?}");
     assert!(slowest_ack < first_refusal, "a known pod's ADD waited behind the unknown ones: {slowest_ack:?}");
 
     let text = table(&node);

@@ -368,6 +368,34 @@ async fn a_missing_profile_or_an_unlabelled_selector_grants_nothing() {
     ctl.stop().await;
 }
 
+/// A run made invalid first (its earlier policy stays, as for any invalid run), then its
+/// profile deleted: the grant is revoked all the same, for the pods that had it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_profile_is_revoked_from_an_invalid_run_too() {
+    let server = common::api_server().await;
+    let clock = FakeClock::new();
+    let ctl = Running::start(&server, options(EnforceMode::On, &clock)).await;
+    profile(&server, "web", json!({"internet": {"ports": [{"port": 443}]}}));
+    let selector = json!({"matchLabels": {"flock.dev/run": "job-r", "app": "agent"}});
+    create_run(&server, "job-r", json!({"profile": "web", "podSelector": selector})).await;
+    eventually(10, "the grant", || policy(&server, "job-r-egress").filter(|p| egress_rules(p) == 2)).await;
+    let runs = Api::<Run>::namespaced(server.client(), NS);
+    let unlabelled = json!({"spec": {"podSelector": {"matchLabels": {"flock.dev/run": null, "app": "agent"}}}});
+    runs.patch("job-r", &PatchParams::default(), &Patch::Merge(unlabelled)).await.unwrap();
+    wait_condition(&server, "job-r", NETWORK_POLICY_READY, "False", "RunInvalid").await;
+    assert_eq!(egress_rules(&policy(&server, "job-r-egress").unwrap()), 2, "an invalid run's policy stays until its deadline");
+
+    server.delete("flock.dev/v1alpha1", "RunProfile", None, "web").unwrap();
+    let np = eventually(10, "the grant revoked", || policy(&server, "job-r-egress").filter(|p| egress_rules(p) == 0)).await;
+    assert_eq!(pod_selector(&np), selector, "the pods that had the grant");
+    let msg = wait_condition(&server, "job-r", NETWORK_POLICY_READY, "False", "ProfileNotFound").await;
+    assert!(msg.contains("RunProfile web does not exist") && msg.contains("must require the flock.dev/run label"), "{msg}");
+    let a = wait_audits(&server, "job-r", 2).await;
+    assert_eq!((a[1].spec.action, a[1].spec.reason.as_str()), (crd::AuditAction::Changed, "ProfileNotFound"));
+    assert_eq!(a[1].spec.removed.len(), 3, "DNS and the internet, both families: {:?}", a[1].spec.removed);
+    ctl.stop().await;
+}
+
 fn pod_selector(np: &NetworkPolicy) -> Value {
     serde_json::to_value(&np.spec.as_ref().unwrap().pod_selector).unwrap()
 }

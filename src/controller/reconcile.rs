@@ -675,11 +675,20 @@ async fn steps(
             invalid = Some(user_error(&e));
             render::plan(run, &withdrawn(), &cluster)
         }
+        other => other,
+    };
+    let planned = match planned {
         // Fail closed: an invalid run must not keep the egress it was granted past its
-        // deadline. The pods its policy selects keep being selected; without a policy, the
-        // run's own selector when that part is valid, else its default one.
-        Err(e @ RenderError::Run { .. }) if expired => {
-            invalid = Some(user_error(&e));
+        // deadline, nor once its profile is gone or invalid (a run made invalid first would
+        // otherwise keep a revoked grant). The pods its policy selects keep being selected;
+        // without a policy, the run's own selector when that part is valid, else its default
+        // one. The profile's problem, when there is one, stays the reason.
+        Err(e @ RenderError::Run { .. }) if expired || invalid.is_some() => {
+            let (run_reason, run_message) = user_error(&e);
+            invalid = Some(match invalid.take() {
+                Some((reason, message)) => (reason, format!("{message}; {run_message}")),
+                None => (run_reason, run_message),
+            });
             let selector = match live_selector(&ctx.client, run, &ctx.kind).await? {
                 Some(s) => s,
                 None => render::own_selector(run).unwrap_or_else(|| render::default_selector(run)),

@@ -398,20 +398,29 @@ fn changed_policies<'a>(before: &'a Snapshot, after: &'a Snapshot) -> Vec<Change
 }
 
 /// The numeric ports the changed NetworkPolicies' rules name (a range by its first port)
-/// that no pod declares, within the scope's protocol: `port/PROTOCOL`, sorted.
+/// that the flows they govern are not judged on, within the scope's protocol: an ingress
+/// rule's port no pod the policy selects declares, an egress rule's port no pod declares.
+/// `port/PROTOCOL`, sorted.
 fn unchecked_ports(before: &Snapshot, after: &Snapshot, classes: &[Class], scope: &Scope) -> Vec<String> {
-    let declared: BTreeSet<(u16, Protocol)> = classes.iter().flat_map(|c| c.ports.iter().copied()).collect();
+    let all: BTreeSet<(u16, Protocol)> = classes.iter().flat_map(|c| c.ports.iter().copied()).collect();
     let mut named = BTreeSet::new();
     for changed in changed_policies(before, after) {
         let Changed::Policy(p) = changed else { continue };
-        for port in p.ingress.iter().chain(&p.egress).flat_map(|r| &r.ports) {
-            let Some(crate::model::PortRef::Number(n)) = port.port else { continue };
-            let protocol = port.protocol.as_deref().map_or(Some(Protocol::Tcp), Protocol::parse);
-            if let (Ok(n), Some(protocol)) = (u16::try_from(n), protocol)
-                && scope.protocol.is_none_or(|want| want == protocol)
-                && !declared.contains(&(n, protocol))
-            {
-                named.insert((n, protocol));
+        let selected: BTreeSet<(u16, Protocol)> = classes
+            .iter()
+            .filter(|c| [before, after].into_iter().any(|s| s.pod_by_name(&c.members[0]).is_some_and(|pod| changed.may_select(s, pod))))
+            .flat_map(|c| c.ports.iter().copied())
+            .collect();
+        for (rules, declared) in [(&p.ingress, &selected), (&p.egress, &all)] {
+            for port in rules.iter().flat_map(|r| &r.ports) {
+                let Some(crate::model::PortRef::Number(n)) = port.port else { continue };
+                let protocol = port.protocol.as_deref().map_or(Some(Protocol::Tcp), Protocol::parse);
+                if let (Ok(n), Some(protocol)) = (u16::try_from(n), protocol)
+                    && scope.protocol.is_none_or(|want| want == protocol)
+                    && !declared.contains(&(n, protocol))
+                {
+                    named.insert((n, protocol));
+                }
             }
         }
     }

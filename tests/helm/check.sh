@@ -58,6 +58,16 @@ for want in '{name: FLOCK_ROUTING, value: vxlan}' '{name: FLOCK_VXLAN_PORT, valu
   '{name: FLOCK_CLUSTER_POD_CIDRS, value: "198.18.0.0/16,2001:db8:1::/48"}'; do
   grep -qF -- "$want" "$out/other.yaml" || fail "the render with other values lacks: $want"
 done
+# Numbers from a values file are floats to Helm: large ones still render as integers.
+cat >"$out/big.yaml" <<'VALUES'
+agent: {vxlan: {vni: 1000000}, metrics: {port: 9781}, resources: {requests: {cpu: 0.5}}}
+controller: {enforcedTimeoutSeconds: 1000000, audit: {maxAgeDays: 3650}}
+VALUES
+template -f "$out/big.yaml" >"$out/big-render.yaml"
+"$validate" --quiet --strict -k 1.33.0 "$out/big-render.yaml" || fail "the render of a values file is not valid"
+for want in '{name: FLOCK_VXLAN_VNI, value: "1000000"}' '{name: FLOCK_ENFORCED_TIMEOUT_SECONDS, value: "1000000"}' 'cpu: 0.5'; do
+  grep -qF -- "$want" "$out/big-render.yaml" || fail "the render of a values file lacks: $want"
+done
 # Without the DNS proxy there is no socket keeper, nor the agent's setting for it.
 ! grep -q 'flock-socket-keeper' "$out/other.yaml" || fail "a socket keeper without the DNS proxy"
 template --set controller.enabled=false --set namespace.create=false >"$out/agent-only.yaml"
@@ -66,7 +76,8 @@ template --set controller.enabled=false --set namespace.create=false >"$out/agen
 echo "helm: renders with other values valid and carrying them"
 
 # The ServiceMonitor: only where the Prometheus Operator's CRD is served.
-! template | grep -q 'kind: ServiceMonitor' || fail "a ServiceMonitor without its CRD"
+template >"$out/unmonitored.yaml"
+! grep -q 'kind: ServiceMonitor' "$out/unmonitored.yaml" || fail "a ServiceMonitor without its CRD"
 template --api-versions monitoring.coreos.com/v1/ServiceMonitor >"$out/monitored.yaml"
 grep -q 'kind: ServiceMonitor' "$out/monitored.yaml" || fail "no ServiceMonitor where its CRD is served"
 echo "helm: the ServiceMonitor only where its CRD is served"

@@ -245,8 +245,10 @@ fn flips_table(f: &observed::Flips, total: usize, log: &observed::FlowLog) -> St
     let listed = if f.flips.len() < total { format!(" ({} listed: --max-changes)", f.flips.len()) } else { String::new() };
     let _ = writeln!(
         out,
-        "{total} of {}{listed} ({} records; left out: {} other lines, {} not flock-agent's, {} not policy verdicts, {} without a port, {} unreadable)",
-        flows(f.flows, "observed flow flips", "observed flows flip"),
+        "{total} of {} observed {} {}{listed} ({} records; left out: {} other lines, {} not flock-agent's, {} not policy verdicts, {} without a port, {} unreadable)",
+        f.flows,
+        if f.flows == 1 { "flow" } else { "flows" },
+        if total == 1 { "flips" } else { "flip" },
         f.records,
         log.other_lines,
         log.unattributed,
@@ -297,4 +299,14 @@ fn table(w: &WhatIf) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_take_the_number_they_ask_for() {
+        assert_eq!(super::flows(1, "flow changes", "flows change"), "1 flow changes");
+        assert_eq!(super::flows(0, "flow changes", "flows change"), "0 flows change");
+        assert_eq!(super::flows(2, "flow", "flows"), "2 flows");
+    }
 }
