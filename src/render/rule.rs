@@ -258,8 +258,6 @@ pub enum Stmt {
     IcmpV6Type(IcmpV6),
     /// `ip6 hoplimit N`
     HopLimit(u8),
-    /// `ip6 saddr fe80::/10`, `ip6 saddr ::`: the source within a prefix.
-    Saddr6Prefix(std::net::Ipv6Addr, u8),
     Counter,
     /// `limit rate N/second burst M packets`
     Limit {
@@ -336,8 +334,6 @@ impl fmt::Display for Stmt {
             Self::InnerEtherType(fam) => write!(f, "@th,{INNER_ETHERTYPE},16 {:#x}", Field::ethertype(*fam)),
             Self::IcmpV6Type(t) => write!(f, "icmpv6 type {}", t.keyword()),
             Self::HopLimit(n) => write!(f, "ip6 hoplimit {n}"),
-            Self::Saddr6Prefix(a, 128) => write!(f, "ip6 saddr {a}"),
-            Self::Saddr6Prefix(a, len) => write!(f, "ip6 saddr {a}/{len}"),
             Self::Counter => f.write_str("counter"),
             // nft does not print its default burst, 5.
             Self::Limit { rate, burst: 5 } => write!(f, "limit rate {rate}/second"),

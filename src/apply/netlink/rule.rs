@@ -348,27 +348,6 @@ pub(super) fn compile(rule: &Rule, sets: &HashMap<&str, SetRef<'_>>, next_id: &m
                 out.exprs.push(load(Load::Payload { base: NFT_PAYLOAD_NETWORK_HEADER, offset: 7, len: 1, family: None }, NFT_REG_1));
                 out.exprs.push(cmp(NFT_CMP_EQ, &[*n]));
             }
-            Stmt::Saddr6Prefix(addr, len) => {
-                if !std::mem::replace(&mut ipv6, true) {
-                    out.exprs.push(load(Load::Meta { key: NFT_META_NFPROTO, len: 1 }, NFT_REG_1));
-                    out.exprs.push(cmp(NFT_CMP_EQ, &[NFPROTO_IPV6]));
-                }
-                // As nft compiles it: all 16 bytes, masked unless the prefix is the whole address.
-                out.exprs.push(load(Load::Payload { base: NFT_PAYLOAD_NETWORK_HEADER, offset: 8, len: 16, family: None }, NFT_REG_1));
-                let len = u32::from((*len).min(128));
-                let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
-                let value = addr.to_bits() & mask;
-                if len < 128 {
-                    out.exprs.push(expr("bitwise", |b| {
-                        u32_attr(b, NFTA_BITWISE_SREG, NFT_REG_1);
-                        u32_attr(b, NFTA_BITWISE_DREG, NFT_REG_1);
-                        u32_attr(b, NFTA_BITWISE_LEN, 16);
-                        nested(b, NFTA_BITWISE_MASK, |d| attr(d, NFTA_DATA_VALUE, &mask.to_be_bytes()));
-                        nested(b, NFTA_BITWISE_XOR, |d| attr(d, NFTA_DATA_VALUE, &[0u8; 16]));
-                    }));
-                }
-                out.exprs.push(cmp(NFT_CMP_EQ, &value.to_be_bytes()));
-            }
             Stmt::Counter => out.exprs.push(expr("counter", |_| {})),
             Stmt::Limit { rate, burst } => out.exprs.push(limit(*rate, *burst)),
             Stmt::Log { prefix, group } => {
