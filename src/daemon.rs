@@ -16,6 +16,7 @@ use crate::agent::metrics::Metrics;
 use crate::agent::{Agent, AgentConfig, cniconf};
 use crate::lease::LeaseError;
 use crate::model::Snapshot;
+use crate::removal::{Leftovers, RemovalOptions, RemovalWatch, Verdict};
 use crate::report::node::{NodeStatusOptions, NodeStatusWriter};
 use crate::report::{ReportOptions, Reporter};
 use crate::source::SourceWriter;
@@ -47,6 +48,10 @@ pub struct DaemonOptions {
     pub max_sync_age: Duration,
     /// How this node's FlockNode is kept current (`None`: it is not written).
     pub node_status: Option<NodeStatusOptions>,
+    /// The DaemonSet that runs the agent: when it (or its namespace) is deleted, the agent
+    /// removes flock from the node as it stops ([`crate::removal`]). `None`: every stop is a
+    /// restart and the rules stay.
+    pub removal: Option<RemovalOptions>,
 }
 
 /// Why the daemon stopped with an error.
@@ -82,6 +87,9 @@ where
         crate::source::kube::spawn_thread(opts.source.clone(), source_client, writer, health.clone(), metrics.clone(), stop.clone())
             .await
             .map_err(DaemonError::Source)?;
+    // Opened before anything can stop the agent: an uninstall deletes the RBAC right after
+    // the DaemonSet, and only a watch already open still shows the deletion.
+    let removal = opts.removal.clone().map(|r| RemovalWatch::spawn(client.clone(), r, stop.clone()));
     // Watched beside the agent: watches that end early crash the daemon (see below).
     let informers = informers.finished();
     tokio::pin!(informers);
@@ -250,6 +258,64 @@ where
     if let Some(reason) = crashed {
         return Err(DaemonError::Crashed(reason));
     }
+    // The informers also end when `stop` is set, and may win the select above: what counts is
+    // whether the stop was asked for (a watch that failed on its own is no removal).
+    let asked_to_stop = *stop.borrow();
+    if let (Some(watch), true) = (&removal, asked_to_stop) {
+        match watch.verdict(Duration::from_secs(2)).await {
+            Verdict::Removal(why) => {
+                tracing::warn!(why, "flock is being removed from this node: removing its table, routes and devices");
+                remove_from_node(&opts).await;
+                return Ok(());
+            }
+            Verdict::Restart(why) => tracing::info!(why, "a restart, not a removal"),
+        }
+    }
     tracing::info!("flock-agent stopped; rules stay in place");
     Ok(())
+}
+
+/// flock's removal from the node ([`crate::removal::undo_node`]), logged.
+async fn remove_from_node(opts: &DaemonOptions) {
+    let a = &opts.agent;
+    let leftovers = Leftovers {
+        netns: a.netns.clone(),
+        nft: a.nft.clone(),
+        dns: a.dns.clone(),
+        cni_conf: opts.cni_conf.as_ref().map(|(dir, file)| dir.join(file)),
+        cni_bin_dir: opts.removal.as_ref().map(|r| r.cni_bin_dir.clone()).unwrap_or_default(),
+        state_dir: a.state_dir.clone(),
+        spool_dir: a.spool_dir.clone(),
+        socket: a.socket.clone(),
+    };
+    let u = crate::removal::undo_node(&leftovers).await;
+    for e in &u.errors {
+        tracing::error!(error = %e, "flock's removal left something on the node");
+    }
+    let removed: Vec<String> = u.removed.iter().map(|p| p.display().to_string()).collect();
+    match u.pods_left {
+        Some(0) => tracing::info!(
+            table = u.table,
+            routes = u.routes,
+            devices = u.devices,
+            dns_routing = u.dns_routing,
+            ?removed,
+            "flock removed from this node: no pod of it was left, the CNI config and flock-cni are gone"
+        ),
+        Some(n) => tracing::warn!(
+            table = u.table,
+            routes = u.routes,
+            devices = u.devices,
+            dns_routing = u.dns_routing,
+            pods = n,
+            "flock removed from this node; its CNI config stays (marked) until flock-cni's DEL of the last of these pods removes it: new pods here need another CNI network"
+        ),
+        None => tracing::warn!(
+            table = u.table,
+            routes = u.routes,
+            devices = u.devices,
+            dns_routing = u.dns_routing,
+            "flock removed from this node; its CNI config stays (marked) for flock-cni to remove after the node's last pod"
+        ),
+    }
 }

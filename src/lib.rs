@@ -51,6 +51,7 @@ pub mod process;
 #[cfg(any(test, feature = "testkit"))]
 #[doc(hidden)]
 pub mod reference;
+pub mod removal;
 pub mod render;
 pub mod report;
 pub mod revoke;

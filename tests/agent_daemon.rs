@@ -807,3 +807,111 @@ async fn cluster_network_policies_are_enforced_while_their_crd_is_installed() {
     stop.send(true).unwrap();
     task.await.unwrap();
 }
+
+/// The agent's DaemonSet in its namespace, as `helm install` makes it.
+fn agent_daemonset() -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+           "metadata": {"name": "flock-agent", "namespace": "flock-system", "uid": "uid-ds"},
+           "spec": {"selector": {"matchLabels": {"app": "flock-agent"}}, "template": {"metadata": {"labels": {"app": "flock-agent"}}, "spec": {"containers": []}}}})
+}
+
+/// What flock programmed in the node, as an operator would list it.
+fn node_leftovers(rig: &Rig) -> (String, String, String) {
+    let routes = String::from_utf8_lossy(&rig.node.ns.exec(&["ip", "route", "show", "proto", "70"]).stdout).trim().to_string();
+    let rules = String::from_utf8_lossy(&rig.node.ns.exec(&["ip", "rule", "show"]).stdout).to_string();
+    let dns_rule = rules.lines().filter(|l| l.contains("lookup 180")).collect::<Vec<_>>().join("\n");
+    (rig.table(), routes, dns_rule)
+}
+
+/// A stop with the agent's DaemonSet in place is a restart: everything stays. Deleting the
+/// DaemonSet (helm uninstall) makes the stop a removal: table, routes and the DNS proxy's
+/// policy routing go; the CNI config stays, marked for flock-cni, while a pod is attached;
+/// with none, the config, flock-cni and the agent's state go too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleting_the_daemonset_removes_flock_from_the_node_and_a_restart_keeps_it() {
+    if !require_root("deleting_the_daemonset_removes_flock_from_the_node_and_a_restart_keeps_it") {
+        return;
+    }
+    let mut rig = Rig::new("removal").await;
+    rig.node.ns.ip(&["addr", "add", "198.18.0.80/24", "dev", "uplink"]);
+    rig.server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "flock-system"}})).unwrap();
+    rig.server.apply(agent_daemonset()).unwrap();
+    // Another node on the segment: a host-gw route to its pods.
+    rig.server
+        .apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"},
+                      "spec": {"podCIDR": "198.18.81.0/24", "podCIDRs": ["198.18.81.0/24"]},
+                      "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.81"}]}}))
+        .unwrap();
+    let bin = rig.dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("flock-cni"), "the plugin").unwrap();
+    let conf_path = rig.dir.join("net.d/10-flock.conflist");
+    let options = |rig: &Rig| {
+        rig.options(|o| {
+            o.removal = Some(flock::removal::RemovalOptions {
+                namespace: "flock-system".into(),
+                daemonset: "flock-agent".into(),
+                cni_bin_dir: bin.clone(),
+            });
+            o.agent.dns = Some(flock::dns_proxy::DnsConfig::default());
+        })
+    };
+    let watching = |rig: &Rig| rig.server.requests().iter().filter(|r| r.watch && r.path.contains("/daemonsets")).count();
+    let started = |rig: &Rig, before: usize| {
+        let ready = rig.http("/readyz").0 == 200 && conf_path.exists() && watching(rig) > before;
+        ready && node_leftovers(rig).1.contains("198.18.81.0/24")
+    };
+
+    // A restart: everything stays.
+    let (stop, task) = rig.start(options(&rig));
+    wait_until("the agent ready, routed, watching its DaemonSet", Duration::from_secs(20), || started(&rig, 0)).await;
+    rig.add_pod("a", "198.18.80.10", json!({"app": "a"})).await;
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    let (table, routes, dns_rule) = node_leftovers(&rig);
+    assert!(table.contains("table inet flock") && routes.contains("198.18.81.0/24") && !dns_rule.is_empty(), "{table}\n{routes}");
+    let conf = std::fs::read_to_string(&conf_path).unwrap();
+    assert!(!conf.contains(flock_cni::removal::KEY), "{conf}");
+
+    // helm uninstall with a pod on the node: the dataplane goes, the config stays marked.
+    let w = watching(&rig);
+    let (stop, task) = rig.start(options(&rig));
+    wait_until("the agent ready again", Duration::from_secs(20), || started(&rig, w)).await;
+    rig.server.delete("apps/v1", "DaemonSet", Some("flock-system"), "flock-agent").unwrap();
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    let (table, routes, dns_rule) = node_leftovers(&rig);
+    assert_eq!((table.as_str(), routes.as_str(), dns_rule.as_str()), ("", "", ""), "left on the node");
+    let conf = std::fs::read_to_string(&conf_path).unwrap();
+    let marked: Value = serde_json::from_str(&conf).unwrap();
+    let mark = &marked["plugins"][1][flock_cni::removal::KEY];
+    assert_eq!(mark["conflist"], conf_path.display().to_string(), "{conf}");
+    assert_eq!(mark["binary"], bin.join("flock-cni").display().to_string());
+    assert!(bin.join("flock-cni").exists() && rig.dir.join("state/endpoints.json").exists());
+
+    // Installed again: the config is the agent's own again; the pod leaves; uninstalled: no
+    // pod is left, so nothing of flock stays.
+    rig.server.apply(agent_daemonset()).unwrap();
+    let w = watching(&rig);
+    let (stop, task) = rig.start(options(&rig));
+    wait_until("the reinstalled agent ready", Duration::from_secs(20), || {
+        started(&rig, w) && std::fs::read_to_string(&conf_path).is_ok_and(|c| !c.contains(flock_cni::removal::KEY))
+    })
+    .await;
+    let del = Request::Del(flock_cni::protocol::DelRequest {
+        container_id: "cid-a".into(),
+        ifname: "eth0".into(),
+        host_interface: flock_cni::host_interface_name("cid-a", "eth0"),
+        pod: None,
+    });
+    let socket = rig.dir.join("cni.sock");
+    tokio::task::spawn_blocking(move || protocol::call(&socket, del, Duration::from_secs(10))).await.unwrap().unwrap();
+    rig.server.delete("v1", "Namespace", None, "flock-system").unwrap();
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    assert_eq!(node_leftovers(&rig), (String::new(), String::new(), String::new()));
+    assert!(!conf_path.exists(), "the CNI config is left");
+    assert!(!bin.join("flock-cni").exists(), "flock-cni is left");
+    assert!(!rig.dir.join("state").exists(), "the agent's state is left");
+    assert!(rig.dir.join("net.d").exists(), "the directory is the runtime's");
+}

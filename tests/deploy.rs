@@ -114,6 +114,10 @@ fn cluster_role_grants_only_what_the_agent_uses() {
                     "flock-system coordination.k8s.io/leases:create",
                     "flock-system coordination.k8s.io/leases:get/flock-agent-reporter",
                     "flock-system coordination.k8s.io/leases:update/flock-agent-reporter",
+                    // Its own DaemonSet, watched to tell flock's removal from a restart.
+                    "flock-system apps/daemonsets:get/flock-agent",
+                    "flock-system apps/daemonsets:list/flock-agent",
+                    "flock-system apps/daemonsets:watch/flock-agent",
                 ]
                 .map(String::from),
             )

@@ -17,6 +17,7 @@ pub mod netlink;
 pub mod netns;
 pub mod plugin;
 pub mod protocol;
+pub mod removal;
 pub mod runtime;
 pub mod spec;
 pub mod state;

@@ -132,6 +132,14 @@ impl Ctx<'_> {
     }
 
     fn add(&self) -> Result<Value, CniError> {
+        if self.conf.agent_removed.is_some() {
+            // No agent will program the pod: fail before anything is made.
+            return Err(CniError::new(
+                code::TRY_AGAIN_LATER,
+                "flock was removed from this node (its agent's DaemonSet was deleted): pods here need another CNI network",
+            )
+            .with_details("the config stays only until the node's last flock pod is deleted"));
+        }
         let netns = self.netns()?;
         let pod = self.pod()?;
         let ipam_plugin =
@@ -273,13 +281,41 @@ impl Ctx<'_> {
         state::remove(&self.state_dir(), &self.env.container_id, &self.env.ifname)
             .map_err(|e| CniError::new(code::STATE, "cannot remove the attachment record").with_details(e.to_string()))?;
         tracing::info!(%host_if, interface_removed = removed, "pod detached");
+        if let Some(mark) = &self.conf.agent_removed {
+            self.finish_removal(mark);
+        }
         Ok(())
+    }
+
+    /// flock was removed from the node: once this DEL detached its last flock pod, removes
+    /// the config, the plugin and the state left behind. Best-effort: the DEL itself is done,
+    /// and a later DEL (or the operator) can finish.
+    fn finish_removal(&self, mark: &crate::removal::Removed) {
+        let paths = crate::removal::Paths { records: self.state_dir(), spool: self.spool_dir(), socket: self.socket() };
+        match crate::removal::finish(self.conf, mark, &paths) {
+            Ok(crate::removal::Finished::PodsLeft(n)) => {
+                tracing::info!(pods = n, "flock was removed; its config stays for the node's other flock pods")
+            }
+            Ok(crate::removal::Finished::Removed(gone)) => {
+                tracing::info!(removed = ?gone, "the node's last flock pod is gone: flock's config and plugin removed")
+            }
+            Err(e) => tracing::error!(error = %e, "flock was removed, and what it left cannot all be removed"),
+        }
     }
 
     /// Tells the agent about a DEL, or spools it when the agent cannot take it now.
     fn notify_del(&self, del: DelRequest) -> Result<(), CniError> {
         match protocol::call(&self.socket(), Request::Del(del.clone()), DEL_TIMEOUT) {
             Ok(()) => Ok(()),
+            Err(e) if self.conf.agent_removed.is_some() => {
+                // A reinstalled agent would drain the spool; a full one must not fail the DEL
+                // of a node no agent serves.
+                match protocol::spool_del(&self.spool_dir(), &del) {
+                    Ok(path) => tracing::info!(error = %e, spool = %path.display(), "flock was removed; DEL queued should it come back"),
+                    Err(se) => tracing::warn!(error = %e, spool_error = %se, "flock was removed; DEL not queued"),
+                }
+                Ok(())
+            }
             Err(e) => {
                 let path = protocol::spool_del(&self.spool_dir(), &del).map_err(|se| {
                     CniError::new(

@@ -166,6 +166,10 @@ pub struct NetConf {
     /// `error`, `warn`, `info` (default) or `debug`.
     #[serde(rename = "logLevel", default)]
     pub log_level: Option<String>,
+    /// flock was removed from this node: ADD fails, and the last pod's DEL removes what is
+    /// left ([`crate::removal`]).
+    #[serde(rename = "agentRemoved", default)]
+    pub agent_removed: Option<crate::removal::Removed>,
     #[serde(default)]
     pub dns: Option<Value>,
     #[serde(rename = "prevResult", default)]

@@ -889,3 +889,99 @@ fn an_oversized_stdin_is_refused_unread() {
     assert_eq!(v["code"], code::IO);
     assert!(v["msg"].as_str().unwrap().contains(&format!("larger than {} bytes", flock_cni::plugin::MAX_STDIN)), "{v}");
 }
+
+/// flock removed from the node: the agent marked the config. ADD fails at once; DELs still
+/// detach pods; the DEL of the last one removes the config, the plugin (the copy the runtime
+/// ran), the spool, the records and the agent's state files — and only flock's.
+#[test]
+fn after_removal_the_last_pods_del_removes_config_plugin_and_state() {
+    if !require_root("after_removal_the_last_pods_del_removes_config_plugin_and_state") {
+        return;
+    }
+    let mut f = Fixture::new("rm", "198.18.57.0/24");
+    // The plugin as a node has it: a copy in a directory of its own, which the runtime runs.
+    let bin_dir = f.dir.join("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    std::fs::copy(plugin_dir().join("flock-cni"), bin_dir.join("flock-cni")).unwrap();
+    f.runtime.cni_path = vec![bin_dir.clone(), PathBuf::from(DEBIAN_CNI)];
+    let conf = f.conf("1.0.0");
+    let (pa, pb, pc) = (NetnsGuard::new("ra"), NetnsGuard::new("rb"), NetnsGuard::new("rc"));
+    let (sa, sb, sc) = (f.sandbox(&pa, "a"), f.sandbox(&pb, "b"), f.sandbox(&pc, "c"));
+    let (ra, rb) = {
+        let _agent = FakeAgent::acking(&f.socket());
+        (f.runtime.add(&conf, &sa).unwrap(), f.runtime.add(&conf, &sb).unwrap())
+    };
+    // What the agent leaves when it is removed with pods on the node.
+    let net_d = f.dir.join("net.d");
+    std::fs::create_dir_all(&net_d).unwrap();
+    let conflist = net_d.join("10-flock.conflist");
+    let agent_state = f.dir.join("agent-state");
+    std::fs::create_dir_all(&agent_state).unwrap();
+    std::fs::write(agent_state.join("endpoints.json"), "[]").unwrap();
+    std::fs::write(agent_state.join("not-flocks"), "kept").unwrap();
+    let mark = flock_cni::removal::Removed {
+        conflist: conflist.clone(),
+        binary: Some(bin_dir.join("flock-cni")),
+        agent_state_dir: Some(agent_state.clone()),
+    };
+    let mut plain = serde_json::to_value(f.conf_with("1.0.0", json!([[{"subnet": f.subnet4}]]), true).plugins).unwrap();
+    plain[1][flock_cni::removal::KEY] = serde_json::to_value(&mark).unwrap();
+    let text = json!({"cniVersion": "1.0.0", "name": "flock-test", "plugins": plain}).to_string();
+    std::fs::write(&conflist, &text).unwrap();
+    std::fs::write(net_d.join("99-other.conflist"), "{}").unwrap();
+    let marked = ConfList::load(&conflist).unwrap();
+
+    // ADD fails at once (no 5 s wait for an agent), leaving nothing.
+    let started = std::time::Instant::now();
+    let e = f.runtime.add(&marked, &sc).unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+    assert!(e.msg.contains("removed"), "{e:?}");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(!f.host_link_exists(&host_interface_name("cid-c", "eth0")));
+    assert_eq!(f.leases().len(), 2);
+
+    // The first DEL detaches its pod; everything else stays for the other.
+    f.runtime.del(&marked, &sa, Some(&ra)).unwrap();
+    assert!(!f.host_link_exists(&host_interface_name("cid-a", "eth0")));
+    assert!(conflist.exists() && bin_dir.join("flock-cni").exists() && agent_state.join("endpoints.json").exists());
+    // The last one removes flock's leftovers, and nothing that is not flock's.
+    f.runtime.del(&marked, &sb, Some(&rb)).unwrap();
+    assert!(!f.host_link_exists(&host_interface_name("cid-b", "eth0")));
+    assert!(f.leases().is_empty(), "{:?}", f.leases());
+    assert!(!conflist.exists(), "the config is left");
+    assert!(!bin_dir.join("flock-cni").exists(), "the plugin is left");
+    assert!(!f.dir.join("pending-del").exists(), "the spool is left");
+    assert!(!f.dir.join("state/flock-test").exists(), "the records are left");
+    assert!(!agent_state.join("endpoints.json").exists());
+    assert!(agent_state.join("not-flocks").exists() && net_d.join("99-other.conflist").exists());
+}
+
+/// A mark that names files that are not flock's (another network's config, a binary that is
+/// not the running plugin) removes none of them.
+#[test]
+fn a_mark_naming_foreign_files_removes_none() {
+    if !require_root("a_mark_naming_foreign_files_removes_none") {
+        return;
+    }
+    let f = Fixture::new("rmf", "198.18.58.0/24");
+    let conf = f.conf("1.0.0");
+    let pa = NetnsGuard::new("fa");
+    let sa = f.sandbox(&pa, "a");
+    let ra = {
+        let _agent = FakeAgent::acking(&f.socket());
+        f.runtime.add(&conf, &sa).unwrap()
+    };
+    let other = f.dir.join("99-other.conflist");
+    let other_text = json!({"cniVersion": "1.0.0", "name": "other", "plugins": [{"type": "ptp"}]}).to_string();
+    std::fs::write(&other, &other_text).unwrap();
+    let fake_bin = f.dir.join("flock-cni");
+    std::fs::write(&fake_bin, "not the plugin").unwrap();
+    let mark = flock_cni::removal::Removed { conflist: other.clone(), binary: Some(fake_bin.clone()), agent_state_dir: None };
+    let mut plugins = serde_json::to_value(&conf.plugins).unwrap();
+    plugins[0][flock_cni::removal::KEY] = serde_json::to_value(&mark).unwrap();
+    let marked = ConfList::parse(&json!({"cniVersion": "1.0.0", "name": "flock-test", "plugins": plugins}).to_string()).unwrap();
+    f.runtime.del(&marked, &sa, Some(&ra)).unwrap();
+    assert_eq!(std::fs::read_to_string(&other).unwrap(), other_text);
+    assert!(fake_bin.exists());
+    assert!(!f.dir.join("state/flock-test").exists());
+}

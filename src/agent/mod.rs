@@ -23,7 +23,7 @@ mod digest;
 pub mod http;
 pub mod metrics;
 pub mod node_lock;
-mod registry;
+pub(crate) mod registry;
 pub mod revocation;
 pub mod routes;
 pub mod run_policies;

@@ -736,10 +736,20 @@ async fn clash(handle: &Handle, config: &VxlanConfig) -> Result<(), RouteError> 
 /// Removes every VXLAN device flock made (host-gw, or routing left to another component):
 /// none may stay up without the table's guard.
 pub async fn remove_overlay(ns: &Netns) -> Result<usize, RouteError> {
+    remove(ns, false).await.map(|(_, devices)| devices)
+}
+
+/// Removes every route flock made (protocol 70, both families) and every VXLAN device: flock
+/// is being removed from the node. Returns (routes, devices) removed.
+pub async fn remove_all(ns: &Netns) -> Result<(usize, usize), RouteError> {
+    remove(ns, true).await
+}
+
+async fn remove(ns: &Netns, with_routes: bool) -> Result<(usize, usize), RouteError> {
     let desc = ns.describe();
     let ns = ns.clone();
     let joined = tokio::task::spawn_blocking(move || {
-        netns::run_in(&ns, || -> Result<usize, RouteError> {
+        netns::run_in(&ns, || -> Result<(usize, usize), RouteError> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -748,14 +758,24 @@ pub async fn remove_overlay(ns: &Netns) -> Result<usize, RouteError> {
                 let (conn, handle, _) =
                     rtnetlink::new_connection().map_err(|source| RouteError::Connect { netns: ns.describe(), source })?;
                 let task = tokio::spawn(conn);
+                let mut routes = 0;
+                if with_routes {
+                    let (ours, _) = self::routes(&handle, &BTreeMap::new()).await?;
+                    for (route, m) in ours {
+                        handle.route().del(m).execute().await.map_err(netlink(format!("route to {}", route.dst)))?;
+                        routes += 1;
+                    }
+                }
                 let mut n = 0;
                 for (index, name) in marked_devices(&handle).await? {
                     handle.link().del(index).execute().await.map_err(netlink(format!("device {name}")))?;
-                    tracing::info!(device = %name, "removed a VXLAN device: this agent does not run the overlay");
+                    if !with_routes {
+                        tracing::info!(device = %name, "removed a VXLAN device: this agent does not run the overlay");
+                    }
                     n += 1;
                 }
                 task.abort();
-                Ok(n)
+                Ok((routes, n))
             })
         })
     })

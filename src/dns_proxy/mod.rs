@@ -433,6 +433,75 @@ async fn policy_routing(config: &DnsConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// Removes what [`policy_routing`] adds, in `ns`: the rules on `config`'s mark to its table
+/// and the table's routes (flock is being removed from the node). Returns how many went.
+pub async fn remove_policy_routing(ns: &Netns, config: &DnsConfig) -> Result<usize, DnsError> {
+    let (ns, config) = (ns.clone(), config.clone());
+    let err = {
+        let (netns, mark, table) = (ns.describe(), config.mark, config.route_table);
+        move |message: String| DnsError::Routing { netns: netns.clone(), mark, table, message }
+    };
+    let fail = err.clone();
+    let joined = tokio::task::spawn_blocking(move || {
+        netns::run_in(&ns, || -> Result<usize, String> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
+                let task = tokio::spawn(conn);
+                let removed = unroute(&handle, &config).await;
+                task.abort();
+                removed
+            })
+        })
+    })
+    .await;
+    match joined {
+        Ok(Ok(r)) => r.map_err(err),
+        Ok(Err(e)) => Err(fail(e.to_string())),
+        Err(e) => Err(fail(e.to_string())),
+    }
+}
+
+async fn unroute(handle: &Handle, config: &DnsConfig) -> Result<usize, String> {
+    let mut n = 0;
+    for version in [rtnetlink::IpVersion::V4, rtnetlink::IpVersion::V6] {
+        let mut found = Vec::new();
+        let mut rules = handle.rule().get(version).execute();
+        while let Some(m) = rules.try_next().await.map_err(|e| format!("listing rules: {e}"))? {
+            let table = m.attributes.iter().find_map(|a| if let RuleAttribute::Table(t) = a { Some(*t) } else { None });
+            let mark = m.attributes.iter().find_map(|a| if let RuleAttribute::FwMark(v) = a { Some(*v) } else { None });
+            if mark == Some(config.mark) && table.unwrap_or(u32::from(m.header.table)) == config.route_table {
+                found.push(m);
+            }
+        }
+        for m in found {
+            handle.rule().del(m).execute().await.map_err(|e| format!("deleting the rule: {e}"))?;
+            n += 1;
+        }
+    }
+    for probe in [
+        RouteMessageBuilder::<std::net::Ipv4Addr>::new().table_id(config.route_table).build(),
+        RouteMessageBuilder::<std::net::Ipv6Addr>::new().table_id(config.route_table).build(),
+    ] {
+        let mut found = Vec::new();
+        let mut routes = handle.route().get(probe).execute();
+        while let Some(m) = routes.try_next().await.map_err(|e| format!("listing routes: {e}"))? {
+            let table = m
+                .attributes
+                .iter()
+                .find_map(|a| if let rtnetlink::packet_route::route::RouteAttribute::Table(t) = a { Some(*t) } else { None });
+            if table.unwrap_or(u32::from(m.header.table)) == config.route_table {
+                found.push(m);
+            }
+        }
+        for m in found {
+            handle.route().del(m).execute().await.map_err(|e| format!("deleting a route of table {}: {e}", config.route_table))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// The loopback interface's index (always 1).
 const LOOPBACK: u32 = 1;
 

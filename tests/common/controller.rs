@@ -149,5 +149,6 @@ pub fn daemon_options(agent: flock::agent::AgentConfig, dir: &Path) -> flock::da
         report: flock::report::ReportOptions::default(),
         max_sync_age: Duration::from_secs(90),
         node_status: None,
+        removal: None,
     }
 }

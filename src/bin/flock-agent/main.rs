@@ -229,6 +229,13 @@ struct Args {
     /// being dropped). Unset: the listeners close with the agent.
     #[arg(long, env = "FLOCK_DNS_SOCKET_KEEPER")]
     dns_socket_keeper: Option<PathBuf>,
+    /// The DaemonSet that runs this agent (in its namespace, POD_NAMESPACE). When it or the
+    /// namespace is deleted (helm uninstall, kubectl delete), the agent removes flock from the
+    /// node as it stops: table, routes, devices, and the CNI config once no flock pod is left
+    /// (docs/install.md#stopping-and-removing). Unset: every stop is a restart and the rules
+    /// stay.
+    #[arg(long, env = "FLOCK_DAEMONSET")]
+    daemonset: Option<String>,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
@@ -407,6 +414,11 @@ fn run(args: Args) -> anyhow::Result<()> {
             },
             max_sync_age: args.resync_period * 3,
             node_status: node_status_options(&args),
+            removal: args.daemonset.clone().filter(|d| !d.is_empty()).map(|daemonset| flock::removal::RemovalOptions {
+                namespace: args.reporter_lease_namespace.clone(),
+                daemonset,
+                cni_bin_dir: args.cni_bin_dir.clone(),
+            }),
         };
         let stop = stop_on_signals("rules");
         tracing::info!(node = %args.node_name, "flock-agent starting");

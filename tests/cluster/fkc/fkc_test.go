@@ -414,3 +414,20 @@ func TestCaseLinesCountEveryVerdict(t *testing.T) {
 		t.Fatalf("what they say: %+v", c)
 	}
 }
+
+func TestPreviousChartSplitsCRDsDedupesAndEscapes(t *testing.T) {
+	all := "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: flock-system}\n---\n" +
+		"apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: runs.flock.dev}\n---\n" +
+		"apiVersion: v1\nkind: Namespace\nmetadata: {name: flock-system}\n---\n" +
+		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {t: \"{{ not a template }}\"}\n"
+	docs, crds := splitCRDs(all)
+	if strings.Count(docs, "kind: Namespace") != 1 || !strings.Contains(docs, "kind: ConfigMap") || strings.Contains(docs, "CustomResourceDefinition") {
+		t.Fatalf("docs: %q", docs)
+	}
+	if !strings.Contains(crds, "runs.flock.dev") || strings.Contains(crds, "Namespace") {
+		t.Fatalf("crds: %q", crds)
+	}
+	if got := escapeTemplates(`t: "{{ x }}"`); got != "t: \"{{`{{`}} x }}\"" {
+		t.Fatalf("escaped: %s", got)
+	}
+}

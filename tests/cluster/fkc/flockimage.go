@@ -55,9 +55,12 @@ func (l *layout) buildFlockImages() ([]flockImage, error) {
 	}
 	// The commit flock_build_info reports, "-dirty" when what the binaries are built from
 	// has uncommitted changes (only those paths: a changed test or doc rebuilds nothing).
-	commit, _ := output("git", "rev-parse", "--short", "HEAD")
-	if dirty, _ := output("git", "status", "--porcelain", "--untracked-files=no", "--", "src", "cni-plugin", "Cargo.toml", "Cargo.lock", "build.rs"); strings.TrimSpace(dirty) != "" {
-		commit = strings.TrimSpace(commit) + "-dirty"
+	commit := l.Commit
+	if commit == "" {
+		commit, _ = output("git", "rev-parse", "--short", "HEAD")
+		if dirty, _ := output("git", "status", "--porcelain", "--untracked-files=no", "--", "src", "cni-plugin", "Cargo.toml", "Cargo.lock", "build.rs"); strings.TrimSpace(dirty) != "" {
+			commit = strings.TrimSpace(commit) + "-dirty"
+		}
 	}
 	env := append(os.Environ(), "FLOCK_COMMIT="+strings.TrimSpace(commit))
 	logPath := filepath.Join(l.Logs(), "flock-build.log")

@@ -26,6 +26,8 @@ const usage = `fkc: flock's real Kubernetes cluster on this machine
   fkc e2e [--suite netpol|api|conformance|all] [--focus REGEX]
                                         the upstream suites on the running cluster
   fkc restart COMPONENT                 restart one component of the running cluster
+  fkc upgrade [--from COMMIT]           adopt, upgrade, roll back and uninstall flock with Helm
+                                        under traffic; the last line is JSON
   fkc env                               the paths and pins, for scripts
   fkc cached                            exit 0 when the binary cache is filled
 
@@ -68,6 +70,8 @@ func main() {
 		err = cmdCached(args)
 	case "restart":
 		err = cmdRestart(args)
+	case "upgrade":
+		err = cmdUpgrade(args)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -30,6 +30,9 @@ type layout struct {
 	Hash      string // of the pins
 	Cache     string // CacheRoot/Hash: bin/, images/, stamps/
 	Target    string // Repo/target/cluster
+	// Commit names what Repo holds when it is not a checkout (upgrade.sh's previous
+	// version, extracted from git); empty: Repo's HEAD.
+	Commit string
 }
 
 func newLayout() (*layout, error) {
