@@ -209,7 +209,7 @@ pub(crate) struct PortSpec {
 
 /// A transport protocol.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub(crate) enum Protocol {
+pub enum Protocol {
     #[default]
     #[serde(rename = "TCP")]
     Tcp,
@@ -511,6 +511,98 @@ pub(crate) struct EnforcedPolicy {
     #[schemars(length(min = 1, max = 317))]
     pub(crate) name: String,
     pub(crate) generation: i64,
+}
+
+/// The most pods one PodSlice holds (flock-controller's `--pod-slice-max-pods` is at most this).
+pub const POD_SLICE_LIMIT: usize = 1000;
+
+/// PodSlice: the pod identities flock-agents read instead of every Pod — up to
+/// `--pod-slice-max-pods` pods of one namespace, each with only what policy needs (name, uid,
+/// node, addresses, labels as an index into the slice's shared label sets, named container
+/// ports, creation time), like an EndpointSlice or Cilium's CiliumEndpointSlice.
+/// Cluster-scoped, written by flock-controller alone (its RBAC and an admission policy); it
+/// holds only the pods that can be policy peers (scheduled, with addresses, not
+/// host-networked, not terminal): a pod that ends leaves its slice.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[kube(
+    group = "flock.dev",
+    version = "v1alpha1",
+    kind = "PodSlice",
+    plural = "podslices",
+    shortname = "fps",
+    category = "flock",
+    derive = "PartialEq",
+    doc = "PodSlice: the policy identities of up to a few hundred pods of one namespace, batched by flock-controller for flock-agents.",
+    printcolumn(name = "Namespace", type_ = "string", json_path = ".spec.namespace"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSliceSpec {
+    /// The namespace of every pod in the slice.
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: String,
+    /// The label sets of the slice's pods; each pod names one by its index (pods of one
+    /// workload share theirs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    pub label_sets: Vec<BTreeMap<String, String>>,
+    /// The pods, by name.
+    #[serde(default)]
+    #[schemars(length(max = 1000))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["uid"]))]
+    pub pods: Vec<SlicePod>,
+}
+
+/// One pod of a PodSlice.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SlicePod {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// `metadata.uid`: an address names its pod by uid, so a re-created pod is another one.
+    #[schemars(length(min = 1, max = 64))]
+    pub uid: String,
+    /// `spec.nodeName`.
+    #[schemars(length(min = 1, max = 253))]
+    pub node: String,
+    /// `status.podIPs` (one per family).
+    #[schemars(length(min = 1, max = 2), inner(length(max = 45)))]
+    pub ips: Vec<String>,
+    /// The index of the pod's labels in `labelSets`.
+    #[schemars(range(min = 0, max = 999))]
+    pub labels: u32,
+    /// `status.phase` (a terminal pod is in no slice).
+    pub phase: SlicePhase,
+    /// The named container ports (named ports of policies resolve on them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    pub ports: Vec<SlicePort>,
+    /// `metadata.creationTimestamp`, seconds since the Unix epoch: of two live pods reporting
+    /// one address, the newer owns it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<i64>,
+}
+
+/// The phase of a pod in a slice.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SlicePhase {
+    #[default]
+    Pending,
+    Running,
+    Unknown,
+}
+
+/// A named container port.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct SlicePort {
+    #[schemars(length(min = 1, max = 15))]
+    pub name: String,
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    #[serde(default)]
+    pub protocol: Protocol,
 }
 
 /// AuditEvent: one grant, change, withdrawal or expiry of a run's egress, written by
@@ -936,9 +1028,13 @@ pub fn crd_files() -> Result<Vec<(String, String)>, serde_saphyr::SerializeError
                   # Regenerate with FLOCK_BLESS=1 cargo test --test controller crds_are_up_to_date\n\
                   # (or `flock-controller --print-crds`).\n";
     let mut out = Vec::new();
-    for (dir, crd) in
-        [("controller", RunProfile::crd()), ("controller", Run::crd()), ("controller", AuditEvent::crd()), ("agent", FlockNode::crd())]
-    {
+    for (dir, crd) in [
+        ("controller", RunProfile::crd()),
+        ("controller", Run::crd()),
+        ("controller", AuditEvent::crd()),
+        ("agent", FlockNode::crd()),
+        ("controller", PodSlice::crd()),
+    ] {
         let name = crd.metadata.name.clone().unwrap_or_default();
         out.push((format!("{dir}/crds/{name}.yaml"), format!("{header}{}", to_yaml(&crd)?)));
     }

@@ -58,6 +58,7 @@ pub mod revoke;
 #[cfg(feature = "tool")]
 #[doc(hidden)]
 pub mod sim;
+pub mod slices;
 pub mod source;
 #[cfg(feature = "tool")]
 #[doc(hidden)]

@@ -521,6 +521,8 @@ fn controller_exposition() -> String {
     m.audited("Granted");
     m.audit_collected(1);
     m.audit_collection_failed();
+    m.slice_write("create", "ok");
+    m.slice_totals(1, 1, 0);
     m.encode()
 }
 

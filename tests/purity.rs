@@ -3,7 +3,7 @@
 //! to give equal output for equal input. This test keeps them that way structurally: it
 //! parses every source file under `src/model/`, `src/translate/`, `src/render/`,
 //! `src/nft/`, `src/explain/`, `src/dns/` and `src/conformance/` (the case model and its
-//! carrying over onto a real cluster) (every level), and `src/revoke.rs`, with `syn` and refuses any `use` or path (in code,
+//! carrying over onto a real cluster) (every level), `src/revoke.rs` and `src/slices.rs`, with `syn` and refuses any `use` or path (in code,
 //! types, patterns and macro names) that would bring those in. Test code (`#[cfg(test)]`
 //! items, `tests.rs`) may use what it likes. Reading files is the source edge's
 //! (`src/source/files.rs`).
@@ -215,6 +215,8 @@ fn the_model_and_the_pure_stages_are_pure() {
         ["model", "translate", "render", "nft", "explain", "dns", "conformance"].iter().flat_map(|d| sources(&root.join(d))).collect();
     // Which connections a policy change cuts.
     files.push(root.join("revoke.rs"));
+    // What a PodSlice shows and where each pod goes.
+    files.push(root.join("slices.rs"));
     for file in files {
         violations.extend(violations_in(&file, &std::fs::read_to_string(&file).unwrap()));
         checked.push(file.strip_prefix(&root).unwrap().display().to_string());

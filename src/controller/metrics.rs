@@ -49,6 +49,10 @@ pub struct Metrics {
     audit_events: Family<Labels, Counter>,
     audit_collected: Counter,
     audit_errors: Counter,
+    slice_writes: Family<Labels, Counter>,
+    slices: Gauge,
+    slice_pods: Gauge,
+    slice_pods_left_out: Gauge,
 }
 
 fn duration_histogram() -> Histogram {
@@ -86,6 +90,10 @@ impl Metrics {
             audit_events: Family::default(),
             audit_collected: Counter::default(),
             audit_errors: Counter::default(),
+            slice_writes: Family::default(),
+            slices: Gauge::default(),
+            slice_pods: Gauge::default(),
+            slice_pods_left_out: Gauge::default(),
             registry: Registry::default(),
         };
         r.register("policies_applied", "Run policies applied, by result (created, recreated, applied, failed)", m.applied.clone());
@@ -107,6 +115,18 @@ impl Metrics {
         );
         r.register("audit_events_collected", "AuditEvents deleted by retention (age, count per run)", m.audit_collected.clone());
         r.register("audit_collection_errors", "Retention passes over AuditEvents that failed", m.audit_errors.clone());
+        r.register(
+            "podslice_writes",
+            "PodSlice writes, by operation (create, update, delete) and result (ok, conflict, failed)",
+            m.slice_writes.clone(),
+        );
+        r.register("podslices", "PodSlices the controller holds for the cluster", m.slices.clone());
+        r.register("podslice_pods", "Pods the PodSlices show", m.slice_pods.clone());
+        r.register(
+            "podslice_pods_left_out",
+            "Pods left out of the PodSlices because their Pod object could not be read (each logged by name)",
+            m.slice_pods_left_out.clone(),
+        );
         Self { registry: root, ..m }
     }
 
@@ -157,6 +177,24 @@ impl Metrics {
     /// `runs_in_backoff` (for tests and diagnostics).
     pub fn runs_in_backoff_count(&self) -> i64 {
         self.runs_in_backoff.get()
+    }
+
+    /// One PodSlice write: `op` create, update or delete; `result` ok, conflict or failed.
+    pub fn slice_write(&self, op: &str, result: &str) {
+        self.slice_writes.get_or_create(&vec![("op".to_string(), op.to_string()), ("result".to_string(), result.to_string())]).inc();
+    }
+
+    /// `podslice_writes_total{op,result}` (for tests and diagnostics).
+    pub fn slice_write_count(&self, op: &str, result: &str) -> u64 {
+        self.slice_writes.get_or_create(&vec![("op".to_string(), op.to_string()), ("result".to_string(), result.to_string())]).get()
+    }
+
+    /// The PodSlices held, the pods they show and the pods left out.
+    pub fn slice_totals(&self, slices: usize, pods: usize, left_out: usize) {
+        let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        self.slices.set(n(slices));
+        self.slice_pods.set(n(pods));
+        self.slice_pods_left_out.set(n(left_out));
     }
 
     pub fn leader(&self, leading: bool) {

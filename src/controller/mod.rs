@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod probe;
 pub mod reconcile;
 pub mod render;
+pub mod slices;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -88,6 +89,8 @@ pub struct Options {
     pub retention: audit::Retention,
     /// The clock of expiry and timestamps (a fake one in tests).
     pub clock: reconcile::Clock,
+    /// The PodSlice writer's settings, when it runs (`--pod-slices`).
+    pub slices: Option<slices::SliceOptions>,
 }
 
 impl Options {
@@ -104,6 +107,7 @@ impl Options {
             enforced_timeout: Duration::from_secs(60),
             retention: audit::Retention::default(),
             clock: reconcile::system_clock(),
+            slices: None,
         }
     }
 }
@@ -387,6 +391,8 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
             }
         });
     let collector = tokio::spawn(collect_audit_events(client.clone(), opts.retention, opts.clock.clone(), metrics.clone()));
+    // The PodSlice writer, leader-only like the rest: two writers would fight over placement.
+    let slice_writer = opts.slices.clone().map(|o| tokio::spawn(slices::run(client.clone(), o, metrics.clone(), stop.clone())));
     tracing::info!("controllers running");
     // Stopping lets reconciles in flight finish, but not forever: a request the API server
     // never answers must not keep a replica that lost its Lease, or got SIGTERM, working.
@@ -403,6 +409,9 @@ pub async fn run(client: Client, startup: Startup, opts: &Options, metrics: Arc<
     }
     follower.abort();
     collector.abort();
+    if let Some(w) = slice_writer {
+        w.abort();
+    }
 }
 
 /// How many changes may wait for each consumer of a [`Feed`] (the feed waits when one is

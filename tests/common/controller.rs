@@ -41,6 +41,7 @@ pub fn seed(server: &ApiServer) {
         "controller/crds/runs.flock.dev.yaml",
         "controller/crds/auditevents.flock.dev.yaml",
         "agent/crds/flocknodes.flock.dev.yaml",
+        "controller/crds/podslices.flock.dev.yaml",
     ] {
         let text = std::fs::read_to_string(root().join("deploy").join(file)).unwrap();
         server.apply(serde_saphyr::from_str::<Value>(&text).unwrap()).unwrap();

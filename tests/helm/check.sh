@@ -39,6 +39,9 @@ agent.denialLogging.rate=0 rate
 controller.replicas=0 replicas
 controller.enforce=yes enforce
 controler.enabled=false controler
+controller.podSlices.maxPods=1001 maxPods
+controller.podSlices.enabled=yes enabled
+controller.podSlices.window=5 window
 LIST
 echo "helm: $refused bad values refused, each by name"
 
@@ -49,13 +52,15 @@ template --include-crds \
   --set 'agent.extraArgs[0]=--resync-period=60s' --set 'agent.extraEnv[0].name=FLOCK_LOG' --set 'agent.extraEnv[0].value=debug' \
   --set agent.image.tag=0.2.0 --set agent.image.pullPolicy=Always --set agent.metrics.port=9791 \
   --set agent.flockNodeAdmission=true --set controller.replicas=1 --set controller.enforce=on \
-  --set 'controller.clusterPodCIDRs={198.18.0.0/16,2001:db8:1::/48}' >"$out/other.yaml"
+  --set 'controller.clusterPodCIDRs={198.18.0.0/16,2001:db8:1::/48}' \
+  --set controller.podSlices.enabled=true --set controller.podSlices.maxPods=250 >"$out/other.yaml"
 "$validate" --quiet --strict -k 1.33.0 "$out/other.yaml" || fail "the render with other values is not valid"
 for want in '{name: FLOCK_ROUTING, value: vxlan}' '{name: FLOCK_VXLAN_PORT, value: "4790"}' '{name: FLOCK_VXLAN_VNI, value: "7"}' \
   '{name: FLOCK_CNI_MTU, value: "1400"}' '{name: FLOCK_DENY_LOG_GROUP, value: "0"}' '{name: FLOCK_ALLOW_AUDIT_MODE, value: "true"}' \
   '{name: FLOCK_DNS_PROXY, value: "false"}' '- --resync-period=60s' 'name: FLOCK_LOG' 'image: ghcr.io/flock-cni/flock:0.2.0' \
   'imagePullPolicy: Always' 'containerPort: 9791' 'kind: ValidatingAdmissionPolicy' 'replicas: 1' '{name: FLOCK_ENFORCE, value: "on"}' \
-  '{name: FLOCK_CLUSTER_POD_CIDRS, value: "198.18.0.0/16,2001:db8:1::/48"}'; do
+  '{name: FLOCK_CLUSTER_POD_CIDRS, value: "198.18.0.0/16,2001:db8:1::/48"}' '{name: FLOCK_POD_SLICES, value: "true"}' \
+  '{name: FLOCK_POD_SLICE_MAX_PODS, value: "250"}' 'name: flock-podslice-writer' 'resources: [podslices]'; do
   grep -qF -- "$want" "$out/other.yaml" || fail "the render with other values lacks: $want"
 done
 # Numbers from a values file are floats to Helm: large ones still render as integers.
@@ -68,6 +73,10 @@ template -f "$out/big.yaml" >"$out/big-render.yaml"
 for want in '{name: FLOCK_VXLAN_VNI, value: "1000000"}' '{name: FLOCK_ENFORCED_TIMEOUT_SECONDS, value: "1000000"}' 'cpu: 0.5'; do
   grep -qF -- "$want" "$out/big-render.yaml" || fail "the render of a values file lacks: $want"
 done
+# PodSlices off (the default): no writer's flags, grant or admission policy.
+template >"$out/default.yaml"
+grep -q 'kind: Deployment' "$out/default.yaml" || fail "the default render has no Deployment"
+! grep -q 'FLOCK_POD_SLICES\|podslice-writer\|resources: \[podslices\]' "$out/default.yaml" || fail "PodSlice objects without controller.podSlices.enabled"
 # Without the DNS proxy there is no socket keeper, nor the agent's setting for it.
 ! grep -q 'flock-socket-keeper' "$out/other.yaml" || fail "a socket keeper without the DNS proxy"
 template --set controller.enabled=false --set namespace.create=false >"$out/agent-only.yaml"

@@ -17,6 +17,7 @@ use flock::controller::audit::Retention;
 use flock::controller::metrics::Metrics;
 use flock::controller::probe::{AgentRef, EnforceMode};
 use flock::controller::render::{ClusterConfig, DnsConfig};
+use flock::controller::slices::SliceOptions;
 use flock::controller::{self, Health, Options};
 use flock::crd;
 use flock::lease::{self, Elector, LeaseSettings};
@@ -69,6 +70,19 @@ struct Args {
     /// At most this many AuditEvents are kept per run (the newest).
     #[arg(long, env = "FLOCK_AUDIT_MAX_PER_RUN", default_value_t = 100)]
     audit_max_per_run: usize,
+    /// Write PodSlices: every pod's policy identity, batched, for agents that read them
+    /// instead of watching every Pod (issue #60; off by default until agents read them).
+    #[arg(long, env = "FLOCK_POD_SLICES")]
+    pod_slices: bool,
+    /// Pods per PodSlice (1-1000).
+    #[arg(long, env = "FLOCK_POD_SLICE_MAX_PODS", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pod_slice_max_pods: u16,
+    /// How long (milliseconds) a namespace's pod changes gather before its PodSlices are written.
+    #[arg(long, env = "FLOCK_POD_SLICE_WINDOW_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pod_slice_window_ms: u64,
+    /// The most PodSlice writes a second (a burst of twice as many).
+    #[arg(long, env = "FLOCK_POD_SLICE_WRITES_PER_SECOND", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pod_slice_writes_per_second: u32,
     /// Address of /healthz, /readyz and /metrics (HOST:PORT or unix:/path).
     #[arg(long, env = "FLOCK_METRICS_ADDRESS", default_value = "[::]:9782")]
     metrics_address: ListenAddr,
@@ -100,7 +114,7 @@ struct Args {
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "FLOCK_LOG", default_value = "info")]
     log: String,
-    /// Print the CRDs (RunProfile, Run, AuditEvent, FlockNode) as YAML and exit.
+    /// Print the CRDs (RunProfile, Run, AuditEvent, FlockNode, PodSlice) as YAML and exit.
     #[arg(long, env = "FLOCK_PRINT_CRDS")]
     print_crds: bool,
 }
@@ -194,6 +208,12 @@ fn run(args: Args) -> anyhow::Result<()> {
             enforced_timeout: args.enforced_timeout(),
             retention: args.retention(),
             clock: flock::controller::reconcile::system_clock(),
+            slices: args.pod_slices.then(|| SliceOptions {
+                max_pods: usize::from(args.pod_slice_max_pods),
+                window: Duration::from_millis(args.pod_slice_window_ms),
+                writes_per_second: args.pod_slice_writes_per_second,
+                ..SliceOptions::default()
+            }),
         };
 
         let stop = stop_on_signals("policies");

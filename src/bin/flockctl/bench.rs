@@ -29,7 +29,7 @@ use flock::synth::{self, Cluster, Params};
 use flock::translate::{self, Options};
 use flock_cni::testing::NetnsGuard;
 
-use crate::dataplane::median;
+use crate::twins::median;
 
 #[derive(Args)]
 pub struct BenchArgs {

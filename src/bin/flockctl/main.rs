@@ -13,6 +13,7 @@ mod sim;
 mod status;
 mod sweep;
 mod table;
+mod twins;
 mod whatif;
 
 use std::process::ExitCode;

@@ -33,7 +33,7 @@ use flock::sim::fabric::run as sh;
 use flock::translate::{self, Options};
 use flock_cni::testing::NetnsGuard;
 
-use crate::dataplane::{
+use crate::twins::{
     CONNECT_TIMEOUT, CT_TIMEOUTS, Load, NS, PORT, SLICE, Server, WARM_UP, load, netns, path, pod, probe, server_policy, spread, sysctl,
 };
 

@@ -19,7 +19,7 @@ use flock::synth::{self, Params, Rng};
 use flock::translate::{self, Options};
 use flock_cni::testing::NetnsGuard;
 
-use crate::dataplane::median;
+use crate::twins::median;
 
 const PORTS: [u16; 6] = [80, 443, 8080, 53, 5432, 9090];
 
