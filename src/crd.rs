@@ -2,8 +2,9 @@
 //! (the template an administrator writes: which egress a run gets) and the namespaced
 //! [`Run`] (the request: a profile reference and the pods it covers), their statuses and
 //! conditions, and the semantic checks that mirror the CRDs' CEL rules; and the
-//! [`FlockNode`] each flock-agent keeps for its node (read by the controller) and the
-//! [`AuditEvent`]s the controller writes. The agent and the controller share these types;
+//! [`FlockNode`] each flock-agent keeps for its node (read by the controller), the
+//! [`AuditEvent`]s the controller writes and the [`PodSlice`]s it batches every pod's
+//! identity into (read by agents with `--pod-source slices`). The agent and the controller share these types;
 //! neither owns them.
 //!
 //! The CRDs under `deploy/controller/crds/` are generated from these types ([`crd_files`]);
@@ -1021,7 +1022,7 @@ pub fn to_yaml<T: serde::Serialize>(value: &T) -> Result<String, serde_saphyr::S
 }
 
 /// The generated CRDs as (path under `deploy/`, YAML text): the controller's (RunProfile,
-/// Run, AuditEvent) under `controller/crds/`, FlockNode (the agent writes it) under
+/// Run, AuditEvent, PodSlice) under `controller/crds/`, FlockNode (the agent writes it) under
 /// `agent/crds/`.
 pub fn crd_files() -> Result<Vec<(String, String)>, serde_saphyr::SerializeError> {
     let header = "# Generated from the Rust types in src/crd.rs: do not edit.\n\
@@ -1159,9 +1160,16 @@ mod tests {
                 "controller/crds/runprofiles.flock.dev.yaml",
                 "controller/crds/runs.flock.dev.yaml",
                 "controller/crds/auditevents.flock.dev.yaml",
-                "agent/crds/flocknodes.flock.dev.yaml"
+                "agent/crds/flocknodes.flock.dev.yaml",
+                "controller/crds/podslices.flock.dev.yaml"
             ]
         );
+        // A slice's pods are a list-map by uid (the API server refuses a uid twice), within
+        // the documented bounds.
+        let slices = &files[4].1;
+        for want in ["x-kubernetes-list-map-keys:", "- uid", "maxItems: 1000", "maximum: 65535"] {
+            assert!(slices.contains(want), "{want} missing in\n{slices}");
+        }
         let profile = &files[0].1;
         assert!(profile.contains("scope: Cluster"), "{profile}");
         assert!(profile.contains("isCIDR(self)"));

@@ -290,6 +290,7 @@ fn decode_pod(namespace: &str, p: &SlicePod, label_sets: &[Result<Labels, String
         host_network: false,
         ports,
         created: p.created,
+        unpublished: false,
     })
 }
 

@@ -300,6 +300,7 @@ fn blank_pod(ns: &str, name: &str) -> Pod {
         host_network: false,
         ports: Vec::new(),
         created: None,
+        unpublished: false,
     }
 }
 

@@ -32,6 +32,7 @@ fn pod(name: &str, ip: IpAddr) -> Pod {
         host_network: false,
         ports: vec![],
         created: None,
+        unpublished: false,
     }
 }
 

@@ -136,6 +136,7 @@ fn web_pod(ns: &str, name: &str, addr: &str, created: i64) -> Pod {
         host_network: false,
         ports: vec![],
         created: Some(created),
+        unpublished: false,
     }
 }
 

@@ -299,6 +299,7 @@ fn two_pods(extra_label: Option<&str>) -> (Snapshot, Pod, Pod) {
         host_network: false,
         ports: vec![],
         created: None,
+        unpublished: false,
     };
     let a = mk("a", "198.18.10.1");
     let mut b = mk("b", "198.18.10.2");

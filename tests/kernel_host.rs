@@ -38,6 +38,7 @@ fn cluster(policy_text: &str) -> (Snapshot, flock::model::Pod, flock::model::Pod
         host_network: false,
         ports: vec![],
         created: None,
+        unpublished: false,
     };
     let a = mk("a", &["198.18.10.1", "2001:db8:10::1"]);
     let b = mk("b", &["198.18.10.2"]);

@@ -357,6 +357,7 @@ fn overlay_pods() -> [flock::model::Pod; 2] {
         host_network: false,
         ports: vec![],
         created: None,
+        unpublished: false,
     })
 }
 

@@ -33,6 +33,7 @@ fn options() -> SourceOptions {
             ..WatchOptions::default()
         },
         probe: ProbeConfig { jitter: Duration::ZERO, ..ProbeConfig::default() },
+        ..SourceOptions::default()
     }
 }
 

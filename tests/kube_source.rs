@@ -43,6 +43,7 @@ fn options(tweak: impl FnOnce(&mut SourceOptions)) -> SourceOptions {
             retry: Duration::from_millis(100),
             ..ProbeConfig::default()
         },
+        ..SourceOptions::default()
     };
     tweak(&mut o);
     o

@@ -40,6 +40,7 @@ pub struct Metrics {
     api_probes: Family<Labels, Counter>,
     api_health: Family<Labels, Gauge>,
     resource_served: Family<Labels, Gauge>,
+    slice_writer: Gauge,
     cni_requests: Family<Labels, Counter>,
     cni_in_flight: Gauge,
     coalesced: Counter,
@@ -111,6 +112,7 @@ impl Metrics {
             api_probes: Family::default(),
             api_health: Family::default(),
             resource_served: Family::default(),
+            slice_writer: Gauge::default(),
             cni_requests: Family::default(),
             cni_in_flight: Gauge::default(),
             coalesced: Counter::default(),
@@ -193,6 +195,11 @@ impl Metrics {
             "api_resource_served",
             "Whether an optional resource (a CRD flock does not own: clusternetworkpolicies) is served, as discovery last said",
             m.resource_served.clone(),
+        );
+        r.register(
+            "pod_slice_writer_up",
+            "With --pod-source slices: whether flock-controller's leader Lease is held and renewed (1: PodSlices are being written) or not (0)",
+            m.slice_writer.clone(),
         );
         r.register("cni_requests", "Requests from flock-cni, by verb and result", m.cni_requests.clone());
         r.register(
@@ -540,6 +547,10 @@ impl crate::source::kube::SourceMetrics for Metrics {
     }
     fn resource_served(&self, resource: &str, served: bool) {
         Metrics::resource_served(self, resource, served);
+    }
+
+    fn pod_slice_writer(&self, up: bool) {
+        self.slice_writer.set(i64::from(up));
     }
 }
 

@@ -236,6 +236,7 @@ mod tests {
             host_network: false,
             ports: vec![],
             created: None,
+            unpublished: false,
         }
     }
 

@@ -455,6 +455,7 @@ pub fn generate(u: &mut Unstructured<'_>) -> R<Vec<Object>> {
             host_network,
             ports,
             created: Some(i as i64),
+            unpublished: false,
         }));
     }
 

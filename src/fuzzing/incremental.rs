@@ -795,6 +795,7 @@ impl<'u, 'd> Gen<'u, 'd> {
             host_network,
             ports: self.container_ports()?,
             created,
+            unpublished: false,
         })
     }
 

@@ -142,6 +142,7 @@ pub(crate) fn pod(pod: &core::Pod) -> Result<Pod, ConvertError> {
         host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
         ports,
         created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+        unpublished: false,
     })
 }
 

@@ -247,6 +247,10 @@ pub struct Pod {
     /// in a manifest). Of two live pods reporting one address, the newer owns it: the older
     /// one's sandbox is gone and its status has not caught up yet.
     pub created: Option<i64>,
+    /// Known only from this node's own watch, not from the cluster's source of pod
+    /// identity (an agent reading PodSlices, before a slice shows the pod): its own chains
+    /// follow it, but it is no policy peer anywhere until a slice shows it (fail closed).
+    pub unpublished: bool,
 }
 
 impl Pod {
@@ -257,9 +261,9 @@ impl Pod {
     /// Whether this pod can be a policy peer: NetworkPolicy peers are pods with addresses that
     /// are not terminal (their IPs may already be reused) and not host-networked (their
     /// address is the node's, which upstream leaves undefined; flock never treats a node
-    /// address as a pod).
+    /// address as a pod), and published ([`Pod::unpublished`]).
     pub fn is_peer(&self) -> bool {
-        !self.phase.is_terminal() && !self.host_network && !self.ips.is_empty()
+        !self.phase.is_terminal() && !self.host_network && !self.ips.is_empty() && !self.unpublished
     }
 }
 
@@ -836,6 +840,7 @@ mod tests {
             host_network: false,
             ports: vec![],
             created: None,
+            unpublished: false,
         }
     }
 

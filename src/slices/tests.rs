@@ -21,6 +21,7 @@ fn pod(ns: &str, name: &str, i: u32, app: &str) -> Pod {
             ContainerPort { name: None, port: 9090, protocol: Protocol::Tcp },
         ],
         created: Some(1_700_000_000 + i64::from(i)),
+        unpublished: false,
     }
 }
 

@@ -29,6 +29,7 @@ mod crd;
 mod health;
 mod list;
 mod reflect;
+mod slices;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -56,11 +57,20 @@ pub enum Resource {
     Nodes,
     /// `policy.networking.k8s.io/v1alpha2`, when its CRD is installed.
     ClusterNetworkPolicies,
+    /// `flock.dev/v1alpha1` PodSlices (with [`PodSource::Slices`]; Pods are then this
+    /// node's alone).
+    PodSlices,
 }
 
 impl Resource {
-    pub(crate) const ALL: [Resource; 5] =
-        [Resource::Pods, Resource::Namespaces, Resource::NetworkPolicies, Resource::Nodes, Resource::ClusterNetworkPolicies];
+    pub(crate) const ALL: [Resource; 6] = [
+        Resource::Pods,
+        Resource::Namespaces,
+        Resource::NetworkPolicies,
+        Resource::Nodes,
+        Resource::ClusterNetworkPolicies,
+        Resource::PodSlices,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -69,6 +79,44 @@ impl Resource {
             Self::NetworkPolicies => "networkpolicies",
             Self::Nodes => "nodes",
             Self::ClusterNetworkPolicies => "clusternetworkpolicies",
+            Self::PodSlices => "podslices",
+        }
+    }
+}
+
+/// Where the agent learns every pod's identity.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum PodSource {
+    /// Every Pod in the cluster, watched.
+    #[default]
+    Pods,
+    /// flock-controller's PodSlices, and only this node's own Pods (field-selected:
+    /// `spec.nodeName`), for their own chains and CNI ADDs; `writer` is the writer's leader
+    /// Lease, read to report its absence.
+    Slices { node: String, writer: WriterLease },
+}
+
+/// The Lease of the PodSlices' writer (flock-controller's leader), read from the API
+/// server's cache every `every` (plus up to half as much, jittered per node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriterLease {
+    pub namespace: String,
+    pub name: String,
+    pub every: Duration,
+}
+
+impl Default for WriterLease {
+    fn default() -> Self {
+        Self { namespace: "flock-system".into(), name: "flock-controller".into(), every: Duration::from_secs(30) }
+    }
+}
+
+impl PodSource {
+    /// The resources the source watches: each must have listed before it is complete.
+    pub fn resources(&self) -> Vec<Resource> {
+        match self {
+            Self::Pods => Resource::ALL.iter().copied().filter(|r| *r != Resource::PodSlices).collect(),
+            Self::Slices { .. } => Resource::ALL.to_vec(),
         }
     }
 }
@@ -78,13 +126,18 @@ impl Resource {
 pub struct SourceOptions {
     pub watch: WatchOptions,
     pub probe: ProbeConfig,
+    pub pods: PodSource,
 }
 
 impl SourceOptions {
     /// The defaults, with jitter seeded from the node's name (so nodes spread out).
     pub fn for_node(node: &str) -> Self {
         let seed = seed_from(node);
-        Self { watch: WatchOptions { seed, ..WatchOptions::default() }, probe: ProbeConfig { seed, ..ProbeConfig::default() } }
+        Self {
+            watch: WatchOptions { seed, ..WatchOptions::default() },
+            probe: ProbeConfig { seed, ..ProbeConfig::default() },
+            pods: PodSource::default(),
+        }
     }
 }
 
@@ -102,6 +155,8 @@ enum Object {
     Policy(NetworkPolicy),
     Node(Node),
     ClusterPolicy(ClusterNetworkPolicy),
+    /// A PodSlice's name and the pods it shows.
+    Slice(String, Vec<Pod>),
 }
 
 #[derive(Debug)]
@@ -111,6 +166,7 @@ enum Key {
     Policy(ObjectRef),
     Node(String),
     ClusterPolicy(String),
+    Slice(String),
 }
 
 fn pod_key(p: &core::Pod) -> Key {
@@ -155,6 +211,8 @@ pub trait SourceMetrics: Send + Sync {
     fn health(&self, state: &str);
     /// Whether an optional resource (a CRD's) is served, as discovery last said.
     fn resource_served(&self, resource: &str, served: bool);
+    /// With [`PodSource::Slices`]: whether the PodSlices' writer holds and renews its Lease.
+    fn pod_slice_writer(&self, _up: bool) {}
 }
 
 /// Why the watches ended before they were told to stop. The snapshot then stops following
@@ -198,6 +256,9 @@ pub async fn run_with(
     let mut names: Vec<(tokio::task::Id, String)> = Vec::new();
     macro_rules! reflect {
         ($k:ty, $res:expr, $kind:expr) => {
+            reflect!($k, $res, $kind, None)
+        };
+        ($k:ty, $res:expr, $kind:expr, $fields:expr) => {
             let handle = tasks.spawn(
                 Reflector {
                     api: Api::<$k>::all(client.clone()),
@@ -207,13 +268,27 @@ pub async fn run_with(
                     health: health.clone(),
                     metrics: metrics.clone(),
                     opts: opts.watch.clone(),
+                    fields: $fields,
                 }
                 .run_until_stopped(),
             );
             names.push((handle.id(), format!("{} watch", $res.as_str())));
         };
     }
-    reflect!(core::Pod, Resource::Pods, PODS);
+    let mut merge = match &opts.pods {
+        PodSource::Pods => {
+            reflect!(core::Pod, Resource::Pods, PODS);
+            None
+        }
+        PodSource::Slices { node, writer } => {
+            reflect!(core::Pod, Resource::Pods, PODS, Some(format!("spec.nodeName={node}")));
+            reflect!(crate::crd::PodSlice, Resource::PodSlices, slices::POD_SLICES);
+            let handle = tasks.spawn(slices::watch_writer(client.clone(), writer.clone(), opts.watch.seed, metrics.clone(), stop.clone()));
+            names.push((handle.id(), "PodSlice writer check".to_string()));
+            Some(slices::PodMerge::new(node))
+        }
+    };
+    let required = opts.pods.resources();
     reflect!(core::Namespace, Resource::Namespaces, NAMESPACES);
     reflect!(net::NetworkPolicy, Resource::NetworkPolicies, POLICIES);
     reflect!(core::Node, Resource::Nodes, NODES);
@@ -257,7 +332,8 @@ pub async fn run_with(
         }
         let mut changes = std::mem::take(&mut batch);
         // Most updates of a watched object (a pod's conditions, a heartbeat, a new
-        // resourceVersion) change nothing flock keeps: they must not cost a sync.
+        // resourceVersion) change nothing flock keeps: they must not cost a sync. (A
+        // slice's pods are compared one by one as they are merged.)
         {
             let reader = writer.reader();
             let current = reader.read();
@@ -268,6 +344,13 @@ pub async fn run_with(
         }
         writer.update(|s| {
             for (res, c) in changes {
+                if let Some(m) = merge.as_mut()
+                    && matches!(res, Resource::Pods | Resource::PodSlices)
+                {
+                    merged(m, s, res, c);
+                    listed.insert(res);
+                    continue;
+                }
                 match c {
                     Change::Relisted(objects) => {
                         let vanished = replace(s, res, objects);
@@ -281,7 +364,7 @@ pub async fn run_with(
                 }
             }
         });
-        if !complete && Resource::ALL.iter().all(|r| listed.contains(r)) {
+        if !complete && required.iter().all(|r| listed.contains(r)) {
             complete = true;
             let s = writer.reader();
             let (pods, policies, cluster_policies) = {
@@ -425,9 +508,44 @@ async fn probe(client: Client, cfg: ProbeConfig, health: Arc<ApiHealth>, metrics
     }
 }
 
+/// A change of this node's Pods or of the PodSlices, through the merge of the two.
+fn merged(m: &mut slices::PodMerge, s: &mut Snapshot, res: Resource, c: Change) {
+    match c {
+        Change::Relisted(objects) if res == Resource::PodSlices => {
+            let all = objects
+                .into_iter()
+                .filter_map(|o| match o {
+                    Object::Slice(name, pods) => Some((name, pods)),
+                    _ => None,
+                })
+                .collect();
+            m.slices_relisted(s, all);
+        }
+        Change::Relisted(objects) => {
+            let pods = objects
+                .into_iter()
+                .filter_map(|o| match o {
+                    Object::Pod(p) => Some(p),
+                    _ => None,
+                })
+                .collect();
+            m.local_relisted(s, pods);
+        }
+        Change::Apply(o) => match *o {
+            Object::Slice(name, pods) => m.slice(s, &name, Some(pods)),
+            Object::Pod(p) => m.local(s, Ok(p)),
+            _ => {}
+        },
+        Change::Delete(Key::Slice(name)) => m.slice(s, &name, None),
+        Change::Delete(Key::Pod(uid)) => m.local(s, Err(uid)),
+        Change::Delete(_) => {}
+    }
+}
+
 /// Whether `o` is already in the snapshot exactly as converted.
 fn unchanged(s: &Snapshot, o: &Object) -> bool {
     match o {
+        Object::Slice(..) => false,
         Object::Pod(p) => s.pod(&p.uid) == Some(p),
         Object::Namespace(n) => s.namespace(&n.name) == Some(n),
         Object::Policy(p) => s.policy(&p.key()) == Some(p),
@@ -443,6 +561,8 @@ fn upsert(s: &mut Snapshot, o: Object) {
         Object::Policy(p) => s.upsert_policy(p),
         Object::Node(n) => s.upsert_node(n),
         Object::ClusterPolicy(p) => s.upsert_cluster_policy(p),
+        // Slices go through the merge ([`merged`]), never here.
+        Object::Slice(..) => {}
     }
 }
 
@@ -463,6 +583,7 @@ fn delete(s: &mut Snapshot, k: &Key) {
         Key::ClusterPolicy(n) => {
             s.remove_cluster_policy(n);
         }
+        Key::Slice(_) => {}
     }
 }
 
@@ -475,6 +596,7 @@ fn replace(s: &mut Snapshot, res: Resource, objects: Vec<Object>) -> usize {
         Resource::NetworkPolicies => s.policies().map(|p| Key::Policy(p.key())).collect(),
         Resource::Nodes => s.nodes().map(|n| Key::Node(n.name.clone())).collect(),
         Resource::ClusterNetworkPolicies => s.cluster_policies().map(|p| Key::ClusterPolicy(p.name.clone())).collect(),
+        Resource::PodSlices => Vec::new(),
     };
     for k in &old {
         delete(s, k);
@@ -492,5 +614,6 @@ fn present(s: &Snapshot, k: &Key) -> bool {
         Key::Policy(r) => s.policy(r).is_some(),
         Key::Node(n) => s.node(n).is_some(),
         Key::ClusterPolicy(n) => s.cluster_policy(n).is_some(),
+        Key::Slice(_) => false,
     }
 }

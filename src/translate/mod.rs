@@ -304,7 +304,7 @@ impl<'a> Addresses<'a> {
     /// The addresses of `pod` as a peer: those it reports and owns (none if it cannot be a
     /// peer at all).
     pub(crate) fn of(&self, pod: &'a Pod) -> impl Iterator<Item = IpAddr> + '_ {
-        let live = !pod.phase.is_terminal() && !pod.host_network;
+        let live = !pod.phase.is_terminal() && !pod.host_network && !pod.unpublished;
         self.reported(pod).iter().filter(move |ip| live && self.owns(pod, ip)).copied()
     }
 

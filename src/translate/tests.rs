@@ -838,3 +838,35 @@ fn the_gaps_between_pod_ranges_cover_every_other_address() {
         assert!(r.contains(ip.parse().unwrap()), "{ip}");
     }
 }
+
+/// A pod the cluster's source of pod identity does not show yet (an agent reading PodSlices
+/// knows it from its own node's watch) is in no peer set, though it is a local endpoint;
+/// its own chains follow its labels all the same.
+#[test]
+fn an_unpublished_pod_is_no_peer_but_keeps_its_own_chains() {
+    let mut s = with(FROM_Y);
+    s.upsert_policy(
+        testkit::policies(
+            "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: y}
+spec: {podSelector: {matchLabels: {pod: a}}}",
+        )
+        .remove(0),
+    );
+    let published = run(&s);
+    assert!(ingress_peers(&published).iter().any(|(_, c)| c == "y/a"), "{:?}", ingress_peers(&published));
+
+    let mut ya = pod_named(&s, "y/a");
+    ya.unpublished = true;
+    s.upsert_pod(ya.clone());
+    let eps: Vec<LocalEndpoint> = s.pods().filter(|p| p.is_peer() || p.unpublished).map(LocalEndpoint::for_pod).collect();
+    let np = translate(&s, &eps, &Options::default());
+    assert!(!ingress_peers(&np).iter().any(|(_, c)| c == "y/a"), "{:?}", ingress_peers(&np));
+    // y/a's own ingress is isolated by policy y/deny, as when it was published.
+    let own = np.endpoints.iter().find(|e| e.pod == testkit::pod_ref("y/a")).unwrap();
+    assert!(!own.ingress.isolated_by.is_empty(), "y/a's own chains do not follow it");
+    let before = published.endpoints.iter().find(|e| e.pod == testkit::pod_ref("y/a")).unwrap();
+    assert_eq!(own.ingress.isolated_by, before.ingress.isolated_by);
+}

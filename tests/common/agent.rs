@@ -19,6 +19,7 @@ pub fn pod(name: &str, ip: &str) -> Pod {
         host_network: false,
         ports: vec![],
         created: None,
+        unpublished: false,
     }
 }
 

@@ -42,6 +42,8 @@ controler.enabled=false controler
 controller.podSlices.maxPods=1001 maxPods
 controller.podSlices.enabled=yes enabled
 controller.podSlices.window=5 window
+agent.podSource=typha podSource
+agent.podSource=slices podSlices.enabled
 LIST
 echo "helm: $refused bad values refused, each by name"
 
@@ -53,14 +55,15 @@ template --include-crds \
   --set agent.image.tag=0.2.0 --set agent.image.pullPolicy=Always --set agent.metrics.port=9791 \
   --set agent.flockNodeAdmission=true --set controller.replicas=1 --set controller.enforce=on \
   --set 'controller.clusterPodCIDRs={198.18.0.0/16,2001:db8:1::/48}' \
-  --set controller.podSlices.enabled=true --set controller.podSlices.maxPods=250 >"$out/other.yaml"
+  --set controller.podSlices.enabled=true --set controller.podSlices.maxPods=250 --set agent.podSource=slices >"$out/other.yaml"
 "$validate" --quiet --strict -k 1.33.0 "$out/other.yaml" || fail "the render with other values is not valid"
 for want in '{name: FLOCK_ROUTING, value: vxlan}' '{name: FLOCK_VXLAN_PORT, value: "4790"}' '{name: FLOCK_VXLAN_VNI, value: "7"}' \
   '{name: FLOCK_CNI_MTU, value: "1400"}' '{name: FLOCK_DENY_LOG_GROUP, value: "0"}' '{name: FLOCK_ALLOW_AUDIT_MODE, value: "true"}' \
   '{name: FLOCK_DNS_PROXY, value: "false"}' '- --resync-period=60s' 'name: FLOCK_LOG' 'image: ghcr.io/flock-cni/flock:0.2.0' \
   'imagePullPolicy: Always' 'containerPort: 9791' 'kind: ValidatingAdmissionPolicy' 'replicas: 1' '{name: FLOCK_ENFORCE, value: "on"}' \
   '{name: FLOCK_CLUSTER_POD_CIDRS, value: "198.18.0.0/16,2001:db8:1::/48"}' '{name: FLOCK_POD_SLICES, value: "true"}' \
-  '{name: FLOCK_POD_SLICE_MAX_PODS, value: "250"}' 'name: flock-podslice-writer' 'resources: [podslices]'; do
+  '{name: FLOCK_POD_SLICE_MAX_PODS, value: "250"}' 'name: flock-podslice-writer' 'resources: [podslices]' \
+  '{name: FLOCK_POD_SOURCE, value: slices}'; do
   grep -qF -- "$want" "$out/other.yaml" || fail "the render with other values lacks: $want"
 done
 # Numbers from a values file are floats to Helm: large ones still render as integers.
@@ -76,7 +79,7 @@ done
 # PodSlices off (the default): no writer's flags, grant or admission policy.
 template >"$out/default.yaml"
 grep -q 'kind: Deployment' "$out/default.yaml" || fail "the default render has no Deployment"
-! grep -q 'FLOCK_POD_SLICES\|podslice-writer\|resources: \[podslices\]' "$out/default.yaml" || fail "PodSlice objects without controller.podSlices.enabled"
+! grep -q 'FLOCK_POD_SLICES\|FLOCK_POD_SOURCE\|podslice-writer\|resources: \[podslices\]' "$out/default.yaml" || fail "PodSlice objects without controller.podSlices.enabled"
 # Without the DNS proxy there is no socket keeper, nor the agent's setting for it.
 ! grep -q 'flock-socket-keeper' "$out/other.yaml" || fail "a socket keeper without the DNS proxy"
 template --set controller.enabled=false --set namespace.create=false >"$out/agent-only.yaml"

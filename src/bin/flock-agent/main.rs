@@ -18,7 +18,7 @@ use flock::netns::Netns;
 use flock::process::{LogFormat, init_logging, stop_on_signals};
 use flock::report::node::NodeStatusOptions;
 use flock::report::{ReportOptions, reporter_lease};
-use flock::source::kube::SourceOptions;
+use flock::source::kube::{PodSource, SourceOptions, WriterLease};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -236,6 +236,15 @@ struct Args {
     /// stay.
     #[arg(long, env = "FLOCK_DAEMONSET")]
     daemonset: Option<String>,
+    /// Where every pod's identity comes from: pods watches every Pod in the cluster; slices
+    /// reads flock-controller's PodSlices (flock-controller --pod-slices) and watches only
+    /// this node's Pods.
+    #[arg(long, env = "FLOCK_POD_SOURCE", value_enum, default_value_t = PodSourceArg::Pods)]
+    pod_source: PodSourceArg,
+    /// With --pod-source slices: the PodSlices' writer's leader Lease (flock-controller's, in
+    /// POD_NAMESPACE), read every 30-45 s to report the writer's absence.
+    #[arg(long, env = "FLOCK_POD_SLICE_WRITER_LEASE", default_value = "flock-controller")]
+    pod_slice_writer_lease: String,
     /// This pod's name (the reporter Lease's holder identity, Events' reporting instance).
     #[arg(long, env = "POD_NAME", default_value = "flock-agent")]
     pod_name: String,
@@ -297,6 +306,13 @@ fn node_status_options(args: &Args) -> Option<NodeStatusOptions> {
         .filter(|uid| !uid.is_empty())
         .map(|uid| AgentPod { name: format!("{}/{}", args.reporter_lease_namespace, args.pod_name), uid: uid.clone() });
     args.node_status.then(|| NodeStatusOptions { agent_pod, interval: args.node_status_interval, ..NodeStatusOptions::default() })
+}
+
+/// `--pod-source`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum PodSourceArg {
+    Pods,
+    Slices,
 }
 
 /// `--cni-host-ports`.
@@ -401,7 +417,20 @@ fn run(args: Args) -> anyhow::Result<()> {
             },
             degraded_after: args.degraded_after,
             disconnected_after: args.disconnected_after,
-            source: SourceOptions::for_node(&args.node_name),
+            source: SourceOptions {
+                pods: match args.pod_source {
+                    PodSourceArg::Pods => PodSource::Pods,
+                    PodSourceArg::Slices => PodSource::Slices {
+                        node: args.node_name.clone(),
+                        writer: WriterLease {
+                            namespace: args.reporter_lease_namespace.clone(),
+                            name: args.pod_slice_writer_lease.clone(),
+                            ..WriterLease::default()
+                        },
+                    },
+                },
+                ..SourceOptions::for_node(&args.node_name)
+            },
             events: !args.no_events,
             instance: args.pod_name.clone(),
             report: ReportOptions {

@@ -71,7 +71,7 @@ struct Args {
     #[arg(long, env = "FLOCK_AUDIT_MAX_PER_RUN", default_value_t = 100)]
     audit_max_per_run: usize,
     /// Write PodSlices: every pod's policy identity, batched, for agents that read them
-    /// instead of watching every Pod (issue #60; off by default until agents read them).
+    /// (flock-agent --pod-source slices) instead of watching every Pod.
     #[arg(long, env = "FLOCK_POD_SLICES")]
     pod_slices: bool,
     /// Pods per PodSlice (1-1000).

@@ -52,6 +52,7 @@ pub(crate) fn pod(name: &str, labels: Labels, node: &str, ip: IpAddr, ports: Vec
         host_network: false,
         ports,
         created: None,
+        unpublished: false,
     }
 }
 

@@ -132,6 +132,7 @@ pub(super) async fn run(
                     health: health.clone(),
                     metrics: metrics.clone(),
                     opts: opts.clone(),
+                    fields: None,
                 };
                 let started = Instant::now();
                 match reflector.run().await {

@@ -277,7 +277,12 @@ impl ApiHealth {
         self.with(|h| HealthReport {
             state,
             last_error: h.last_error.as_ref().map(|(e, at)| (e.clone(), now.saturating_duration_since(*at))),
-            watches: Resource::ALL.iter().map(|r| (*r, !h.failing.get(r).copied().unwrap_or(false))).collect(),
+            // PodSlices only where they are watched (they have said something).
+            watches: Resource::ALL
+                .iter()
+                .filter(|r| **r != Resource::PodSlices || h.failing.contains_key(r))
+                .map(|r| (*r, !h.failing.get(r).copied().unwrap_or(false)))
+                .collect(),
             probe_failing: h.probe_failing,
         })
     }

@@ -153,6 +153,8 @@ pub(super) struct Reflector<K: KubeResource + Clone> {
     pub(crate) health: Arc<ApiHealth>,
     pub(crate) metrics: Arc<dyn SourceMetrics>,
     pub(crate) opts: Options,
+    /// A field selector for the list and the watches (`spec.nodeName=…`: this node's pods).
+    pub(crate) fields: Option<String>,
 }
 
 /// Whether a `Status` is the API server's "Too large resource version" (504 Timeout with the
@@ -316,6 +318,9 @@ where
     /// Every page of a list, converted, and its resourceVersion.
     async fn list(&self, from: &ListFrom) -> Result<(Vec<Object>, String), kube::Error> {
         let mut lp = ListParams::default().limit(self.opts.page_size);
+        if let Some(f) = &self.fields {
+            lp = lp.fields(f);
+        }
         if let ListFrom::NotOlderThan(rv) = from {
             lp.resource_version = Some(rv.clone());
             lp.version_match = Some(VersionMatch::NotOlderThan);
@@ -358,7 +363,10 @@ where
 
     /// One watch request from `rv`, followed until it ends; `rv` follows the events.
     async fn watch(&self, rv: &mut String, failures: &mut u32) -> WatchEnd {
-        let wp = WatchParams::default().timeout(self.opts.watch_timeout);
+        let mut wp = WatchParams::default().timeout(self.opts.watch_timeout);
+        if let Some(f) = &self.fields {
+            wp = wp.fields(f);
+        }
         let stream = match self.api.watch(&wp, rv).await {
             Ok(s) => s,
             Err(kube::Error::Api(s)) if expired(&s) || too_large(&s) => return self.unusable(&s, rv),
