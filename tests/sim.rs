@@ -644,6 +644,128 @@ fn conformance_cases_pass_over_vxlan_on_a_routed_underlay() {
     assert!(out.status.success() && text.contains("5 passed, 0 failed"), "{text}");
 }
 
+/// `nft` in the simulation namespace `ns`; its standard output.
+fn nft_in(ns: &str, args: &[&str]) -> String {
+    let out = Command::new("ip").args(["netns", "exec", ns, "nft"]).args(args).output().unwrap();
+    assert!(out.status.success(), "nft {args:?} in {ns}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// A case's probes by name start only once its DNS server answers. The server pod comes up in
+/// the step (case 301's CoreDNS, 198.18.1.53 on node-1) and its path drops DNS at first, as a
+/// new pod's link does until the kernel activates it (what failed the case once in CI, under
+/// load): here a rule of node-1 drops DNS to the server, and is lifted 2.5 s after it first
+/// dropped something — longer than a probe's lookup waits (2 attempts of 1 s). Probing at
+/// once, every lookup of the step's first probe would fail; waiting for the server, the case
+/// passes. A server that never answers fails the step, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn probes_by_name_wait_for_the_case_dns_server_to_answer() {
+    if !require_root("probes_by_name_wait_for_the_case_dns_server_to_answer") {
+        return;
+    }
+    use flock::sim::runner::{Verdict, run_case};
+    let mut opts = sim_options().with_cluster_dns();
+    opts.ready_timeout = Duration::from_secs(6);
+    let mut sim = Sim::build(testkit::base_cluster(), opts).await.unwrap();
+    let base = sim.snapshot();
+    let case =
+        flock::source::files::load_case(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/301-dns-exact-name")).unwrap();
+    let node1 = sim.node_netns("node-1").unwrap();
+    // Postrouting: the node's own queries, the DNS proxy's and those forwarded from pods.
+    let block = "add table inet flksim-block { chain out { type filter hook postrouting priority 0; \
+                 ip daddr 198.18.1.53 meta l4proto { udp, tcp } th dport 53 counter drop; }; }";
+    let dropped = |ns: &str| -> u64 {
+        let listing = nft_in(ns, &["list", "table", "inet", "flksim-block"]);
+        let words: Vec<&str> = listing.split_whitespace().collect();
+        words.windows(2).find(|w| w[0] == "packets").and_then(|w| w[1].parse().ok()).unwrap_or(0)
+    };
+
+    nft_in(&node1, &[block]);
+    let lifter = {
+        let node1 = node1.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while dropped(&node1) == 0 {
+                assert!(Instant::now() < deadline, "nothing asked the DNS server");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(2500));
+            nft_in(&node1, &["delete", "table", "inet", "flksim-block"]);
+        })
+    };
+    let o = run_case(&mut sim, &base, &case).await;
+    lifter.join().unwrap();
+    assert_eq!(o.verdict, Verdict::Pass, "{o:#?}");
+
+    nft_in(&node1, &[block]);
+    let started = Instant::now();
+    let o = run_case(&mut sim, &base, &case).await;
+    let took = started.elapsed();
+    nft_in(&node1, &["delete", "table", "inet", "flksim-block"]);
+    assert_eq!(o.verdict, Verdict::Fail, "{o:#?}");
+    assert_eq!(o.probes_run, 0, "nothing is probed: {o:#?}");
+    let said = o.errors.join("\n");
+    assert!(
+        said.contains("step 1: pod kube-system/coredns: its DNS server on 198.18.1.53:53 did not answer within 6.0s")
+            && said.contains("asked from node node-1"),
+        "{said}"
+    );
+    assert!(took >= Duration::from_secs(6), "{took:?}");
+    sim.teardown().await.unwrap();
+}
+
+/// A probe by name resolves as a stub resolver does: it sends its query again when no answer
+/// came within the probe's timeout, and takes the answer to either; a server that answers
+/// neither leaves the name unresolved after both.
+#[test]
+fn probes_by_name_ask_again_as_a_stub_resolver() {
+    use hickory_proto::op::{Message, MessageType};
+    use hickory_proto::rr::{RData, Record, rdata::A};
+    let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = target.local_addr().unwrap().port();
+    // Drops the first `ignore` queries, answers the next with 127.0.0.1; how many came.
+    let server = |ignore: usize| {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = s.local_addr().unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            let mut seen = 0;
+            while let Ok((n, from)) = s.recv_from(&mut buf) {
+                seen += 1;
+                if seen <= ignore {
+                    continue;
+                }
+                let q = Message::from_vec(&buf[..n]).unwrap();
+                let mut r = Message::new();
+                r.set_id(q.id());
+                r.set_message_type(MessageType::Response);
+                r.add_queries(q.queries().iter().cloned());
+                r.add_answer(Record::from_rdata(q.queries()[0].name().clone(), 30, RData::A(A(std::net::Ipv4Addr::LOCALHOST))));
+                s.send_to(&r.to_vec().unwrap(), from).unwrap();
+            }
+            seen
+        });
+        (addr, thread)
+    };
+    let timeout = Duration::from_millis(500);
+    let task = |resolver: SocketAddr| Task {
+        src: flock::netns::Netns::Current,
+        dst: flock::sim::probe::Dest::Name { name: "api.example.test".into(), v6: false, resolver, port },
+        protocol: Protocol::Tcp,
+    };
+
+    let (resolver, seen) = server(1);
+    assert_eq!(probe(&task(resolver), timeout), Outcome::Connected);
+    assert_eq!(seen.join().unwrap(), 2, "the first query went unanswered, the second was answered");
+
+    let (resolver, seen) = server(usize::MAX);
+    let started = Instant::now();
+    assert_eq!(probe(&task(resolver), timeout), Outcome::Unresolved);
+    assert!(started.elapsed() >= 2 * timeout, "{:?}", started.elapsed());
+    assert_eq!(seen.join().unwrap(), 2, "asked twice, then gave up");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_policy_change_is_enforced_under_running_pods() {
     if !require_root("a_policy_change_is_enforced_under_running_pods") {

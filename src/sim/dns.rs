@@ -273,11 +273,23 @@ impl Drop for DnsServer {
     }
 }
 
+/// How many times a lookup sends its query over UDP before it gives up, waiting its timeout
+/// for an answer after each: resolv.conf's default (`attempts:2`), as a pod's stub resolver
+/// does. A datagram lost on the way (the proxy's upstream query included: it asks once)
+/// costs a retry, not the answer; DNS that policy drops gets no answer to any attempt, and
+/// reads as unresolved after them all.
+pub(crate) const ATTEMPTS: usize = 2;
+
 /// One lookup: `name`'s addresses of one family (A or AAAA) from the server at `server`,
-/// over UDP, again over TCP when the answer is truncated, as a stub resolver does. `None`:
-/// no usable answer within `timeout` (each try); an empty list: the name has no address of
-/// that family (NXDOMAIN included). Runs in the caller's namespace.
+/// over UDP, again over TCP when the answer is truncated, as a stub resolver does: the query
+/// is sent up to [`ATTEMPTS`] times from one socket, each time waiting `timeout`, and an
+/// answer to any of them counts. `None`: no usable answer; an empty list: the name has no
+/// address of that family (NXDOMAIN included). Runs in the caller's namespace.
 pub(crate) fn lookup(name: &str, v6: bool, server: std::net::SocketAddr, timeout: Duration) -> Option<Vec<IpAddr>> {
+    lookup_tries(name, v6, server, timeout, ATTEMPTS)
+}
+
+fn lookup_tries(name: &str, v6: bool, server: std::net::SocketAddr, timeout: Duration, attempts: usize) -> Option<Vec<IpAddr>> {
     let kind = if v6 { RecordType::AAAA } else { RecordType::A };
     let mut q = Message::new();
     q.set_id(0x5eed);
@@ -288,11 +300,20 @@ pub(crate) fn lookup(name: &str, v6: bool, server: std::net::SocketAddr, timeout
         let s = std::net::UdpSocket::bind(if server.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" })?;
         s.connect(server)?;
         s.set_read_timeout(Some(timeout))?;
-        s.send(&query)?;
         let mut buf = vec![0u8; MAX_MESSAGE];
-        let n = s.recv(&mut buf)?;
-        buf.truncate(n);
-        Ok(buf)
+        let mut waited = io::Error::from(io::ErrorKind::TimedOut);
+        for _ in 0..attempts.max(1) {
+            s.send(&query)?;
+            match s.recv(&mut buf) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    return Ok(buf);
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => waited = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(waited)
     };
     let tcp = || -> io::Result<Vec<u8>> {
         use std::io::{Read, Write};
@@ -325,6 +346,43 @@ pub(crate) fn lookup(name: &str, v6: bool, server: std::net::SocketAddr, timeout
             })
             .collect(),
     )
+}
+
+/// The name [`wait_answering`] asks: in no zone (`.invalid`), so the answer is NXDOMAIN.
+const READINESS_NAME: &str = "readiness.flock-sim.invalid";
+
+/// Waits until the DNS server on each of `ips` (port 53) answers a query sent from `from`
+/// — any answer, NXDOMAIN included — asking again every 200 ms, for at most `timeout` in all:
+/// what a kubelet's readiness probe of the server pod sees (from the pod's node, whose traffic
+/// to its own pods no policy judges). Until then, the server's sockets may be bound while
+/// queries cannot reach them yet (a new pod's link drops packets until the kernel has
+/// activated it, `super::fabric::wait_link_up`).
+pub(crate) fn wait_answering(from: &Netns, ips: &[IpAddr], timeout: Duration) -> Result<(), String> {
+    const TRY: Duration = Duration::from_millis(200);
+    let deadline = std::time::Instant::now() + timeout;
+    let ips = ips.to_vec();
+    let asked = netns::run_in(from, move || {
+        for ip in ips {
+            let server = std::net::SocketAddr::new(ip, 53);
+            loop {
+                let started = std::time::Instant::now();
+                if lookup_tries(READINESS_NAME, ip.is_ipv6(), server, TRY, 1).is_some() {
+                    break;
+                }
+                if std::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "its DNS server on {server} did not answer within {:.1}s (a query every {}ms)",
+                        timeout.as_secs_f64(),
+                        TRY.as_millis()
+                    ));
+                }
+                // A refusal comes back at once: wait out the rest of the try.
+                std::thread::sleep(TRY.saturating_sub(started.elapsed()));
+            }
+        }
+        Ok(())
+    });
+    asked.map_err(|e| format!("cannot ask its DNS server from {}: {e}", from.describe()))?
 }
 
 #[cfg(test)]

@@ -63,6 +63,41 @@ pub fn run(args: &[&str]) -> Result<String, PlumbingError> {
     }
 }
 
+/// Waits until `link` in namespace `ns` is operationally up (`operstate` UP), for at most
+/// `timeout`.
+///
+/// A veth end that is already up when its peer comes up gets its carrier at once, but the
+/// kernel activates its transmit queue only later, in its link-watch work (which needs the
+/// RTNL lock, and is late when the machine is busy): until then every packet sent on it is
+/// dropped (the `noop` queue), and its `operstate` turns UP in that same work. The host side
+/// of a pod's veth is that end (flock-cni sets it up first): packets to a pod whose ADD just
+/// returned may be lost, so nothing may be sent to the pod before this.
+pub(crate) fn wait_link_up(ns: &str, link: &str, timeout: std::time::Duration) -> Result<(), PlumbingError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let args = ["ip", "-n", ns, "-j", "link", "show", "dev", link];
+    loop {
+        let out = run(&args)?;
+        let state = serde_json::from_str::<serde_json::Value>(&out)
+            .ok()
+            .and_then(|v| v[0]["operstate"].as_str().map(str::to_string))
+            .unwrap_or_else(|| "unknown".into());
+        if state == "UP" {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline || interrupted().is_some() {
+            return Err(PlumbingError {
+                command: args.join(" "),
+                message: format!(
+                    "{link} is not operationally up {:.1}s after it was set up (operstate {state}): the kernel has not activated it, \
+                     packets sent on it are dropped",
+                    timeout.as_secs_f64()
+                ),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Namespaces and links of one simulation run.
 pub(crate) struct Fabric {
     pub(crate) run_id: String,

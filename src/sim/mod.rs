@@ -102,6 +102,9 @@ pub struct SimOptions {
     pub translate: translate::Options,
     /// How long to wait for the agents to commit a change.
     pub sync_timeout: Duration,
+    /// How long to wait for what a change brings up to work before probing: a new pod's link
+    /// ([`fabric::wait_link_up`]), a case's DNS server answering ([`Sim::set_dns`]).
+    pub ready_timeout: Duration,
     /// The agents cut connections a change denies (`--revoke-denied-flows`).
     pub revoke: bool,
     /// The agents run their DNS proxy (`--dns-resolvers`): domain rules are enforced.
@@ -202,6 +205,7 @@ impl SimOptions {
             parallelism: 48,
             translate: translate::Options::default(),
             sync_timeout: Duration::from_secs(30),
+            ready_timeout: Duration::from_secs(10),
             revoke: true,
             dns: None,
             underlay: Underlay::L2,
@@ -443,7 +447,9 @@ impl Sim {
     }
 
     /// Changes the cluster with `f`, brings sandboxes in line and waits until every node has
-    /// committed the change (and, with revocation, judged its connections against it).
+    /// committed the change (and, with revocation, judged its connections against it), every
+    /// new sandbox's link works ([`fabric::wait_link_up`]) and a case's DNS server that
+    /// (re)started answers ([`Sim::set_dns`]).
     pub async fn apply(&mut self, f: impl FnOnce(&mut Snapshot)) -> Result<(), SimError> {
         let mut err = None;
         let version = self.source.update(|s| {
@@ -465,7 +471,9 @@ impl Sim {
     /// sandbox, following its addresses and those of the pods its records name; `None` stops
     /// serving. The server pod's port 53 (UDP and TCP) is the DNS server's, not an echo
     /// server's. The agents trust the server as any resolver: only if it is one of the pods
-    /// [`translate::Options::dns_resolvers`] selects (the cluster DNS).
+    /// [`translate::Options::dns_resolvers`] selects (the cluster DNS). Whenever the server
+    /// (re)starts, this and [`Sim::apply`] return only once it answers a query from its node
+    /// ([`dns::wait_answering`]), or fail after [`SimOptions::ready_timeout`] saying so.
     pub(crate) fn set_dns(&mut self, spec: Option<crate::conformance::DnsSpec>) -> Result<(), SimError> {
         self.dns = spec.map(|spec| ClusterDns { spec, running: None });
         self.refresh_dns()
@@ -515,7 +523,16 @@ impl Sim {
         if let Some((ns, ips, zone)) = want {
             let server_ = dns::DnsServer::start(Netns::named(&ns), ips.clone(), zone.clone())
                 .map_err(|message| SimError::Pod { pod: server.to_string(), message })?;
-            dns.running = Some((ns, ips, zone, server_));
+            dns.running = Some((ns, ips.clone(), zone, server_));
+            // Ready as a kubelet's readiness probe would find it: answering on its addresses,
+            // asked from its node across the pod's link. Probes by name come after this.
+            let node = self.pods.values().find(|p| &p.key == server).and_then(|p| Some((p.node.clone(), self.nodes.get(&p.node)?)));
+            if let Some((node, n)) = node {
+                let from = Netns::named(&n.ns);
+                let timeout = self.opts.ready_timeout;
+                tokio::task::block_in_place(|| dns::wait_answering(&from, &ips, timeout))
+                    .map_err(|e| SimError::Pod { pod: server.to_string(), message: format!("{e}, asked from node {node}") })?;
+            }
         }
         Ok(())
     }
@@ -758,6 +775,14 @@ impl Sim {
                 return Err(err(format!("CNI ADD failed: {e}")));
             }
         };
+        // ADD returns with the pod's links set up, not yet working: what the node sends the
+        // pod is dropped until the kernel has activated the node side. A kubelet starts the
+        // containers after ADD (seconds later, mostly); here servers and probes follow at once.
+        if let Err(e) = self.wait_host_links(&node, &result) {
+            let _ = self.runtime(&node).del(&conf, &sandbox, Some(&result));
+            self.fabric.del_netns(ns);
+            return Err(err(format!("after CNI ADD: {e}")));
+        }
         let got: Vec<IpAddr> = result["ips"]
             .as_array()
             .into_iter()
@@ -786,6 +811,22 @@ impl Sim {
             _servers: servers,
             unavailable,
         })
+    }
+
+    /// Waits until the node side of each link in a CNI ADD `result` (the interfaces outside
+    /// the sandbox) is operationally up ([`fabric::wait_link_up`]).
+    fn wait_host_links(&self, node: &str, result: &Value) -> Result<(), SimError> {
+        let ns = self.nodes.get(node).map(|n| n.ns.as_str()).ok_or_else(|| SimError::Other(format!("no node {node}")))?;
+        let host_side = result["interfaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i.get("sandbox").and_then(Value::as_str).is_none_or(str::is_empty))
+            .filter_map(|i| i["name"].as_str());
+        for link in host_side {
+            fabric::wait_link_up(ns, link, self.opts.ready_timeout)?;
+        }
+        Ok(())
     }
 
     fn teardown_pod(&self, sp: SimPod) -> Result<(), SimError> {

@@ -1,9 +1,10 @@
 //! Probes: from inside a source namespace, one connection attempt to a destination address,
 //! classified as connected, refused, timeout, unreachable or unavailable.
 //!
-//! A probe by name first resolves it (through the given DNS server, from the source) and
-//! connects to the first address of the answer; a name that does not resolve is
-//! "unresolved".
+//! A probe by name first resolves it (through the given DNS server, from the source, as a
+//! stub resolver: the query sent again when the probe's timeout passes without an answer,
+//! [`super::dns::ATTEMPTS`] times in all) and connects to the first address of the answer; a
+//! name that does not resolve is "unresolved".
 //!
 //! TCP: a completed handshake. UDP: a datagram that is answered (ICMP port unreachable is
 //! "refused"). SCTP: a completed association, or "unavailable" when the kernel has no SCTP.

@@ -1,11 +1,12 @@
 //! The conformance runner: cases (`crate::conformance`) on a running [`Sim`]. Each step's
 //! objects are applied through the static source (pods stay up; a Pod with a new uid gets a
-//! new sandbox), the runner waits until every node has committed the change, probes, and
-//! compares every checked cell — and `flockctl explain`'s verdict for it. After a case the
-//! base cluster's objects are restored; nothing else is reset, as in a real cluster: the
-//! connections earlier steps and cases made stay in conntrack (a policy change cuts those
-//! it denies: `crate::revoke`), so a case's outcome must not depend on what ran before it
-//! (`flockctl conformance --shuffle`).
+//! new sandbox), the runner waits until every node has committed the change and what it
+//! brought up works (new pods' links, the case's DNS server answering: [`Sim::apply`]),
+//! probes, and compares every checked cell — and `flockctl explain`'s verdict for it. After
+//! a case the base cluster's objects are restored; nothing else is reset, as in a real
+//! cluster: the connections earlier steps and cases made stay in conntrack (a policy change
+//! cuts those it denies: `crate::revoke`), so a case's outcome must not depend on what ran
+//! before it (`flockctl conformance --shuffle`).
 //!
 //! A case with `dns` has its records served from its server pod (UDP and TCP 53) while it
 //! runs; a step's `wait` comes before its changes; its probes by name run before those by
