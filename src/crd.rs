@@ -572,7 +572,7 @@ pub struct SlicePod {
     pub ips: Vec<String>,
     /// The index of the pod's labels in `labelSets`.
     #[schemars(range(min = 0, max = 999))]
-    pub labels: u32,
+    pub labels: i32,
     /// `status.phase` (a terminal pod is in no slice).
     pub phase: SlicePhase,
     /// The named container ports (named ports of policies resolve on them).
@@ -601,7 +601,7 @@ pub struct SlicePort {
     #[schemars(length(min = 1, max = 15))]
     pub name: String,
     #[schemars(range(min = 1, max = 65535))]
-    pub port: u16,
+    pub port: i32,
     #[serde(default)]
     pub protocol: Protocol,
 }

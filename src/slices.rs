@@ -60,7 +60,7 @@ impl Member {
                     Protocol::Udp => CrdProtocol::Udp,
                     Protocol::Sctp => CrdProtocol::Sctp,
                 };
-                Some(SlicePort { name: name.to_string(), port: p.port, protocol })
+                Some(SlicePort { name: name.to_string(), port: i32::from(p.port), protocol })
             })
             .collect();
         ports.sort();
@@ -166,13 +166,13 @@ pub fn plan(
 fn spec_of(namespace: &str, mut pods: Vec<&Member>) -> PodSliceSpec {
     pods.sort_by(|a, b| (&a.name, &a.uid).cmp(&(&b.name, &b.uid)));
     let mut label_sets: Vec<BTreeMap<String, String>> = Vec::new();
-    let mut index: BTreeMap<&BTreeMap<String, String>, u32> = BTreeMap::new();
+    let mut index: BTreeMap<&BTreeMap<String, String>, i32> = BTreeMap::new();
     let mut out = Vec::with_capacity(pods.len());
     for m in pods {
         let labels = *index.entry(&m.labels).or_insert_with(|| {
             label_sets.push(m.labels.clone());
-            // At most POD_SLICE_LIMIT pods, so at most that many sets: fits in u32.
-            (label_sets.len() - 1) as u32
+            // At most POD_SLICE_LIMIT pods, so at most that many sets: fits in i32.
+            i32::try_from(label_sets.len() - 1).unwrap_or(i32::MAX)
         });
         out.push(SlicePod {
             name: m.name.clone(),
@@ -243,7 +243,7 @@ fn decode_pod(namespace: &str, p: &SlicePod, label_sets: &[Result<Labels, String
     if p.name.is_empty() || p.uid.is_empty() || p.node.is_empty() {
         return Err("name, uid and node must not be empty".into());
     }
-    let labels = match label_sets.get(p.labels as usize) {
+    let labels = match usize::try_from(p.labels).ok().and_then(|i| label_sets.get(i)) {
         Some(Ok(l)) => l.clone(),
         Some(Err(why)) => return Err(why.clone()),
         None => return Err(format!("label set {} does not exist ({} in the slice)", p.labels, label_sets.len())),
@@ -263,15 +263,15 @@ fn decode_pod(namespace: &str, p: &SlicePod, label_sets: &[Result<Labels, String
         .ports
         .iter()
         .map(|port| {
-            if port.port == 0 {
-                return Err(format!("port {:?}: 0 is not a port number", clip(&port.name)));
-            }
+            let Some(number) = u16::try_from(port.port).ok().filter(|n| *n != 0) else {
+                return Err(format!("port {:?}: {} is not a port number (1-65535)", clip(&port.name), port.port));
+            };
             let protocol = match port.protocol {
                 CrdProtocol::Tcp => Protocol::Tcp,
                 CrdProtocol::Udp => Protocol::Udp,
                 CrdProtocol::Sctp => Protocol::Sctp,
             };
-            Ok(ContainerPort { name: Some(crate::model::labels::intern(&port.name)), port: port.port, protocol })
+            Ok(ContainerPort { name: Some(crate::model::labels::intern(&port.name)), port: number, protocol })
         })
         .collect::<Result<Vec<_>, String>>()?;
     let phase = match p.phase {

@@ -189,7 +189,7 @@ fn decode_leaves_out_what_it_cannot_read_and_names_it() {
     assert!(text[0].starts_with("PodSlice shop-0: pod shop/web-000: \"198.18.0.300\" is not an IP address"), "{}", text[0]);
     assert!(text[1].contains("web-001: label set 7 does not exist (3 in the slice)"), "{}", text[1]);
     assert!(text[2].contains("web-002: at most one address per family"), "{}", text[2]);
-    assert!(text[3].contains("web-003: port \"http\": 0 is not a port number"), "{}", text[3]);
+    assert!(text[3].contains("web-003: port \"http\": 0 is not a port number (1-65535)"), "{}", text[3]);
     assert!(text[4].contains("web-005: uid uid-web-005 appears twice"), "{}", text[4]);
     assert!(text[5].contains("web-006: label key \"bad key!\""), "{}", text[5]);
 

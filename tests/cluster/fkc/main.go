@@ -28,6 +28,8 @@ const usage = `fkc: flock's real Kubernetes cluster on this machine
   fkc restart COMPONENT                 restart one component of the running cluster
   fkc upgrade [--from COMMIT]           adopt, upgrade, roll back and uninstall flock with Helm
                                         under traffic; the last line is JSON
+  fkc slices [--off]                    switch the running install to PodSlices (--off: back to
+                                        watching Pods) with Helm, and check them
   fkc env                               the paths and pins, for scripts
   fkc cached                            exit 0 when the binary cache is filled
 
@@ -72,6 +74,8 @@ func main() {
 		err = cmdRestart(args)
 	case "upgrade":
 		err = cmdUpgrade(args)
+	case "slices":
+		err = cmdSlices(args)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -74,21 +74,12 @@ func cmdUpgrade(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return exitCode(2)
 	}
-	c, err := loadCluster()
+	u, err := newUpgrade("upgrade")
 	if err != nil {
 		return err
 	}
-	if !c.st.Ready || c.plan.CNI != "flock" {
-		return fmt.Errorf("upgrade needs the flock cluster of tests/cluster/up.sh (ready, --cni flock)")
-	}
-	u := &upgrade{
-		s:    &smoke{c: c, k: c.k, flockctl: filepath.Join(c.l.Target, "images", "out", "flockctl"), pods: map[string]smokePod{}},
-		helm: []string{filepath.Join(c.l.Repo, "tests/helm/helm.sh"), "--kubeconfig", c.l.Kubeconfig()},
-	}
+	c := u.s.c
 	t0 := time.Now()
-	if u.cur, err = u.installedImages(); err != nil {
-		return err
-	}
 	if err := u.buildPrevious(*from); err != nil {
 		return fmt.Errorf("the previous version %s: %w", *from, err)
 	}
@@ -213,6 +204,26 @@ func cmdUpgrade(args []string) error {
 		return exitCode(1)
 	}
 	return nil
+}
+
+// newUpgrade: the running flock cluster of up.sh, with Helm and the images it runs; `what`
+// names the command in the error when there is no such cluster.
+func newUpgrade(what string) (*upgrade, error) {
+	c, err := loadCluster()
+	if err != nil {
+		return nil, err
+	}
+	if !c.st.Ready || c.plan.CNI != "flock" {
+		return nil, fmt.Errorf("%s needs the flock cluster of tests/cluster/up.sh (ready, --cni flock)", what)
+	}
+	u := &upgrade{
+		s:    &smoke{c: c, k: c.k, flockctl: filepath.Join(c.l.Target, "images", "out", "flockctl"), pods: map[string]smokePod{}},
+		helm: []string{filepath.Join(c.l.Repo, "tests/helm/helm.sh"), "--kubeconfig", c.l.Kubeconfig()},
+	}
+	if u.cur, err = u.installedImages(); err != nil {
+		return nil, err
+	}
+	return u, nil
 }
 
 func (u *upgrade) runHelm(args ...string) (string, error) {
