@@ -98,22 +98,23 @@ impl Write {
 }
 
 /// The writes that make `namespace`'s slices show `desired` (its peer pods by uid), from
-/// `current` (its slices now, by name). `taken` holds every slice name in the cluster (a new
-/// slice's name is one no slice has). `max_pods` is clamped to 1..=[`crate::crd::POD_SLICE_LIMIT`].
+/// `current` (its slices now, by name). `taken` says whether a slice of that name exists
+/// anywhere in the cluster (a new slice's name is one no slice has). `max_pods` is clamped to
+/// 1..=[`crate::crd::POD_SLICE_LIMIT`].
 pub fn plan(
     namespace: &str,
-    current: &BTreeMap<String, PodSliceSpec>,
+    current: &BTreeMap<&str, &PodSliceSpec>,
     desired: &BTreeMap<String, Member>,
-    taken: &BTreeSet<String>,
+    taken: impl Fn(&str) -> bool,
     max_pods: usize,
 ) -> Vec<Write> {
     let max_pods = max_pods.clamp(1, crate::crd::POD_SLICE_LIMIT);
     // Sticky placement: each desired pod where a slice already holds it (the first such
     // slice, by name, should two claim it), up to the slice's capacity.
-    let mut members: BTreeMap<&str, Vec<&Member>> = current.keys().map(|n| (n.as_str(), Vec::new())).collect();
+    let mut members: BTreeMap<&str, Vec<&Member>> = current.keys().map(|n| (*n, Vec::new())).collect();
     let mut placed: BTreeSet<&str> = BTreeSet::new();
     for (name, spec) in current {
-        let Some(slot) = members.get_mut(name.as_str()) else { continue };
+        let Some(slot) = members.get_mut(name) else { continue };
         for pod in &spec.pods {
             if slot.len() >= max_pods {
                 break;
@@ -142,7 +143,7 @@ pub fn plan(
         let name = loop {
             let candidate = format!("{namespace}-{next_index}");
             next_index += 1;
-            if !taken.contains(&candidate) && !current.contains_key(&candidate) {
+            if !taken(&candidate) && !current.contains_key(candidate.as_str()) {
                 break candidate;
             }
         };
@@ -154,7 +155,7 @@ pub fn plan(
         let spec = spec_of(namespace, pods);
         match current.get(name) {
             _ if spec.pods.is_empty() => writes.push(Write::Delete { name: name.to_string() }),
-            Some(old) if *old == spec => {}
+            Some(old) if **old == spec => {}
             _ => writes.push(Write::Update { name: name.to_string(), spec }),
         }
     }

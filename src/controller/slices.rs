@@ -91,11 +91,14 @@ impl<V> Default for Cache<V> {
 /// namespaces waiting for a flush.
 #[derive(Default)]
 struct State {
-    /// Pod uid → (namespace, member; `None` for a pod that is no peer, so a change of it to
-    /// a peer and back is seen).
-    pods: Cache<(String, Option<Member>)>,
-    /// Namespace → uid → member, of the pods that are peers (built from `pods`).
+    /// A relist of the Pods being gathered: uid → (namespace, member).
+    pods_relist: Option<BTreeMap<String, (String, Option<Member>)>>,
+    /// Whether the Pods have been listed.
+    pods_complete: bool,
+    /// Namespace → uid → member, of the pods that are peers (all the writer keeps of pods).
     by_namespace: BTreeMap<String, BTreeMap<String, Member>>,
+    /// How many members `by_namespace` holds.
+    members: usize,
     slices: Cache<Held>,
     /// Namespace → the slices naming it.
     slices_of: BTreeMap<String, BTreeSet<String>>,
@@ -111,30 +114,31 @@ impl State {
         *due = (*due).min(at);
     }
 
-    /// A pod's new state (`None`: deleted); marks its namespace when its member changed.
-    fn pod(&mut self, uid: &str, namespace: &str, member: Option<Option<Member>>, now: Instant, window: Duration) {
-        let old = match member.clone() {
-            Some(m) => self.pods.items.insert(uid.to_string(), (namespace.to_string(), m)),
-            None => self.pods.items.remove(uid),
+    /// A pod's new member (`None`: deleted, or no peer); marks its namespace when it changed.
+    fn pod(&mut self, uid: &str, namespace: &str, new_member: Option<Member>, now: Instant, window: Duration) {
+        // A pod's namespace never changes: its old member is in this namespace's map.
+        let urgent = {
+            let old_member = self.by_namespace.get(namespace).and_then(|m| m.get(uid));
+            if old_member == new_member.as_ref() {
+                return;
+            }
+            // Urgent: a peer that stops being one, or whose addresses change.
+            old_member.is_some_and(|o| new_member.as_ref().is_none_or(|n| n.ips != o.ips))
         };
-        let old_member = old.and_then(|(_, m)| m);
-        let new_member = member.flatten();
-        if old_member == new_member {
-            return;
-        }
-        // Urgent: a peer that stops being one, or whose addresses change.
-        let urgent = old_member.as_ref().is_some_and(|o| new_member.as_ref().is_none_or(|n| n.ips != o.ips));
+        let added = new_member.is_some();
         let members = self.by_namespace.entry(namespace.to_string()).or_default();
-        match new_member {
-            Some(m) => {
-                members.insert(uid.to_string(), m);
-            }
-            None => {
-                members.remove(uid);
-            }
+        let had = match new_member {
+            Some(m) => members.insert(uid.to_string(), m),
+            None => members.remove(uid),
         }
+        .is_some();
         if members.is_empty() {
             self.by_namespace.remove(namespace);
+        }
+        match (had, added) {
+            (false, true) => self.members += 1,
+            (true, false) => self.members -= 1,
+            _ => {}
         }
         self.mark(namespace, now + if urgent { window / 20 } else { window });
     }
@@ -143,14 +147,15 @@ impl State {
     fn pods_relisted(&mut self, items: BTreeMap<String, (String, Option<Member>)>, now: Instant) {
         let mut namespaces: BTreeSet<String> = self.by_namespace.keys().cloned().collect();
         self.by_namespace.clear();
-        for (uid, (ns, m)) in &items {
-            namespaces.insert(ns.clone());
-            if let Some(m) = m {
-                self.by_namespace.entry(ns.clone()).or_default().insert(uid.clone(), m.clone());
-            }
-        }
+        self.members = 0;
         self.unreadable.retain(|uid| items.contains_key(uid));
-        self.pods.items = items;
+        for (uid, (ns, m)) in items {
+            if let Some(m) = m {
+                self.by_namespace.entry(ns.clone()).or_default().insert(uid, m);
+                self.members += 1;
+            }
+            namespaces.insert(ns);
+        }
         for ns in namespaces {
             self.mark(&ns, now);
         }
@@ -194,17 +199,16 @@ impl State {
 
     /// The writes that bring `namespace`'s slices to its pods now.
     fn plan(&self, namespace: &str, max_pods: usize) -> Vec<Write> {
-        let current: BTreeMap<String, PodSliceSpec> = self
+        let current: BTreeMap<&str, &PodSliceSpec> = self
             .slices_of
             .get(namespace)
             .into_iter()
             .flatten()
-            .filter_map(|n| self.slices.items.get(n).map(|h| (n.clone(), h.spec.clone())))
+            .filter_map(|n| self.slices.items.get(n).map(|h| (n.as_str(), &h.spec)))
             .collect();
         let empty = BTreeMap::new();
         let desired = self.by_namespace.get(namespace).unwrap_or(&empty);
-        let taken: BTreeSet<String> = self.slices.items.keys().cloned().collect();
-        slices::plan(namespace, &current, desired, &taken, max_pods)
+        slices::plan(namespace, &current, desired, |n| self.slices.items.contains_key(n), max_pods)
     }
 }
 
@@ -254,7 +258,7 @@ pub async fn run(client: Client, opts: SliceOptions, metrics: Arc<Metrics>, stop
         "PodSlice writer started"
     );
     loop {
-        let next_due = state.due.values().min().copied().filter(|_| state.pods.complete && state.slices.complete);
+        let next_due = state.due.values().min().copied().filter(|_| state.pods_complete && state.slices.complete);
         tokio::select! {
             biased;
             () = &mut stopping => break,
@@ -293,25 +297,26 @@ async fn sleep_until(at: Option<Instant>) {
 fn on_pod(state: &mut State, e: watcher::Event<Pod>, opts: &SliceOptions, metrics: &Metrics) {
     let now = Instant::now();
     match e {
-        watcher::Event::Init => state.pods.relist = Some(BTreeMap::new()),
+        watcher::Event::Init => state.pods_relist = Some(BTreeMap::new()),
         watcher::Event::InitApply(p) => {
             if let Some((uid, ns, m)) = read_pod(state, &p)
-                && let Some(relist) = state.pods.relist.as_mut()
+                && let Some(relist) = state.pods_relist.as_mut()
             {
                 relist.insert(uid, (ns, m));
             }
         }
         watcher::Event::InitDone => {
-            let items = state.pods.relist.take().unwrap_or_default();
+            let items = state.pods_relist.take().unwrap_or_default();
+            let listed = items.len();
             state.pods_relisted(items, now);
-            if !state.pods.complete {
-                tracing::info!(pods = state.pods.items.len(), "Pods listed");
+            if !state.pods_complete {
+                tracing::info!(pods = listed, peers = state.members, "Pods listed");
             }
-            state.pods.complete = true;
+            state.pods_complete = true;
         }
         watcher::Event::Apply(p) => {
             if let Some((uid, ns, m)) = read_pod(state, &p) {
-                state.pod(&uid, &ns, Some(m), now, opts.window);
+                state.pod(&uid, &ns, m, now, opts.window);
             }
         }
         watcher::Event::Delete(p) => {
@@ -321,8 +326,7 @@ fn on_pod(state: &mut State, e: watcher::Event<Pod>, opts: &SliceOptions, metric
             }
         }
     }
-    let shown: usize = state.by_namespace.values().map(BTreeMap::len).sum();
-    metrics.slice_totals(state.slices.items.len(), shown, state.unreadable.len());
+    metrics.slice_totals(state.slices.items.len(), state.members, state.unreadable.len());
 }
 
 /// A pod's uid, namespace and member; a Pod that cannot be read is no member (in no slice:
@@ -402,15 +406,15 @@ fn op_of(w: &Write) -> &'static str {
 
 async fn write_one(state: &State, api: &Api<PodSlice>, write: &Write) -> Result<(), kube::Error> {
     let pp = PostParams { dry_run: false, field_manager: Some(FIELD_MANAGER.into()) };
+    let object = |name: &str, spec: &PodSliceSpec| {
+        let mut s = PodSlice::new(name, spec.clone());
+        s.metadata.labels = Some(BTreeMap::from([("app.kubernetes.io/managed-by".to_string(), FIELD_MANAGER.to_string())]));
+        s
+    };
     match write {
-        Write::Create { name, spec } => {
-            let mut s = PodSlice::new(name, spec.clone());
-            s.metadata.labels = Some(BTreeMap::from([("app.kubernetes.io/managed-by".to_string(), FIELD_MANAGER.to_string())]));
-            api.create(&pp, &s).await.map(drop)
-        }
+        Write::Create { name, spec } => api.create(&pp, &object(name, spec)).await.map(drop),
         Write::Update { name, spec } => {
-            let mut s = PodSlice::new(name, spec.clone());
-            s.metadata.labels = Some(BTreeMap::from([("app.kubernetes.io/managed-by".to_string(), FIELD_MANAGER.to_string())]));
+            let mut s = object(name, spec);
             s.metadata.resource_version = state.slices.items.get(name).and_then(|h| h.resource_version.clone());
             api.replace(name, &pp, &s).await.map(drop)
         }

@@ -40,9 +40,13 @@ fn apply(slices: &mut BTreeMap<String, PodSliceSpec>, writes: Vec<Write>) {
     }
 }
 
+/// The slices as `plan` reads them.
+fn borrowed(slices: &BTreeMap<String, PodSliceSpec>) -> BTreeMap<&str, &PodSliceSpec> {
+    slices.iter().map(|(n, s)| (n.as_str(), s)).collect()
+}
+
 fn plan_all(slices: &BTreeMap<String, PodSliceSpec>, pods: &[Pod], max: usize) -> Vec<Write> {
-    let taken: BTreeSet<String> = slices.keys().cloned().collect();
-    plan("shop", slices, &members(pods), &taken, max)
+    plan("shop", &borrowed(slices), &members(pods), |n| slices.contains_key(n), max)
 }
 
 fn decoded(slices: &BTreeMap<String, PodSliceSpec>) -> Vec<Pod> {
@@ -142,7 +146,7 @@ fn a_lower_maximum_moves_the_excess_and_new_names_avoid_taken_ones() {
     apply(&mut slices, w);
     let mut taken: BTreeSet<String> = slices.keys().cloned().collect();
     taken.insert("shop-1".into());
-    let writes = plan("shop", &slices, &members(&pods), &taken, 10);
+    let writes = plan("shop", &borrowed(&slices), &members(&pods), |n| taken.contains(n), 10);
     let created: Vec<&str> = writes.iter().filter(|w| matches!(w, Write::Create { .. })).map(Write::name).collect();
     assert_eq!(created, ["shop-2", "shop-3"]);
     apply(&mut slices, writes);

@@ -347,8 +347,10 @@ pub async fn run_with(
                 if let Some(m) = merge.as_mut()
                     && matches!(res, Resource::Pods | Resource::PodSlices)
                 {
+                    if matches!(c, Change::Relisted(_)) {
+                        listed.insert(res);
+                    }
                     merged(m, s, res, c);
-                    listed.insert(res);
                     continue;
                 }
                 match c {

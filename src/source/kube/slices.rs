@@ -61,8 +61,9 @@ pub(super) struct PodMerge {
     node: String,
     /// Slice → the uids it shows.
     slices: BTreeMap<String, Vec<String>>,
-    /// Uid → the slices showing it (one, but for a pod moving between slices).
-    shown: BTreeMap<String, BTreeSet<String>>,
+    /// Uid → how many slices show it (one, but for a pod moving between slices; a slice
+    /// shows a uid once: `decode` leaves out a second entry).
+    shown: BTreeMap<String, u32>,
     /// This node's pods (the local watch's), by uid.
     local: BTreeSet<String>,
 }
@@ -82,12 +83,14 @@ impl PodMerge {
         let pods = pods.unwrap_or_default();
         let new: BTreeSet<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
         for uid in old.iter().filter(|u| !new.contains(u.as_str())) {
-            self.unshow(s, uid, name);
+            self.unshow(s, uid);
         }
+        let old: BTreeSet<&str> = old.iter().map(String::as_str).collect();
         let mut uids = Vec::with_capacity(pods.len());
         for pod in pods {
+            let added = !old.contains(pod.uid.as_str());
             uids.push(pod.uid.clone());
-            self.show(s, pod, name);
+            self.show(s, pod, added);
         }
         if !uids.is_empty() {
             self.slices.insert(name.to_string(), uids);
@@ -106,12 +109,12 @@ impl PodMerge {
         }
     }
 
-    fn show(&mut self, s: &mut Snapshot, pod: Pod, slice: &str) {
-        let first = {
-            let slices = self.shown.entry(pod.uid.clone()).or_default();
-            let first = slices.is_empty();
-            slices.insert(slice.to_string());
-            first
+    /// `pod` as a slice shows it; `added`: that slice did not show it before.
+    fn show(&mut self, s: &mut Snapshot, pod: Pod, added: bool) {
+        let first = added && {
+            let count = self.shown.entry(pod.uid.clone()).or_default();
+            *count += 1;
+            *count == 1
         };
         if self.is_local(&pod) {
             // Publication of a local pod: its data stay the local watch's.
@@ -125,10 +128,11 @@ impl PodMerge {
         }
     }
 
-    fn unshow(&mut self, s: &mut Snapshot, uid: &str, slice: &str) {
-        let Some(slices) = self.shown.get_mut(uid) else { return };
-        slices.remove(slice);
-        if !slices.is_empty() {
+    /// A slice no longer shows `uid`.
+    fn unshow(&mut self, s: &mut Snapshot, uid: &str) {
+        let Some(count) = self.shown.get_mut(uid) else { return };
+        *count = count.saturating_sub(1);
+        if *count > 0 {
             return;
         }
         self.shown.remove(uid);

@@ -164,21 +164,7 @@ func cmdSlices(args []string) error {
 // sliceMembers: the uids of the cluster's peer pods (scheduled, with addresses, not
 // host-networked, not finished) and the uids the PodSlices show, each sorted.
 func sliceMembers(k kube) (want, got []string, err error) {
-	var pods struct {
-		Items []struct {
-			Metadata struct{ UID string } `json:"metadata"`
-			Spec     struct {
-				NodeName    string `json:"nodeName"`
-				HostNetwork bool   `json:"hostNetwork"`
-			} `json:"spec"`
-			Status struct {
-				Phase  string `json:"phase"`
-				PodIPs []struct {
-					IP string `json:"ip"`
-				} `json:"podIPs"`
-			} `json:"status"`
-		} `json:"items"`
-	}
+	var pods podList
 	if err := k.getJSON(&pods, "pods", "-A"); err != nil {
 		return nil, nil, err
 	}
